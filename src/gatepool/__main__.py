@@ -1,0 +1,5 @@
+"""``python -m gatepool`` is the ``gatepool`` command."""
+
+from gatepool.cli import main
+
+raise SystemExit(main())

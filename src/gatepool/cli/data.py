@@ -1,0 +1,45 @@
+"""``gatepool data info|fetch``: where the data sets were found, and downloading them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("data", help="data sets: info, fetch")
+    dsub = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    pi = dsub.add_parser("info", help="print what was found where, verified or not")
+    pi.add_argument("--data-dir", default=None, help="look here first (also: GATEPOOL_DATA)")
+    pi.add_argument("--json", action="store_true")
+    pi.set_defaults(func=_info)
+    pf = dsub.add_parser("fetch", help="download into the user cache and verify")
+    pf.add_argument("name", choices=["mnist", "fashion-mnist"])
+    pf.add_argument("--dest", default=None, help="folder to write to (default ~/.cache/gatepool/NAME)")
+    pf.set_defaults(func=_fetch)
+
+
+def _info(args: argparse.Namespace) -> int:
+    from gatepool.data import info, search_roots
+
+    rows = info(args.data_dir)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print("search order: " + " -> ".join(f"{label}:{root}" for label, root in search_roots(args.data_dir)))
+    for r in rows:
+        state = "verified" if r["verified"] else (r["error"] or "not verified")
+        print(f"{r['dataset']:<14} {r['file']:<25} {state:<9} {r['path'] or '-'}")
+    return 0
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from gatepool.data import DataError, fetch
+
+    try:
+        folder = fetch(args.name, args.dest)
+    except DataError as e:
+        print(f"error: {e}")
+        return 1
+    print(f"{args.name}: verified copy in {folder}")
+    return 0

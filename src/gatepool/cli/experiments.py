@@ -1,0 +1,119 @@
+"""``gatepool list | run NAME | reproduce``: the lecture's experiments and the report.
+
+``gatepool run NAME --KEY VALUE`` is shorthand for ``--set KEY=VALUE`` (e.g. ``gatepool run seq-demo
+--arch decoder``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("list", help="list the experiments and their claims")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_list)
+
+    p = sub.add_parser("run", help="run one experiment (`gatepool list` names them)")
+    p.add_argument("name")
+    _common(p)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="change one setting of the setup (repeatable); lists are comma-separated")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--out", default="runs/experiments", help="results go to OUT/NAME/ (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the result record as JSON on stdout")
+    p.set_defaults(func=_run, accepts_extra=True)
+
+    p = sub.add_parser("reproduce", help="run every experiment (resumable) and write the report")
+    _common(p)
+    p.add_argument("--out", default=None, help="folder for results and report (default runs/reproduce-PROFILE)")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="run only these experiments")
+    p.add_argument("--force", action="store_true", help="rerun experiments that are already complete")
+    p.add_argument("--strict", action="store_true", help="exit 1 if any claim is off")
+    p.set_defaults(func=_reproduce)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", choices=["quick", "full"], default="quick",
+                   help="quick: minutes on a laptop CPU, widened tolerances; full: the lecture's setup")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="parallel worker processes for independent trainings (default %(default)s)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def _list(args: argparse.Namespace) -> int:
+    from gatepool.experiments.harness import registry
+
+    reg = registry()
+    if args.json:
+        print(json.dumps([{"name": n, "title": e.title, "setup": e.setup, "quick": e.quick,
+                           "claims": [c.id for c in e.claims(e.setup)]} for n, e in reg.items()], indent=2,
+                         default=str))
+        return 0
+    for name, exp in reg.items():
+        ids = [c.id for c in exp.claims(exp.setup)]
+        print(f"{name:<18} {exp.title}")
+        print(f"{'':<18} claims: {', '.join(ids)}")
+    return 0
+
+
+def _extra_to_sets(extra: list[str]) -> list[str]:
+    """``["--arch", "decoder", "--d=4"]`` -> ``["arch=decoder", "d=4"]``."""
+    sets, i = [], 0
+    while i < len(extra):
+        tok = extra[i]
+        if not tok.startswith("--") or len(tok) < 3:
+            raise ValueError(f"unexpected argument {tok!r}; use --set KEY=VALUE")
+        if "=" in tok:
+            sets.append(tok[2:])
+            i += 1
+        elif i + 1 < len(extra) and not extra[i + 1].startswith("--"):
+            sets.append(f"{tok[2:]}={extra[i + 1]}")
+            i += 2
+        else:
+            sets.append(f"{tok[2:]}=true")
+            i += 1
+    return sets
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gatepool.experiments.harness import parse_sets, run_experiment
+    from gatepool.experiments.report import table
+
+    try:
+        overrides = parse_sets(args.set + _extra_to_sets(args.extra))
+        sink = sys.stderr if args.json else sys.stdout
+        with contextlib.redirect_stdout(sink):
+            rec = run_experiment(args.name, profile=args.profile, overrides=overrides, seed=args.seed,
+                                 out=args.out, jobs=args.jobs, progress=not args.quiet)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(rec, indent=2))
+    else:
+        print(table([rec]))
+        print(f"\n{rec['status']} in {rec['seconds']:.1f} s; record: {args.out}/{args.name}/result.json")
+    return 0 if rec["status"] == "complete" else 1
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from gatepool.experiments.report import summary
+    from gatepool.experiments.reproduce import reproduce
+
+    out = args.out or f"runs/reproduce-{args.profile}"
+    try:
+        records, _ = reproduce(profile=args.profile, out=out, only=args.only, force=args.force, jobs=args.jobs,
+                               progress=not args.quiet)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    counts = summary(records)
+    broken = [r["name"] for r in records if r.get("status") == "error"]
+    if broken:
+        print(f"experiments that broke: {', '.join(broken)}", file=sys.stderr)
+        return 1
+    return 1 if (args.strict and counts["off"]) else 0
