@@ -93,7 +93,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(rec, indent=2))
+        print(json.dumps(rec, indent=2, ensure_ascii=False))
     else:
         print(table([rec]))
         print(f"\n{rec['status']} in {rec['seconds']:.1f} s; record: {args.out}/{args.name}/result.json")

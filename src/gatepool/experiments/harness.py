@@ -227,7 +227,7 @@ class Context:
             raise KeyError(f"{self.experiment.name}: claim {claim_id!r} is not declared")
         spec = self._specs[claim_id]
         tol = spec.quick_tolerance if (self.quick and spec.quick_tolerance is not None) else spec.tolerance
-        on_lecture = self.is_lecture(*spec.depends)
+        on_lecture = self.is_lecture(*spec.depends) and spec.lecture is not None
         expected = spec.lecture if on_lecture else theory
         measured = plain(measured)
         record = {
