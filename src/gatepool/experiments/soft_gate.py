@@ -73,8 +73,8 @@ def soft_gate(ctx: Context) -> None:
     for j, (g, t) in enumerate(zip(gates_soft.tolist(), g_th)):
         ctx.check(f"soft-gate-{j + 1}", g, theory=float(t))
     ctx.data.update(hard_gates=gates_max, soft_gates=gates_soft)
-    ctx.note(f"hardmax gates {np.round(gates_max.numpy(), 3).tolist()}, "
-             f"softmax gates {np.round(gates_soft.numpy(), 4).tolist()}")
+    ctx.note(f"hardmax gates {[round(float(g), 4) for g in gates_max]}, "
+             f"softmax gates {[round(float(g), 4) for g in gates_soft]}")
 
 
 # ----------------------------------------------------------------------------- 9. temperature-dial
@@ -156,7 +156,8 @@ def soft_gradient(ctx: Context) -> None:
     soft_th = softmax_theory(window, 1.0)[2]
     for j in range(len(window)):
         ctx.check(f"hard-{j + 1}", grad_hard[j], theory=float(hard_th[j]))
-        ctx.check(f"soft-{j + 1}", grad_soft[j], theory=float(soft_th[j]))
+        ctx.check(f"soft-{j + 1}", grad_soft[j], theory=float(soft_th[j]),
+                  note=f"closed form g_j(1 + (v_j − out)) = {soft_th[j]:.4f}")
     ctx.note(f"Σ ∂out/∂v = {grad_soft.sum().item():.4f} for the soft gate (shift-equivariance makes it 1)")
 
 

@@ -1,0 +1,35 @@
+"""Independent trainings in parallel worker processes, each with its share of the cores.
+
+``run_tasks(fn, tasks, jobs)`` is ``[fn(t) for t in tasks]``; with ``jobs > 1`` the calls run in
+``jobs`` spawned processes, each limited to ``cpu_count // jobs`` torch threads. ``fn`` and the tasks
+must be picklable (a module-level function and plain data). Results come back in task order.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def run_tasks(fn: Callable[[T], Any], tasks: Sequence[T], jobs: int = 1) -> list[Any]:
+    """Run ``fn`` over ``tasks``, in ``jobs`` worker processes when ``jobs > 1``."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be ≥ 1, got {jobs}")
+    if jobs == 1 or len(tasks) <= 1:
+        return [fn(t) for t in tasks]
+    jobs = min(jobs, len(tasks))
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads,)) as pool:
+        return list(pool.map(fn, tasks))
