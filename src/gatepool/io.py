@@ -17,6 +17,10 @@ from typing import Any, BinaryIO
 import torch
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)  # read once: mkstemp makes 0600 files, the result should get the usual 0644
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> Path:
     """Call ``write(fileobj)`` on a temporary file, then rename it to ``path``."""
     path = Path(path)
@@ -27,6 +31,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -48,11 +48,15 @@ def test_verdict_kinds():
 
 def test_run_quick_and_set_use_theory_off_lecture(toy, tmp_path):
     rec = run_experiment("toy-sum", profile="quick", out=tmp_path)
-    # quick profile changes n to 3: the lecture's value (4) no longer applies, the theory (3) does
+    # the quick profile's own change (n = 3) still answers to the lecture's value, with its tolerance
     c = {c["id"]: c for c in rec["claims"]}
     assert rec["setup"] == {"n": 3, "scale": 1.0, "seed": 0}
-    assert c["sum"]["lecture"] is None and c["sum"]["basis"] == "theory" and c["sum"]["verdict"] == "ok"
+    assert c["sum"]["lecture"] == 4 and c["sum"]["verdict"] == "off"
     assert c["never"]["verdict"] == "not run"
+    # --set n=5 changes what the claim depends on: the lecture's value no longer applies, the theory (5) does
+    rec = run_experiment("toy-sum", profile="quick", overrides={"n": "5"}, out=tmp_path)
+    c = {c["id"]: c for c in rec["claims"]}
+    assert c["sum"]["lecture"] is None and c["sum"]["basis"] == "theory" and c["sum"]["verdict"] == "ok"
     rec = run_experiment("toy-sum", profile="full", out=tmp_path)
     c = {c["id"]: c for c in rec["claims"]}
     assert c["sum"]["lecture"] == 4 and c["sum"]["basis"] == "lecture" and c["sum"]["verdict"] == "ok"

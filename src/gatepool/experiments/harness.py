@@ -4,8 +4,8 @@ An experiment is a function ``fn(ctx: Context) -> None`` registered with :func:`
 its claims up front (:class:`Claim`: id, one-line statement, the lecture's value, a tolerance and why that
 tolerance), measures, and reports each measurement with ``ctx.check(id, measured, theory=...)``:
 
-* while every setup value the claim ``depends`` on is the lecture's, the measurement is compared with the
-  lecture's value;
+* while ``--set`` has changed no setup value the claim ``depends`` on, the measurement is compared with
+  the lecture's value (the quick profile's smaller setup too, with its widened, stated tolerances);
 * once ``--set`` changes one of them, the lecture's value no longer applies: ``lecture`` is left empty and
   the measurement is compared with ``theory`` (the probe's prediction for the changed setup). A claim with
   no theory for that setup gets the verdict ``not run``, never a guess.
@@ -209,6 +209,7 @@ class Context:
     def __post_init__(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         self._specs = {c.id: c for c in self.experiment.claims(self.setup)}
+        self._base = self.experiment.resolve_setup(self.profile)  # the profile's setup, before --set
 
     def __getitem__(self, key: str) -> Any:
         return self.setup[key]
@@ -218,8 +219,12 @@ class Context:
         return self.profile == "quick"
 
     def is_lecture(self, *keys: str) -> bool:
-        """True while every named setting has the lecture's value."""
-        return all(self.setup[k] == self.experiment.setup[k] for k in keys)
+        """True while ``--set`` has changed none of the named settings.
+
+        The quick profile's smaller setup still answers to the lecture's values, with the widened
+        tolerances it states (``Claim.quick_tolerance``).
+        """
+        return all(self.setup[k] == self._base[k] for k in keys)
 
     def check(self, claim_id: str, measured: Any, *, theory: Any = None, note: str = "") -> str:
         """Record the measurement for a declared claim and return its verdict."""

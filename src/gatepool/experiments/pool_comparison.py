@@ -15,6 +15,7 @@ from typing import Any
 
 import torch.nn as nn
 
+from gatepool.experiments.common import pyplot
 from gatepool.experiments.harness import Claim, Context, experiment
 from gatepool.experiments.parallel import run_tasks
 
@@ -92,11 +93,7 @@ def pool_comparison(ctx: Context) -> None:
 
 
 def _figures(ctx: Context, acc: dict[str, list[float]], taus: dict[int, dict[str, Any]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for i, (pool, values) in enumerate(acc.items()):
         ax.bar(i, statistics.fmean(values), color="C0", alpha=0.35, width=0.6)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from gatepool.experiments.common import pyplot
 from gatepool.experiments.harness import Claim, Context, experiment
 
 WINDOW = [3.44, 4.11, 8.44, 9.11]
@@ -94,11 +95,7 @@ def _dial_claims(setup: dict) -> list[Claim]:
 @experiment("temperature-dial", title="τ dials the gate from max (τ→0) through SoftPool (τ=1) to mean (τ→∞)",
             order=9, setup={"window": WINDOW, "temperatures": TEMPERATURES}, claims=_dial_claims)
 def temperature_dial(ctx: Context) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     window = np.array(ctx["window"], dtype=np.float64)
     v = _window(ctx)
     for t in ctx["temperatures"]:

@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from gatepool.experiments.common import pyplot
 from gatepool.experiments.harness import Claim, Context, experiment
 
 LECTURE = {  # d: (std of q·k, mean largest gate unscaled, scaled)
@@ -52,11 +53,7 @@ def _claims(setup: dict) -> list[Claim]:
             setup={"d": [1, 4, 16, 64, 256], "tokens": 144, "queries": 500, "seed": 0},
             quick={"queries": 200}, claims=_claims)
 def sqrt_d(ctx: Context) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     t, n = ctx["tokens"], ctx["queries"]
     if t < 2 or n < 2:
         raise ValueError(f"--set tokens/queries: need at least 2 each, got tokens={t}, queries={n}")
