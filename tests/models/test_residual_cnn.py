@@ -45,6 +45,8 @@ def test_init_statistics():
         assert abs(cw.var().item() * 288 / 2 - 1) < 0.05  # 9216 samples: sd ~1.5%
         assert abs(cw.mean().item()) < 0.005
     assert m.block1.conv1.bias is None
+    fc = m.head.fc
+    assert abs(fc.weight.var().item() * 32 - 1) < 0.3 and torch.all(fc.bias == 0)  # 320 samples: sd ~8%
     assert m.block1.gn1.num_groups == 8
 
 

@@ -6,6 +6,7 @@
     pool2                                                                  (B, 32, 7, 7)
     block2, block3                                                         (B, 32, 7, 7)
     head  GroupNorm → ReLU → mean over the 49 positions → Linear(32, 10)    (B, 10)
+          Linear W ~ N(0, 1/32), bias 0 (the lecture's backward figures assume E[w²] = 1/32)
 
 Each block is pre-activation, ``x + conv2(relu(gn2(conv1(relu(gn1(x))))))``, 3×3 convs without bias,
 He init W ~ N(0, 2/(C·9)) = N(0, 2/288), so a unit-variance ReLU input gives a unit-variance conv output:
@@ -97,6 +98,8 @@ class ResidualCNN(nn.Sequential):
                 fc=nn.Linear(width, num_classes),
             )
         )
+        nn.init.normal_(head.fc.weight, 0.0, (1.0 / width) ** 0.5)  # N(0, 1/32): the lecture's ideal backward
+        nn.init.zeros_(head.fc.bias)
         layers.append(("head", head))
         super().__init__(OrderedDict(layers))
         self.pool_name = pool

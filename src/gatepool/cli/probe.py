@@ -1,0 +1,109 @@
+"""``gatepool probe``: the ideal signal and gradient variance beside the measured one, per module.
+
+    gatepool probe --model residual_cnn --pool max --data mnist --batch 512 --seed 0 --out DIR [--json]
+
+Builds the model at initialization, takes ``--batch`` training images, predicts the ideal
+E[x²] forward and E[g²] backward after every module (:func:`gatepool.probe.predict`), measures
+them (:func:`gatepool.probe.measure`), prints the side-by-side table and writes ``DIR/probe.json``
+and the figures (``DIR/*.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("probe", help="signal-propagation probe: ideal vs measured variance per layer")
+    p.add_argument("--model", default="residual_cnn", help="model name (see gatepool.list_models())")
+    p.add_argument("--pool", default="max", help="gate of the model's pools (max, avg, soft, ...)")
+    p.add_argument("--data", default="mnist", help="data set ('mnist', or 'noise' for N(0,1) inputs)")
+    p.add_argument("--batch", type=int, default=512, help="number of images (default 512)")
+    p.add_argument("--seed", type=int, default=0, help="seed for the weights and the image choice")
+    p.add_argument(
+        "--backward",
+        choices=["unit-noise", "loss"],
+        default="unit-noise",
+        help="seed of the backward pass: unit-variance noise at the output, or the summed cross-entropy",
+    )
+    p.add_argument("--out", default=None, help="folder for probe.json and the figures")
+    p.add_argument("--json", action="store_true",
+                   help="print the report as JSON instead of the table (no maps; probe.json has them)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import sys
+
+    import torch
+
+    from gatepool import create_model
+    from gatepool.probe import measure, predict
+
+    if args.batch < 1:
+        raise SystemExit(f"--batch must be >= 1, got {args.batch}")
+    torch.manual_seed(args.seed)
+    try:
+        model = create_model(args.model, **({"pool": args.pool} if args.pool else {}))
+        inputs, target = _load_inputs(args.data, args.batch, args.seed)
+    except (ValueError, TypeError, OSError) as e:  # a bad name, a model without pools, missing data
+        raise SystemExit(f"gatepool probe: {e}") from None
+    shape = tuple(inputs.shape)
+    # the ideal starts from the batch's own mean and variance (N(0, 1) for noise)
+    input_stats = (float(inputs.mean()), float(inputs.var())) if args.data != "noise" else (0.0, 1.0)
+    ideal = predict(model, shape, input_stats=input_stats, backward=args.backward, loss_reduction="sum")
+    report = measure(
+        model,
+        inputs,
+        target=target if args.backward == "loss" else None,
+        backward=args.backward,
+        loss_reduction="sum",
+        prediction=ideal,
+        maps=True,
+    )
+    report.setup = {
+        "model": args.model,
+        "pool": args.pool,
+        "data": args.data,
+        "batch": args.batch,
+        "seed": args.seed,
+        "backward": args.backward,
+        "loss_reduction": report.loss_reduction if args.backward == "loss" else None,
+        "input_shape": list(shape),
+    }
+    if args.out:
+        from pathlib import Path
+
+        from gatepool.io import atomic_write_text
+
+        out = Path(args.out)
+        atomic_write_text(out / "probe.json", report.to_json())
+        figures = report.save_figures(out)
+        if not args.json:
+            print(f"wrote {out / 'probe.json'} and {len(figures)} figures", file=sys.stderr)
+    if args.json:
+        print(report.to_json(detail=False))
+    else:
+        print(report.table())
+    return 1 if report.error else 0
+
+
+def _load_inputs(data: str, batch: int, seed: int):
+    """(B, 1, 28, 28) float inputs and (B,) labels: ``batch`` training digits chosen by ``seed``."""
+    import torch
+
+    if data == "noise":
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(batch, 1, 28, 28, generator=g), torch.randint(0, 10, (batch,), generator=g)
+    if data != "mnist":
+        raise SystemExit(f"--data must be 'mnist' or 'noise', got {data!r}")
+    from gatepool.data import load_dataset
+
+    ds = load_dataset("mnist", "train")
+    x = ds.normalized()  # (N, 1, 28, 28)
+    labels = torch.as_tensor(ds.labels)
+    if batch > len(labels):
+        raise SystemExit(f"--batch must be <= {len(labels)} (the training set), got {batch}")
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randperm(len(labels), generator=g)[:batch]
+    return torch.as_tensor(x)[idx].float(), labels[idx].long()

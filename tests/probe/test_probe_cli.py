@@ -1,0 +1,34 @@
+"""`gatepool probe` end to end on N(0, 1) images (no data set needed): JSON, table, figures."""
+
+from __future__ import annotations
+
+import json
+
+from gatepool.cli import main
+
+
+def test_probe_cli_json_and_figures(tmp_path, capsys):
+    out = tmp_path / "probe"
+    rc = main(["probe", "--model", "residual_cnn", "--pool", "max", "--data", "noise", "--batch", "16",
+               "--seed", "0", "--out", str(out), "--json"])
+    assert rc == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["complete"] and record["setup"]["batch"] == 16 and record["backward"] == "unit-noise"
+    names = [m["name"] for m in record["modules"]]
+    assert names[0] == "(input)" and names[-1] == "(output)" and "block1.conv1" in names
+    stem = next(m for m in record["modules"] if m["name"] == "stem")
+    assert stem["ideal"]["var"] > 0 and stem["forward"]["var"] > 0 and stem["ratio"]["var"] > 0
+    assert stem["backward"]["zero_share"] == 0.75  # max pool 2×2 after it: exactly one winner in four
+    saved = json.loads((out / "probe.json").read_text())
+    assert [m["name"] for m in saved["modules"]] == names
+    assert len(next(m for m in saved["modules"] if m["name"] == "stem")["maps"]["var"]) == 28  # (28, 28)
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert "probe_layers.png" in pngs and "probe_histograms.png" in pngs
+    assert any(p.startswith("probe_padding_") for p in pngs)
+    assert all((out / p).stat().st_size > 1000 for p in pngs)
+
+
+def test_probe_cli_table(capsys):
+    assert main(["probe", "--data", "noise", "--batch", "4", "--backward", "loss"]) == 0
+    text = capsys.readouterr().out
+    assert "Var ideal" in text and "block3.conv2" in text and "cross-entropy (sum" in text
