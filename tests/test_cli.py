@@ -8,7 +8,9 @@ from gatepool.cli import main
 
 
 def test_help_runs_as_module_and_lists_commands():
-    out = subprocess.run([sys.executable, "-m", "gatepool", "--help"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "gatepool", "--help"], capture_output=True, text=True, check=True
+    )
     for cmd in ("reproduce", "run", "list", "train", "probe", "data", "bench"):
         assert cmd in out.stdout
 

@@ -71,9 +71,13 @@ def tiny_spec(monkeypatch, tmp_path):
         "t10k-labels-idx1-ubyte": idx_bytes(rng.integers(0, 10, (2,), dtype=np.uint8)),
     }
     spec = DatasetSpec(
-        name="tiny", files=data._IDX_FILES,
+        name="tiny",
+        files=data._IDX_FILES,
         sha256={k: hashlib.sha256(v).hexdigest() for k, v in contents.items()},
-        mean=0.5, std=0.25, mirrors=(), license="test",
+        mean=0.5,
+        std=0.25,
+        mirrors=(),
+        license="test",
     )
     monkeypatch.setitem(data.DATASETS, "tiny", spec)
     monkeypatch.delenv("GATEPOOL_DATA", raising=False)
@@ -132,5 +136,15 @@ def test_shipped_mnist_verifies_and_matches_its_readme():
     assert counts == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
     assert abs(train.images.double().mean().item() / 255 - 0.1307) < 1e-4
     test = load_dataset("mnist", "test")
-    assert torch.bincount(test.labels, minlength=10).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028,
-                                                                  974, 1009]
+    assert torch.bincount(test.labels, minlength=10).tolist() == [
+        980,
+        1135,
+        1032,
+        1010,
+        982,
+        892,
+        958,
+        1028,
+        974,
+        1009,
+    ]

@@ -30,8 +30,14 @@ import torch
 
 from gatepool.io import atomic_write_bytes
 
-_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
-           0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+_DTYPES = {
+    0x08: np.uint8,
+    0x09: np.int8,
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
 
 
 @dataclass(frozen=True)
@@ -64,8 +70,10 @@ DATASETS: dict[str, DatasetSpec] = {
         },
         mean=0.1307,
         std=0.3081,
-        mirrors=("https://ossci-datasets.s3.amazonaws.com/mnist/",
-                 "https://storage.googleapis.com/cvdf-datasets/mnist/"),
+        mirrors=(
+            "https://ossci-datasets.s3.amazonaws.com/mnist/",
+            "https://storage.googleapis.com/cvdf-datasets/mnist/",
+        ),
         license="CC BY-SA 3.0 (Yann LeCun, Corinna Cortes, Christopher J.C. Burges)",
     ),
     # Hashes computed from Debian's dataset-fashion-mnist (0.0~git20200523.55506a9-1) files;
@@ -221,7 +229,9 @@ class Dataset:
         return x.sub_(self.mean).div_(self.std)
 
 
-def load_dataset(name: str = "mnist", split: str = "train", data_dir: str | os.PathLike | None = None) -> Dataset:
+def load_dataset(
+    name: str = "mnist", split: str = "train", data_dir: str | os.PathLike | None = None
+) -> Dataset:
     """Load and verify one split of ``name`` ("mnist" or "fashion-mnist"), ``split`` "train" or "test".
 
     A process keeps the last few loads (the same files are verified once); treat the tensors as read-only.
@@ -269,8 +279,13 @@ def info(data_dir: str | os.PathLike | None = None) -> list[dict]:
     for name, spec in DATASETS.items():
         for file, digest in spec.sha256.items():
             path = find_file(name, file, data_dir)
-            row = {"dataset": name, "file": file, "path": str(path) if path else None, "verified": False,
-                   "error": None}
+            row = {
+                "dataset": name,
+                "file": file,
+                "path": str(path) if path else None,
+                "verified": False,
+                "error": None,
+            }
             if path is None:
                 row["error"] = f"not found; {_how_to_get(name)}"
             else:
@@ -318,7 +333,8 @@ def fetch(name: str, dest: str | os.PathLike | None = None, *, timeout: float = 
             break
         else:
             raise DataError(
-                f"could not download {file}.gz for {name} (offline?). Tried:\n  " + "\n  ".join(errors)
+                f"could not download {file}.gz for {name} (offline?). Tried:\n  "
+                + "\n  ".join(errors)
                 + f"\nCopy the four files into {folder} by hand, or set GATEPOOL_DATA to a folder holding"
                 f" {name}/."
             )

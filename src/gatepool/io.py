@@ -16,7 +16,6 @@ from typing import Any, BinaryIO
 
 import torch
 
-
 _UMASK = os.umask(0)
 os.umask(_UMASK)  # read once: mkstemp makes 0600 files, the result should get the usual 0644
 

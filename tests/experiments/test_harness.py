@@ -19,10 +19,17 @@ def toy(monkeypatch):
     monkeypatch.setattr(harness, "registry", lambda: dict(harness._REGISTRY))
     CALLS.clear()
 
-    @experiment("toy-sum", title="sum of n ones", order=1, setup={"n": 4, "scale": 1.0, "seed": 0},
-                quick={"n": 3},
-                claims=[Claim("sum", "n ones sum to n", 4, 0.5, "exact arithmetic", depends=("n",)),
-                        Claim("never", "a claim the experiment does not reach", 1, 0.1)])
+    @experiment(
+        "toy-sum",
+        title="sum of n ones",
+        order=1,
+        setup={"n": 4, "scale": 1.0, "seed": 0},
+        quick={"n": 3},
+        claims=[
+            Claim("sum", "n ones sum to n", 4, 0.5, "exact arithmetic", depends=("n",)),
+            Claim("never", "a claim the experiment does not reach", 1, 0.1),
+        ],
+    )
     def toy_sum(ctx):
         CALLS.append(dict(ctx.setup))
         ctx.check("sum", float(sum([ctx["scale"]] * ctx["n"])), theory=float(ctx["n"]) * ctx["scale"])
@@ -108,6 +115,10 @@ def test_reproduce_resumes_and_reports_not_run(toy, tmp_path):
 def test_cli_run_json_and_extra_options(toy, tmp_path, capsys):
     assert main(["run", "toy-sum", "--out", str(tmp_path), "--json", "--n", "5", "--profile", "full"]) == 0
     rec = json.loads(capsys.readouterr().out)
-    assert rec["setup"]["n"] == 5 and rec["claims"][0]["verdict"] == "ok" and rec["claims"][0]["basis"] == "theory"
+    assert (
+        rec["setup"]["n"] == 5
+        and rec["claims"][0]["verdict"] == "ok"
+        and rec["claims"][0]["basis"] == "theory"
+    )
     assert main(["run", "toy-sum", "--out", str(tmp_path), "--set", "bogus=1"]) == 2
     assert main(["reproduce", "--out", str(tmp_path), "--only", "nope", "--quiet"]) == 2

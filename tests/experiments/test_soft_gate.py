@@ -25,8 +25,9 @@ def test_soft_gate(tmp_path):
     c = claims(run_experiment("soft-gate", out=tmp_path, progress=False))
     assert all(x["verdict"] == "ok" for x in c.values())
     g = softmax([3.44, 4.11, 8.44, 9.11])
-    assert c["soft-out"]["measured"] == pytest.approx(sum(a * b for a, b in zip(g, [3.44, 4.11, 8.44, 9.11])),
-                                                      abs=1e-4)
+    assert c["soft-out"]["measured"] == pytest.approx(
+        sum(a * b for a, b in zip(g, [3.44, 4.11, 8.44, 9.11])), abs=1e-4
+    )
     assert c["soft-gate-4"]["measured"] == pytest.approx(g[3], abs=1e-5)
 
 
@@ -43,7 +44,9 @@ def test_temperature_dial(tmp_path):
     c = claims(rec)
     assert all(x["verdict"] == "ok" for x in c.values()), c
     v = [3.44, 4.11, 8.44, 9.11]
-    assert c["out-tau2"]["measured"] == pytest.approx(sum(a * b for a, b in zip(softmax(v, 2.0), v)), abs=1e-4)
+    assert c["out-tau2"]["measured"] == pytest.approx(
+        sum(a * b for a, b in zip(softmax(v, 2.0), v)), abs=1e-4
+    )
     assert (tmp_path / "temperature-dial" / "temperature-dial.png").is_file()
 
 
@@ -61,8 +64,9 @@ def test_soft_gradient_and_the_lecture_slip(tmp_path):
 
 
 def test_gradient_share_quick(tmp_path):
-    rec = run_experiment("gradient-share", overrides={"batch": "16", "pools": "max,soft,avg"}, out=tmp_path,
-                         progress=False)
+    rec = run_experiment(
+        "gradient-share", overrides={"batch": "16", "pools": "max,soft,avg"}, out=tmp_path, progress=False
+    )
     c = claims(rec)
     assert c["max"]["measured"] == pytest.approx(0.25, abs=0.01)
     assert c["soft"]["measured"] > 0.99 and c["avg"]["measured"] > 0.99

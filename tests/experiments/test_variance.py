@@ -13,8 +13,13 @@ from gatepool.experiments import run_experiment
 
 
 def run(name, tmp_path, **overrides):
-    rec = run_experiment(name, profile="quick", overrides={k: str(v) for k, v in overrides.items()},
-                         out=tmp_path, progress=False)
+    rec = run_experiment(
+        name,
+        profile="quick",
+        overrides={k: str(v) for k, v in overrides.items()},
+        out=tmp_path,
+        progress=False,
+    )
     assert rec["status"] == "complete", rec["error"]
     return {c["id"]: c for c in rec["claims"]}, rec
 
@@ -62,7 +67,9 @@ def test_pool_forward_and_backward(tmp_path):
     c3, _ = run("pool-backward", tmp_path, window=3, size=12, batch=16)  # 9 inputs: ⅑ of E[g²], 8/9 zeros
     assert c3["max-grad"]["measured"] == pytest.approx(1 / 9, rel=0.05)
     assert c3["max-zeros"]["measured"] == pytest.approx(8 / 9, abs=0.002)
-    c3, _ = run("pool-backward", tmp_path, window=3, batch=16)  # 14 = 4·3 + 2: the last 2 rows/cols get nothing
+    c3, _ = run(
+        "pool-backward", tmp_path, window=3, batch=16
+    )  # 14 = 4·3 + 2: the last 2 rows/cols get nothing
     assert c3["max-grad"]["measured"] == pytest.approx((12 / 14) ** 2 / 9, rel=0.05)
     assert c3["avg-zeros"]["measured"] == pytest.approx(1 - (12 / 14) ** 2, abs=0.002)
     assert all(x["verdict"] == "ok" for x in c3.values()), c3

@@ -25,8 +25,15 @@ def test_shapes_and_children():
     for child in m:
         h = child(h)
         shapes.append(tuple(h.shape))
-    assert shapes == [(3, 32, 28, 28), (3, 32, 14, 14), (3, 32, 14, 14), (3, 32, 7, 7), (3, 32, 7, 7),
-                      (3, 32, 7, 7), (3, 10)]
+    assert shapes == [
+        (3, 32, 28, 28),
+        (3, 32, 14, 14),
+        (3, 32, 14, 14),
+        (3, 32, 7, 7),
+        (3, 32, 7, 7),
+        (3, 32, 7, 7),
+        (3, 10),
+    ]
     out = m(x.contiguous(memory_format=torch.channels_last))
     torch.testing.assert_close(out, m(x), rtol=1e-4, atol=1e-5)
 
@@ -39,7 +46,8 @@ def test_init_statistics():
     assert abs(w.var().item() * 25 - 1) < 0.15  # 800 samples: sd of the estimate ~5%
     assert torch.all(m.stem.bias == 0)
     convs = [b.conv1.weight for b in (m.block1, m.block2, m.block3)] + [
-        b.conv2.weight for b in (m.block1, m.block2, m.block3)]
+        b.conv2.weight for b in (m.block1, m.block2, m.block3)
+    ]
     for cw in convs:
         assert cw.shape == (32, 32, 3, 3)
         assert abs(cw.var().item() * 288 / 2 - 1) < 0.05  # 9216 samples: sd ~1.5%
@@ -52,7 +60,15 @@ def test_init_statistics():
 
 def test_arguments():
     m = ResidualCNN(width=16, blocks=(2, 1), groups=4, pool="avg")
-    assert [n for n, _ in m.named_children()] == ["stem", "pool1", "block1", "block2", "pool2", "block3", "head"]
+    assert [n for n, _ in m.named_children()] == [
+        "stem",
+        "pool1",
+        "block1",
+        "block2",
+        "pool2",
+        "block3",
+        "head",
+    ]
     assert m(torch.randn(2, 1, 28, 28)).shape == (2, 10)
     with pytest.raises(ValueError, match="width"):
         ResidualCNN(width=30)

@@ -20,8 +20,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run one experiment (`gatepool list` names them)")
     p.add_argument("name")
     _common(p)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="change one setting of the setup (repeatable); lists are comma-separated")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change one setting of the setup (repeatable); lists are comma-separated",
+    )
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--out", default="runs/experiments", help="results go to OUT/NAME/ (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the result record as JSON on stdout")
@@ -29,7 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("reproduce", help="run every experiment (resumable) and write the report")
     _common(p)
-    p.add_argument("--out", default=None, help="folder for results and report (default runs/reproduce-PROFILE)")
+    p.add_argument(
+        "--out", default=None, help="folder for results and report (default runs/reproduce-PROFILE)"
+    )
     p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="run only these experiments")
     p.add_argument("--force", action="store_true", help="rerun experiments that are already complete")
     p.add_argument("--strict", action="store_true", help="exit 1 if any claim is off")
@@ -37,10 +44,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", choices=["quick", "full"], default="quick",
-                   help="quick: minutes on a laptop CPU, widened tolerances; full: the lecture's setup")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="parallel worker processes for independent trainings (default %(default)s)")
+    p.add_argument(
+        "--profile",
+        choices=["quick", "full"],
+        default="quick",
+        help="quick: minutes on a laptop CPU, widened tolerances; full: the lecture's setup",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="parallel worker processes for independent trainings (default %(default)s)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
@@ -49,9 +64,22 @@ def _list(args: argparse.Namespace) -> int:
 
     reg = registry()
     if args.json:
-        print(json.dumps([{"name": n, "title": e.title, "setup": e.setup, "quick": e.quick,
-                           "claims": [c.id for c in e.claims(e.setup)]} for n, e in reg.items()], indent=2,
-                         default=str))
+        print(
+            json.dumps(
+                [
+                    {
+                        "name": n,
+                        "title": e.title,
+                        "setup": e.setup,
+                        "quick": e.quick,
+                        "claims": [c.id for c in e.claims(e.setup)],
+                    }
+                    for n, e in reg.items()
+                ],
+                indent=2,
+                default=str,
+            )
+        )
         return 0
     for name, exp in reg.items():
         ids = [c.id for c in exp.claims(exp.setup)]
@@ -87,8 +115,15 @@ def _run(args: argparse.Namespace) -> int:
         overrides = parse_sets(args.set + _extra_to_sets(args.extra))
         sink = sys.stderr if args.json else sys.stdout
         with contextlib.redirect_stdout(sink):
-            rec = run_experiment(args.name, profile=args.profile, overrides=overrides, seed=args.seed,
-                                 out=args.out, jobs=args.jobs, progress=not args.quiet)
+            rec = run_experiment(
+                args.name,
+                profile=args.profile,
+                overrides=overrides,
+                seed=args.seed,
+                out=args.out,
+                jobs=args.jobs,
+                progress=not args.quiet,
+            )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -106,8 +141,14 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     out = args.out or f"runs/reproduce-{args.profile}"
     try:
-        records, _ = reproduce(profile=args.profile, out=out, only=args.only, force=args.force, jobs=args.jobs,
-                               progress=not args.quiet)
+        records, _ = reproduce(
+            profile=args.profile,
+            out=out,
+            only=args.only,
+            force=args.force,
+            jobs=args.jobs,
+            progress=not args.quiet,
+        )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -26,7 +26,9 @@ from gatepool.probe import measure, padding_variance_map, relu_moments
 SETUP = {"batch": 512, "channels": 32, "kernel": 3, "size": 14, "groups": 8, "input": "gaussian", "seed": 0}
 QUICK = {"batch": 128}
 STEP = ("channels", "kernel", "groups", "input")  # what the lecture's values assume (not batch or seed)
-SEED_SPREAD = "one init of 32 filters: the realized σ_W² moves σ² by up to ±6% between seeds (0.94–1.03 over seeds 0–3)"
+SEED_SPREAD = (
+    "one init of 32 filters: the realized σ_W² moves σ² by up to ±6% between seeds (0.94–1.03 over seeds 0–3)"
+)
 
 
 def boxed_step(ctx: Context) -> tuple[nn.Sequential, torch.Tensor]:
@@ -70,19 +72,58 @@ def ideal_conv_var(step: nn.Sequential, relu_e2: float) -> float:
 _relu_mean, _relu_var, _relu_e2, _ = relu_moments()
 
 
-@experiment("conv-forward", title="block 1's boxed step keeps σ² = 1: 288 · (2/288) · ½", order=1,
-            setup=SETUP, quick=QUICK, claims=[
-                Claim("after-norm", "after GroupNorm E[x̂²] = 1.00", 1.00, 0.01,
-                      "GroupNorm normalizes each group exactly (up to eps)", depends=STEP),
-                Claim("relu-e2", "after ReLU E[p̂²] = ½", 0.50, 0.01, "512·32·196 samples: s.e. < 0.001",
-                      quick_tolerance=0.02, depends=STEP),
-                Claim("relu-mean", "after ReLU the mean is 1/√(2π) = 0.40", 0.40, 0.01,
-                      "the lecture prints two decimals", quick_tolerance=0.02, depends=STEP),
-                Claim("relu-variance", "after ReLU the variance is ½ − 1/(2π) = 0.34", 0.34, 0.01,
-                      "the lecture prints two decimals", quick_tolerance=0.02, depends=STEP),
-                Claim("conv-variance", "σ²(ŷ) = 288 · (2/288) · ½ = 1 away from the border (lecture measured "
-                      "0.97)", 1.00, 0.06, SEED_SPREAD, depends=STEP),
-            ])
+@experiment(
+    "conv-forward",
+    title="block 1's boxed step keeps σ² = 1: 288 · (2/288) · ½",
+    order=1,
+    setup=SETUP,
+    quick=QUICK,
+    claims=[
+        Claim(
+            "after-norm",
+            "after GroupNorm E[x̂²] = 1.00",
+            1.00,
+            0.01,
+            "GroupNorm normalizes each group exactly (up to eps)",
+            depends=STEP,
+        ),
+        Claim(
+            "relu-e2",
+            "after ReLU E[p̂²] = ½",
+            0.50,
+            0.01,
+            "512·32·196 samples: s.e. < 0.001",
+            quick_tolerance=0.02,
+            depends=STEP,
+        ),
+        Claim(
+            "relu-mean",
+            "after ReLU the mean is 1/√(2π) = 0.40",
+            0.40,
+            0.01,
+            "the lecture prints two decimals",
+            quick_tolerance=0.02,
+            depends=STEP,
+        ),
+        Claim(
+            "relu-variance",
+            "after ReLU the variance is ½ − 1/(2π) = 0.34",
+            0.34,
+            0.01,
+            "the lecture prints two decimals",
+            quick_tolerance=0.02,
+            depends=STEP,
+        ),
+        Claim(
+            "conv-variance",
+            "σ²(ŷ) = 288 · (2/288) · ½ = 1 away from the border (lecture measured 0.97)",
+            1.00,
+            0.06,
+            SEED_SPREAD,
+            depends=STEP,
+        ),
+    ],
+)
 def conv_forward(ctx: Context) -> None:
     step, x = boxed_step(ctx)
     rep = measure(step, x, backward=None, maps=True)
@@ -93,26 +134,61 @@ def conv_forward(ctx: Context) -> None:
     ctx.check("relu-mean", relu.mean, theory=m)
     ctx.check("relu-variance", relu.var, theory=v)
     mid = conv.maps["var"][interior(ctx)].mean().item()
-    ctx.check("conv-variance", mid, theory=ideal_conv_var(step, relu.e2),
-              note=f"over the whole map (border included) σ² = {conv.forward.var:.3f}; ideal with this init "
-                   f"{ideal_conv_var(step, relu.e2):.3f}")
+    ctx.check(
+        "conv-variance",
+        mid,
+        theory=ideal_conv_var(step, relu.e2),
+        note=f"over the whole map (border included) σ² = {conv.forward.var:.3f}; ideal with this init "
+        f"{ideal_conv_var(step, relu.e2):.3f}",
+    )
 
 
 # ----------------------------------------------------------------------------- 2. padding-map
 
 
-@experiment("padding-map", title="zero padding: a corner output sees 4 of 9 taps, an edge 6", order=2,
-            setup=SETUP, quick=QUICK, claims=[
-                Claim("middle", "σ²(ŷ) in the middle of the map", 1.00, 0.06, SEED_SPREAD, depends=STEP),
-                Claim("edge", "σ²(ŷ) on an edge: 6/9 ≈ 0.67 (lecture measured 0.66)", 0.67, 0.05,
-                      SEED_SPREAD + "; fewer positions average", depends=STEP),
-                Claim("corner", "σ²(ŷ) at a corner: 4/9 ≈ 0.44 (lecture measured 0.44)", 0.44, 0.05,
-                      SEED_SPREAD + "; 4 positions", quick_tolerance=0.08, depends=STEP),
-                Claim("corrected-corner", "scaled by (k²/N)^½ (×1.5 at a corner) the corner matches the middle: "
-                      "corner/middle = 1", 1.0, 0.12, "ratio of two noisy means", depends=STEP),
-                Claim("corrected-edge", "scaled by (k²/N)^½ the edge matches the middle: edge/middle = 1", 1.0,
-                      0.08, "ratio of two noisy means", depends=STEP),
-            ])
+@experiment(
+    "padding-map",
+    title="zero padding: a corner output sees 4 of 9 taps, an edge 6",
+    order=2,
+    setup=SETUP,
+    quick=QUICK,
+    claims=[
+        Claim("middle", "σ²(ŷ) in the middle of the map", 1.00, 0.06, SEED_SPREAD, depends=STEP),
+        Claim(
+            "edge",
+            "σ²(ŷ) on an edge: 6/9 ≈ 0.67 (lecture measured 0.66)",
+            0.67,
+            0.05,
+            SEED_SPREAD + "; fewer positions average",
+            depends=STEP,
+        ),
+        Claim(
+            "corner",
+            "σ²(ŷ) at a corner: 4/9 ≈ 0.44 (lecture measured 0.44)",
+            0.44,
+            0.05,
+            SEED_SPREAD + "; 4 positions",
+            quick_tolerance=0.08,
+            depends=STEP,
+        ),
+        Claim(
+            "corrected-corner",
+            "scaled by (k²/N)^½ (×1.5 at a corner) the corner matches the middle: corner/middle = 1",
+            1.0,
+            0.12,
+            "ratio of two noisy means",
+            depends=STEP,
+        ),
+        Claim(
+            "corrected-edge",
+            "scaled by (k²/N)^½ the edge matches the middle: edge/middle = 1",
+            1.0,
+            0.08,
+            "ratio of two noisy means",
+            depends=STEP,
+        ),
+    ],
+)
 def padding_map(ctx: Context) -> None:
     step, x = boxed_step(ctx)
     rep = measure(step, x, backward=None, maps=True)
@@ -134,13 +210,19 @@ def padding_map(ctx: Context) -> None:
     ctx.data["map"] = measured
 
     fig, axes = pyplot().subplots(1, 3, figsize=(12, 3.8))
-    for ax, (title, img) in zip(axes, [("measured σ²(ŷ)", measured), ("theory: σ² · N/k²", ideal_mid * share),
-                                       ("corrected: × k²/N", corrected)]):
+    for ax, (title, img) in zip(
+        axes,
+        [
+            ("measured σ²(ŷ)", measured),
+            ("theory: σ² · N/k²", ideal_mid * share),
+            ("corrected: × k²/N", corrected),
+        ],
+    ):
         im = ax.imshow(img.numpy(), vmin=0, vmax=max(1.2, float(corrected.max())), cmap="viridis")
         ax.set_title(title)
         ax.set_xticks([])
         ax.set_yticks([])
-        for (i, j) in [(0, 0), (0, size // 2), (size // 2, size // 2)]:
+        for i, j in [(0, 0), (0, size // 2), (size // 2, size // 2)]:
             ax.text(j, i, f"{img[i, j]:.2f}", ha="center", va="center", color="w", fontsize=8)
     fig.colorbar(im, ax=axes, shrink=0.8)
     fig.suptitle(f"{k}×{k} conv, padding {k // 2}, {size}×{size} map, {ctx['input']} input")
@@ -150,13 +232,31 @@ def padding_map(ctx: Context) -> None:
 # ----------------------------------------------------------------------------- 3. conv-backward
 
 
-@experiment("conv-backward", title="a unit gradient doubles through the He conv and halves through the ReLU",
-            order=3, setup=SETUP, quick=QUICK, claims=[
-                Claim("after-conv", "E[(∂L/∂p̂)²] = 288 · (2/288) · 1 = 2 (lecture measured 2.01)", 2.00, 0.12,
-                      SEED_SPREAD + " (of 2)", depends=STEP),
-                Claim("after-relu", "E[(∂L/∂x̂)²] through the ReLU = ½ · 2 = 1 (lecture measured 1.01)", 1.00,
-                      0.06, SEED_SPREAD, depends=STEP),
-            ])
+@experiment(
+    "conv-backward",
+    title="a unit gradient doubles through the He conv and halves through the ReLU",
+    order=3,
+    setup=SETUP,
+    quick=QUICK,
+    claims=[
+        Claim(
+            "after-conv",
+            "E[(∂L/∂p̂)²] = 288 · (2/288) · 1 = 2 (lecture measured 2.01)",
+            2.00,
+            0.12,
+            SEED_SPREAD + " (of 2)",
+            depends=STEP,
+        ),
+        Claim(
+            "after-relu",
+            "E[(∂L/∂x̂)²] through the ReLU = ½ · 2 = 1 (lecture measured 1.01)",
+            1.00,
+            0.06,
+            SEED_SPREAD,
+            depends=STEP,
+        ),
+    ],
+)
 def conv_backward(ctx: Context) -> None:
     step, x = boxed_step(ctx)
     rep = measure(step, x, backward="unit-noise", maps=True, seed=ctx["seed"])
@@ -166,7 +266,12 @@ def conv_backward(ctx: Context) -> None:
     after_conv = rep["relu"].maps["grad_e2"][inner].mean().item()  # ∂L/∂p̂ = ∂L/∂(relu output)
     after_relu = rep["gn"].maps["grad_e2"][inner].mean().item()  # ∂L/∂x̂ = ∂L/∂(gn output)
     alive = 1 - rep["relu"].forward.zero_share  # the ReLU passes the gradient of its positive inputs
-    ctx.check("after-conv", after_conv, theory=ideal_conv,
-              note=f"whole map {rep['relu'].backward.e2:.3f} (border positions receive from fewer outputs)")
-    ctx.check("after-relu", after_relu, theory=ideal_conv * alive,
-              note=f"share of ReLU inputs > 0: {alive:.3f}")
+    ctx.check(
+        "after-conv",
+        after_conv,
+        theory=ideal_conv,
+        note=f"whole map {rep['relu'].backward.e2:.3f} (border positions receive from fewer outputs)",
+    )
+    ctx.check(
+        "after-relu", after_relu, theory=ideal_conv * alive, note=f"share of ReLU inputs > 0: {alive:.3f}"
+    )

@@ -89,8 +89,9 @@ class Experiment:
     claims: Callable[[dict[str, Any]], list[Claim]]  # the claims for a setup
     module: str = ""
 
-    def resolve_setup(self, profile: str, overrides: dict[str, str] | None = None,
-                      seed: int | None = None) -> dict[str, Any]:
+    def resolve_setup(
+        self, profile: str, overrides: dict[str, str] | None = None, seed: int | None = None
+    ) -> dict[str, Any]:
         """The setup used: the lecture's, then the profile's changes, then ``--set``, then ``--seed``."""
         if profile not in PROFILES:
             raise ValueError(f"profile={profile!r} must be one of {PROFILES}")
@@ -99,8 +100,9 @@ class Experiment:
             setup.update(self.quick)
         for key, text in (overrides or {}).items():
             if key not in setup:
-                raise ValueError(f"--set {key}=...: {self.name} has no setting {key!r}; "
-                                 f"it has {', '.join(sorted(setup))}")
+                raise ValueError(
+                    f"--set {key}=...: {self.name} has no setting {key!r}; it has {', '.join(sorted(setup))}"
+                )
             setup[key] = parse_value(text, self.setup[key], key)
         if seed is not None:
             if "seed" not in setup:
@@ -281,9 +283,16 @@ class Context:
 
 def not_run_record(spec: Claim, on_lecture: bool = True) -> dict[str, Any]:
     return {
-        "id": spec.id, "statement": spec.statement, "lecture": plain(spec.lecture) if on_lecture else None,
-        "measured": None, "expected": None, "basis": None, "tolerance": spec.tolerance, "kind": spec.kind,
-        "why": spec.why, "verdict": "not run",
+        "id": spec.id,
+        "statement": spec.statement,
+        "lecture": plain(spec.lecture) if on_lecture else None,
+        "measured": None,
+        "expected": None,
+        "basis": None,
+        "tolerance": spec.tolerance,
+        "kind": spec.kind,
+        "why": spec.why,
+        "verdict": "not run",
     }
 
 
@@ -363,8 +372,10 @@ def run_experiment(
         "profile": profile,
         "setup": jsonable(setup),
         "seconds": round(seconds, 2),
-        "figures": [str(Path(f).relative_to(Path(out))) if Path(f).is_relative_to(Path(out)) else f
-                    for f in ctx.figures],
+        "figures": [
+            str(Path(f).relative_to(Path(out))) if Path(f).is_relative_to(Path(out)) else f
+            for f in ctx.figures
+        ],
         "claims": ctx.claim_records(),
         "notes": ctx.notes,
         "data": plain(ctx.data),

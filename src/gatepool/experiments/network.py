@@ -24,14 +24,23 @@ from gatepool.probe import measure
 
 STAGES = ["stem", "pool1", "block1", "pool2", "block2", "block3"]
 LECTURE_IDEAL = {"pool1": 0.49, "block1": 1.47, "pool2": 0.74, "block2": 1.71, "block3": 2.68}
-LECTURE_MEASURED = {"stem": 0.89, "pool1": 0.90, "block1": 1.88, "pool2": 2.02, "block2": 3.16, "block3": 4.41}
+LECTURE_MEASURED = {
+    "stem": 0.89,
+    "pool1": 0.90,
+    "block1": 1.88,
+    "pool2": 2.02,
+    "block2": 3.16,
+    "block3": 4.41,
+}
 SETUP = {"batch": 512, "pool": "max", "seeds": [0, 1, 2, 3, 4]}
 QUICK = {"batch": 256, "seeds": [0, 1, 2]}
 NORMS = ["block1.gn1", "block1.gn2", "block2.gn1", "block2.gn2", "block3.gn1", "block3.gn2", "head.norm"]
 RELUS = ["block1.relu1", "block2.relu1", "block3.relu1"]
 CONVS = [f"block{b}.conv{c}" for b in (1, 2, 3) for c in (1, 2)]
-SEED_WHY = ("mean over seeds; one init's stage variance differs from the next by up to ±30% "
-            "(seeds 0–4: block 3 from 3.1 to 5.4)")
+SEED_WHY = (
+    "mean over seeds; one init's stage variance differs from the next by up to ±30% "
+    "(seeds 0–4: block 3 from 3.1 to 5.4)"
+)
 
 
 def probe_seeds(ctx: Context, backward: str | None) -> list:
@@ -43,7 +52,9 @@ def probe_seeds(ctx: Context, backward: str | None) -> list:
     for seed in ctx["seeds"]:
         torch.manual_seed(seed)
         model = ResidualCNN(pool=ctx["pool"])
-        reports.append(measure(model, x, backward=backward, seed=seed, samples=20000 if backward is None else 0))
+        reports.append(
+            measure(model, x, backward=backward, seed=seed, samples=20000 if backward is None else 0)
+        )
     return reports
 
 
@@ -55,22 +66,60 @@ def mean_over(reports: list, fn) -> float:
 
 
 def _forward_claims(setup: dict) -> list[Claim]:
-    claims = [Claim(f"ideal-{s}", f"the rules' ideal σ² after {s}", v, 0.05,
-                    "the rules are exact given the init's E[w²]; the lecture rounds and uses its own init",
-                    kind="rel", depends=("pool",)) for s, v in LECTURE_IDEAL.items()]
-    claims += [Claim(f"measured-{s}", f"measured σ² after {s} (512 digits)", v, 0.3, SEED_WHY, kind="rel",
-                     quick_tolerance=0.4, depends=("pool",)) for s, v in LECTURE_MEASURED.items()]
+    claims = [
+        Claim(
+            f"ideal-{s}",
+            f"the rules' ideal σ² after {s}",
+            v,
+            0.05,
+            "the rules are exact given the init's E[w²]; the lecture rounds and uses its own init",
+            kind="rel",
+            depends=("pool",),
+        )
+        for s, v in LECTURE_IDEAL.items()
+    ]
     claims += [
-        Claim("relu-keeps", "the first ReLU in each block keeps E[p²] ≈ 0.64, not ½", 0.64, 0.05,
-              "mean of three blocks and the seeds; the lecture says 'about'", depends=("pool",)),
-        Claim("after-norm", "every branch and the head see σ² = 1 after their norm (largest |E[x̂²] − 1|)", 0.0,
-              0.01, "GroupNorm normalizes each group exactly (up to eps)", kind="max"),
+        Claim(
+            f"measured-{s}",
+            f"measured σ² after {s} (512 digits)",
+            v,
+            0.3,
+            SEED_WHY,
+            kind="rel",
+            quick_tolerance=0.4,
+            depends=("pool",),
+        )
+        for s, v in LECTURE_MEASURED.items()
+    ]
+    claims += [
+        Claim(
+            "relu-keeps",
+            "the first ReLU in each block keeps E[p²] ≈ 0.64, not ½",
+            0.64,
+            0.05,
+            "mean of three blocks and the seeds; the lecture says 'about'",
+            depends=("pool",),
+        ),
+        Claim(
+            "after-norm",
+            "every branch and the head see σ² = 1 after their norm (largest |E[x̂²] − 1|)",
+            0.0,
+            0.01,
+            "GroupNorm normalizes each group exactly (up to eps)",
+            kind="max",
+        ),
     ]
     return claims
 
 
-@experiment("network-forward", title="Tuesday's CNN forward: the ideal σ² per stage beside the measured",
-            order=6, setup=SETUP, quick=QUICK, claims=_forward_claims)
+@experiment(
+    "network-forward",
+    title="Tuesday's CNN forward: the ideal σ² per stage beside the measured",
+    order=6,
+    setup=SETUP,
+    quick=QUICK,
+    claims=_forward_claims,
+)
 def network_forward(ctx: Context) -> None:
     reports = probe_seeds(ctx, backward=None)
     first = reports[0]
@@ -79,30 +128,63 @@ def network_forward(ctx: Context) -> None:
     for stage in LECTURE_MEASURED:
         values = [r[stage].forward.var for r in reports]
         ideal = first[stage].ideal.var if first[stage].ideal else None
-        ctx.check(f"measured-{stage}", statistics.fmean(values), theory=ideal,
-                  note="seeds: " + ", ".join(f"{v:.2f}" for v in values))
-    ctx.check("relu-keeps", mean_over(reports, lambda r: statistics.fmean(r[n].forward.e2 for n in RELUS)),
-              theory=0.5)
+        ctx.check(
+            f"measured-{stage}",
+            statistics.fmean(values),
+            theory=ideal,
+            note="seeds: " + ", ".join(f"{v:.2f}" for v in values),
+        )
+    ctx.check(
+        "relu-keeps",
+        mean_over(reports, lambda r: statistics.fmean(r[n].forward.e2 for n in RELUS)),
+        theory=0.5,
+    )
     ctx.check("after-norm", max(abs(r[n].forward.e2 - 1) for r in reports for n in NORMS), theory=0.0)
-    ctx.data["stages"] = {s: {"ideal": first[s].ideal.var if first[s].ideal else None,
-                              "measured": [r[s].forward.var for r in reports]} for s in STAGES}
+    ctx.data["stages"] = {
+        s: {
+            "ideal": first[s].ideal.var if first[s].ideal else None,
+            "measured": [r[s].forward.var for r in reports],
+        }
+        for s in STAGES
+    }
 
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [1.2, 1]})
     pos = range(len(STAGES))
-    ax1.bar([p - 0.2 for p in pos], [first[s].ideal.var if first[s].ideal else 0 for s in STAGES], 0.4,
-            label="ideal (rules)")
-    ax1.bar([p + 0.2 for p in pos], [statistics.fmean(r[s].forward.var for r in reports) for s in STAGES], 0.4,
-            label=f"measured (mean of {len(reports)} seeds)")
-    ax1.scatter([p + 0.2 for p in pos], [LECTURE_MEASURED[s] for s in STAGES], marker="x", color="k", zorder=3,
-                label="lecture measured")
+    ax1.bar(
+        [p - 0.2 for p in pos],
+        [first[s].ideal.var if first[s].ideal else 0 for s in STAGES],
+        0.4,
+        label="ideal (rules)",
+    )
+    ax1.bar(
+        [p + 0.2 for p in pos],
+        [statistics.fmean(r[s].forward.var for r in reports) for s in STAGES],
+        0.4,
+        label=f"measured (mean of {len(reports)} seeds)",
+    )
+    ax1.scatter(
+        [p + 0.2 for p in pos],
+        [LECTURE_MEASURED[s] for s in STAGES],
+        marker="x",
+        color="k",
+        zorder=3,
+        label="lecture measured",
+    )
     ax1.set_xticks(list(pos), STAGES)
     ax1.set(ylabel="σ²", title="forward variance per stage")
     ax1.legend(fontsize=8)
     for name, color in (("stem", "C0"), ("pool1", "C1"), ("block1.relu1", "C2")):
-        ax2.hist(first[name].samples.numpy(), bins=100, range=(-3, 5), density=True, histtype="step",
-                 color=color, label=name)
-    ax2.set(yscale="log", title="values (seed %d): the spike at 0 after the ReLU" % ctx["seeds"][0])
+        ax2.hist(
+            first[name].samples.numpy(),
+            bins=100,
+            range=(-3, 5),
+            density=True,
+            histtype="step",
+            color=color,
+            label=name,
+        )
+    ax2.set(yscale="log", title=f"values (seed {ctx['seeds'][0]}): the spike at 0 after the ReLU")
     ax2.legend(fontsize=8)
     ctx.figure(fig, "network-forward.png")
 
@@ -117,30 +199,83 @@ def _backward_claims(setup: dict) -> list[Claim]:
     steps = [("block3", "block2"), ("block2", "pool2"), ("pool2", "block1")]
     claims = []
     for a, b in steps:
-        claims.append(Claim(f"ideal-{a}-to-{b}", f"ideal growth of E[g²] from {a} back to {b}",
-                            LECTURE_BACK_IDEAL[b] / LECTURE_BACK_IDEAL[a], 0.05,
-                            "ratios of the rules' figures; the lecture rounds", kind="rel", depends=("pool",)))
-        claims.append(Claim(f"{a}-to-{b}", f"measured growth of E[g²] from {a} back to {b}",
-                            LECTURE_BACK[b] / LECTURE_BACK[a], 0.15, SEED_WHY, kind="rel", quick_tolerance=0.25,
-                            depends=("pool",)))
+        claims.append(
+            Claim(
+                f"ideal-{a}-to-{b}",
+                f"ideal growth of E[g²] from {a} back to {b}",
+                LECTURE_BACK_IDEAL[b] / LECTURE_BACK_IDEAL[a],
+                0.05,
+                "ratios of the rules' figures; the lecture rounds",
+                kind="rel",
+                depends=("pool",),
+            )
+        )
+        claims.append(
+            Claim(
+                f"{a}-to-{b}",
+                f"measured growth of E[g²] from {a} back to {b}",
+                LECTURE_BACK[b] / LECTURE_BACK[a],
+                0.15,
+                SEED_WHY,
+                kind="rel",
+                quick_tolerance=0.25,
+                depends=("pool",),
+            )
+        )
     for stage in LECTURE_BACK:
-        claims.append(Claim(f"ideal-g2-{stage}", f"ideal E[g²] at {stage}'s output", LECTURE_BACK_IDEAL[stage],
-                            0.1, "the rules with this init's E[w²]; the lecture rounds", kind="rel",
-                            depends=("pool",)))
-        claims.append(Claim(f"g2-{stage}", f"measured E[g²] at {stage}'s output", LECTURE_BACK[stage], 0.4,
-                            "mean over seeds; one init's E[g²] differs from the next by up to ±40% (seeds 0–4 at "
-                            "block 3: 7.8µ to 14.4µ)", kind="rel", quick_tolerance=0.5, depends=("pool",)))
+        claims.append(
+            Claim(
+                f"ideal-g2-{stage}",
+                f"ideal E[g²] at {stage}'s output",
+                LECTURE_BACK_IDEAL[stage],
+                0.1,
+                "the rules with this init's E[w²]; the lecture rounds",
+                kind="rel",
+                depends=("pool",),
+            )
+        )
+        claims.append(
+            Claim(
+                f"g2-{stage}",
+                f"measured E[g²] at {stage}'s output",
+                LECTURE_BACK[stage],
+                0.4,
+                "mean over seeds; one init's E[g²] differs from the next by up to ±40% (seeds 0–4 at "
+                "block 3: 7.8µ to 14.4µ)",
+                kind="rel",
+                quick_tolerance=0.5,
+                depends=("pool",),
+            )
+        )
     claims += [
-        Claim("pool-zeros", "after the max pool (at its input) 75% of the gradients are exact zeros", 0.75, 0.01,
-              "exact up to ties, which smooth digits make possible", depends=("pool",)),
-        Claim("weight-ratio", "‖∂L/∂W‖/‖W‖ ≈ 10–16 in every block conv (mean over convs and seeds)", 13.0, 3.0,
-              "the lecture's range 10–16", quick_tolerance=3.5),
+        Claim(
+            "pool-zeros",
+            "after the max pool (at its input) 75% of the gradients are exact zeros",
+            0.75,
+            0.01,
+            "exact up to ties, which smooth digits make possible",
+            depends=("pool",),
+        ),
+        Claim(
+            "weight-ratio",
+            "‖∂L/∂W‖/‖W‖ ≈ 10–16 in every block conv (mean over convs and seeds)",
+            13.0,
+            3.0,
+            "the lecture's range 10–16",
+            quick_tolerance=3.5,
+        ),
     ]
     return claims
 
 
-@experiment("network-backward", title="Tuesday's CNN backward: E[(∂L/∂·)²] per stage, ÷4 at the max pool",
-            order=7, setup=SETUP, quick=QUICK, claims=_backward_claims)
+@experiment(
+    "network-backward",
+    title="Tuesday's CNN backward: E[(∂L/∂·)²] per stage, ÷4 at the max pool",
+    order=7,
+    setup=SETUP,
+    quick=QUICK,
+    claims=_backward_claims,
+)
 def network_backward(ctx: Context) -> None:
     reports = probe_seeds(ctx, backward="unit-noise")
     g2 = {s: [r[s].backward.e2 for r in reports] for s in LECTURE_BACK}
@@ -152,8 +287,12 @@ def network_backward(ctx: Context) -> None:
         ctx.check(f"{a}-to-{b}", statistics.fmean(x / y for x, y in zip(g2[b], g2[a])), theory=ideal_ratio)
     for stage in LECTURE_BACK:
         ctx.check(f"ideal-g2-{stage}", ideal[stage])
-        ctx.check(f"g2-{stage}", statistics.fmean(g2[stage]), theory=ideal[stage],
-                  note="seeds: " + ", ".join(f"{v / 1e-6:.1f}µ" for v in g2[stage]))
+        ctx.check(
+            f"g2-{stage}",
+            statistics.fmean(g2[stage]),
+            theory=ideal[stage],
+            note="seeds: " + ", ".join(f"{v / 1e-6:.1f}µ" for v in g2[stage]),
+        )
     ctx.check("pool-zeros", statistics.fmean(r["block1"].backward.zero_share for r in reports), theory=0.75)
     ratios = [p.ratio for r in reports for p in r.params if p.name.removesuffix(".weight") in CONVS]
     ctx.check("weight-ratio", statistics.fmean(ratios), note=f"range {min(ratios):.1f}–{max(ratios):.1f}")
@@ -161,8 +300,10 @@ def network_backward(ctx: Context) -> None:
     for p in first.params:
         name = p.name.removesuffix(".weight")
         if name in CONVS:
-            ctx.note(f"{name}: rms g at its output {first[name].backward.rms:.2g} → rms ∂L/∂W {p.grad_rms:.3g}, "
-                     f"‖∂L/∂W‖/‖W‖ {p.ratio:.1f} (seed {ctx['seeds'][0]})")
+            ctx.note(
+                f"{name}: rms g at its output {first[name].backward.rms:.2g} → rms ∂L/∂W {p.grad_rms:.3g}, "
+                f"‖∂L/∂W‖/‖W‖ {p.ratio:.1f} (seed {ctx['seeds'][0]})"
+            )
     ctx.data["grad_e2"] = g2
 
     plt = pyplot()
@@ -172,6 +313,8 @@ def network_backward(ctx: Context) -> None:
     ax.bar([p - 0.2 for p in pos], [ideal[s] / mu for s in names], 0.4, label="ideal (rules)")
     ax.bar([p + 0.2 for p in pos], [statistics.fmean(g2[s]) / mu for s in names], 0.4, label="measured")
     ax.set_xticks(list(pos), [f"{s} out" for s in names])
-    ax.set(ylabel="E[(∂L/∂·)²] (µ = 1e-6)", yscale="log", title="backward, unit-variance gradient at the logits")
+    ax.set(
+        ylabel="E[(∂L/∂·)²] (µ = 1e-6)", yscale="log", title="backward, unit-variance gradient at the logits"
+    )
     ax.legend(fontsize=8)
     ctx.figure(fig, "network-backward.png")

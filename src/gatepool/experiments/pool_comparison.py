@@ -24,8 +24,11 @@ POOLS = ["max", "avg", "soft", "soft-learned", "attention", "conv"]
 
 def record_temperatures(model: nn.Module, epoch: int) -> dict[str, Any]:
     """The learned τ of every pool that has one (per channel), for the history."""
-    return {f"tau_{name}": module.temperature.detach().tolist() for name, module in model.named_children()
-            if getattr(module, "gate", None) == "soft-learned"}
+    return {
+        f"tau_{name}": module.temperature.detach().tolist()
+        for name, module in model.named_children()
+        if getattr(module, "gate", None) == "soft-learned"
+    }
 
 
 def train_one(task: dict[str, Any]) -> dict[str, Any]:
@@ -33,42 +36,102 @@ def train_one(task: dict[str, Any]) -> dict[str, Any]:
     from gatepool.train import TrainConfig, train
 
     config = TrainConfig.from_dict(task["config"])
-    result = train(config, out=task["out"], progress=task["progress"], verbose=task["progress"],
-                   on_epoch_end=record_temperatures)
+    result = train(
+        config,
+        out=task["out"],
+        progress=task["progress"],
+        verbose=task["progress"],
+        on_epoch_end=record_temperatures,
+    )
     return result.record
 
 
 CLAIMS = [
-    Claim("spread", "all six gates land within 0.3 points of test accuracy (max − min of the means)", 0.3, 0.0,
-          "the lecture's bound, with no slack", kind="max", quick_tolerance=2.0,
-          depends=("epochs", "train_size", "seeds")),
-    Claim("seed-spread", "the spread between seeds (mean over gates of max − min), in points", 0.3, 0.3,
-          "the lecture gives it as 'about' the gates' spread: ±0.3 points", quick_tolerance=1.0,
-          depends=("epochs", "train_size", "seeds")),
-    Claim("tau-min", "learned τ ends ≥ 0.89 in every channel", 0.89, 0.05,
-          "τ's path depends on the optimizer and schedule; ±0.05 around the lecture's single run",
-          kind="min", quick_tolerance=0.1, depends=("epochs", "train_size")),
-    Claim("tau-max", "learned τ ends ≤ 1.12 in every channel", 1.12, 0.05,
-          "τ's path depends on the optimizer and schedule; ±0.05 around the lecture's single run",
-          kind="max", quick_tolerance=0.1, depends=("epochs", "train_size")),
+    Claim(
+        "spread",
+        "all six gates land within 0.3 points of test accuracy (max − min of the means)",
+        0.3,
+        0.0,
+        "the lecture's bound, with no slack",
+        kind="max",
+        quick_tolerance=2.0,
+        depends=("epochs", "train_size", "seeds"),
+    ),
+    Claim(
+        "seed-spread",
+        "the spread between seeds (mean over gates of max − min), in points",
+        0.3,
+        0.3,
+        "the lecture gives it as 'about' the gates' spread: ±0.3 points",
+        quick_tolerance=1.0,
+        depends=("epochs", "train_size", "seeds"),
+    ),
+    Claim(
+        "tau-min",
+        "learned τ ends ≥ 0.89 in every channel",
+        0.89,
+        0.05,
+        "τ's path depends on the optimizer and schedule; ±0.05 around the lecture's single run",
+        kind="min",
+        quick_tolerance=0.1,
+        depends=("epochs", "train_size"),
+    ),
+    Claim(
+        "tau-max",
+        "learned τ ends ≤ 1.12 in every channel",
+        1.12,
+        0.05,
+        "τ's path depends on the optimizer and schedule; ±0.05 around the lecture's single run",
+        kind="max",
+        quick_tolerance=0.1,
+        depends=("epochs", "train_size"),
+    ),
 ]
 
 
-@experiment("pool-comparison", title="every gate trains Tuesday's CNN to the same accuracy", order=12,
-            setup={"pools": POOLS, "seeds": [0, 1, 2], "epochs": 6, "train_size": 60000, "test_size": 10000,
-                   "batch_size": 128, "optimizer": "adam", "lr": 3e-3, "schedule": "onecycle"},
-            quick={"seeds": [0], "epochs": 1, "train_size": 3000, "test_size": 2000},
-            claims=CLAIMS)
+@experiment(
+    "pool-comparison",
+    title="every gate trains Tuesday's CNN to the same accuracy",
+    order=12,
+    setup={
+        "pools": POOLS,
+        "seeds": [0, 1, 2],
+        "epochs": 6,
+        "train_size": 60000,
+        "test_size": 10000,
+        "batch_size": 128,
+        "optimizer": "adam",
+        "lr": 3e-3,
+        "schedule": "onecycle",
+    },
+    quick={"seeds": [0], "epochs": 1, "train_size": 3000, "test_size": 2000},
+    claims=CLAIMS,
+)
 def pool_comparison(ctx: Context) -> None:
     tasks = []
     for pool in ctx["pools"]:
         for seed in ctx["seeds"]:
-            config = {"model": "residual_cnn", "model_kwargs": {"pool": pool}, "epochs": ctx["epochs"],
-                      "train_size": ctx["train_size"], "test_size": ctx["test_size"],
-                      "batch_size": ctx["batch_size"], "optimizer": ctx["optimizer"], "lr": ctx["lr"],
-                      "schedule": ctx["schedule"], "seed": seed}
-            tasks.append({"config": config, "out": str(ctx.out / f"{pool}-s{seed}"),
-                          "progress": ctx.progress and ctx.jobs == 1, "pool": pool, "seed": seed})
+            config = {
+                "model": "residual_cnn",
+                "model_kwargs": {"pool": pool},
+                "epochs": ctx["epochs"],
+                "train_size": ctx["train_size"],
+                "test_size": ctx["test_size"],
+                "batch_size": ctx["batch_size"],
+                "optimizer": ctx["optimizer"],
+                "lr": ctx["lr"],
+                "schedule": ctx["schedule"],
+                "seed": seed,
+            }
+            tasks.append(
+                {
+                    "config": config,
+                    "out": str(ctx.out / f"{pool}-s{seed}"),
+                    "progress": ctx.progress and ctx.jobs == 1,
+                    "pool": pool,
+                    "seed": seed,
+                }
+            )
     records = run_tasks(train_one, tasks, ctx.jobs)
 
     acc: dict[str, list[float]] = {p: [] for p in ctx["pools"]}
@@ -95,14 +158,17 @@ def pool_comparison(ctx: Context) -> None:
 def _figures(ctx: Context, acc: dict[str, list[float]], taus: dict[int, dict[str, Any]]) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    for i, (pool, values) in enumerate(acc.items()):
+    for i, values in enumerate(acc.values()):
         ax.bar(i, statistics.fmean(values), color="C0", alpha=0.35, width=0.6)
         ax.scatter([i] * len(values), values, facecolors="none", edgecolors="k", zorder=3)
     ax.set_xticks(range(len(acc)), list(acc))
     lo = min(min(v) for v in acc.values())
     hi = max(max(v) for v in acc.values())
-    ax.set(ylim=(lo - 0.5, hi + 0.3), ylabel="test accuracy (%)",
-           title=f"Tuesday's CNN, {ctx['epochs']} epochs on {ctx['train_size']} digits; circles: seeds")
+    ax.set(
+        ylim=(lo - 0.5, hi + 0.3),
+        ylabel="test accuracy (%)",
+        title=f"Tuesday's CNN, {ctx['epochs']} epochs on {ctx['train_size']} digits; circles: seeds",
+    )
     ctx.figure(fig, "pool-comparison.png")
 
     if taus:

@@ -32,21 +32,53 @@ def _pools(ctx: Context) -> dict[str, dict]:
     x = torch.randn(ctx["batch"], ctx["channels"], ctx["size"], ctx["size"], generator=gen)  # (B, C, H, W)
     rows = {}
     for gate in ("avg", "max"):
-        rep = measure(create_pool(gate, ctx["channels"], kernel_size=k), x, backward="unit-noise",
-                      seed=ctx["seed"], samples=20000)
+        rep = measure(
+            create_pool(gate, ctx["channels"], kernel_size=k),
+            x,
+            backward="unit-noise",
+            seed=ctx["seed"],
+            samples=20000,
+        )
         rows[gate] = {"in": rep["(input)"], "out": rep["(output)"]}
     return rows
 
 
-@experiment("pool-forward", title="2×2 pools of N(0,1): average Var ¼; max mean 1.03, Var 0.49", order=4,
-            setup=SETUP, quick=QUICK, claims=[
-                Claim("avg-variance", "average pool: Var = 1/4", 0.25, 0.01, SAMPLES, quick_tolerance=0.02,
-                      depends=("window",)),
-                Claim("max-mean", "max pool: mean of the largest of 4 = 1.03", 1.03, 0.01, SAMPLES,
-                      quick_tolerance=0.02, depends=("window",)),
-                Claim("max-variance", "max pool: Var of the largest of 4 = 0.49", 0.49, 0.01, SAMPLES,
-                      quick_tolerance=0.02, depends=("window",)),
-            ])
+@experiment(
+    "pool-forward",
+    title="2×2 pools of N(0,1): average Var ¼; max mean 1.03, Var 0.49",
+    order=4,
+    setup=SETUP,
+    quick=QUICK,
+    claims=[
+        Claim(
+            "avg-variance",
+            "average pool: Var = 1/4",
+            0.25,
+            0.01,
+            SAMPLES,
+            quick_tolerance=0.02,
+            depends=("window",),
+        ),
+        Claim(
+            "max-mean",
+            "max pool: mean of the largest of 4 = 1.03",
+            1.03,
+            0.01,
+            SAMPLES,
+            quick_tolerance=0.02,
+            depends=("window",),
+        ),
+        Claim(
+            "max-variance",
+            "max pool: Var of the largest of 4 = 0.49",
+            0.49,
+            0.01,
+            SAMPLES,
+            quick_tolerance=0.02,
+            depends=("window",),
+        ),
+    ],
+)
 def pool_forward(ctx: Context) -> None:
     rows = _pools(ctx)
     n = ctx["window"] ** 2
@@ -61,11 +93,18 @@ def pool_forward(ctx: Context) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), sharex=True)
     grid = torch.linspace(-4, 4, 401).numpy()
-    for ax, (title, row, curve) in zip(axes, [
-        ("input N(0, 1)", rows["max"]["in"], norm.pdf(grid)),
-        (f"average of {n}: N(0, 1/{n})", rows["avg"]["out"], norm.pdf(grid, scale=(1 / n) ** 0.5)),
-        (f"max of {n}: {n}φ(x)Φ(x)^{n - 1}", rows["max"]["out"], n * norm.pdf(grid) * norm.cdf(grid) ** (n - 1)),
-    ]):
+    for ax, (title, row, curve) in zip(
+        axes,
+        [
+            ("input N(0, 1)", rows["max"]["in"], norm.pdf(grid)),
+            (f"average of {n}: N(0, 1/{n})", rows["avg"]["out"], norm.pdf(grid, scale=(1 / n) ** 0.5)),
+            (
+                f"max of {n}: {n}φ(x)Φ(x)^{n - 1}",
+                rows["max"]["out"],
+                n * norm.pdf(grid) * norm.cdf(grid) ** (n - 1),
+            ),
+        ],
+    ):
         ax.hist(row.samples.numpy(), bins=80, density=True, alpha=0.5, label="measured")
         ax.plot(grid, curve, "k", lw=1.2, label="density")
         ax.set_title(title, fontsize=10)
@@ -73,17 +112,49 @@ def pool_forward(ctx: Context) -> None:
     ctx.figure(fig, "pool-forward.png")
 
 
-@experiment("pool-backward", title="max pool: only the winner gets the gradient; average: everyone gets g/4",
-            order=5, setup=SETUP, quick=QUICK, claims=[
-                Claim("max-grad", "max pool: E[(∂L/∂x)²] = ¼ E[g²]", 0.25, 0.01, SAMPLES, quick_tolerance=0.02,
-                      depends=("window", "size")),
-                Claim("max-zeros", "max pool: share of inputs with an exact-zero gradient = 3/4", 0.75, 0.001,
-                      "exact up to ties, which have probability 0 for continuous inputs", depends=("window", "size")),
-                Claim("avg-grad", "average pool: E[(∂L/∂x)²] = (¼)² E[g²]", 0.0625, 0.003, SAMPLES,
-                      quick_tolerance=0.005, depends=("window", "size")),
-                Claim("avg-zeros", "average pool: no input gets an exact zero", 0.0, 0.0001,
-                      "a zero needs g exactly 0 (probability 0)", depends=("window", "size")),
-            ])
+@experiment(
+    "pool-backward",
+    title="max pool: only the winner gets the gradient; average: everyone gets g/4",
+    order=5,
+    setup=SETUP,
+    quick=QUICK,
+    claims=[
+        Claim(
+            "max-grad",
+            "max pool: E[(∂L/∂x)²] = ¼ E[g²]",
+            0.25,
+            0.01,
+            SAMPLES,
+            quick_tolerance=0.02,
+            depends=("window", "size"),
+        ),
+        Claim(
+            "max-zeros",
+            "max pool: share of inputs with an exact-zero gradient = 3/4",
+            0.75,
+            0.001,
+            "exact up to ties, which have probability 0 for continuous inputs",
+            depends=("window", "size"),
+        ),
+        Claim(
+            "avg-grad",
+            "average pool: E[(∂L/∂x)²] = (¼)² E[g²]",
+            0.0625,
+            0.003,
+            SAMPLES,
+            quick_tolerance=0.005,
+            depends=("window", "size"),
+        ),
+        Claim(
+            "avg-zeros",
+            "average pool: no input gets an exact zero",
+            0.0,
+            0.0001,
+            "a zero needs g exactly 0 (probability 0)",
+            depends=("window", "size"),
+        ),
+    ],
+)
 def pool_backward(ctx: Context) -> None:
     rows = _pools(ctx)
     k, size = ctx["window"], ctx["size"]
@@ -91,8 +162,12 @@ def pool_backward(ctx: Context) -> None:
     covered = ((size // k) * k / size) ** 2  # inputs in no window (size not a multiple of k) get no gradient
     g2 = {gate: r["out"].backward.e2 for gate, r in rows.items()}  # E[g²] actually seeded (≈ 1)
     max_g, max_zero = max_pool_backward(n, 1.0)
-    ctx.check("max-grad", rows["max"]["in"].backward.e2 / g2["max"], theory=covered * max_g,
-              note=f"E[g²] seeded at the output: {g2['max']:.4f}")
+    ctx.check(
+        "max-grad",
+        rows["max"]["in"].backward.e2 / g2["max"],
+        theory=covered * max_g,
+        note=f"E[g²] seeded at the output: {g2['max']:.4f}",
+    )
     ctx.check("max-zeros", rows["max"]["in"].backward.zero_share, theory=1 - covered * (1 - max_zero))
     ctx.check("avg-grad", rows["avg"]["in"].backward.e2 / g2["avg"], theory=covered * avg_pool_backward(n))
     ctx.check("avg-zeros", rows["avg"]["in"].backward.zero_share, theory=1 - covered)

@@ -36,10 +36,17 @@ def claim_rows(records: list[dict[str, Any]]) -> list[list[str]]:
         for c in rec.get("claims", []):
             expected = c.get("expected")
             basis = c.get("basis")
-            compare = fmt(c["lecture"]) if basis == "lecture" else (
-                f"{fmt(expected)} (theory)" if basis == "theory" else fmt(c["lecture"]))
-            tol = {"equal": "exact", "min": f"≥ −{fmt(c['tolerance'])}", "max": f"≤ +{fmt(c['tolerance'])}",
-                   "rel": f"±{fmt(100 * c['tolerance'])}%"}.get(c.get("kind"), f"±{fmt(c['tolerance'])}")
+            compare = (
+                fmt(c["lecture"])
+                if basis == "lecture"
+                else (f"{fmt(expected)} (theory)" if basis == "theory" else fmt(c["lecture"]))
+            )
+            tol = {
+                "equal": "exact",
+                "min": f"≥ −{fmt(c['tolerance'])}",
+                "max": f"≤ +{fmt(c['tolerance'])}",
+                "rel": f"±{fmt(100 * c['tolerance'])}%",
+            }.get(c.get("kind"), f"±{fmt(c['tolerance'])}")
             rows.append([rec["name"], c["id"], compare, fmt(c["measured"]), tol, c["verdict"]])
     return rows
 
@@ -71,15 +78,22 @@ def _md_cell(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+def headline(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """One sentence: profile, verdict counts, machine, Python and torch, total time."""
     counts = summary(records)
     env = meta.get("environment", {})
+    return (
+        f"Profile {meta.get('profile')}: {counts['ok']} ok, {counts['off']} off, {counts['not run']} not run."
+        f" Machine: {env.get('processor')} ({env.get('cpu_count')} cores, {env.get('torch_threads')} torch"
+        f" threads), Python {env.get('python')}, torch {env.get('torch')}. Total {meta.get('seconds', 0):.0f} s."
+    )
+
+
+def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     out = [
         "# gatepool: the lecture reproduced",
         "",
-        f"Profile **{meta.get('profile')}**; {counts['ok']} ok, {counts['off']} off, {counts['not run']} not run. "
-        f"Machine: {env.get('processor')} ({env.get('cpu_count')} cores, {env.get('torch_threads')} torch "
-        f"threads), Python {env.get('python')}, torch {env.get('torch')}. Total {meta.get('seconds', 0):.0f} s.",
+        headline(records, meta),
         "",
         "| " + " | ".join(HEADER) + " |",
         "|" + "---|" * len(HEADER),
@@ -88,16 +102,20 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     for rec in records:
         out += ["", f"## {rec['name']}: {rec.get('title', '')}", ""]
         if rec.get("status") != "complete":
-            out.append(f"**{rec.get('status', 'not run')}**" + (f": {rec['error']}" if rec.get("error") else ""))
+            out.append(
+                f"**{rec.get('status', 'not run')}**" + (f": {rec['error']}" if rec.get("error") else "")
+            )
             out.append("")
         if "setup" in rec:
             setup = ", ".join(f"{k}={fmt(v)}" for k, v in rec["setup"].items())
             out.append(f"Setup ({rec.get('profile')} profile, {rec.get('seconds', 0):.1f} s): {setup}")
             out.append("")
         for c in rec.get("claims", []):
-            out.append(f"- **{c['id']}** ({c['verdict']}): {c['statement']} Lecture {fmt(c['lecture'])}, "
-                       f"measured {fmt(c['measured'])}. Tolerance: {c.get('why') or fmt(c['tolerance'])}"
-                       + (f" Note: {c['note']}" if c.get("note") else ""))
+            out.append(
+                f"- **{c['id']}** ({c['verdict']}): {c['statement']} Lecture {fmt(c['lecture'])}, "
+                f"measured {fmt(c['measured'])}. Tolerance: {c.get('why') or fmt(c['tolerance'])}"
+                + (f" Note: {c['note']}" if c.get("note") else "")
+            )
         for n in rec.get("notes", []):
             out.append(f"- {n}")
         for f in rec.get("figures", []):
@@ -105,9 +123,7 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def html_page(md_records: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> str:
-    counts = summary(md_records)
-    env = meta.get("environment", {})
+def html_page(records: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> str:
     esc = html.escape
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>gatepool report</title><style>",
@@ -115,25 +131,27 @@ def html_page(md_records: list[dict[str, Any]], meta: dict[str, Any], out: Path)
         "table{border-collapse:collapse;font-size:14px}td,th{border:1px solid #ccc;padding:3px 8px}",
         ".ok{background:#e6f4e6}.off{background:#fbe3e3}.notrun{background:#eee}img{max-width:100%}",
         "</style></head><body><h1>gatepool: the lecture reproduced</h1>",
-        f"<p>Profile <b>{esc(str(meta.get('profile')))}</b>; {counts['ok']} ok, {counts['off']} off, "
-        f"{counts['not run']} not run. Machine: {esc(str(env.get('processor')))} ({env.get('cpu_count')} cores), "
-        f"Python {esc(str(env.get('python')))}, torch {esc(str(env.get('torch')))}. "
-        f"Total {meta.get('seconds', 0):.0f} s.</p>",
+        f"<p>{esc(headline(records, meta))}</p>",
         "<table><tr>" + "".join(f"<th>{h}</th>" for h in HEADER) + "</tr>",
     ]
-    for row in claim_rows(md_records):
+    for row in claim_rows(records):
         cls = row[-1].replace(" ", "")
         parts.append(f"<tr class='{cls}'>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>")
     parts.append("</table>")
-    for rec in md_records:
+    for rec in records:
         parts.append(f"<h2>{esc(rec['name'])}: {esc(rec.get('title', ''))}</h2>")
         if rec.get("status") != "complete":
-            parts.append(f"<p><b>{esc(str(rec.get('status', 'not run')))}</b> {esc(str(rec.get('error') or ''))}</p>")
+            parts.append(
+                f"<p><b>{esc(str(rec.get('status', 'not run')))}</b> {esc(str(rec.get('error') or ''))}</p>"
+            )
         if "setup" in rec:
             setup = ", ".join(f"{k}={fmt(v)}" for k, v in rec["setup"].items())
             parts.append(f"<p><small>{esc(setup)} ({rec.get('seconds', 0):.1f} s)</small></p>")
-        items = [f"<li><b>{esc(c['id'])}</b> ({esc(c['verdict'])}): {esc(c['statement'])} "
-                 f"<i>{esc(c.get('why') or '')}</i></li>" for c in rec.get("claims", [])]
+        items = [
+            f"<li><b>{esc(c['id'])}</b> ({esc(c['verdict'])}): {esc(c['statement'])} "
+            f"<i>{esc(c.get('why') or '')}</i></li>"
+            for c in rec.get("claims", [])
+        ]
         items += [f"<li>{esc(n)}</li>" for n in rec.get("notes", [])]
         parts.append("<ul>" + "".join(items) + "</ul>")
         for f in rec.get("figures", []):

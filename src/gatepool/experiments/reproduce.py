@@ -46,10 +46,18 @@ def reproduce(
             continue
         setup = exp.resolve_setup(profile)
         done = load_result(out, name)
-        if (not force and done and done.get("status") == "complete" and done.get("profile") == profile
-                and done.get("setup") == jsonable(setup)):
+        if (
+            not force
+            and done
+            and done.get("status") == "complete"
+            and done.get("profile") == profile
+            and done.get("setup") == jsonable(setup)
+        ):
             if progress:
-                print(f"[{name}] complete in {out / name}, skipped ({done['seconds']:.1f} s when run)", flush=True)
+                print(
+                    f"[{name}] complete in {out / name}, skipped ({done['seconds']:.1f} s when run)",
+                    flush=True,
+                )
             records.append(done)
             continue
         if progress:
@@ -57,12 +65,18 @@ def reproduce(
         rec = run_experiment(name, profile=profile, out=out, jobs=jobs, progress=progress)
         if progress:
             counts = summary([rec])
-            print(f"[{name}] {rec['status']} in {rec['seconds']:.1f} s: {counts['ok']} ok, {counts['off']} off, "
-                  f"{counts['not run']} not run", flush=True)
+            print(
+                f"[{name}] {rec['status']} in {rec['seconds']:.1f} s: {counts['ok']} ok, "
+                f"{counts['off']} off, {counts['not run']} not run",
+                flush=True,
+            )
         records.append(rec)
-    meta = {"profile": profile, "seconds": round(time.perf_counter() - t0, 1),
-            "experiment_seconds": {r["name"]: r.get("seconds") for r in records},
-            "environment": environment()}
+    meta = {
+        "profile": profile,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "experiment_seconds": {r["name"]: r.get("seconds") for r in records},
+        "environment": environment(),
+    }
     paths = write_report(out, records, meta)
     if progress:
         print()
@@ -73,5 +87,12 @@ def reproduce(
 
 def _not_run(exp, profile: str) -> dict[str, Any]:
     setup = exp.resolve_setup(profile)
-    return {"name": exp.name, "title": exp.title, "profile": profile, "status": "not run",
-            "claims": [not_run_record(c) for c in exp.claims(setup)], "figures": [], "notes": []}
+    return {
+        "name": exp.name,
+        "title": exp.title,
+        "profile": profile,
+        "status": "not run",
+        "claims": [not_run_record(c) for c in exp.claims(setup)],
+        "figures": [],
+        "notes": [],
+    }

@@ -52,18 +52,39 @@ def _soft_gate_claims(setup: dict) -> list[Claim]:
     n = len(setup["window"])
     lecture_gates = [0.002, 0.004, 0.337, 0.656]
     claims = [
-        Claim("max-out", "max pool = V · hardmax(V) picks the largest value", 9.11, 0.006, TWO_DECIMALS,
-              depends=("window",)),
-        Claim("soft-out", "SoftPool (τ = 1) = V · softmax(V)", 8.85, 0.006, TWO_DECIMALS, depends=("window",)),
+        Claim(
+            "max-out",
+            "max pool = V · hardmax(V) picks the largest value",
+            9.11,
+            0.006,
+            TWO_DECIMALS,
+            depends=("window",),
+        ),
+        Claim(
+            "soft-out", "SoftPool (τ = 1) = V · softmax(V)", 8.85, 0.006, TWO_DECIMALS, depends=("window",)
+        ),
     ]
-    claims += [Claim(f"soft-gate-{j + 1}", f"SoftPool gate on v_{j + 1}", lecture_gates[j] if n == 4 else None,
-                     0.0011, THREE_DECIMALS + " (.002 and .004 are 0.0023 and 0.0044 rounded)",
-                     depends=("window",)) for j in range(n)]
+    claims += [
+        Claim(
+            f"soft-gate-{j + 1}",
+            f"SoftPool gate on v_{j + 1}",
+            lecture_gates[j] if n == 4 else None,
+            0.0011,
+            THREE_DECIMALS + " (.002 and .004 are 0.0023 and 0.0044 rounded)",
+            depends=("window",),
+        )
+        for j in range(n)
+    ]
     return claims
 
 
-@experiment("soft-gate", title="max pool is V·hardmax(V); SoftPool is V·softmax(V)", order=8,
-            setup={"window": WINDOW}, claims=_soft_gate_claims)
+@experiment(
+    "soft-gate",
+    title="max pool is V·hardmax(V); SoftPool is V·softmax(V)",
+    order=8,
+    setup={"window": WINDOW},
+    claims=_soft_gate_claims,
+)
 def soft_gate(ctx: Context) -> None:
     v = _window(ctx)
     g_th, out_th, _ = softmax_theory(np.array(ctx["window"], dtype=np.float64), 1.0)
@@ -74,8 +95,10 @@ def soft_gate(ctx: Context) -> None:
     for j, (g, t) in enumerate(zip(gates_soft.tolist(), g_th)):
         ctx.check(f"soft-gate-{j + 1}", g, theory=float(t))
     ctx.data.update(hard_gates=gates_max, soft_gates=gates_soft)
-    ctx.note(f"hardmax gates {[round(float(g), 4) for g in gates_max]}, "
-             f"softmax gates {[round(float(g), 4) for g in gates_soft]}")
+    ctx.note(
+        f"hardmax gates {[round(float(g), 4) for g in gates_max]}, "
+        f"softmax gates {[round(float(g), 4) for g in gates_soft]}"
+    )
 
 
 # ----------------------------------------------------------------------------- 9. temperature-dial
@@ -83,17 +106,47 @@ def soft_gate(ctx: Context) -> None:
 
 def _dial_claims(setup: dict) -> list[Claim]:
     on_window = setup["window"] == WINDOW
-    claims = [Claim(f"out-tau{t:g}", f"V · softmax(V/τ) at τ = {t:g}", LECTURE_OUT.get(t) if on_window else None,
-                    0.006, TWO_DECIMALS, depends=("window",)) for t in setup["temperatures"]]
-    claims.append(Claim("mean-limit", "τ → ∞ gives the mean (τ = 1e4 measured)",
-                        6.28 if on_window else None, 0.006, TWO_DECIMALS, depends=("window",)))
-    claims.append(Claim("max-limit", "τ → 0 gives the max (τ = 1e-4 measured)",
-                        9.11 if on_window else None, 0.006, TWO_DECIMALS, depends=("window",)))
+    claims = [
+        Claim(
+            f"out-tau{t:g}",
+            f"V · softmax(V/τ) at τ = {t:g}",
+            LECTURE_OUT.get(t) if on_window else None,
+            0.006,
+            TWO_DECIMALS,
+            depends=("window",),
+        )
+        for t in setup["temperatures"]
+    ]
+    claims.append(
+        Claim(
+            "mean-limit",
+            "τ → ∞ gives the mean (τ = 1e4 measured)",
+            6.28 if on_window else None,
+            0.006,
+            TWO_DECIMALS,
+            depends=("window",),
+        )
+    )
+    claims.append(
+        Claim(
+            "max-limit",
+            "τ → 0 gives the max (τ = 1e-4 measured)",
+            9.11 if on_window else None,
+            0.006,
+            TWO_DECIMALS,
+            depends=("window",),
+        )
+    )
     return claims
 
 
-@experiment("temperature-dial", title="τ dials the gate from max (τ→0) through SoftPool (τ=1) to mean (τ→∞)",
-            order=9, setup={"window": WINDOW, "temperatures": TEMPERATURES}, claims=_dial_claims)
+@experiment(
+    "temperature-dial",
+    title="τ dials the gate from max (τ→0) through SoftPool (τ=1) to mean (τ→∞)",
+    order=9,
+    setup={"window": WINDOW, "temperatures": TEMPERATURES},
+    claims=_dial_claims,
+)
 def temperature_dial(ctx: Context) -> None:
     plt = pyplot()
     window = np.array(ctx["window"], dtype=np.float64)
@@ -118,8 +171,12 @@ def temperature_dial(ctx: Context) -> None:
     ax2.plot(taus, outs, color="k")
     ax2.axhline(window.max(), color="C3", ls="--", lw=1, label="max")
     ax2.axhline(window.mean(), color="C0", ls="--", lw=1, label="mean")
-    ax2.scatter(ctx["temperatures"], [softmax_theory(window, t)[1] for t in ctx["temperatures"]], zorder=3,
-                label="claimed τ")
+    ax2.scatter(
+        ctx["temperatures"],
+        [softmax_theory(window, t)[1] for t in ctx["temperatures"]],
+        zorder=3,
+        label="claimed τ",
+    )
     ax2.set(xscale="log", xlabel="temperature τ", ylabel="out = V·softmax(V/τ)", title="the output")
     ax2.legend(fontsize=8)
     ctx.figure(fig, "temperature-dial.png")
@@ -133,17 +190,38 @@ def _gradient_claims(setup: dict) -> list[Claim]:
     n = len(setup["window"])
     hard = [0.0, 0.0, 0.0, 1.0]
     soft = [-0.010, -0.017, 0.200, 0.827]
-    claims = [Claim(f"hard-{j + 1}", f"max pool: ∂out/∂v_{j + 1}", hard[j] if on_window else None, 1e-6,
-                    "exact: the winner passes the gradient, the rest get exact zeros", depends=("window",))
-              for j in range(n)]
-    claims += [Claim(f"soft-{j + 1}", f"SoftPool: ∂out/∂v_{j + 1} = g_j(1 + (v_j − out))",
-                     soft[j] if on_window else None, 0.0011, THREE_DECIMALS, depends=("window",))
-               for j in range(n)]
+    claims = [
+        Claim(
+            f"hard-{j + 1}",
+            f"max pool: ∂out/∂v_{j + 1}",
+            hard[j] if on_window else None,
+            1e-6,
+            "exact: the winner passes the gradient, the rest get exact zeros",
+            depends=("window",),
+        )
+        for j in range(n)
+    ]
+    claims += [
+        Claim(
+            f"soft-{j + 1}",
+            f"SoftPool: ∂out/∂v_{j + 1} = g_j(1 + (v_j − out))",
+            soft[j] if on_window else None,
+            0.0011,
+            THREE_DECIMALS,
+            depends=("window",),
+        )
+        for j in range(n)
+    ]
     return claims
 
 
-@experiment("soft-gradient", title="the soft gate passes a gradient to every input", order=10,
-            setup={"window": WINDOW}, claims=_gradient_claims)
+@experiment(
+    "soft-gradient",
+    title="the soft gate passes a gradient to every input",
+    order=10,
+    setup={"window": WINDOW},
+    claims=_gradient_claims,
+)
 def soft_gradient(ctx: Context) -> None:
     v = _window(ctx)
     window = np.array(ctx["window"], dtype=np.float64)
@@ -153,8 +231,12 @@ def soft_gradient(ctx: Context) -> None:
     soft_th = softmax_theory(window, 1.0)[2]
     for j in range(len(window)):
         ctx.check(f"hard-{j + 1}", grad_hard[j], theory=float(hard_th[j]))
-        ctx.check(f"soft-{j + 1}", grad_soft[j], theory=float(soft_th[j]),
-                  note=f"closed form g_j(1 + (v_j − out)) = {soft_th[j]:.4f}")
+        ctx.check(
+            f"soft-{j + 1}",
+            grad_soft[j],
+            theory=float(soft_th[j]),
+            note=f"closed form g_j(1 + (v_j − out)) = {soft_th[j]:.4f}",
+        )
     ctx.note(f"Σ ∂out/∂v = {grad_soft.sum().item():.4f} for the soft gate (shift-equivariance makes it 1)")
 
 
@@ -164,14 +246,26 @@ POOLS = ["max", "avg", "soft", "soft-learned", "attention", "conv"]
 
 
 def _share_claims(setup: dict) -> list[Claim]:
-    return [Claim(f"{p}", f"share of {p}-pool inputs that receive a non-zero gradient at initialization",
-                  0.25 if p == "max" else 1.0, 0.01,
-                  "the share is exact up to ties and gradients that are exactly zero upstream (rare events)")
-            for p in setup["pools"]]
+    return [
+        Claim(
+            f"{p}",
+            f"share of {p}-pool inputs that receive a non-zero gradient at initialization",
+            0.25 if p == "max" else 1.0,
+            0.01,
+            "the share is exact up to ties and gradients that are exactly zero upstream (rare events)",
+        )
+        for p in setup["pools"]
+    ]
 
 
-@experiment("gradient-share", title="max pool passes gradient to ¼ of its inputs, soft gates to all", order=11,
-            setup={"pools": POOLS, "batch": 512, "seed": 0}, quick={"batch": 64}, claims=_share_claims)
+@experiment(
+    "gradient-share",
+    title="max pool passes gradient to ¼ of its inputs, soft gates to all",
+    order=11,
+    setup={"pools": POOLS, "batch": 512, "seed": 0},
+    quick={"batch": 64},
+    claims=_share_claims,
+)
 def gradient_share(ctx: Context) -> None:
     from gatepool.data import load_dataset
     from gatepool.models import ResidualCNN
@@ -188,8 +282,10 @@ def gradient_share(ctx: Context) -> None:
             args[0].retain_grad()
             _inputs.append(args[0])
 
-        handles = [model.pool1.register_forward_pre_hook(keep_input),
-                   model.pool2.register_forward_pre_hook(keep_input)]
+        handles = [
+            model.pool1.register_forward_pre_hook(keep_input),
+            model.pool2.register_forward_pre_hook(keep_input),
+        ]
         try:
             loss = torch.nn.functional.cross_entropy(model(x), y, reduction="sum")
             loss.backward()

@@ -33,25 +33,47 @@ def _claims(setup: dict) -> list[Claim]:
     for d in setup["d"]:
         lec = LECTURE.get(d) if on else None
         claims += [
-            Claim(f"std-d{d}", f"std of q·k at d = {d} (theory √d = {math.sqrt(d):.2f})",
-                  lec[0] if lec else None, 0.04,
-                  "relative: the lecture's own sample sits up to 2% from √d; ours (500×144 products) has ~0.5% "
-                  "standard error", kind="rel", quick_tolerance=0.08, depends=("tokens",)),
-            Claim(f"max-gate-d{d}", f"mean largest gate of softmax(QKᵀ), d = {d}, t = {setup['tokens']}",
-                  lec[1] if lec else None, 0.03,
-                  "500 queries: the standard error of the mean largest gate is ≤ 0.015",
-                  quick_tolerance=0.06, depends=("tokens",)),
-            Claim(f"max-gate-scaled-d{d}", f"mean largest gate of softmax(QKᵀ/√d), d = {d}",
-                  lec[2] if lec else None, 0.01,
-                  "500 queries: the standard error of the scaled gate's mean is ~0.002",
-                  quick_tolerance=0.02, depends=("tokens",)),
+            Claim(
+                f"std-d{d}",
+                f"std of q·k at d = {d} (theory √d = {math.sqrt(d):.2f})",
+                lec[0] if lec else None,
+                0.04,
+                "relative: the lecture's own sample sits up to 2% from √d; ours (500×144 products) has ~0.5% "
+                "standard error",
+                kind="rel",
+                quick_tolerance=0.08,
+                depends=("tokens",),
+            ),
+            Claim(
+                f"max-gate-d{d}",
+                f"mean largest gate of softmax(QKᵀ), d = {d}, t = {setup['tokens']}",
+                lec[1] if lec else None,
+                0.03,
+                "500 queries: the standard error of the mean largest gate is ≤ 0.015",
+                quick_tolerance=0.06,
+                depends=("tokens",),
+            ),
+            Claim(
+                f"max-gate-scaled-d{d}",
+                f"mean largest gate of softmax(QKᵀ/√d), d = {d}",
+                lec[2] if lec else None,
+                0.01,
+                "500 queries: the standard error of the scaled gate's mean is ~0.002",
+                quick_tolerance=0.02,
+                depends=("tokens",),
+            ),
         ]
     return claims
 
 
-@experiment("sqrt-d", title="q·k grows as √d; dividing by √d keeps the gate soft", order=14,
-            setup={"d": [1, 4, 16, 64, 256], "tokens": 144, "queries": 500, "seed": 0},
-            quick={"queries": 200}, claims=_claims)
+@experiment(
+    "sqrt-d",
+    title="q·k grows as √d; dividing by √d keeps the gate soft",
+    order=14,
+    setup={"d": [1, 4, 16, 64, 256], "tokens": 144, "queries": 500, "seed": 0},
+    quick={"queries": 200},
+    claims=_claims,
+)
 def sqrt_d(ctx: Context) -> None:
     plt = pyplot()
     t, n = ctx["tokens"], ctx["queries"]
