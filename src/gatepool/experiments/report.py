@@ -85,7 +85,8 @@ def headline(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return (
         f"Profile {meta.get('profile')}: {counts['ok']} ok, {counts['off']} off, {counts['not run']} not run."
         f" Machine: {env.get('processor')} ({env.get('cpu_count')} cores, {env.get('torch_threads')} torch"
-        f" threads), Python {env.get('python')}, torch {env.get('torch')}. Total {meta.get('seconds', 0):.0f} s."
+        f" threads), Python {env.get('python')}, torch {env.get('torch')}."
+        f" Total {meta.get('seconds', 0):.0f} s."
     )
 
 

@@ -1,11 +1,11 @@
 """ViT: an image as a sequence of patches, read by a transformer encoder.
 
-    patchify   Conv2d(C, D, kernel = stride = p): one token per p×p patch   (B, C, H, W) → (B, N, D), N = HW/p²
-    cls        a learned token prepended (pool="cls")                        (B, 1 + N, D)
-    positions  learned 1-D embedding (or 2-D, sinusoidal, none)              (B, 1 + N, D)
-    encoder    depth × pre-norm EncoderBlock, final norm                     (B, 1 + N, D)
-    pool       the CLS token | the token mean | attention pooling            (B, D)
-    head       LayerNorm → Linear(D, classes)                                (B, classes)
+    patchify   Conv2d(C, D, kernel = stride = p): a token per p×p patch   (B, C, H, W) → (B, N, D), N = HW/p²
+    cls        a learned token prepended (pool="cls")                     (B, 1 + N, D)
+    positions  learned 1-D embedding (or 2-D, sinusoidal, none)           (B, 1 + N, D)
+    encoder    depth × pre-norm EncoderBlock, final norm                  (B, 1 + N, D)
+    pool       the CLS token | the token mean | attention pooling         (B, D)
+    head       LayerNorm → Linear(D, classes)                             (B, classes)
 
 Less is built in than in a CNN: the only image prior is the patch grid (no locality inside the encoder,
 no translation equivariance beyond the patch stride), so positions must be learned from data.
@@ -72,7 +72,7 @@ class ViT(nn.Module):
         if pos not in POSITIONS:
             raise ValueError(f"pos must be one of {POSITIONS}, got {pos!r}")
         if patch_size <= 0 or image_size % patch_size != 0:
-            raise ValueError(f"image_size={image_size} must be a positive multiple of patch_size={patch_size}")
+            raise ValueError(f"image_size={image_size} must be a multiple of patch_size={patch_size} > 0")
         side = image_size // patch_size
         self.image_size, self.patch_size, self.grid = image_size, patch_size, (side, side)
         self.num_patches, self.pool_kind = side * side, pool
@@ -91,14 +91,16 @@ class ViT(nn.Module):
             self.pos_embedding = nn.Identity()
         self.pos_kind = pos
         self.drop = nn.Dropout(dropout)
-        self.encoder = Encoder(dim, depth, num_heads, mlp=mlp, mlp_ratio=mlp_ratio, norm=norm, dropout=dropout)
+        block = dict(mlp=mlp, mlp_ratio=mlp_ratio, norm=norm, dropout=dropout)
+        self.encoder = Encoder(dim, depth, num_heads, **block)
         self.pool = AttentionPool(dim, 1, num_heads) if pool == "attention" else None
         self.head = nn.Sequential(OrderedDict(norm=nn.LayerNorm(dim), fc=nn.Linear(dim, num_classes)))
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) → input tokens (B, [1 +] N, D) with positions."""
         if x.ndim != 4 or tuple(x.shape[-2:]) != (self.image_size, self.image_size):
-            raise ValueError(f"x must be images (B, C, {self.image_size}, {self.image_size}), got {tuple(x.shape)}")
+            s = self.image_size
+            raise ValueError(f"x must be images (B, C, {s}, {s}), got {tuple(x.shape)}")
         t = self.patchify(x)  # (B, N, D)
         if self.pos_kind == "learned-2d":
             t = self.pos_embedding(t)  # the 2-D table covers the patches only
