@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
@@ -72,10 +71,10 @@ def test_bench_peak_bytes_sees_torch_allocations():
 
 def test_bench_runs_on_tiny_sizes(monkeypatch, capsys, tmp_path):
     import gatepool.bench.attention as bench
+    from gatepool.cli import main
 
     monkeypatch.setattr(bench, "QUICK_TOKENS", (16, 64))
-    args = argparse.Namespace(json=True, out=str(tmp_path / "rec.json"), quick=True, threads=None)
-    assert bench.main(args) == 0
+    assert main(["bench", "attention", "--json", "--quick", "--out", str(tmp_path / "rec.json")]) == 0
     record = json.loads(capsys.readouterr().out)
     assert record == json.loads((tmp_path / "rec.json").read_text())
     assert {r["name"] for r in record["results"]} == {"torch SDPA", "ours (fused)", "ours (return_weights)"}

@@ -18,8 +18,6 @@ Targets: ours (fused) ≤ 1.2 × torch SDPA at every t; its memory exponent < 1.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import platform
@@ -63,9 +61,8 @@ def peak_bytes(fn: Callable[[], Any]) -> int:
     return peak
 
 
-def run(quick: bool = False, threads: int | None = None) -> dict[str, Any]:
-    if threads is not None:
-        torch.set_num_threads(threads)
+def run(quick: bool = False) -> dict[str, Any]:
+    """Measure; returns the record (``gatepool bench`` sets the threads, prints and saves it)."""
     torch.manual_seed(0)
     tokens = QUICK_TOKENS if quick else TOKENS
     warmup, rounds = (1, 3) if quick else (3, 15)
@@ -162,15 +159,3 @@ def table(record: dict[str, Any]) -> str:
     )
     return "\n".join(lines)
 
-
-def main(args: argparse.Namespace) -> int:
-    record = run(quick=bool(getattr(args, "quick", False)), threads=getattr(args, "threads", None))
-    if getattr(args, "json", False):
-        print(json.dumps(record, indent=2))
-    else:
-        print(table(record))
-    if getattr(args, "out", None):
-        from gatepool.io import atomic_write_json
-
-        atomic_write_json(args.out, record)
-    return 0

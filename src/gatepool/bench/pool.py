@@ -15,8 +15,6 @@ Target: soft ≤ 1.5 × F.max_pool2d in channels_last.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
 import statistics
@@ -74,9 +72,8 @@ def time_ways(
     return times
 
 
-def run(quick: bool = False, threads: int | None = None) -> dict[str, Any]:
-    if threads is not None:
-        torch.set_num_threads(threads)
+def run(quick: bool = False) -> dict[str, Any]:
+    """Measure; returns the record (``gatepool bench`` sets the threads, prints and saves it)."""
     torch.manual_seed(0)
     shape = QUICK_SHAPE if quick else SHAPE
     warmup, rounds = (1, 3) if quick else (3, 15)
@@ -144,15 +141,3 @@ def table(record: dict[str, Any]) -> str:
     )
     return "\n".join(lines)
 
-
-def main(args: argparse.Namespace) -> int:
-    record = run(quick=bool(getattr(args, "quick", False)), threads=getattr(args, "threads", None))
-    if getattr(args, "json", False):
-        print(json.dumps(record, indent=2))
-    else:
-        print(table(record))
-    if getattr(args, "out", None):
-        from gatepool.io import atomic_write_json
-
-        atomic_write_json(args.out, record)
-    return 0

@@ -23,8 +23,6 @@ whose input needs none):
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from typing import Any
@@ -118,7 +116,7 @@ class Reference:
             self.optimizer.step()
 
 
-def measure(quick: bool = False) -> dict[str, Any]:
+def run(quick: bool = False) -> dict[str, Any]:
     """Run the benchmark; return the record (every number measured)."""
     from gatepool.train import TrainConfig, TrainData, load_data, machine
 
@@ -208,22 +206,3 @@ def table(record: dict[str, Any]) -> str:
     ]
     return "\n".join(lines)
 
-
-def main(args: argparse.Namespace) -> int:
-    """``gatepool bench train [--json] [--out FILE] [--quick] [--threads N]``."""
-    threads = getattr(args, "threads", None)
-    if threads is not None and threads < 1:
-        raise SystemExit(f"--threads must be >= 1, got {threads}")
-    old = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        record = measure(quick=bool(getattr(args, "quick", False)))
-    finally:
-        torch.set_num_threads(old)
-    if getattr(args, "out", None):
-        from gatepool.io import atomic_write_json
-
-        atomic_write_json(args.out, record)
-    print(json.dumps(record, indent=2) if getattr(args, "json", False) else table(record))
-    return 0

@@ -1,4 +1,9 @@
-"""``gatepool bench train|pool|attention [--json]``: benchmarks (never part of the test suite)."""
+"""``gatepool bench train|pool|attention [--json] [--out FILE] [--quick] [--threads N]``: benchmarks.
+
+Never part of the test suite. Each ``gatepool/bench/<name>.py`` has ``run(quick) -> record`` and
+``table(record) -> str``; this command sets the threads, prints the table (or the JSON record) and
+saves the record atomically with ``--out``.
+"""
 
 from __future__ import annotations
 
@@ -25,5 +30,25 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    """Each bench module has ``run(quick) -> record`` and ``table(record) -> str``."""
+    import json
+
+    import torch
+
+    from gatepool.io import atomic_write_json
+
+    if args.threads is not None and args.threads < 1:
+        print(f"error: --threads must be >= 1, got {args.threads}")
+        return 2
     module = importlib.import_module(f"gatepool.bench.{args.bench}")
-    return module.main(args)
+    old = torch.get_num_threads()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        record = module.run(quick=args.quick)
+    finally:
+        torch.set_num_threads(old)
+    print(json.dumps(record, indent=2, ensure_ascii=False) if args.json else module.table(record))
+    if args.out:
+        atomic_write_json(args.out, record)
+    return 0
