@@ -35,3 +35,9 @@ def test_unknown_argument_is_an_error():
 
     with pytest.raises(SystemExit):
         main(["data", "info", "--bogus"])
+
+
+def test_help_does_not_import_torch():
+    code = "import sys, gatepool.cli; gatepool.cli.build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

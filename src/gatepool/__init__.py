@@ -13,8 +13,8 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "create_model", "create_pool", "list_models", "register_model"]
 
 
-def create_pool(name: str, channels: int | None = None, kernel_size: int = 2, **kwargs):
-    """Build a 2-D pooling layer by gate name (see :func:`gatepool.pool.create_pool`)."""
+def create_pool(name: str, channels: int | None = None, kernel_size: int | tuple[int, ...] = 2, **kwargs):
+    """Build a pooling layer by gate name: ``gatepool.pool.create_pool`` (imported lazily, with torch)."""
     from gatepool.pool import create_pool as _create_pool
 
     return _create_pool(name, channels, kernel_size, **kwargs)

@@ -7,8 +7,10 @@ A model file registers its constructor with ``@register_model("name")``; the reg
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch.nn as nn
+if TYPE_CHECKING:  # torch is imported only when a model is built: `gatepool --help` stays instant
+    import torch.nn as nn
 
 _MODELS: dict[str, Callable[..., nn.Module]] = {}
 

@@ -1,1 +1,1 @@
-"""Benchmarks: ``gatepool bench NAME`` runs ``gatepool.bench.NAME.main(args)`` (never part of the tests)."""
+"""Benchmarks: ``gatepool bench NAME`` calls ``gatepool.bench.NAME.run(quick)`` and ``.table(record)``."""

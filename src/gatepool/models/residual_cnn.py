@@ -73,6 +73,8 @@ class ResidualCNN(nn.Sequential):
     ) -> None:
         from gatepool.pool import create_pool
 
+        if groups < 1:
+            raise ValueError(f"groups must be >= 1, got {groups}")
         if width <= 0 or width % groups != 0:
             raise ValueError(f"width must be a positive multiple of groups={groups}, got {width}")
         if len(blocks) != 2 or min(blocks) < 0:
