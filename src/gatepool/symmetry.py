@@ -12,7 +12,8 @@ Transforms (each is a callable with ``.inverse()``): :class:`PermuteTokens`, :cl
 :class:`Rotate90`, :class:`Flip`, and :class:`Compose` to chain them. The error functions run ``fn``
 under ``torch.no_grad()`` and return the largest absolute difference (a float); models should be in eval
 mode (dropout would make f random). When ``fn`` returns a tuple, a list or a dict, ``output=`` picks the
-part to compare (an index, a key, or a callable applied to the whole output).
+part to compare (an index, a key, or a callable applied to the whole output); a tensor result takes
+no index or key.
 """
 
 from __future__ import annotations
@@ -108,10 +109,14 @@ class _InversePermutation(PermuteTokens):
 
 
 class CyclicShift(Transform):
-    """``torch.roll(x, shifts, dims)``: a cyclic translation (what circular padding is equivariant to)."""
+    """``torch.roll(x, shifts, dims)``: a cyclic translation (what circular padding is equivariant to).
+
+    An int ``shifts`` moves every one of ``dims`` by that much: ``CyclicShift(1)`` rolls H and W by 1.
+    """
 
     def __init__(self, shifts: int | Sequence[int], dims: int | Sequence[int] = (-2, -1)) -> None:
-        self.shifts, self.dims = _dims(shifts), _dims(dims)
+        self.dims = _dims(dims)
+        self.shifts = (shifts,) * len(self.dims) if isinstance(shifts, int) else tuple(shifts)
         if len(self.shifts) != len(self.dims):
             raise ValueError(f"shifts {self.shifts} and dims {self.dims} must have the same length")
 
@@ -190,6 +195,11 @@ def default_tolerance(y: torch.Tensor) -> float:
 
 
 def _select(y: Any, output: int | str | Callable[[Any], torch.Tensor] | None) -> torch.Tensor:
+    if isinstance(y, torch.Tensor) and output is not None and not callable(output):
+        raise TypeError(
+            f"output={output!r} indexes a tuple, list or dict, but fn returned a tensor; "
+            "drop output= (or pass a callable)"
+        )  # y[output] would silently pick one row of the batch
     if output is not None:
         y = output(y) if callable(output) else y[output]
     if not isinstance(y, torch.Tensor):

@@ -55,6 +55,9 @@ def test_transforms_do_what_they_say():
         assert torch.equal(y[:, i], x[:, p])
     img = torch.arange(9).reshape(3, 3)
     assert CyclicShift((1, 0))(img)[1, 0] == img[0, 0]  # moves down by one, wrapping around
+    # an int shift moves every one of the default dims (-2, -1): down and right by one
+    assert torch.equal(CyclicShift(1)(img), torch.roll(img, (1, 1), (0, 1)))
+    assert torch.equal(CyclicShift(-2, dims=(0, 1)).inverse()(img), torch.roll(img, (2, 2), (0, 1)))
     assert Rotate90(1)(img)[0, 0] == img[0, 2]  # counter-clockwise: the top-right corner comes top-left
     assert Flip(-1)(img)[0, 0] == img[0, 2]
     random = PermuteTokens(dim=0, seed=3)
@@ -104,6 +107,17 @@ def test_tuple_outputs_need_a_selector():
     # the gate matrix permutes along both its query and its key axis
     both = Compose(PermuteTokens(dim=2, seed=0), PermuteTokens(dim=3, seed=0))
     assert_equivariant(fn, x, t, out_transform=both, output=lambda r: r[1])
+
+
+@pytest.mark.parametrize("output", [0, "out"])
+def test_index_output_on_a_tensor_result_is_an_error(output):
+    x = torch.randn(3, 4)
+    double = lambda t: 2 * t  # noqa: E731  equivariant; output=0 would compare only row 0 of the batch
+    with pytest.raises(TypeError, match="output="):
+        equivariance_error(double, x, PermuteTokens(dim=0), output=output)
+    with pytest.raises(TypeError, match="output="):
+        assert_invariant(lambda t: t.sum(0), x, PermuteTokens(dim=0), output=output)
+    assert equivariance_error(double, x, PermuteTokens(dim=0), output=lambda y: y[:, :2]) == 0.0
 
 
 def test_attention_without_positions_is_permutation_equivariant_and_mean_pool_invariant():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -193,31 +194,66 @@ def test_conv_gate_is_a_depthwise_conv(case):
     assert gates.shape == (*out.shape, k * k)
 
 
+def _perturbed_pool(gate, case):
+    """A pool whose weights (if any) are moved off their init: V ≠ I, mixing ≠ 1/K, τ_c differ."""
+    k, s, p, ceil = case
+    pool = create_pool(gate, 4, k, s, padding=p, ceil_mode=ceil)
+    with torch.no_grad():
+        for q in pool.parameters():
+            q.add_(0.3 * torch.randn_like(q))
+    return pool
+
+
+def _value_and_grads(pool, x, grad_out=None):
+    """out, ∂L/∂x and ∂L/∂params for L = Σ out · grad_out (grad_out = 1 if None)."""
+    x = x.detach().clone().requires_grad_()
+    out = pool(x)
+    loss = out.sum() if grad_out is None else (out * grad_out).sum()
+    grads = torch.autograd.grad(loss, [x, *pool.parameters()])
+    return out, grads[0], grads[1:]
+
+
 @pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("case", [(2, None, 0, False), (3, 2, 1, True)])  # tiling, and padded windows
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_precision_every_gate(gate, dtype):
+def test_half_precision_every_gate_matches_float64(gate, case, dtype):
+    """fp16 / bf16 in: finite, and the fp64 layer (same weights, same rounded input) to the dtype's eps.
+
+    The layer computes in float32 and rounds once to the dtype, output and input gradient alike, so each
+    differs from float64 by ≤ eps/2 relative; we allow rtol = eps, plus atol = eps · max|want| / 100 for
+    the float32 rounding (~1e-7) of values that cancel to ~0. Parameters stay float32: their gradients
+    are float32 sums, held to the same bound.
+    """
     torch.manual_seed(0)
-    pool = create_pool(gate, 4, 2)
-    x = torch.randn(2, 4, 6, 6)
-    want = pool(x)
-    xh = x.to(dtype).requires_grad_()
-    out = pool(xh)
-    out.float().sum().backward()
-    assert out.dtype == dtype and xh.grad.dtype == dtype
-    assert torch.isfinite(out).all() and torch.isfinite(xh.grad).all()
+    pool = _perturbed_pool(gate, case)
+    ref = copy.deepcopy(pool).double()
+    xh = torch.randn(2, 4, 6, 6).to(dtype)
+    out, g_x, g_params = _value_and_grads(pool, xh)
+    want, g_x_want, g_params_want = _value_and_grads(ref, xh.double())
+    assert out.dtype == dtype and g_x.dtype == dtype
+    assert torch.isfinite(out).all() and torch.isfinite(g_x).all()
     eps = torch.finfo(dtype).eps
-    torch.testing.assert_close(out.float(), want, rtol=4 * eps, atol=4 * eps * want.abs().max().item())
+    for got, exp in [(out, want), (g_x, g_x_want), *zip(g_params, g_params_want)]:
+        torch.testing.assert_close(got.double(), exp, rtol=eps, atol=eps * exp.abs().max().item() / 100)
 
 
 @pytest.mark.parametrize("gate", GATES)
-def test_channels_last_every_gate(gate):
+@pytest.mark.parametrize("case", [(2, None, 0, False), (3, 2, 1, True)])
+def test_channels_last_every_gate(gate, case):
+    """channels_last in, channels_last out; values, input and parameter gradients equal NCHW's."""
     torch.manual_seed(0)
-    pool = create_pool(gate, 4, 2)
+    pool = _perturbed_pool(gate, case)
     x = torch.randn(2, 4, 6, 6)
+    grad_out = torch.randn_like(pool(x))
+    out, g_x, g_params = _value_and_grads(pool, x, grad_out)
     xc = x.contiguous(memory_format=torch.channels_last)
-    out_c = pool(xc)
+    out_c, g_x_c, g_params_c = _value_and_grads(pool, xc, grad_out)
     assert out_c.is_contiguous(memory_format=torch.channels_last)
-    torch.testing.assert_close(out_c, pool(x))
+    torch.testing.assert_close(out_c, out)
+    torch.testing.assert_close(g_x_c, g_x)
+    assert len(g_params) == len(g_params_c) == len(list(pool.parameters()))
+    for got, exp in zip(g_params_c, g_params):
+        torch.testing.assert_close(got, exp)
 
 
 @pytest.mark.parametrize("d", [1, 3])

@@ -92,12 +92,15 @@ def test_tiling_windows_incl_crop(ref, size, ceil_mode, tau):
 
 
 @pytest.mark.parametrize("kp", [(2, 0), (3, 1)])  # tile fast path, and overlapping + padded unfold path
-def test_per_channel_temperature_values_and_grads(ref, kp):
+@pytest.mark.parametrize("tau_shape", [(), (1,), (3,)])  # one shared τ, or one per channel
+def test_tensor_temperature_values_and_grads(ref, kp, tau_shape):
     k, p = kp
     s = k if p == 0 else 2
     x = torch.randn(2, 3, 6, 6, dtype=torch.float64, requires_grad=True)
-    tau = torch.tensor([0.2, 1.0, 4.0], dtype=torch.float64, requires_grad=True)
+    tau = torch.tensor([0.2, 1.0, 4.0], dtype=torch.float64)[: math.prod(tau_shape)].reshape(tau_shape)
+    tau.requires_grad_()
     out = soft_pool2d(x, k, s, p, temperature=tau)
+    assert (type(out.grad_fn).__name__ == "_TiledSoftPoolBackward") == (p == 0)  # the path named above
     x_ref, tau_ref = x.detach().clone().requires_grad_(), tau.detach().clone().requires_grad_()
     want = ref(x_ref, k, s, p, False, tau_ref)[0]
     torch.testing.assert_close(out, want)

@@ -96,7 +96,9 @@ class ConvAttentionNet(nn.Module):
             raise ValueError(f"x must be images (B, C, H, W), got {tuple(x.shape)}")
         return self.stem(x)
 
-    def mix(self, tokens: torch.Tensor, return_gates: bool = False):
+    def mix(
+        self, tokens: torch.Tensor, return_gates: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The token-mixing step alone: X (B, T, C) → P (or X + P), and the gates G (B, T, T) if asked."""
         if not self.has_attention:
             if return_gates:
@@ -112,7 +114,9 @@ class ConvAttentionNet(nn.Module):
         """G = softmax(Q Kᵀ / √d) for a batch of images: (B, 144, 144), rows sum to 1."""
         return self.mix(self.tokens(x), return_gates=True)[1]
 
-    def forward(self, x: torch.Tensor, return_gates: bool = False):
+    def forward(
+        self, x: torch.Tensor, return_gates: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """(B, 1, 28, 28) → logits (B, 10); with ``return_gates`` also G (B, 144, 144)."""
         res = self.mix(self.tokens(x), return_gates=return_gates)
         p, g = res if return_gates else (res, None)

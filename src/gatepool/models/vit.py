@@ -110,11 +110,15 @@ class ViT(nn.Module):
             t = self.pos_embedding(t)
         return self.drop(t)
 
-    def forward_features(self, x: torch.Tensor, return_weights: bool = False):
+    def forward_features(
+        self, x: torch.Tensor, return_weights: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """Images → encoded tokens (B, [1 +] N, D); with ``return_weights`` also each block's gates."""
         return self.encoder(self.embed(x), return_weights=return_weights)
 
-    def forward(self, x: torch.Tensor, return_weights: bool = False):
+    def forward(
+        self, x: torch.Tensor, return_weights: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """(B, C, H, W) → logits (B, classes); with ``return_weights`` also a list of (B, H, T, T) gates."""
         res = self.forward_features(x, return_weights=return_weights)
         t, weights = res if return_weights else (res, None)

@@ -331,9 +331,10 @@ class _TiledSoftPool(torch.autograd.Function):
         grad_tau = None
         if tau_t is not None and ctx.needs_input_grad[1]:
             # ∂L/∂τ = −Σ ∂L/∂out · Σ_j g_j (v_j − out)² / τ², summed over everything but the channel
-            var = (e * t).mul_(t).sum(0).mul_(a)
+            var = (e * t).mul_(t).sum(0).mul_(a)  # (N, C, *out)
             dims = [0] + list(range(2, var.dim()))
-            grad_tau = (var.sum(dims) / tau_t.reshape(-1) ** 2).neg_().reshape(tau_t.shape)
+            grad_c = (var.sum(dims) / tau_t.reshape(-1) ** 2).neg_()  # (C,)
+            grad_tau = grad_c.sum_to_size(tau_t.shape)  # a shared τ, () or (1,), gets the sum
         grad_x = None
         if ctx.needs_input_grad[0]:
             a_tau = a / tau if isinstance(tau, torch.Tensor) or tau != 1.0 else a
