@@ -250,3 +250,50 @@ def test_cli_trains_and_prints_the_record(tmp_path, capsys):
                        batch_size=32, threads=1, seed=3).to_dict()  # fmt: skip
     assert record["config"] == want
     assert record == read_json(tmp_path / "results.json")
+
+
+TINY = dict(train_size=64, test_size=32, epochs=2, batch_size=32, threads=1)
+
+
+def test_a_finished_run_with_a_tuple_in_model_kwargs_is_loaded(tmp_path):
+    # results.json gives the tuple back as a list; the configs must still compare equal
+    cfg = TrainConfig(model_kwargs={"blocks": (1, 1), "width": 8}, **{**TINY, "epochs": 1})
+    first = train(cfg, out=tmp_path, progress=False, verbose=False)
+    calls = []
+    again = train(cfg, out=tmp_path, verbose=False, on_epoch_end=lambda m, e: calls.append(e))
+    assert calls == []  # loaded, not retrained
+    assert again.record == read_json(tmp_path / "results.json")
+    assert_same_weights(again.model, first.model)
+
+
+def test_resume_with_another_thread_count_warns_and_records_both(tmp_path, capsys):
+    def stop_at_2(model, epoch):
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    cfg = TrainConfig(model_kwargs={"width": 8}, **TINY)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, out=tmp_path, progress=False, verbose=False, on_epoch_end=stop_at_2)
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["threads"] == 1
+    capsys.readouterr()
+    resumed = train(TrainConfig(model_kwargs={"width": 8}, **{**TINY, "threads": 2}), out=tmp_path,
+                    progress=False, verbose=False)  # fmt: skip
+    err = capsys.readouterr().err
+    assert "warning" in err and "1 torch threads" in err and "resumes with 2" in err
+    assert [row["threads"] for row in resumed.history] == [1, 2]
+    assert [row["threads"] for row in read_json(tmp_path / "results.json")["history"]] == [1, 2]
+
+
+def test_cli_missing_data_prints_an_error_not_a_traceback(tmp_path, monkeypatch, capsys):
+    import gatepool.data
+    from gatepool.cli import main
+
+    # the repo's data/ and the system folder come after --data-dir in the search order: look only there
+    search_roots = gatepool.data.search_roots
+    monkeypatch.setattr(gatepool.data, "search_roots", lambda data_dir=None: search_roots(data_dir)[:1])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["train", "--data-dir", str(empty), "--epochs", "1", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err
+    assert "train-images-idx3-ubyte" in err and str(empty) in err and "gatepool data fetch mnist" in err

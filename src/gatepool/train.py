@@ -66,6 +66,8 @@ SCHEDULES = ("onecycle", "cosine", "constant")
 DEFAULT_LR = {"adam": 3e-3, "adamw": 3e-3, "sgd": 0.1}  # peak learning rates (lr=None)
 DEFAULT_WARMUP = {"onecycle": 0.3, "cosine": 0.05, "constant": 0.0}  # share of all steps (warmup=None)
 # Fields that say how to run, not what to compute: they may differ between a run and its resumption.
+# The bits depend on the thread count, though: a resume with another count warns, and every history
+# row records the threads its epoch ran with.
 RUNTIME_FIELDS = ("threads", "data_dir")
 CHECKPOINT, RESULTS, WEIGHTS = "checkpoint.pt", "results.json", "model.safetensors"
 
@@ -384,7 +386,8 @@ def train(
         out: run folder. With it, a checkpoint is written after every epoch, a run found there resumes
             from its last complete epoch, and a finished one is loaded and returned without training.
             A folder holding a run of another configuration is an error (only ``threads`` and
-            ``data_dir`` may differ).
+            ``data_dir`` may differ; a resume with another thread count warns on stderr, since the
+            bits depend on it).
         progress: a tqdm bar per epoch (only when stdout is a terminal).
         verbose: print one summary line per epoch.
         on_epoch_end: ``f(model, epoch) -> dict | None``, called with epoch 0 before training (its dict
@@ -396,8 +399,9 @@ def train(
         data: in-memory tensors instead of loading ``config.data`` (e.g. shuffled pixels).
 
     The record: ``config``, ``history`` (per epoch: epoch, train_loss, train_acc, test_loss, test_acc,
-    images_per_s, seconds, lr at the epoch's last step, and the extras), ``initial``, ``final``,
-    ``parameters``, ``threads``, ``channels_last``, ``seconds`` (all epochs), ``machine``, ``torch``.
+    images_per_s, seconds, lr at the epoch's last step, threads, and the extras), ``initial``, ``final``,
+    ``parameters``, ``threads`` (of the last session), ``channels_last``, ``seconds`` (all epochs),
+    ``machine``, ``torch``.
     ``train_loss`` is the optimized (smoothed) loss averaged over the epoch's batches as they were
     trained; ``test_loss`` is the plain cross-entropy. images_per_s and seconds are timings: the only
     history fields that differ between reruns.
@@ -426,6 +430,7 @@ def train(
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
             history, initial, start = ckpt["history"], ckpt["initial"], ckpt["epoch"]
+            _warn_other_threads(ckpt.get("threads"), out, start, config.epochs)
             if verbose and start < config.epochs:
                 print(f"resuming {out} after epoch {start}/{config.epochs}", flush=True)
         elif on_epoch_end is not None:
@@ -441,6 +446,7 @@ def train(
             row.update(test_loss=test["loss"], test_acc=test["acc"])
             row.update(lr=optimizer.param_groups[0]["lr"])
             row.update(images_per_s=len(data.train_y) / t_train, seconds=time.perf_counter() - t0)
+            row.update(threads=torch.get_num_threads())
             if on_epoch_end is not None:
                 extras = _plain(on_epoch_end(model, epoch) or {})
                 clash = sorted(set(extras) & set(row))
@@ -460,6 +466,7 @@ def train(
                         "optimizer": optimizer.state_dict(),
                         "history": history,
                         "initial": initial,
+                        "threads": torch.get_num_threads(),
                     },
                 )
 
@@ -515,7 +522,8 @@ def _summary(row: dict[str, Any], epochs: int) -> str:
 
 
 def _config_diff(saved: dict[str, Any], config: TrainConfig) -> list[str]:
-    now = config.to_dict()
+    # compared as results.json holds them: a tuple in model_kwargs comes back from JSON as a list
+    saved, now = (json.loads(json.dumps(d, default=str)) for d in (saved, config.to_dict()))
     keys = sorted((set(saved) | set(now)) - set(RUNTIME_FIELDS))
     return [f"{k}: {saved.get(k)!r} there, {now.get(k)!r} now" for k in keys if saved.get(k) != now.get(k)]
 
@@ -526,6 +534,17 @@ def _check_same(saved: dict[str, Any], config: TrainConfig, path: Path) -> None:
         raise ValueError(
             f"out={str(path.parent)!r} holds a run of another configuration ({'; '.join(diff)}); "
             "use another out folder, or delete this one to start over"
+        )
+
+
+def _warn_other_threads(saved: int | None, out: Path | None, start: int, epochs: int) -> None:
+    now = torch.get_num_threads()
+    if saved is not None and saved != now and start < epochs:
+        print(
+            f"warning: {out} ran with {saved} torch threads and resumes with {now}: the results will "
+            f"not be bit-identical to an uninterrupted run (pass threads={saved} for that)",
+            file=sys.stderr,
+            flush=True,
         )
 
 

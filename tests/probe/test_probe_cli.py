@@ -32,3 +32,10 @@ def test_probe_cli_table(capsys):
     assert main(["probe", "--data", "noise", "--batch", "4", "--backward", "loss"]) == 0
     text = capsys.readouterr().out
     assert "Var ideal" in text and "block3.conv2" in text and "cross-entropy (sum" in text
+
+
+def test_probe_cli_model_without_pools_needs_no_pool(capsys):
+    # --pool is passed only when given: vit_mnist takes no pool argument
+    assert main(["probe", "--model", "vit_mnist", "--data", "noise", "--batch", "2", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["setup"]["model"] == "vit_mnist" and record["setup"]["pool"] is None

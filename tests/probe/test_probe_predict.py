@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from gatepool import create_model
-from gatepool.pool import create_pool
+from gatepool.pool import GatedPool1d, GatedPool3d, create_pool
 from gatepool.probe import measure, predict
 from gatepool.probe.theory import max_of_normals, relu_moments
 
@@ -37,6 +37,7 @@ def test_residual_cnn_every_module_predicted():
     assert ideal["stem"].grad_zero_share == pytest.approx(0.75)
     assert ideal["block1"].grad_zero_share == pytest.approx(0.75)
     assert ideal["stem"].grad_e2 == pytest.approx(ideal["pool1"].grad_e2 / 4)
+    assert ideal["(input)"].grad_zero_share == 0.0  # 0.75 ** (32·25) ≈ 1e-100 rounds to nothing
     # through a block: E[g²] of the stream plus E[g²] of the branch
     stream, branch = ideal["block2"].grad_e2, ideal["block2.gn1"].grad_e2 / (ideal["pool2"].var + 1e-5)
     assert ideal["pool2"].grad_e2 == pytest.approx(stream + branch)  # GroupNorm backward: ÷ Var(x)
@@ -153,3 +154,27 @@ def test_residual_cnn_with_soft_gates(gate):
         assert report[name].forward.var > 0
     assert report["stem"].ideal.var is not None and report["head.norm"].ideal.var is not None
     assert report["stem"].backward.zero_share < 0.01  # a soft gate gives every input some gradient
+
+
+@pytest.mark.parametrize("gate", ["max", "avg"])
+@pytest.mark.parametrize("gated", [True, False], ids=["GatedPool1d", "torch"])
+def test_1d_pools_have_the_rule(gate, gated):
+    torch.manual_seed(6)
+    pool = GatedPool1d(gate, 2) if gated else {"max": nn.MaxPool1d, "avg": nn.AvgPool1d}[gate](2)
+    conv = nn.Conv1d(4, 8, 3, padding=1, bias=False)
+    ideal = predict(nn.Sequential(conv, pool), (2, 4, 16))
+    v = 12 * float(conv.weight.detach().double().pow(2).mean())  # fan_in · E[w²] · E[x²]
+    if gate == "max":  # the larger of two N(0, v): mean √(v/π), Var v·(1 − 1/π)
+        assert ideal["1"].mean == pytest.approx(math.sqrt(v / math.pi), rel=1e-6)
+        assert ideal["1"].var == pytest.approx(v * (1 - 1 / math.pi), rel=1e-6)
+        assert ideal["0"].grad_e2 == pytest.approx(0.5) and ideal["0"].grad_zero_share == pytest.approx(0.5)
+    else:  # the mean of two: Var v/2; each input gets g/2
+        assert ideal["1"].mean == 0.0 and ideal["1"].var == pytest.approx(v / 2)
+        assert ideal["0"].grad_e2 == pytest.approx(0.25) and ideal["0"].grad_zero_share == 0.0
+    assert ideal["1"].note == ""
+
+
+def test_3d_gated_avg_pool_has_the_rule():
+    ideal = predict(nn.Sequential(GatedPool3d("avg", 2)), (1, 2, 4, 4, 4), input_stats=(0.5, 2.0))
+    assert ideal["0"].mean == 0.5 and ideal["0"].var == pytest.approx(2.0 / 8)
+    assert ideal["(input)"].grad_e2 == pytest.approx(1 / 64)

@@ -16,7 +16,8 @@ import argparse
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("probe", help="signal-propagation probe: ideal vs measured variance per layer")
     p.add_argument("--model", default="residual_cnn", help="model name (see gatepool.list_models())")
-    p.add_argument("--pool", default="max", help="gate of the model's pools (max, avg, soft, ...)")
+    p.add_argument("--pool", default=None,
+                   help="gate of the model's pools (max, avg, soft, ...); default: the model's own")
     p.add_argument("--data", default="mnist", help="data set ('mnist', or 'noise' for N(0,1) inputs)")
     p.add_argument("--batch", type=int, default=512, help="number of images (default 512)")
     p.add_argument("--seed", type=int, default=0, help="seed for the weights and the image choice")
@@ -38,16 +39,20 @@ def _run(args: argparse.Namespace) -> int:
     import torch
 
     from gatepool import create_model
+    from gatepool.data import DataError
     from gatepool.probe import measure, predict
 
     if args.batch < 1:
         raise SystemExit(f"--batch must be >= 1, got {args.batch}")
     torch.manual_seed(args.seed)
     try:
-        model = create_model(args.model, **({"pool": args.pool} if args.pool else {}))
+        model = create_model(args.model, **({"pool": args.pool} if args.pool is not None else {}))
         inputs, target = _load_inputs(args.data, args.batch, args.seed)
-    except (ValueError, TypeError, OSError) as e:  # a bad name, a model without pools, missing data
+    except (ValueError, TypeError, OSError) as e:  # a bad name, a model without pools
         raise SystemExit(f"gatepool probe: {e}") from None
+    except DataError as e:  # a missing or corrupt data file: the message names it and how to get it
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     shape = tuple(inputs.shape)
     # the ideal starts from the batch's own mean and variance (N(0, 1) for noise)
     input_stats = (float(inputs.mean()), float(inputs.var())) if args.data != "noise" else (0.0, 1.0)

@@ -81,6 +81,9 @@ _FIELDS = [
 
 
 def _run(args: argparse.Namespace) -> int:
+    import sys
+
+    from gatepool.data import DataError
     from gatepool.train import TrainConfig, train
 
     model_kwargs = {}
@@ -103,6 +106,9 @@ def _run(args: argparse.Namespace) -> int:
         result = train(config, out=args.out, progress=not args.quiet, verbose=not (args.quiet or args.json))
     except ValueError as e:
         raise SystemExit(f"gatepool train: {e}") from None
+    except DataError as e:  # a missing or corrupt data file: the message names it and how to get it
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(result.record, indent=2))
     elif args.quiet:

@@ -5,7 +5,7 @@
 
 ``predict(model, input_shape)`` knows the parts the lecture reasons about (see :mod:`theory`):
 Conv1d/2d/3d and Linear (their actual E[w²] and fan-in/out), ReLU, max and average pools (torch's and
-``GatedPool2d`` with gate "max" / "avg"), AdaptiveAvgPool, GroupNorm / LayerNorm / BatchNorm /
+``GatedPool1d/2d/3d`` with gate "max" / "avg"), AdaptiveAvgPool, GroupNorm / LayerNorm / BatchNorm /
 InstanceNorm, Dropout, Flatten, Identity, ``nn.Sequential`` (so ``ResidualCNN``) and ``PreActBlock``
 (stream + branch). Anything else gets *no prediction* (``None``) with a note saying why, never a guess,
 and so does everything that depends on it — except a norm's output, which is known whatever its input
@@ -137,8 +137,8 @@ class _Unknown(Exception):
 
 
 class _Node:
-    def __init__(self, name: str, module: nn.Module, rec: Ideal) -> None:
-        self.name, self.module, self.rec = name, module, rec
+    def __init__(self, name: str, rec: Ideal) -> None:
+        self.name, self.rec = name, rec
 
     def forward(self, x: _Fwd | None) -> _Fwd | None:
         raise NotImplementedError
@@ -158,8 +158,8 @@ class _Node:
 
 
 class _Seq(_Node):
-    def __init__(self, name, module, rec, children: list[_Node]) -> None:
-        super().__init__(name, module, rec)
+    def __init__(self, name, rec, children: list[_Node]) -> None:
+        super().__init__(name, rec)
         self.children = children
 
     def forward(self, x):
@@ -177,8 +177,8 @@ class _Seq(_Node):
 class _Residual(_Node):
     """``x + branch(x)``: variances add (the branch ends in zero-mean weights), and so do E[g²]."""
 
-    def __init__(self, name, module, rec, branch: _Seq) -> None:
-        super().__init__(name, module, rec)
+    def __init__(self, name, rec, branch: _Seq) -> None:
+        super().__init__(name, rec)
         self.branch = branch
 
     def forward(self, x):
@@ -199,8 +199,8 @@ class _Residual(_Node):
 class _Leaf(_Node):
     """One module with a forward rule ``fwd(x) -> y`` and a backward rule ``bwd(g, x) -> g_in``."""
 
-    def __init__(self, name, module, rec, fwd, bwd) -> None:
-        super().__init__(name, module, rec)
+    def __init__(self, name, rec, fwd, bwd) -> None:
+        super().__init__(name, rec)
         self.fwd, self.bwd, self.x = fwd, bwd, None
 
     def forward(self, x):
@@ -253,6 +253,18 @@ def _mean(t: torch.Tensor | None) -> float:
     return 0.0 if t is None else float(t.detach().double().mean())
 
 
+def _all_zero(zero: float | None, n: int) -> float | None:
+    """Share of inputs whose n outgoing gradients are all exact zeros: ``zero ** n``.
+
+    Below 1e-12 it is 0.0: the chance of an exact zero is then nil (a ResidualCNN's input would
+    otherwise show 1e-100), and a measured share is a count over far fewer than 1e12 elements.
+    """
+    if zero is None:
+        return None
+    share = zero**n
+    return share if share >= 1e-12 else 0.0
+
+
 def _tuple(v, n: int) -> tuple[int, ...]:
     return (v,) * n if isinstance(v, int) else tuple(v)
 
@@ -278,7 +290,7 @@ def _conv_rules(m: nn.Conv1d | nn.Conv2d | nn.Conv3d, shapes, border: str):
             fwd_share = 1.0
             geometry = zip(shapes[0][-d:], m.kernel_size, _conv_padding(m, d), m.stride, m.dilation)
             for L, kk, p, s, dil in geometry:
-                fwd_share *= float(theory._taps_per_output(L, kk, p, s, dil).mean()) / kk
+                fwd_share *= float(theory.taps_per_output(L, kk, p, s, dil).mean()) / kk
             # real taps summed over the outputs, per input: how many outputs an input reaches
             bwd_fan_out = m.out_channels // m.groups * k * fwd_share * _spatial_ratio(shapes, d, m.stride)
 
@@ -289,7 +301,7 @@ def _conv_rules(m: nn.Conv1d | nn.Conv2d | nn.Conv3d, shapes, border: str):
         return _Fwd(bm, e2 - bm * bm)
 
     def bwd(g, x):
-        zero = None if g.zero is None else g.zero ** (m.out_channels // m.groups * k)
+        zero = _all_zero(g.zero, m.out_channels // m.groups * k)
         return _Bwd(theory.linear_backward(_need(bwd_fan_out, "shapes"), w2, g.e2), zero)
 
     return fwd, bwd
@@ -312,7 +324,7 @@ def _linear_rules(m: nn.Linear):
         return _Fwd(bm, e2 - bm * bm)
 
     def bwd(g, x):
-        zero = None if g.zero is None else g.zero**m.out_features
+        zero = _all_zero(g.zero, m.out_features)
         return _Bwd(theory.linear_backward(m.out_features, w2, g.e2), zero)
 
     return fwd, bwd
@@ -450,7 +462,7 @@ def _leaf_rules(m: nn.Module, shapes, border: str):
     if _is_gated_pool(m):
         if m.gate not in ("max", "avg"):
             raise _Unknown(f"measured only: gate {m.gate!r} has no closed form")
-        return _pool_rules(m.gate, m.kernel_size, m.stride, m.padding, len(_tuple(m.kernel_size, 2)), shapes)
+        return _pool_rules(m.gate, m.kernel_size, m.stride, m.padding, m.dim, shapes)
     if isinstance(m, _ADAPTIVE_AVG):
         return _adaptive_avg_rules(m, d, shapes)
     if isinstance(m, (nn.GroupNorm, nn.LayerNorm)):
@@ -467,11 +479,9 @@ def _leaf_rules(m: nn.Module, shapes, border: str):
 
 
 def _is_gated_pool(m: nn.Module) -> bool:
-    try:
-        from gatepool.pool import GatedPool2d
-    except ImportError:  # pragma: no cover - the pool package is part of gatepool
-        return False
-    return isinstance(m, GatedPool2d)
+    from gatepool.pool import GatedPoolNd  # GatedPool1d, 2d and 3d: the rules hold in any dimension
+
+    return isinstance(m, GatedPoolNd)
 
 
 def _is_preact_block(m: nn.Module) -> bool:
@@ -495,26 +505,26 @@ def _build(m: nn.Module, name: str, rows: dict[str, Ideal], shapes: dict, border
 
     if isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward:
         kids = [_build(c, child(n), rows, shapes, border) for n, c in m.named_children()]
-        return _Seq(name, m, rec, kids)
+        return _Seq(name, rec, kids)
     if _is_preact_block(m):
         parts = ["gn1", "relu1", "conv1", "gn2", "relu2", "conv2"]
         kids = [_build(getattr(m, p), child(p), rows, shapes, border) for p in parts]
-        branch = _Seq(f"{name}:branch", m, Ideal(f"{name}:branch", "branch"), kids)
-        return _Residual(name, m, rec, branch)
+        branch = _Seq(f"{name}:branch", Ideal(f"{name}:branch", "branch"), kids)
+        return _Residual(name, rec, branch)
     for sub, c in m.named_modules():  # the insides of a leaf or of a container we cannot read
         if sub:
             rows[child(sub)] = Ideal(child(sub), type(c).__name__, _shape_out(shapes.get(child(sub))),
                                      note=f"inside {type(m).__name__}: no prediction")
     if next(m.children(), None) is not None and not _is_gated_pool(m):
         rec.note = f"no rule for {type(m).__name__} (a container with its own forward)"
-        return _Opaque(name, m, rec)
+        return _Opaque(name, rec)
     io = shapes.get(name)
     try:
         fwd, bwd = _leaf_rules(m, io if io and None not in io else None, border)
     except _Unknown as e:
         rec.note = str(e)
-        return _Opaque(name, m, rec)
-    return _Leaf(name, m, rec, fwd, bwd)
+        return _Opaque(name, rec)
+    return _Leaf(name, rec, fwd, bwd)
 
 
 def _shape_out(io) -> tuple[int, ...] | None:

@@ -93,8 +93,13 @@ def _pair(v, name: str) -> tuple[int, int]:
     return t  # type: ignore[return-value]
 
 
-def _taps_per_output(length: int, k: int, p: int, s: int, d: int) -> torch.Tensor:
-    """For each output index along one axis: how many of the k taps land inside [0, length)."""
+def taps_per_output(length: int, k: int, p: int, s: int, d: int) -> torch.Tensor:
+    """(n_out,) float64: for each output along one axis, how many of the k taps land inside [0, length).
+
+    The axis has ``length`` inputs, a kernel of ``k`` taps with padding ``p``, stride ``s`` and dilation
+    ``d`` (as torch's conv). Divided by k it is the share of an output's variance that zero padding
+    leaves; ``taps_per_output(5, 3, 1, 1, 1)`` is [2, 3, 3, 3, 2].
+    """
     n_out = (length + 2 * p - d * (k - 1) - 1) // s + 1
     pos = torch.arange(n_out)[:, None] * s - p + torch.arange(k)[None, :] * d  # (n_out, k) input index
     return ((pos >= 0) & (pos < length)).sum(1).double()  # (n_out,)
@@ -124,8 +129,8 @@ def padding_variance_map(
             f"kernel_size={kernel_size} (dilation {dilation}) does not fit a {height}×{width} map "
             f"padded by {padding}"
         )
-    rows = _taps_per_output(height, kh, ph, sh, dh)  # (H_out,)
-    cols = _taps_per_output(width, kw, pw, sw, dw)  # (W_out,)
+    rows = taps_per_output(height, kh, ph, sh, dh)  # (H_out,)
+    cols = taps_per_output(width, kw, pw, sw, dw)  # (W_out,)
     return torch.outer(rows, cols) / (kh * kw)  # (H_out, W_out)
 
 
