@@ -45,7 +45,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -59,6 +58,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gatepool.environment import machine
 from gatepool.io import atomic_torch_save, atomic_write_bytes, atomic_write_json, read_json
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -496,17 +496,6 @@ def _record(
         "seconds": sum(row["seconds"] for row in history),
         "machine": machine(),
         "torch": torch.__version__,
-    }
-
-
-def machine() -> dict[str, Any]:
-    """What the numbers were measured on."""
-    return {
-        "processor": platform.processor() or platform.machine(),
-        "machine": platform.machine(),
-        "system": platform.system(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
     }
 
 

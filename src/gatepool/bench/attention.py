@@ -19,8 +19,6 @@ Targets: ours (fused) ≤ 1.2 × torch SDPA at every t; its memory exponent < 1.
 from __future__ import annotations
 
 import math
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -28,6 +26,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from gatepool.environment import machine
 
 TOKENS, QUICK_TOKENS = (256, 1024, 4096), (256, 1024)
 DIM = 64
@@ -104,11 +104,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     fused_ratio = max(r["ratio_to_torch"] for r in results if r["name"] == "ours (fused)")
     return {
         "bench": "attention",
-        "machine": {
-            "processor": platform.processor(),
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-        },
+        "machine": machine(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "batch": 1,
@@ -138,7 +134,7 @@ def table(record: dict[str, Any]) -> str:
     lines = [
         f"attention bench: batch 1, 1 head, d = {record['dim']}, float32, forward (no grad), median of "
         f"{record['rounds']} rounds; torch {record['torch']}, {record['threads']} threads, "
-        f"{machine['cpus']} cpus ({machine['processor'] or machine['platform']})",
+        f"{machine['cpu_count']} cpus ({machine['processor'] or machine['platform']})",
         f"{'t':>6} {'way':<22} {'median ms':>10} {'min ms':>10} {'× torch':>8} {'peak MiB':>10}",
     ]
     for r in record["results"]:

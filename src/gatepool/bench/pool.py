@@ -15,8 +15,6 @@ Target: soft ≤ 1.5 × F.max_pool2d in channels_last.
 
 from __future__ import annotations
 
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -24,6 +22,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from gatepool.environment import machine
 
 TARGET = 1.5
 SHAPE, QUICK_SHAPE = (256, 32, 28, 28), (16, 32, 28, 28)
@@ -98,11 +98,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     soft_cl = next(r for r in results if r["format"] == "channels_last" and r["name"] == "soft")
     return {
         "bench": "pool",
-        "machine": {
-            "processor": platform.processor(),
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-        },
+        "machine": machine(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "input_shape": list(shape),
@@ -125,7 +121,7 @@ def table(record: dict[str, Any]) -> str:
     lines = [
         f"pool bench: input {tuple(record['input_shape'])} float32, k = s = 2, forward + backward, "
         f"median of {record['rounds']} rounds; torch {record['torch']}, {record['threads']} threads, "
-        f"{machine['cpus']} cpus ({machine['processor'] or machine['platform']})",
+        f"{machine['cpu_count']} cpus ({machine['processor'] or machine['platform']})",
         f"{'way':<16} {'format':<14} {'median ms':>10} {'min ms':>10} {'× max_pool2d':>13}",
     ]
     for r in record["results"]:

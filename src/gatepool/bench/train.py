@@ -131,7 +131,8 @@ class Reference:
 
 def run(quick: bool = False) -> dict[str, Any]:
     """Run the benchmark; return the record (every number measured)."""
-    from gatepool.train import TrainConfig, TrainData, load_data, machine
+    from gatepool.environment import machine
+    from gatepool.train import TrainConfig, TrainData, load_data
 
     images = 1024 if quick else 12800  # per repeat and way: 8 / 100 of our steps, 16 / 200 reference ones
     repeats = 2 if quick else 5

@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import platform
-import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
@@ -316,17 +313,9 @@ def jsonable(x: Any) -> Any:
 
 def environment() -> dict[str, Any]:
     """Machine, Python and torch: beside every number we publish."""
-    import torch
+    from gatepool.environment import machine
 
-    return {
-        "machine": platform.machine(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-    }
+    return machine()
 
 
 def result_path(out: Path, name: str) -> Path:
