@@ -53,8 +53,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--jobs",
         type=int,
-        default=1,
-        help="parallel worker processes for independent trainings (default %(default)s)",
+        default=None,
+        help="parallel worker processes for independent trainings, 1 torch thread each "
+        "(default: one per core, at most 4)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
@@ -109,6 +110,7 @@ def _extra_to_sets(extra: list[str]) -> list[str]:
 
 def _run(args: argparse.Namespace) -> int:
     from gatepool.experiments.harness import parse_sets, run_experiment
+    from gatepool.experiments.parallel import default_jobs
     from gatepool.experiments.report import table
 
     try:
@@ -121,7 +123,7 @@ def _run(args: argparse.Namespace) -> int:
                 overrides=overrides,
                 seed=args.seed,
                 out=args.out,
-                jobs=args.jobs,
+                jobs=args.jobs or default_jobs(),
                 progress=not args.quiet,
             )
     except ValueError as e:
@@ -137,6 +139,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _reproduce(args: argparse.Namespace) -> int:
     from gatepool.experiments.report import summary
+    from gatepool.experiments.parallel import default_jobs
     from gatepool.experiments.reproduce import reproduce
 
     out = args.out or f"runs/reproduce-{args.profile}"
@@ -146,7 +149,7 @@ def _reproduce(args: argparse.Namespace) -> int:
             out=out,
             only=args.only,
             force=args.force,
-            jobs=args.jobs,
+            jobs=args.jobs or default_jobs(),
             progress=not args.quiet,
         )
     except ValueError as e:
