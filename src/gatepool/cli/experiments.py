@@ -138,8 +138,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from gatepool.experiments.report import summary
     from gatepool.experiments.parallel import default_jobs
+    from gatepool.experiments.report import summary
     from gatepool.experiments.reproduce import reproduce
 
     out = args.out or f"runs/reproduce-{args.profile}"

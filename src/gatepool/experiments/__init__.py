@@ -9,8 +9,8 @@ import importlib
 from gatepool.experiments.harness import Claim, Context, experiment, get, registry, run_experiment
 
 # Claim groups, in the lecture's order.
-GROUPS: list[str] = ["conv_variance", "pool_variance", "network", "soft_gate", "pool_comparison", "sqrt_d",
-                     "attention_cost", "flashcards", "seq_demo"]
+GROUPS: list[str] = ["conv_variance", "pool_variance", "network", "soft_gate", "pool_comparison",
+                     "attention_reach", "sqrt_d", "attention_cost", "flashcards", "seq_demo", "vit_mnist"]
 
 for _group in GROUPS:
     importlib.import_module(f"gatepool.experiments.{_group}")
