@@ -122,3 +122,12 @@ def test_cli_run_json_and_extra_options(toy, tmp_path, capsys):
     )
     assert main(["run", "toy-sum", "--out", str(tmp_path), "--set", "bogus=1"]) == 2
     assert main(["reproduce", "--out", str(tmp_path), "--only", "nope", "--quiet"]) == 2
+
+
+def test_report_states_bounds_plainly():
+    from gatepool.experiments.report import tolerance
+
+    assert tolerance({"kind": "min", "tolerance": 0.25, "expected": 1.0}) == "≥ 0.75"
+    assert tolerance({"kind": "max", "tolerance": 0.0, "expected": 0.3}) == "≤ 0.3"
+    assert tolerance({"kind": "rel", "tolerance": 0.05, "expected": 2.0}) == "±5%"
+    assert tolerance({"kind": "equal", "tolerance": 0, "expected": True}) == "exact"

@@ -41,14 +41,18 @@ def claim_rows(records: list[dict[str, Any]]) -> list[list[str]]:
                 if basis == "lecture"
                 else (f"{fmt(expected)} (theory)" if basis == "theory" else fmt(c["lecture"]))
             )
-            tol = {
-                "equal": "exact",
-                "min": f"≥ −{fmt(c['tolerance'])}",
-                "max": f"≤ +{fmt(c['tolerance'])}",
-                "rel": f"±{fmt(100 * c['tolerance'])}%",
-            }.get(c.get("kind"), f"±{fmt(c['tolerance'])}")
-            rows.append([rec["name"], c["id"], compare, fmt(c["measured"]), tol, c["verdict"]])
+            rows.append([rec["name"], c["id"], compare, fmt(c["measured"]), tolerance(c), c["verdict"]])
     return rows
+
+
+def tolerance(c: dict[str, Any]) -> str:
+    """How a claim passes: '±0.05', '±4%', 'exact', or the bound itself ('≥ 0.104', '≤ 0.3')."""
+    kind, tol, expected = c.get("kind"), c["tolerance"], c.get("expected")
+    if kind in ("min", "max"):
+        if isinstance(expected, (int, float)) and not isinstance(expected, bool):
+            return f"≥ {fmt(expected - tol)}" if kind == "min" else f"≤ {fmt(expected + tol)}"
+        return f"≥ expected − {fmt(tol)}" if kind == "min" else f"≤ expected + {fmt(tol)}"
+    return {"equal": "exact", "rel": f"±{fmt(100 * tol)}%"}.get(kind, f"±{fmt(tol)}")
 
 
 HEADER = ["experiment", "claim", "lecture", "measured", "tolerance", "verdict"]
