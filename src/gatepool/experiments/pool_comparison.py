@@ -104,7 +104,7 @@ CLAIMS = [
         "lr": 3e-3,
         "schedule": "onecycle",
     },
-    quick={"seeds": [0], "epochs": 2, "train_size": 2000, "test_size": 1000, "batch_size": 64},
+    quick={"seeds": [0], "epochs": 3, "train_size": 5000, "test_size": 1000, "batch_size": 64},
     claims=CLAIMS,
 )
 def pool_comparison(ctx: Context) -> None:
