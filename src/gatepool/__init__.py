@@ -2,19 +2,33 @@
 
 Max pooling is ``V · hardmax(V)``, the same shape as ReLU = ``H(y) · y``. Soften the gate
 (``softmax(V/τ)``), learn τ, give the gate its own score (attention pooling), split the score into
-query and key and drop the window: attention. This package holds those layers, the models of the
-lecture, a signal-propagation probe, a symmetry tester and the experiments that reproduce the lecture.
+query and key and drop the window: attention.
+
+    gatepool.layers     the library: gated pools, attention, attention pooling, positions, blocks
+    gatepool.models     model files and their registry (create_model)
+    gatepool.analysis   tools for any module: the signal-propagation probe, the symmetry tester
+    gatepool.train      one trainer and sweeps of trainings
+    gatepool.data       verified data loading
+    gatepool.lab        the lecture's experiments, reproduce, report, bench (used by the CLI only)
+
+The names below load on first use, so that ``import gatepool`` (and ``gatepool --help``) stay free of torch.
 """
 
-from gatepool.registry import create_model, list_models, register_model
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "create_model", "create_pool", "list_models", "register_model"]
+_LAZY = {
+    "create_model": "gatepool.models",
+    "list_models": "gatepool.models",
+    "register_model": "gatepool.models",
+    "create_pool": "gatepool.layers",
+}
+
+__all__ = ["__version__", *_LAZY]
 
 
-def create_pool(name: str, channels: int | None = None, kernel_size: int | tuple[int, ...] = 2, **kwargs):
-    """Build a pooling layer by gate name: ``gatepool.pool.create_pool`` (imported lazily, with torch)."""
-    from gatepool.pool import create_pool as _create_pool
-
-    return _create_pool(name, channels, kernel_size, **kwargs)
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'gatepool' has no attribute {name!r}")

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gatepool.io import atomic_write_bytes
+from gatepool.utils.io import atomic_write_bytes
 
 _DTYPES = {
     0x08: np.uint8,

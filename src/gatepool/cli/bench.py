@@ -35,12 +35,12 @@ def _run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from gatepool.io import atomic_write_json
+    from gatepool.utils.io import atomic_write_json
 
     if args.threads is not None and args.threads < 1:
         print(f"error: --threads must be >= 1, got {args.threads}")
         return 2
-    module = importlib.import_module(f"gatepool.bench.{args.bench}")
+    module = importlib.import_module(f"gatepool.lab.bench.{args.bench}")
     old = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -61,7 +61,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from gatepool.experiments.harness import registry
+    from gatepool.lab.harness import registry
 
     reg = registry()
     if args.json:
@@ -109,9 +109,9 @@ def _extra_to_sets(extra: list[str]) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gatepool.experiments.harness import parse_sets, run_experiment
-    from gatepool.experiments.parallel import default_jobs
-    from gatepool.experiments.report import table
+    from gatepool.lab.harness import parse_sets, run_experiment
+    from gatepool.lab.report import table
+    from gatepool.train.sweep import default_jobs
 
     try:
         overrides = parse_sets(args.set + _extra_to_sets(args.extra))
@@ -138,9 +138,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from gatepool.experiments.parallel import default_jobs
-    from gatepool.experiments.report import summary
-    from gatepool.experiments.reproduce import reproduce
+    from gatepool.lab.report import summary
+    from gatepool.lab.reproduce import reproduce
+    from gatepool.train.sweep import default_jobs
 
     out = args.out or f"runs/reproduce-{args.profile}"
     try:

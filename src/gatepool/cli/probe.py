@@ -3,8 +3,8 @@
     gatepool probe --model residual_cnn --pool max --data mnist --batch 512 --seed 0 --out DIR [--json]
 
 Builds the model at initialization, takes ``--batch`` training images, predicts the ideal
-E[x²] forward and E[g²] backward after every module (:func:`gatepool.probe.predict`), measures
-them (:func:`gatepool.probe.measure`), prints the side-by-side table and writes ``DIR/probe.json``
+E[x²] forward and E[g²] backward after every module (:func:`gatepool.analysis.probe.predict`), measures
+them (:func:`gatepool.analysis.probe.measure`), prints the side-by-side table and writes ``DIR/probe.json``
 and the figures (``DIR/*.png``).
 """
 
@@ -38,9 +38,9 @@ def _run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from gatepool import create_model
+    from gatepool.analysis.probe import measure, predict
     from gatepool.data import DataError
-    from gatepool.probe import measure, predict
+    from gatepool.models import create_model
 
     if args.batch < 1:
         raise SystemExit(f"--batch must be >= 1, got {args.batch}")
@@ -79,7 +79,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.out:
         from pathlib import Path
 
-        from gatepool.io import atomic_write_text
+        from gatepool.utils.io import atomic_write_text
 
         out = Path(args.out)
         atomic_write_text(out / "probe.json", report.to_json())

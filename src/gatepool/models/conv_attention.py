@@ -24,8 +24,8 @@ from collections import OrderedDict
 import torch
 import torch.nn as nn
 
-from gatepool.attention import MultiHeadAttention
-from gatepool.registry import register_model
+from gatepool.layers.attention import MultiHeadAttention
+from gatepool.models.registry import register_model
 
 __all__ = ["ConvAttentionNet", "Tokens", "MeanTokens"]
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 
-from gatepool.registry import register_model
+from gatepool.models.registry import register_model
 
 
 class PreActBlock(nn.Module):
@@ -52,7 +52,7 @@ class ResidualCNN(nn.Sequential):
     """Tuesday's CNN; its children are named stem, pool1, block1, pool2, block2, block3, head.
 
     Args:
-        pool: gate name for both 2×2 stride-2 pools (see ``gatepool.pool.create_pool``).
+        pool: gate name for both 2×2 stride-2 pools (see ``gatepool.layers.create_pool``).
         width: channels everywhere (32).
         blocks: residual blocks at 14×14 and at 7×7 ((1, 2)).
         groups: GroupNorm groups (8).
@@ -71,7 +71,7 @@ class ResidualCNN(nn.Sequential):
         num_classes: int = 10,
         pool_kwargs: dict | None = None,
     ) -> None:
-        from gatepool.pool import create_pool
+        from gatepool.layers import create_pool
 
         if groups < 1:
             raise ValueError(f"groups must be >= 1, got {groups}")

@@ -26,9 +26,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gatepool.blocks import Decoder, Encoder
-from gatepool.positional import LearnedPositionalEmbedding1d
-from gatepool.registry import register_model
+from gatepool.layers.blocks import Decoder, Encoder
+from gatepool.layers.positional import LearnedPositionalEmbedding1d
+from gatepool.models.registry import register_model
 
 __all__ = [
     "ARCHS",

@@ -18,15 +18,15 @@ from collections import OrderedDict
 import torch
 import torch.nn as nn
 
-from gatepool.attention_pool import AttentionPool
-from gatepool.blocks import Encoder
-from gatepool.models.conv_attention import Tokens
-from gatepool.positional import (
+from gatepool.layers.attention_pool import AttentionPool
+from gatepool.layers.blocks import Encoder
+from gatepool.layers.positional import (
     LearnedPositionalEmbedding1d,
     LearnedPositionalEmbedding2d,
     SinusoidalPositionalEncoding1d,
 )
-from gatepool.registry import register_model
+from gatepool.models.conv_attention import Tokens
+from gatepool.models.registry import register_model
 
 __all__ = ["ViT"]
 
@@ -43,8 +43,8 @@ class ViT(nn.Module):
         in_channels, num_classes: input channels and classes.
         dim, depth, num_heads: token width, number of blocks, heads per block.
         pool: ``"cls"`` (classify the CLS token), ``"avg"`` (mean of the patch tokens) or
-            ``"attention"`` (one learned query, :class:`~gatepool.attention_pool.AttentionPool`).
-        mlp, mlp_ratio, norm, dropout: passed to each :class:`~gatepool.blocks.EncoderBlock`.
+            ``"attention"`` (one learned query, :class:`~gatepool.layers.attention_pool.AttentionPool`).
+        mlp, mlp_ratio, norm, dropout: passed to each :class:`~gatepool.layers.blocks.EncoderBlock`.
         pos: ``"learned"`` (1-D over CLS + patches), ``"learned-2d"`` (rows + columns of the patch
             grid; CLS gets none), ``"sinusoidal"`` or ``"none"``.
     """

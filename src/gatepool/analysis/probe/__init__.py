@@ -1,0 +1,54 @@
+"""Signal-propagation probe: the lecture's ideal variance beside the measured one, module by module.
+
+    from gatepool.analysis.probe import measure, predict
+    report = measure(model, images, backward="unit-noise")   # ideal (predict) set beside measured
+    print(report.table()); report.save_figures("out/")
+
+``theory`` holds the rules (pure functions), ``predict`` walks them through a model, ``measure``
+records forward moments and activation-gradient moments with hooks, ``report`` and ``figures`` show them.
+"""
+
+from gatepool.analysis.probe.measure import measure
+from gatepool.analysis.probe.predict import INPUT, OUTPUT, Ideal, Prediction, predict
+from gatepool.analysis.probe.report import ParamRow, ProbeReport, Row, TensorStats
+from gatepool.analysis.probe.theory import (
+    avg_pool_backward,
+    avg_pool_forward,
+    cross_entropy_grad,
+    linear_backward,
+    linear_forward,
+    max_of_normals,
+    max_pool_backward,
+    max_pool_forward,
+    norm_backward,
+    padding_variance_map,
+    relu_backward,
+    relu_moments,
+    residual_add,
+)
+
+__all__ = [
+    "INPUT",
+    "OUTPUT",
+    "Ideal",
+    "ParamRow",
+    "Prediction",
+    "ProbeReport",
+    "Row",
+    "TensorStats",
+    "avg_pool_backward",
+    "avg_pool_forward",
+    "cross_entropy_grad",
+    "linear_backward",
+    "linear_forward",
+    "max_of_normals",
+    "max_pool_backward",
+    "max_pool_forward",
+    "measure",
+    "norm_backward",
+    "padding_variance_map",
+    "predict",
+    "relu_backward",
+    "relu_moments",
+    "residual_add",
+]

@@ -1,0 +1,359 @@
+"""Experiment 18: the flashcards, each a measured check with its own verdict.
+
+1. ``Var(q·k) = d`` for independent unit-variance entries (a sum of d unit-variance products).
+2. A transformer encoder without positions is permutation-equivariant, ``f(π X) = π f(X)``; adding a
+   learned positional encoding breaks it (checked with ``gatepool.analysis.symmetry``).
+3. A causal mask keeps output i independent of tokens after i: perturb tokens i+1.. and outputs ≤ i
+   do not move (without the mask they do).
+4. Cross-attention's output has the query's length and ignores the context's order (keys and values
+   are permuted together, and a gated average does not care about order).
+5. LayerNorm normalizes each sample by itself; BatchNorm in training mode normalizes by the batch's
+   statistics (a sample's output depends on the rest of the batch), in eval mode by its running ones.
+6. The four norms average over: BatchNorm (N, H, W), LayerNorm (C, H, W), InstanceNorm (H, W),
+   GroupNorm (channels of a group, H, W):  ``y = (x − mean) / √(var + ε)``, biased variance, ε = 1e-5.
+   Computed by hand in float64 and compared with torch's modules.
+7. Residual connections keep the gradient at the input of a deep stack (32 blocks) at initialization:
+   ``∂(x + f(x))/∂x = I + ∂f/∂x``, so an identity path survives any depth, while the plain stack multiplies
+   32 Jacobians. Measured for three block kinds, all with their default initialization: a Linear–ReLU–Linear
+   MLP (no norm), the pre-norm transformer block (``gatepool.layers.blocks.EncoderBlock``, skips removed: the
+   same weights run as ``mlp(norm2(attn(norm1(x))))``), and Tuesday's pre-activation conv block
+   (GroupNorm inside). The claim is "orders of magnitude": log10(‖∇x‖ residual / ‖∇x‖ plain) ≥ 2.
+   A norm inside every block rescales the plain stack's signal at each norm, so there the contrast can
+   shrink or even reverse (the plain stack's gradient explodes); the verdicts say which, per kind.
+
+Equalities are checked as the largest difference relative to the output's largest magnitude, against
+float32 rounding (rtol 1e-5, as ``gatepool.analysis.symmetry.default_tolerance``); the contrasts ("breaks",
+"depends") must exceed 100× that rounding tolerance.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn as nn
+
+from gatepool.lab.harness import Claim, Context, experiment
+
+RTOL = 1e-5  # float32 rounding, relative to the output's scale
+ROUNDING = "float32 rounding: rtol 1e-5 of the output's largest magnitude (as symmetry.default_tolerance)"
+FAR = 100 * RTOL
+FAR_WHY = "a difference 100× the float32 rounding tolerance cannot be rounding"
+NORMS = ("batch", "layer", "instance", "group")
+BLOCKS = ("mlp", "transformer", "preact")
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a − b| / max(1e-12, max |b|), in float64."""
+    a, b = a.detach().double(), b.detach().double()
+    return (a - b).abs().max().item() / max(1e-12, b.abs().max().item())
+
+
+def _claims(setup: dict) -> list[Claim]:
+    d, n = setup["d"], setup["samples"]
+    var_tol = 4 * math.sqrt((2 + 6 / d) / n)
+    claims = [
+        Claim("var-qk", f"Var(q·k) = d for unit-variance entries (d = {d}, {n:,} samples)", float(d),
+              round(var_tol, 4), "4 standard errors of a sample variance: Var(s²)/d² = (2 + 6/d)/n for "
+              "q·k a sum of d products of normals (E[(q·k)⁴] = 3d² + 6d)", kind="rel"),
+        Claim("encoder-equivariant", "an encoder without positions is permutation-equivariant: "
+              "max|f(πX) − πf(X)| / max|f(X)|", 0.0, RTOL, ROUNDING, kind="max"),
+        Claim("positions-break-equivariance", "a learned positional encoding (its init, N(0, 0.02²)) breaks "
+              "it: max|f(πX) − πf(X)| / max|f(X)|", FAR, 0.0, FAR_WHY, kind="min"),
+        Claim("causal-future-independent", "causal mask: outputs ≤ i do not move when tokens > i change "
+              "(largest relative change over every i, fast and plain paths)", 0.0, RTOL, ROUNDING,
+              kind="max"),
+        Claim("unmasked-sees-future", "without the mask they do (smallest relative change over i)", FAR, 0.0,
+              FAR_WHY, kind="min"),
+        Claim("cross-attention-length", "cross-attention output length = the query's length "
+              f"({setup['tokens']} queries, {setup['context_tokens']} context tokens)", setup["tokens"], 0,
+              "exact: a shape", kind="equal"),
+        Claim("cross-attention-context-order", "cross-attention ignores the context's order: "
+              "max|f(X, πC) − f(X, C)| / max|f|", 0.0, RTOL, ROUNDING, kind="max"),
+        Claim("layernorm-batch-independent", "LayerNorm: a sample's output does not depend on the rest "
+              "of the batch", 0.0, RTOL, ROUNDING, kind="max"),
+        Claim("batchnorm-train-batch-dependent", "BatchNorm in training mode: it does", FAR, 0.0, FAR_WHY,
+              kind="min"),
+        Claim("batchnorm-eval-batch-independent", "BatchNorm in eval mode (running statistics): it does not",
+              0.0, RTOL, ROUNDING, kind="max"),
+    ]
+    axes = {"batch": "N, H, W", "layer": "C, H, W", "instance": "H, W", "group": "group, H, W"}
+    claims += [Claim(f"norm-axes-{k}", f"{k} norm = (x − mean) / √(var + ε) over ({axes[k]}), "
+                     "by hand vs torch", 0.0, RTOL, ROUNDING + "; the hand computation is float64",
+                     kind="max") for k in NORMS]
+    claims.append(Claim("norm-axes-distinct", "no other flashcard axis set reproduces a norm (smallest "
+                        "relative difference off the diagonal)", FAR, 0.0, FAR_WHY, kind="min"))
+    claims += [Claim(f"residual-gradient-{b}", f"{b} blocks: log10(‖∇x‖ with skips / ‖∇x‖ without) at "
+                     f"the input of {setup['residual_depth']} blocks, at init (median of "
+                     f"{setup['residual_seeds']} seeds)",
+                     2.0, 0.0, "'orders of magnitude': at least two", kind="min")
+               for b in setup["residual_blocks"]]
+    return claims
+
+
+# ----------------------------------------------------------------------------- the checks
+
+
+def var_qk(d: int, n: int, gen: torch.Generator) -> float:
+    q = torch.randn(n, d, generator=gen, dtype=torch.float64)  # (n, d)
+    k = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    return (q * k).sum(-1).var().item()
+
+
+def _encoder(ctx: Context):
+    from gatepool.layers.blocks import Encoder
+
+    return Encoder(ctx["dim"], ctx["depth"], ctx["heads"], mlp="gelu").eval()
+
+
+def permutation_checks(ctx: Context, x: torch.Tensor) -> tuple[float, float]:
+    """(relative equivariance error without positions, with a learned positional encoding)."""
+    from gatepool.analysis.symmetry import PermuteTokens, equivariance_error
+    from gatepool.layers.positional import LearnedPositionalEmbedding1d
+
+    enc = _encoder(ctx)
+    pos = LearnedPositionalEmbedding1d(x.shape[1], x.shape[2])
+    perm = PermuteTokens(dim=1, seed=ctx["seed"] + 1)
+    with torch.no_grad():
+        scale_plain, scale_pos = enc(x).abs().max().item(), enc(pos(x)).abs().max().item()
+    plain = equivariance_error(enc, x, perm) / scale_plain
+    with_pos = equivariance_error(lambda z: enc(pos(z)), x, perm) / scale_pos
+    return plain, with_pos
+
+
+@torch.no_grad()
+def causal_checks(ctx: Context, x: torch.Tensor, gen: torch.Generator) -> tuple[float, float]:
+    """(largest relative change of outputs ≤ i with the mask, smallest without), over i = 0..T−2.
+
+    Variant i of x has its tokens after i redrawn; all T − 1 variants run as one batch.
+    """
+    enc = _encoder(ctx)
+    b, t, d = x.shape
+    variants = x.repeat(t - 1, 1, 1, 1)  # (T−1, B, T, D)
+    for i in range(t - 1):
+        variants[i, :, i + 1 :] += torch.randn(b, t - i - 1, d, generator=gen)  # change the future only
+    paths = {
+        "fast": lambda z, causal: enc(z, is_causal=causal),
+        "plain": lambda z, causal: enc(z, is_causal=causal, return_weights=True)[0],
+    }
+    masked, unmasked = 0.0, math.inf
+    for f in paths.values():
+        for causal in (True, False):
+            y = f(x, causal)  # (B, T, D)
+            moved = f(variants.reshape(-1, t, d), causal).reshape(t - 1, b, t, d)
+            changes = [_rel(moved[i, :, : i + 1], y[:, : i + 1]) for i in range(t - 1)]
+            if causal:
+                masked = max(masked, *changes)
+            else:
+                unmasked = min(unmasked, *changes)
+    return masked, unmasked
+
+
+def cross_attention_checks(ctx: Context, x: torch.Tensor, gen: torch.Generator) -> tuple[int, float]:
+    """(output length, relative change when the context is permuted)."""
+    from gatepool.analysis.symmetry import PermuteTokens, invariance_error
+    from gatepool.layers.attention import MultiHeadAttention
+
+    ctx_dim = ctx["dim"] // 2 + 4  # a context of another width and length
+    attn = MultiHeadAttention(ctx["dim"], ctx["heads"], context_dim=ctx_dim).eval()
+    context = torch.randn(x.shape[0], ctx["context_tokens"], ctx_dim, generator=gen)  # (B, M, Dc)
+    with torch.no_grad():
+        out = attn(x, context=context)  # (B, N, D)
+    err = invariance_error(lambda c: attn(x, context=c), context, PermuteTokens(dim=1, seed=ctx["seed"] + 2))
+    return out.shape[1], err / out.abs().max().item()
+
+
+@torch.no_grad()
+def batch_dependence(gen: torch.Generator) -> dict[str, float]:
+    """Sample 0's output in two batches that differ in every other sample (and alone, for LayerNorm)."""
+    c, h, w = 6, 5, 5
+    x = torch.randn(8, c, h, w, generator=gen) * 2 + 1  # (N, C, H, W)
+    other = torch.cat([x[:1], torch.randn(7, c, h, w, generator=gen) * 3 - 1])  # same sample 0, new rest
+    ln = nn.LayerNorm([c, h, w])
+    bn = nn.BatchNorm2d(c, momentum=None)  # momentum None: running stats = the average over batches seen
+    ln_out = ln(x)[:1]
+    ln_err = max(_rel(ln(other)[:1], ln_out), _rel(ln(x[:1]), ln_out))
+    bn.train()
+    bn_train = _rel(bn(other)[:1], bn(x)[:1])
+    for _ in range(3):  # give the running statistics values that are not the initial 0 and 1
+        bn(torch.randn(16, c, h, w, generator=gen) * 2 + 1)
+    bn.eval()
+    bn_eval_out = bn(x)[:1]
+    bn_eval = max(_rel(bn(other)[:1], bn_eval_out), _rel(bn(x[:1]), bn_eval_out))
+    return {"layer": ln_err, "batch-train": bn_train, "batch-eval": bn_eval}
+
+
+def normalize_over(x: torch.Tensor, kind: str, groups: int, eps: float = 1e-5) -> torch.Tensor:
+    """(x − mean) / √(var + ε) over the flashcard's axes for ``kind``, by hand, in float64."""
+    n, c, h, w = x.shape
+    x = x.double()
+    if kind == "group":
+        g = x.reshape(n, groups, c // groups, h, w)
+        mean = g.mean(dim=(2, 3, 4), keepdim=True)
+        var = ((g - mean) ** 2).mean(dim=(2, 3, 4), keepdim=True)
+        return ((g - mean) / torch.sqrt(var + eps)).reshape(n, c, h, w)
+    dims = {"batch": (0, 2, 3), "layer": (1, 2, 3), "instance": (2, 3)}[kind]
+    mean = x.mean(dim=dims, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=dims, keepdim=True)  # biased, as the norms use
+    return (x - mean) / torch.sqrt(var + eps)
+
+
+@torch.no_grad()
+def norm_axes(gen: torch.Generator, groups: int = 3) -> dict[str, dict[str, float]]:
+    """Relative difference between each torch norm (rows) and each hand computation (columns)."""
+    n, c, h, w = 8, 6, 5, 5
+    # per-sample scales, per-channel offsets and scales: every axis set gives different statistics
+    scale_c, shift_c = torch.linspace(0.5, 3, c).view(1, c, 1, 1), torch.linspace(-2, 2, c).view(1, c, 1, 1)
+    scale_n = torch.linspace(0.5, 2, n).view(n, 1, 1, 1)
+    x = (torch.randn(n, c, h, w, generator=gen) * scale_c + shift_c) * scale_n  # (N, C, H, W)
+    modules = {
+        "batch": nn.BatchNorm2d(c, affine=False).train(),  # training mode: the batch's statistics
+        "layer": nn.LayerNorm([c, h, w], elementwise_affine=False),
+        "instance": nn.InstanceNorm2d(c),
+        "group": nn.GroupNorm(groups, c, affine=False),
+    }
+    outs = {k: m(x) for k, m in modules.items()}
+    return {k: {j: _rel(outs[k], normalize_over(x, j, groups)) for j in NORMS} for k in NORMS}
+
+
+def _stack(kind: str, depth: int, seed: int) -> tuple[Callable, Callable, torch.Tensor]:
+    """(with skips, without skips, an input) for ``depth`` blocks of ``kind`` at their default init."""
+    from gatepool.layers.blocks import EncoderBlock
+    from gatepool.models.residual_cnn import PreActBlock
+
+    torch.manual_seed(seed)
+    if kind == "mlp":
+        blocks = [nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)) for _ in range(depth)]
+        x = torch.randn(16, 64)  # (B, D)
+        branch = lambda b, z: b(z)  # noqa: E731
+    elif kind == "transformer":
+        blocks = [EncoderBlock(32, 4, mlp="gelu") for _ in range(depth)]
+        x = torch.randn(4, 16, 32)  # (B, T, D)
+
+        def branch(b, z):  # the block's two sublayers, skips removed
+            return b.mlp(b.norm2(b.attn(b.norm1(z))))
+    elif kind == "preact":
+        blocks = [PreActBlock(8, groups=4) for _ in range(depth)]
+        x = torch.randn(4, 8, 8, 8)  # (B, C, H, W)
+
+        def branch(b, z):
+            return b.conv2(b.relu2(b.gn2(b.conv1(b.relu1(b.gn1(z))))))
+    else:
+        raise ValueError(f"--set residual_blocks: each must be one of {BLOCKS}, got {kind!r}")
+
+    def residual(z):
+        for b in blocks:
+            z = z + branch(b, z)
+        return z
+
+    def plain(z):
+        for b in blocks:
+            z = branch(b, z)
+        return z
+
+    return residual, plain, x
+
+
+def input_gradient_norm(fn: Callable, x: torch.Tensor, seed: int) -> float:
+    """‖∂L/∂x‖ for L = Σ g ⊙ f(x), g a fixed unit-variance cotangent."""
+    x = x.clone().requires_grad_(True)
+    y = fn(x)
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed), dtype=y.dtype)
+    (grad,) = torch.autograd.grad((y * g).sum(), x)
+    return grad.norm().item()
+
+
+# ----------------------------------------------------------------------------- the experiment
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` inside the block, restored after (tiny tensors: 1 is fastest)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+@experiment("flashcards", title="the flashcards, each measured", order=18,
+            setup={"d": 64, "samples": 200_000, "tokens": 16, "context_tokens": 10, "dim": 32, "depth": 2,
+                   "heads": 4, "residual_blocks": list(BLOCKS), "residual_depth": 32, "residual_seeds": 5,
+                   "seed": 0, "threads": 1},
+            quick={"samples": 20_000, "residual_seeds": 3}, claims=_claims)
+def flashcards(ctx: Context) -> None:
+    for key in ("d", "samples", "tokens", "context_tokens", "dim", "depth", "heads", "residual_depth",
+                "residual_seeds"):
+        if ctx[key] < (2 if key in ("samples", "tokens", "context_tokens") else 1):
+            raise ValueError(f"--set {key}: must be ≥ 1 (≥ 2 for samples and tokens), got {ctx[key]}")
+    if ctx["dim"] % ctx["heads"]:
+        raise ValueError(f"--set dim/heads: dim={ctx['dim']} must be divisible by heads={ctx['heads']}")
+    for kind in ctx["residual_blocks"]:
+        if kind not in BLOCKS:
+            raise ValueError(f"--set residual_blocks: each must be one of {BLOCKS}, got {kind!r}")
+    if ctx["threads"] < 1:
+        raise ValueError(f"--set threads: must be ≥ 1, got {ctx['threads']}")
+    with torch_threads(ctx["threads"]):
+        _flashcards(ctx)
+
+
+def _flashcards(ctx: Context) -> None:
+    torch.manual_seed(ctx["seed"])  # the modules' init
+    gen = torch.Generator().manual_seed(ctx["seed"])
+
+    var = var_qk(ctx["d"], ctx["samples"], gen)
+    ctx.check("var-qk", var, theory=float(ctx["d"]), note=f"Var/d = {var / ctx['d']:.4f}")
+
+    x = torch.randn(4, ctx["tokens"], ctx["dim"], generator=gen)  # (B, T, D)
+    plain, with_pos = permutation_checks(ctx, x)
+    ctx.check("encoder-equivariant", plain, theory=0.0)
+    ctx.check("positions-break-equivariance", with_pos, theory=FAR,
+              note=f"{with_pos / max(plain, 1e-12):.2g}× the error without positions")
+
+    masked, unmasked = causal_checks(ctx, x, gen)
+    ctx.check("causal-future-independent", masked, theory=0.0)
+    ctx.check("unmasked-sees-future", unmasked, theory=FAR)
+
+    length, order_err = cross_attention_checks(ctx, x, gen)
+    ctx.check("cross-attention-length", length, theory=ctx["tokens"],
+              note=f"{ctx['tokens']} queries attend to {ctx['context_tokens']} context tokens")
+    ctx.check("cross-attention-context-order", order_err, theory=0.0)
+
+    dep = batch_dependence(gen)
+    ctx.check("layernorm-batch-independent", dep["layer"], theory=0.0)
+    ctx.check("batchnorm-train-batch-dependent", dep["batch-train"], theory=FAR)
+    ctx.check("batchnorm-eval-batch-independent", dep["batch-eval"], theory=0.0)
+
+    table = norm_axes(gen)
+    for k in NORMS:
+        ctx.check(f"norm-axes-{k}", table[k][k], theory=0.0)
+    off = min(table[k][j] for k in NORMS for j in NORMS if j != k)
+    ctx.check("norm-axes-distinct", off, theory=FAR)
+    ctx.data["norm_axes"] = table
+    ctx.note("norm vs hand axes (relative max difference; rows torch, columns by hand): "
+             + "; ".join(f"{k}: " + ", ".join(f"{table[k][j]:.1e}" for j in NORMS) for k in NORMS))
+
+    grads = {}
+    for kind in ctx["residual_blocks"]:
+        rows = []
+        for s in range(ctx["residual_seeds"]):
+            residual, plain_fn, xin = _stack(kind, ctx["residual_depth"], ctx["seed"] + s)
+            g_res = input_gradient_norm(residual, xin, s)
+            g_plain = input_gradient_norm(plain_fn, xin, s)
+            rows.append({"seed": ctx["seed"] + s, "with_skips": g_res, "without": g_plain,
+                         "log10_ratio": math.log10(g_res / g_plain) if g_plain > 0 else math.inf})
+        grads[kind] = rows
+        logs = [r["log10_ratio"] for r in rows]
+        med = statistics.median(logs)
+        ctx.check(f"residual-gradient-{kind}", med if math.isfinite(med) else None, theory=2.0,
+                  note=("the plain stack's gradient underflowed to 0; " if math.isinf(med) else "")
+                  + ("without skips the gradient grows instead (it explodes, it does not vanish); "
+                     if med < 0 else "")
+                  + f"log10 ratio per seed {', '.join(f'{v:.2f}' for v in logs)}; ‖∇x‖ with skips "
+                       f"{statistics.median(r['with_skips'] for r in rows):.3g}, without "
+                       f"{statistics.median(r['without'] for r in rows):.3g} (medians)")
+    ctx.data["residual_gradients"] = grads

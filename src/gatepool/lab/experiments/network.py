@@ -1,0 +1,321 @@
+"""Experiments 6–7: the signal and the gradient through all of Tuesday's CNN at initialization.
+
+Forward, per stage, the ideal from the rules (``gatepool.analysis.probe.predict``:
+conv ``fan_in·E[w²]·E[x²]``,
+max pool of N(0, σ²) → 0.49 σ², GroupNorm → 1, ReLU → ½, residual: stream + branch) beside the
+measurement on 512 MNIST digits. The rules assume independent N(0, 1) values; real digits are smooth, so
+a 2×2 max pool barely shrinks them (the four values are nearly equal) and the stream grows faster than
+the ideal. Backward, a unit-variance gradient is seeded at the logits (the lecture's "loss" L = Σ g·out,
+summed over the 512 images) and E[(∂L/∂·)²] is read at each stage's output (block 3, block 2, pool 2, and
+block 1 = pool 2's input), with the share of exact zeros. The absolute figures depend on the head's
+Linear init (N(0, 1/32) in ResidualCNN, as the lecture's ideal assumes); the growth between stages does not.
+
+The variance of a stage depends on the random init: every measured claim is the mean over ``seeds``.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from gatepool.analysis.probe import measure
+from gatepool.lab.common import mnist_batch, pyplot
+from gatepool.lab.harness import Claim, Context, experiment
+
+STAGES = ["stem", "pool1", "block1", "pool2", "block2", "block3"]
+LECTURE_IDEAL = {"pool1": 0.49, "block1": 1.47, "pool2": 0.74, "block2": 1.71, "block3": 2.68}
+LECTURE_MEASURED = {
+    "stem": 0.89,
+    "pool1": 0.90,
+    "block1": 1.88,
+    "pool2": 2.02,
+    "block2": 3.16,
+    "block3": 4.41,
+}
+SETUP = {"batch": 512, "pool": "max", "seeds": [0, 1, 2, 3, 4]}
+QUICK = {"batch": 256, "seeds": [0, 1, 2]}
+NORMS = ["block1.gn1", "block1.gn2", "block2.gn1", "block2.gn2", "block3.gn1", "block3.gn2", "head.norm"]
+RELUS = ["block1.relu1", "block2.relu1", "block3.relu1"]
+CONVS = [f"block{b}.conv{c}" for b in (1, 2, 3) for c in (1, 2)]
+SEED_WHY = (
+    "mean over seeds; one init's stage variance differs from the next by up to ±30% "
+    "(seeds 0–4: block 3 from 3.1 to 5.4)"
+)
+
+
+def probe_seeds(ctx: Context, backward: str | None) -> list:
+    """One probe report per seed, on the same digits."""
+    from gatepool.models import ResidualCNN
+
+    x, _ = mnist_batch(ctx["batch"])
+    reports = []
+    for seed in ctx["seeds"]:
+        torch.manual_seed(seed)
+        model = ResidualCNN(pool=ctx["pool"])
+        reports.append(
+            measure(model, x, backward=backward, seed=seed, samples=20000 if backward is None else 0)
+        )
+    return reports
+
+
+def mean_over(reports: list, fn) -> float:
+    return statistics.fmean(fn(r) for r in reports)
+
+
+# ----------------------------------------------------------------------------- 6. network-forward
+
+
+def _forward_claims(setup: dict) -> list[Claim]:
+    claims = [
+        Claim(
+            f"ideal-{s}",
+            f"the rules' ideal σ² after {s}",
+            v,
+            0.05,
+            "the rules are exact given the init's E[w²]; the lecture rounds and uses its own init",
+            kind="rel",
+            depends=("pool",),
+        )
+        for s, v in LECTURE_IDEAL.items()
+    ]
+    claims += [
+        Claim(
+            f"measured-{s}",
+            f"measured σ² after {s} (512 digits)",
+            v,
+            0.3,
+            SEED_WHY,
+            kind="rel",
+            quick_tolerance=0.4,
+            depends=("pool",),
+        )
+        for s, v in LECTURE_MEASURED.items()
+    ]
+    claims += [
+        Claim(
+            "relu-keeps",
+            "the first ReLU in each block keeps E[p²] ≈ 0.64, not ½",
+            0.64,
+            0.05,
+            "mean of three blocks and the seeds; the lecture says 'about'",
+            depends=("pool",),
+        ),
+        Claim(
+            "after-norm",
+            "every branch and the head see σ² = 1 after their norm (largest |E[x̂²] − 1|)",
+            0.0,
+            0.01,
+            "GroupNorm normalizes each group exactly (up to eps)",
+            kind="max",
+        ),
+    ]
+    return claims
+
+
+@experiment(
+    "network-forward",
+    title="Tuesday's CNN forward: the ideal σ² per stage beside the measured",
+    order=6,
+    setup=SETUP,
+    quick=QUICK,
+    claims=_forward_claims,
+)
+def network_forward(ctx: Context) -> None:
+    reports = probe_seeds(ctx, backward=None)
+    first = reports[0]
+    for stage in LECTURE_IDEAL:
+        ctx.check(f"ideal-{stage}", first[stage].ideal.var if first[stage].ideal else None)
+    for stage in LECTURE_MEASURED:
+        values = [r[stage].forward.var for r in reports]
+        ideal = first[stage].ideal.var if first[stage].ideal else None
+        ctx.check(
+            f"measured-{stage}",
+            statistics.fmean(values),
+            theory=ideal,
+            note="seeds: " + ", ".join(f"{v:.2f}" for v in values),
+        )
+    ctx.check(
+        "relu-keeps",
+        mean_over(reports, lambda r: statistics.fmean(r[n].forward.e2 for n in RELUS)),
+        theory=0.5,
+    )
+    ctx.check("after-norm", max(abs(r[n].forward.e2 - 1) for r in reports for n in NORMS), theory=0.0)
+    ctx.data["stages"] = {
+        s: {
+            "ideal": first[s].ideal.var if first[s].ideal else None,
+            "measured": [r[s].forward.var for r in reports],
+        }
+        for s in STAGES
+    }
+
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [1.2, 1]})
+    pos = range(len(STAGES))
+    ax1.bar(
+        [p - 0.2 for p in pos],
+        [first[s].ideal.var if first[s].ideal else 0 for s in STAGES],
+        0.4,
+        label="ideal (rules)",
+    )
+    ax1.bar(
+        [p + 0.2 for p in pos],
+        [statistics.fmean(r[s].forward.var for r in reports) for s in STAGES],
+        0.4,
+        label=f"measured (mean of {len(reports)} seeds)",
+    )
+    ax1.scatter(
+        [p + 0.2 for p in pos],
+        [LECTURE_MEASURED[s] for s in STAGES],
+        marker="x",
+        color="k",
+        zorder=3,
+        label="lecture measured",
+    )
+    ax1.set_xticks(list(pos), STAGES)
+    ax1.set(ylabel="σ²", title="forward variance per stage")
+    ax1.legend(fontsize=8)
+    for name, color in (("stem", "C0"), ("pool1", "C1"), ("block1.relu1", "C2")):
+        ax2.hist(
+            first[name].samples.numpy(),
+            bins=100,
+            range=(-3, 5),
+            density=True,
+            histtype="step",
+            color=color,
+            label=name,
+        )
+    ax2.set(yscale="log", title=f"values (seed {ctx['seeds'][0]}): the spike at 0 after the ReLU")
+    ax2.legend(fontsize=8)
+    ctx.figure(fig, "network-forward.png")
+
+
+# ----------------------------------------------------------------------------- 7. network-backward
+
+LECTURE_BACK = {"block3": 13.3e-6, "block2": 16.7e-6, "pool2": 22.2e-6, "block1": 5.5e-6}
+LECTURE_BACK_IDEAL = {"block3": 24.3e-6, "block2": 38.5e-6, "pool2": 90.3e-6, "block1": 22.6e-6}
+
+
+def _backward_claims(setup: dict) -> list[Claim]:
+    steps = [("block3", "block2"), ("block2", "pool2"), ("pool2", "block1")]
+    claims = []
+    for a, b in steps:
+        claims.append(
+            Claim(
+                f"ideal-{a}-to-{b}",
+                f"ideal growth of E[g²] from {a} back to {b}",
+                LECTURE_BACK_IDEAL[b] / LECTURE_BACK_IDEAL[a],
+                0.05,
+                "ratios of the rules' figures; the lecture rounds",
+                kind="rel",
+                depends=("pool",),
+            )
+        )
+        claims.append(
+            Claim(
+                f"{a}-to-{b}",
+                f"measured growth of E[g²] from {a} back to {b}",
+                LECTURE_BACK[b] / LECTURE_BACK[a],
+                0.15,
+                SEED_WHY,
+                kind="rel",
+                quick_tolerance=0.25,
+                depends=("pool",),
+            )
+        )
+    for stage in LECTURE_BACK:
+        claims.append(
+            Claim(
+                f"ideal-g2-{stage}",
+                f"ideal E[g²] at {stage}'s output",
+                LECTURE_BACK_IDEAL[stage],
+                0.1,
+                "the rules with this init's E[w²]; the lecture rounds",
+                kind="rel",
+                depends=("pool",),
+            )
+        )
+        claims.append(
+            Claim(
+                f"g2-{stage}",
+                f"measured E[g²] at {stage}'s output",
+                LECTURE_BACK[stage],
+                0.4,
+                "mean over seeds; one init's E[g²] differs from the next by up to ±40% (seeds 0–4 at "
+                "block 3: 7.8µ to 14.4µ)",
+                kind="rel",
+                quick_tolerance=0.5,
+                depends=("pool",),
+            )
+        )
+    claims += [
+        Claim(
+            "pool-zeros",
+            "after the max pool (at its input) 75% of the gradients are exact zeros",
+            0.75,
+            0.01,
+            "exact up to ties, which smooth digits make possible",
+            depends=("pool",),
+        ),
+        Claim(
+            "weight-ratio",
+            "‖∂L/∂W‖/‖W‖ ≈ 10–16 in every block conv (mean over convs and seeds)",
+            13.0,
+            3.0,
+            "the lecture's range 10–16",
+            quick_tolerance=3.5,
+        ),
+    ]
+    return claims
+
+
+@experiment(
+    "network-backward",
+    title="Tuesday's CNN backward: E[(∂L/∂·)²] per stage, ÷4 at the max pool",
+    order=7,
+    setup=SETUP,
+    quick=QUICK,
+    claims=_backward_claims,
+)
+def network_backward(ctx: Context) -> None:
+    reports = probe_seeds(ctx, backward="unit-noise")
+    g2 = {s: [r[s].backward.e2 for r in reports] for s in LECTURE_BACK}
+    first = reports[0]
+    ideal = {s: first[s].ideal.grad_e2 if first[s].ideal else None for s in LECTURE_BACK}
+    for a, b in [("block3", "block2"), ("block2", "pool2"), ("pool2", "block1")]:
+        ideal_ratio = ideal[b] / ideal[a] if ideal[a] and ideal[b] is not None else None
+        ctx.check(f"ideal-{a}-to-{b}", ideal_ratio)
+        ctx.check(f"{a}-to-{b}", statistics.fmean(x / y for x, y in zip(g2[b], g2[a])), theory=ideal_ratio)
+    for stage in LECTURE_BACK:
+        ctx.check(f"ideal-g2-{stage}", ideal[stage])
+        ctx.check(
+            f"g2-{stage}",
+            statistics.fmean(g2[stage]),
+            theory=ideal[stage],
+            note="seeds: " + ", ".join(f"{v / 1e-6:.1f}µ" for v in g2[stage]),
+        )
+    ctx.check("pool-zeros", statistics.fmean(r["block1"].backward.zero_share for r in reports), theory=0.75)
+    ratios = [p.ratio for r in reports for p in r.params if p.name.removesuffix(".weight") in CONVS]
+    ctx.check("weight-ratio", statistics.fmean(ratios), note=f"range {min(ratios):.1f}–{max(ratios):.1f}")
+    mu = 1e-6
+    for p in first.params:
+        name = p.name.removesuffix(".weight")
+        if name in CONVS:
+            ctx.note(
+                f"{name}: rms g at its output {first[name].backward.rms:.2g} → rms ∂L/∂W {p.grad_rms:.3g}, "
+                f"‖∂L/∂W‖/‖W‖ {p.ratio:.1f} (seed {ctx['seeds'][0]})"
+            )
+    ctx.data["grad_e2"] = g2
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    names = list(LECTURE_BACK)
+    pos = range(len(names))
+    ax.bar([p - 0.2 for p in pos], [ideal[s] / mu for s in names], 0.4, label="ideal (rules)")
+    ax.bar([p + 0.2 for p in pos], [statistics.fmean(g2[s]) / mu for s in names], 0.4, label="measured")
+    ax.set_xticks(list(pos), [f"{s} out" for s in names])
+    ax.set(
+        ylabel="E[(∂L/∂·)²] (µ = 1e-6)", yscale="log", title="backward, unit-variance gradient at the logits"
+    )
+    ax.legend(fontsize=8)
+    ctx.figure(fig, "network-backward.png")

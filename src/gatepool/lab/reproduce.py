@@ -1,0 +1,98 @@
+"""``gatepool reproduce``: run every experiment (resuming), then write the report.
+
+An experiment whose ``<out>/<name>/result.json`` is complete for the same profile and setup is skipped,
+so a killed run picks up where it stopped (long trainings also resume from their own checkpoints).
+Experiments not run (``--only``) or broken still appear in the report, as ``not run`` or ``error``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from gatepool.lab.harness import (
+    environment,
+    jsonable,
+    load_result,
+    not_run_record,
+    registry,
+    run_experiment,
+)
+from gatepool.lab.report import summary, table, write_report
+
+
+def reproduce(
+    *,
+    profile: str = "quick",
+    out: str | Path = "runs/reproduce",
+    only: list[str] | None = None,
+    force: bool = False,
+    jobs: int = 1,
+    progress: bool = True,
+) -> tuple[list[dict[str, Any]], dict[str, Path]]:
+    """Run the experiments and write the report; returns (records, report paths)."""
+    out = Path(out)
+    reg = registry()
+    unknown = sorted(set(only or []) - set(reg))
+    if unknown:
+        raise ValueError(f"--only: unknown experiment(s) {unknown}; choose from {', '.join(reg)}")
+    t0 = time.perf_counter()
+    records = []
+    for name, exp in reg.items():
+        if only and name not in only:
+            done = load_result(out, name)
+            records.append(done if done else _not_run(exp, profile))
+            continue
+        setup = exp.resolve_setup(profile)
+        done = load_result(out, name)
+        if (
+            not force
+            and done
+            and done.get("status") == "complete"
+            and done.get("profile") == profile
+            and done.get("setup") == jsonable(setup)
+        ):
+            if progress:
+                print(
+                    f"[{name}] complete in {out / name}, skipped ({done['seconds']:.1f} s when run)",
+                    flush=True,
+                )
+            records.append(done)
+            continue
+        if progress:
+            print(f"[{name}] {exp.title} ...", flush=True)
+        rec = run_experiment(name, profile=profile, out=out, jobs=jobs, progress=progress)
+        if progress:
+            counts = summary([rec])
+            print(
+                f"[{name}] {rec['status']} in {rec['seconds']:.1f} s: {counts['ok']} ok, "
+                f"{counts['off']} off, {counts['not run']} not run",
+                flush=True,
+            )
+        records.append(rec)
+    meta = {
+        "profile": profile,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "experiment_seconds": {r["name"]: r.get("seconds") for r in records},
+        "environment": environment(),
+    }
+    paths = write_report(out, records, meta)
+    if progress:
+        print()
+        print(table(records))
+        print(f"\nreport: {paths['markdown']}  {paths['html']}")
+    return records, paths
+
+
+def _not_run(exp, profile: str) -> dict[str, Any]:
+    setup = exp.resolve_setup(profile)
+    return {
+        "name": exp.name,
+        "title": exp.title,
+        "profile": profile,
+        "status": "not run",
+        "claims": [not_run_record(c) for c in exp.claims(setup)],
+        "figures": [],
+        "notes": [],
+    }

@@ -1,0 +1,38 @@
+"""Models by name: ``create_model("residual_cnn", pool="soft")``, ``list_models()``.
+
+A model file registers its constructor with ``@register_model("name")``. Importing this module
+imports the ``gatepool.models`` package first, whose ``__init__`` imports every model file, so every
+model is registered before the first lookup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch.nn as nn
+
+_MODELS: dict[str, Callable[..., nn.Module]] = {}
+
+
+def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """Decorator: register a model constructor under ``name``."""
+
+    def deco(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        if name in _MODELS and _MODELS[name] is not fn:
+            raise ValueError(f"model name {name!r} is registered twice")
+        _MODELS[name] = fn
+        return fn
+
+    return deco
+
+
+def list_models() -> list[str]:
+    """Names accepted by :func:`create_model`, sorted."""
+    return sorted(_MODELS)
+
+
+def create_model(name: str, **kwargs) -> nn.Module:
+    """Build the model registered as ``name`` with keyword arguments ``kwargs``."""
+    if name not in _MODELS:
+        raise ValueError(f"model={name!r} is unknown; choose one of {sorted(_MODELS)}")
+    return _MODELS[name](**kwargs)

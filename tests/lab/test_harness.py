@@ -1,0 +1,133 @@
+"""The harness: registration, --set, verdicts, resume, atomic results and the report."""
+
+import json
+
+import pytest
+
+from gatepool.cli import main
+from gatepool.lab import harness
+from gatepool.lab.harness import Claim, experiment, parse_sets, run_experiment, verdict
+from gatepool.lab.reproduce import reproduce
+
+CALLS: list[dict] = []
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    """Two toy experiments in a private registry: 'toy-sum' measures, 'toy-broken' raises."""
+    monkeypatch.setattr(harness, "_REGISTRY", {})
+    monkeypatch.setattr(harness, "registry", lambda: dict(harness._REGISTRY))
+    CALLS.clear()
+
+    @experiment(
+        "toy-sum",
+        title="sum of n ones",
+        order=1,
+        setup={"n": 4, "scale": 1.0, "seed": 0},
+        quick={"n": 3},
+        claims=[
+            Claim("sum", "n ones sum to n", 4, 0.5, "exact arithmetic", depends=("n",)),
+            Claim("never", "a claim the experiment does not reach", 1, 0.1),
+        ],
+    )
+    def toy_sum(ctx):
+        CALLS.append(dict(ctx.setup))
+        ctx.check("sum", float(sum([ctx["scale"]] * ctx["n"])), theory=float(ctx["n"]) * ctx["scale"])
+
+    @experiment("toy-broken", title="breaks", order=2, setup={"k": 1}, claims=[Claim("x", "x", 1, 0)])
+    def toy_broken(ctx):
+        ctx.check("x", 1)
+        raise RuntimeError("boom")
+
+    return toy_sum
+
+
+def test_verdict_kinds():
+    assert verdict("abs", 1.04, 1.0, 0.05) == "ok"
+    assert verdict("abs", 1.06, 1.0, 0.05) == "off"
+    assert verdict("rel", 104, 100, 0.05) == "ok" and verdict("rel", 106, 100, 0.05) == "off"
+    assert verdict("min", 0.9, 1.0, 0.05) == "off" and verdict("min", 3.0, 1.0, 0.0) == "ok"
+    assert verdict("max", 1.2, 1.0, 0.1) == "off" and verdict("max", -5, 1.0, 0.0) == "ok"
+    assert verdict("equal", True, True, 0) == "ok" and verdict("equal", False, True, 0) == "off"
+    assert verdict("abs", float("nan"), 1.0, 10) == "off"
+    assert verdict("abs", None, 1.0, 1) == "not run"
+
+
+def test_run_quick_and_set_use_theory_off_lecture(toy, tmp_path):
+    rec = run_experiment("toy-sum", profile="quick", out=tmp_path)
+    # the quick profile's own change (n = 3) still answers to the lecture's value, with its tolerance
+    c = {c["id"]: c for c in rec["claims"]}
+    assert rec["setup"] == {"n": 3, "scale": 1.0, "seed": 0}
+    assert c["sum"]["lecture"] == 4 and c["sum"]["verdict"] == "off"
+    assert c["never"]["verdict"] == "not run"
+    # --set n=5 changes what the claim depends on: the lecture's value no longer applies, the theory (5) does
+    rec = run_experiment("toy-sum", profile="quick", overrides={"n": "5"}, out=tmp_path)
+    c = {c["id"]: c for c in rec["claims"]}
+    assert c["sum"]["lecture"] is None and c["sum"]["basis"] == "theory" and c["sum"]["verdict"] == "ok"
+    rec = run_experiment("toy-sum", profile="full", out=tmp_path)
+    c = {c["id"]: c for c in rec["claims"]}
+    assert c["sum"]["lecture"] == 4 and c["sum"]["basis"] == "lecture" and c["sum"]["verdict"] == "ok"
+    # a setting the claim does not depend on keeps the lecture's value; the measurement moves, so it is off
+    rec = run_experiment("toy-sum", profile="full", overrides={"scale": "2"}, out=tmp_path)
+    c = {c["id"]: c for c in rec["claims"]}
+    assert rec["setup"]["scale"] == 2.0 and c["sum"]["measured"] == 8.0 and c["sum"]["verdict"] == "off"
+    saved = json.loads((tmp_path / "toy-sum" / "result.json").read_text())
+    assert saved["setup"]["scale"] == 2.0 and saved["status"] == "complete"
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_bad_set_names_the_setting(toy, tmp_path):
+    with pytest.raises(ValueError, match="no setting 'm'.*n, scale, seed"):
+        run_experiment("toy-sum", overrides={"m": "1"}, out=tmp_path)
+    with pytest.raises(ValueError, match="n=x: expected int"):
+        run_experiment("toy-sum", overrides={"n": "x"}, out=tmp_path)
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_sets(["n"])
+    assert parse_sets(["d=1,2", "tokens=3"]) == {"d": "1,2", "tokens": "3"}
+    assert harness.parse_value("1,4,16", [1], "d") == [1, 4, 16]
+
+
+def test_reproduce_resumes_and_reports_not_run(toy, tmp_path):
+    records, paths = reproduce(profile="quick", out=tmp_path, only=["toy-sum"], progress=False)
+    assert len(CALLS) == 1
+    by_name = {r["name"]: r for r in records}
+    assert by_name["toy-broken"]["status"] == "not run"
+    assert all(c["verdict"] == "not run" for c in by_name["toy-broken"]["claims"])
+    md = paths["markdown"].read_text()
+    assert "toy-sum" in md and "not run" in md
+    assert "<table>" in paths["html"].read_text()
+    results = json.loads(paths["results"].read_text())
+    assert [r["name"] for r in results["experiments"]] == ["toy-sum", "toy-broken"]
+    # second run: toy-sum is complete for this profile and setup, so it is skipped
+    reproduce(profile="quick", out=tmp_path, progress=False)
+    assert len(CALLS) == 1
+    rec = json.loads((tmp_path / "toy-broken" / "result.json").read_text())
+    assert rec["status"] == "error" and "boom" in rec["error"]
+    assert rec["claims"][0]["verdict"] == "ok"  # what was measured before the error stays
+    # a torn result file is not trusted: the experiment runs again
+    (tmp_path / "toy-sum" / "result.json").write_text('{"name": "toy-su')
+    reproduce(profile="quick", out=tmp_path, only=["toy-sum"], progress=False)
+    assert len(CALLS) == 2
+    reproduce(profile="quick", out=tmp_path, only=["toy-sum"], force=True, progress=False)
+    assert len(CALLS) == 3
+
+
+def test_cli_run_json_and_extra_options(toy, tmp_path, capsys):
+    assert main(["run", "toy-sum", "--out", str(tmp_path), "--json", "--n", "5", "--profile", "full"]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert (
+        rec["setup"]["n"] == 5
+        and rec["claims"][0]["verdict"] == "ok"
+        and rec["claims"][0]["basis"] == "theory"
+    )
+    assert main(["run", "toy-sum", "--out", str(tmp_path), "--set", "bogus=1"]) == 2
+    assert main(["reproduce", "--out", str(tmp_path), "--only", "nope", "--quiet"]) == 2
+
+
+def test_report_states_bounds_plainly():
+    from gatepool.lab.report import tolerance
+
+    assert tolerance({"kind": "min", "tolerance": 0.25, "expected": 1.0}) == "≥ 0.75"
+    assert tolerance({"kind": "max", "tolerance": 0.0, "expected": 0.3}) == "≤ 0.3"
+    assert tolerance({"kind": "rel", "tolerance": 0.05, "expected": 2.0}) == "±5%"
+    assert tolerance({"kind": "equal", "tolerance": 0, "expected": True}) == "exact"

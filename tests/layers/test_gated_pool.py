@@ -1,0 +1,283 @@
+"""GatedPool1d/2d/3d and create_pool: every gate against torch or an explicit computation written here."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gatepool.layers import GATES, GatedPool1d, GatedPool2d, GatedPool3d, create_pool, soft_pool2d
+
+MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+POOL = {1: GatedPool1d, 2: GatedPool2d, 3: GatedPool3d}
+CASES = [  # (kernel, stride, padding, ceil_mode)
+    (2, None, 0, False),
+    (3, 2, 1, False),
+    (3, 2, 1, True),
+    (2, 3, 1, True),
+]
+
+
+def _grads(fn, x, grad_out):
+    x = x.detach().clone().requires_grad_()
+    y = fn(x)
+    (g,) = torch.autograd.grad((y * grad_out).sum(), x)
+    return y, g
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("batched", [True, False])
+def test_max_and_avg_equal_torch(d, case, batched):
+    k, s, p, ceil = case
+    x = torch.randn(2, 3, *([7] * d))
+    if not batched:
+        x = x[0]
+    for gate, want_fn in (
+        ("max", lambda t: MAX_POOL[d](t, k, s, p, ceil_mode=ceil)),
+        ("avg", lambda t: AVG_POOL[d](t, k, s, p, ceil_mode=ceil, count_include_pad=False)),
+    ):
+        pool = create_pool(gate, 3, k, s, dim=d, padding=p, ceil_mode=ceil)
+        assert isinstance(pool, POOL[d]) and pool.gate == gate
+        assert pool.kernel_size == (k,) * d and pool.stride == ((s or k),) * d and pool.padding == (p,) * d
+        want = want_fn(x)
+        grad_out = torch.randn_like(want)
+        out, g = _grads(pool, x, grad_out)
+        want, g_want = _grads(want_fn, x, grad_out)
+        torch.testing.assert_close(out, want)
+        torch.testing.assert_close(g, g_want)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_max_gates_are_torch_argmax_one_hot(windows, case):
+    k, s, p, ceil = case
+    x = torch.randn(2, 3, 7, 6)
+    pool = GatedPool2d("max", k, s, p, ceil, return_gates=True)
+    out, gates = pool(x)
+    _, idx = F.max_pool2d(x, k, s, p, ceil_mode=ceil, return_indices=True)  # flat index into H·W
+    assert gates.shape == (*out.shape, k * k)
+    assert torch.all((gates == 0) | (gates == 1)) and torch.all(gates.sum(-1) == 1)
+    # the winning window position, mapped back to a flat input index, is torch's index
+    ss = s or k
+    oh = torch.arange(out.shape[2]).view(-1, 1) * ss - p
+    ow = torch.arange(out.shape[3]).view(1, -1) * ss - p
+    j = gates.argmax(-1)
+    flat = (oh + j // k) * x.shape[3] + (ow + j % k)
+    assert torch.equal(flat, idx)
+    values, _ = windows(x, x, (k, k), (ss, ss), (p, p), ceil)
+    torch.testing.assert_close((gates * values).sum(-1), out)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_avg_gates_are_uniform_over_covered_positions(windows, case):
+    k, s, p, ceil = case
+    x = torch.randn(1, 2, 6, 7)
+    out, gates = GatedPool2d("avg", k, s, p, ceil, return_gates=True)(x)
+    ones = torch.ones(1, 1, 6, 7)
+    values, _ = windows(ones, ones, (k, k), (s or k,) * 2, (p, p), ceil)
+    covered = values[0, 0]  # 1 inside the input, 0 in the padding  (*out, K)
+    torch.testing.assert_close(gates[0, 0], covered / covered.sum(-1, keepdim=True))
+    values, _ = windows(x, x, (k, k), (s or k,) * 2, (p, p), ceil)
+    torch.testing.assert_close((gates * values).sum(-1), out)
+
+
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("case", [(2, None, 0, False), (3, 2, 1, True)])
+def test_gradcheck_every_gate(gate, case):
+    k, s, p, ceil = case
+    torch.manual_seed(0)
+    pool = GatedPool2d(gate, k, s, p, ceil, channels=2, temperature=1.0).double()
+    x = torch.randn(2, 2, 5, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(pool, (x,), fast_mode=True)  # random projections: quick, still exact
+    names = [name for name, _ in pool.named_parameters()]
+    if names:  # the gate's own weights too (log τ, score and value, mixing)
+
+        def f(*params):
+            return torch.func.functional_call(pool, dict(zip(names, params)), (x,))
+
+        params = tuple(q.detach().clone().requires_grad_() for q in pool.parameters())
+        assert torch.autograd.gradcheck(f, params, fast_mode=True)
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_gates_are_distributions_and_shape(gate):
+    torch.manual_seed(0)
+    pool = create_pool(gate, 3, 3, 2, padding=1, ceil_mode=True, return_gates=True, dim=1)
+    x = torch.randn(2, 3, 9)
+    out, gates = pool(x)
+    assert gates.shape == (*out.shape, 3)
+    if gate != "conv":  # conv's gates are its weights: not normalised, may be negative once trained
+        assert torch.all(gates >= 0)
+        torch.testing.assert_close(gates.sum(-1), torch.ones(out.shape))
+    assert torch.all(gates[:, :, 0, 0] == 0)  # the first window's first position is padding
+    out_u, gates_u = pool(x[0])  # unbatched
+    torch.testing.assert_close(out_u, out[0])
+    torch.testing.assert_close(gates_u, gates[0])
+
+
+def test_soft_gate_is_soft_pool():
+    x = torch.randn(2, 3, 6, 6)
+    pool = GatedPool2d("soft", 3, 2, 1, temperature=0.5)
+    torch.testing.assert_close(pool(x), soft_pool2d(x, 3, 2, 1, temperature=0.5))
+    assert pool.temperature == 0.5
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_learned_temperature_gets_a_gradient_and_moves(ref, k):
+    torch.manual_seed(0)
+    pool = GatedPool2d("soft-learned", k, channels=3, temperature=2.0)
+    assert pool.temperature.shape == (3,)
+    torch.testing.assert_close(pool.temperature, torch.full((3,), 2.0))
+    x = torch.randn(4, 3, 6, 6)
+    target = F.max_pool2d(x, k)  # a loss that wants a smaller τ
+    loss = (pool(x) - target).pow(2).mean()
+    loss.backward()
+    g = pool.log_temperature.grad
+    assert g is not None and torch.all(g > 0)  # larger τ → further from max → larger loss
+    # the gradient equals the reference's, through τ = exp(log τ)
+    log_tau = torch.full((3,), math.log(2.0), dtype=torch.float64, requires_grad=True)
+    want = ref(x.double(), (k, k), (k, k), (0, 0), False, log_tau.exp())[0]
+    (want - target.double()).pow(2).mean().backward()
+    torch.testing.assert_close(g.double(), log_tau.grad, rtol=1e-4, atol=1e-7)
+    before = pool.temperature.detach().clone()
+    torch.optim.SGD(pool.parameters(), lr=1.0).step()
+    assert torch.all(pool.temperature < before)
+
+
+@pytest.mark.parametrize("case", [(2, None, 0, False), (3, 2, 1, True)])
+def test_attention_gate_matches_explicit_computation(windows, case):
+    k, s, p, ceil = case
+    torch.manual_seed(0)
+    pool = GatedPool2d("attention", k, s, p, ceil, channels=4, return_gates=True, temperature=0.7)
+    with torch.no_grad():
+        pool.value.weight.normal_()  # not the identity, so values are really projected
+    x = torch.randn(2, 4, 6, 5, dtype=torch.float64)
+    w = pool.score.weight.double().reshape(4)  # (C,)
+    V = pool.value.weight.double().reshape(4, 4)  # (C_out, C_in)
+    scores = torch.einsum("nchw,c->nhw", x, w)[:, None] / 0.7  # s_j = x_j · w / τ
+    values = torch.einsum("nchw,dc->ndhw", x, V)  # v_j = V x_j
+    vw, _ = windows(values, values, (k, k), (s or k,) * 2, (p, p), ceil)
+    _, sw = windows(scores, scores, (k, k), (s or k,) * 2, (p, p), ceil)
+    g = torch.softmax(sw, -1)  # (N, 1, *out, K)
+    out, gates = pool.double()(x)
+    torch.testing.assert_close(out, (g * vw).sum(-1))
+    torch.testing.assert_close(gates, g.expand_as(gates))
+
+
+def test_attention_starts_as_soft_pool_of_a_random_score():
+    torch.manual_seed(0)
+    pool = GatedPool2d("attention", 2, channels=4)
+    torch.testing.assert_close(pool.value.weight.reshape(4, 4), torch.eye(4))
+    assert pool.score.weight.shape == (1, 4, 1, 1)
+
+
+@pytest.mark.parametrize("case", [(2, None, 0, False), (3, 2, 1, True)])
+def test_conv_gate_is_a_depthwise_conv(case):
+    k, s, p, ceil = case
+    torch.manual_seed(0)
+    pool = GatedPool2d("conv", k, s, p, ceil, channels=3, return_gates=True)
+    x = torch.randn(2, 3, 7, 7)
+    if p == 0:  # starts as average pooling
+        torch.testing.assert_close(pool(x)[0], F.avg_pool2d(x, k))
+    with torch.no_grad():
+        pool.mixing.normal_()
+    out, gates = pool(x)
+    want_size = F.max_pool2d(x, k, s, p, ceil_mode=ceil).shape[2:]
+    xp = F.pad(x, (p, p + k, p, p + k))  # enough zeros on the right for any ceil_mode window
+    want = F.conv2d(xp, pool.mixing, stride=s or k, groups=3)[:, :, : want_size[0], : want_size[1]]
+    torch.testing.assert_close(out, want)
+    assert torch.equal(gates[1, :, 1, 1], pool.mixing.reshape(3, k * k).detach())  # an interior window
+    assert gates.shape == (*out.shape, k * k)
+
+
+def _perturbed_pool(gate, case):
+    """A pool whose weights (if any) are moved off their init: V ≠ I, mixing ≠ 1/K, τ_c differ."""
+    k, s, p, ceil = case
+    pool = create_pool(gate, 4, k, s, padding=p, ceil_mode=ceil)
+    with torch.no_grad():
+        for q in pool.parameters():
+            q.add_(0.3 * torch.randn_like(q))
+    return pool
+
+
+def _value_and_grads(pool, x, grad_out=None):
+    """out, ∂L/∂x and ∂L/∂params for L = Σ out · grad_out (grad_out = 1 if None)."""
+    x = x.detach().clone().requires_grad_()
+    out = pool(x)
+    loss = out.sum() if grad_out is None else (out * grad_out).sum()
+    grads = torch.autograd.grad(loss, [x, *pool.parameters()])
+    return out, grads[0], grads[1:]
+
+
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("case", [(2, None, 0, False), (3, 2, 1, True)])  # tiling, and padded windows
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_every_gate_matches_float64(gate, case, dtype):
+    """fp16 / bf16 in: finite, and the fp64 layer (same weights, same rounded input) to the dtype's eps.
+
+    The layer computes in float32 and rounds once to the dtype, output and input gradient alike, so each
+    differs from float64 by ≤ eps/2 relative; we allow rtol = eps, plus atol = eps · max|want| / 100 for
+    the float32 rounding (~1e-7) of values that cancel to ~0. Parameters stay float32: their gradients
+    are float32 sums, held to the same bound.
+    """
+    torch.manual_seed(0)
+    pool = _perturbed_pool(gate, case)
+    ref = copy.deepcopy(pool).double()
+    xh = torch.randn(2, 4, 6, 6).to(dtype)
+    out, g_x, g_params = _value_and_grads(pool, xh)
+    want, g_x_want, g_params_want = _value_and_grads(ref, xh.double())
+    assert out.dtype == dtype and g_x.dtype == dtype
+    assert torch.isfinite(out).all() and torch.isfinite(g_x).all()
+    eps = torch.finfo(dtype).eps
+    for got, exp in [(out, want), (g_x, g_x_want), *zip(g_params, g_params_want)]:
+        torch.testing.assert_close(got.double(), exp, rtol=eps, atol=eps * exp.abs().max().item() / 100)
+
+
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("case", [(2, None, 0, False), (3, 2, 1, True)])
+def test_channels_last_every_gate(gate, case):
+    """channels_last in, channels_last out; values, input and parameter gradients equal NCHW's."""
+    torch.manual_seed(0)
+    pool = _perturbed_pool(gate, case)
+    x = torch.randn(2, 4, 6, 6)
+    grad_out = torch.randn_like(pool(x))
+    out, g_x, g_params = _value_and_grads(pool, x, grad_out)
+    xc = x.contiguous(memory_format=torch.channels_last)
+    out_c, g_x_c, g_params_c = _value_and_grads(pool, xc, grad_out)
+    assert out_c.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(out_c, out)
+    torch.testing.assert_close(g_x_c, g_x)
+    assert len(g_params) == len(g_params_c) == len(list(pool.parameters()))
+    for got, exp in zip(g_params_c, g_params):
+        torch.testing.assert_close(got, exp)
+
+
+@pytest.mark.parametrize("d", [1, 3])
+def test_other_dims(d, ref):
+    x = torch.randn(2, 3, *([6] * d), dtype=torch.float64)
+    pool = create_pool("soft", None, 3, 2, dim=d, padding=1, temperature=0.5).double()
+    torch.testing.assert_close(pool(x), ref(x, 3, 2, 1, False, 0.5)[0])
+    pool = create_pool("attention", 3, 2, dim=d).double()
+    assert pool(x).shape == (2, 3, *([3] * d))
+
+
+def test_state_dict_names():
+    assert set(create_pool("soft-learned", 4).state_dict()) == {"log_temperature"}
+    assert set(create_pool("attention", 4).state_dict()) == {"score.weight", "value.weight"}
+    assert set(create_pool("conv", 4).state_dict()) == {"mixing"}
+    assert create_pool("max", 4).state_dict() == {}
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_residual_cnn_accepts_every_gate(gate):
+    from gatepool.models import ResidualCNN
+
+    torch.manual_seed(0)
+    model = ResidualCNN(pool=gate, width=8, groups=2)
+    out = model(torch.randn(2, 1, 28, 28))
+    assert out.shape == (2, 10) and torch.isfinite(out).all()
+    assert model.pool1.gate == gate
