@@ -61,7 +61,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from gatepool.lab.harness import registry
+    from gatepool.lab.experiments import registry
 
     reg = registry()
     if args.json:

@@ -38,7 +38,7 @@ def _run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from gatepool.analysis.probe import measure, predict
+    from gatepool.analysis.probe import measure, predict, save_figures
     from gatepool.data import DataError
     from gatepool.models import create_model
 
@@ -83,7 +83,7 @@ def _run(args: argparse.Namespace) -> int:
 
         out = Path(args.out)
         atomic_write_text(out / "probe.json", report.to_json())
-        figures = report.save_figures(out)
+        figures = save_figures(report, out)
         if not args.json:
             print(f"wrote {out / 'probe.json'} and {len(figures)} figures", file=sys.stderr)
     if args.json:

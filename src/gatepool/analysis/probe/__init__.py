@@ -1,13 +1,14 @@
 """Signal-propagation probe: the lecture's ideal variance beside the measured one, module by module.
 
-    from gatepool.analysis.probe import measure, predict
+    from gatepool.analysis.probe import measure, predict, save_figures
     report = measure(model, images, backward="unit-noise")   # ideal (predict) set beside measured
-    print(report.table()); report.save_figures("out/")
+    print(report.table()); save_figures(report, "out/")
 
 ``theory`` holds the rules (pure functions), ``predict`` walks them through a model, ``measure``
 records forward moments and activation-gradient moments with hooks, ``report`` and ``figures`` show them.
 """
 
+from gatepool.analysis.probe.figures import save_figures
 from gatepool.analysis.probe.measure import measure
 from gatepool.analysis.probe.predict import INPUT, OUTPUT, Ideal, Prediction, predict
 from gatepool.analysis.probe.report import ParamRow, ProbeReport, Row, TensorStats
@@ -51,4 +52,5 @@ __all__ = [
     "relu_backward",
     "relu_moments",
     "residual_add",
+    "save_figures",
 ]

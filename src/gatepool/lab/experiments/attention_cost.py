@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from gatepool.lab.harness import Claim, Context, experiment
+from gatepool.lab.claims import Claim, Context, experiment
 
 LECTURE_GATES = {144: 2.1e4, 576: 3.3e5, 196: 3.8e4, 50176: 2.5e9}
 TWO_DIGITS = "the lecture prints two significant digits: ± half a unit in the second one"

@@ -44,8 +44,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.lab.common import pyplot
-from gatepool.lab.harness import Claim, Context, experiment
 from gatepool.train.sweep import run_tasks
 
 ROOT = "attention-reach"  # the folder (under the run's out) that holds every training of this file

@@ -21,8 +21,9 @@ import torch
 import torch.nn as nn
 
 from gatepool.analysis.probe import measure, padding_variance_map, relu_moments
-from gatepool.lab.common import mnist_batch, pyplot
-from gatepool.lab.harness import Claim, Context, experiment
+from gatepool.data import mnist_batch
+from gatepool.lab.claims import Claim, Context, experiment
+from gatepool.lab.common import pyplot
 
 SETUP = {"batch": 512, "channels": 32, "kernel": 3, "size": 14, "groups": 8, "input": "gaussian", "seed": 0}
 QUICK = {"batch": 128}

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn as nn
 
-from gatepool.lab.harness import Claim, Context, experiment
+from gatepool.lab.claims import Claim, Context, experiment
 
 RTOL = 1e-5  # float32 rounding, relative to the output's scale
 ROUNDING = "float32 rounding: rtol 1e-5 of the output's largest magnitude (as symmetry.default_tolerance)"
