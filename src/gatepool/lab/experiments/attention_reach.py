@@ -341,7 +341,7 @@ def attention_maps(ctx: Context) -> None:
     x, index = first_test_digit(ctx["digit"])
     with torch.no_grad():
         tokens = model.tokens(x)  # (1, 144, 32)
-        gates = model.mix(tokens, return_gates=True)[1][0]  # (144, 144): row i = query token i's gate
+        gates = model.mix(tokens, return_weights=True)[1][0]  # (144, 144): row i = query token i's gate
         logits = model.head(model.mix(tokens))  # (1, 10)
         torch.manual_seed(ctx["seed"])
         untrained = type(model)(d=ctx["d"]).eval()
