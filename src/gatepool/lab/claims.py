@@ -228,7 +228,7 @@ class Context:
 
     def figure(self, fig: Any, filename: str) -> Path:
         """Save a matplotlib figure as ``<out>/<filename>`` (PNG) and list it in the record."""
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # lazy: only experiments that draw need matplotlib
 
         path = self.out / filename
         tmp = path.with_name(f".{path.name}.tmp.png")
