@@ -250,6 +250,16 @@ def load_dataset(
     return _load(name, split, *paths, stamp)
 
 
+
+def mnist_batch(n: int = 512, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``n`` MNIST digits of ``split``, normalized: ((n, 1, 28, 28) float32, (n,) int64)."""
+    if n < 1:
+        raise ValueError(f"n must be ≥ 1, got {n}")
+    ds = load_dataset("mnist", split)
+    if n > len(ds):
+        raise ValueError(f"n={n} is more than the {len(ds)} {split} digits")
+    return ds.normalized()[:n], ds.labels[:n]
+
 @functools.lru_cache(maxsize=4)
 def _load(name: str, split: str, img_file: Path, label_file: Path, _stamp: tuple) -> Dataset:
     spec = DATASETS[name]

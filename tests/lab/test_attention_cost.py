@@ -4,8 +4,8 @@ import math
 
 import torch
 
-from gatepool.lab.experiments import run_experiment
 from gatepool.lab.experiments.attention_cost import materialized_gate
+from gatepool.lab.harness import run_experiment
 
 
 def claims(rec):

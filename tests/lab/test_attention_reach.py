@@ -11,7 +11,6 @@ import math
 import pytest
 import torch
 
-from gatepool.lab.experiments import run_experiment
 from gatepool.lab.experiments.attention_reach import (
     LR_GRID,
     LR_KEY,
@@ -22,6 +21,7 @@ from gatepool.lab.experiments.attention_reach import (
     shuffle_pixels,
     train_config,
 )
+from gatepool.lab.harness import run_experiment
 
 TINY = {"train_size": "256", "test_size": "200", "epochs": "1"}
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from gatepool.lab.experiments import run_experiment
 from gatepool.lab.experiments.flashcards import normalize_over
+from gatepool.lab.harness import run_experiment
 
 MUST_HOLD = [
     "var-qk", "encoder-equivariant", "positions-break-equivariance", "causal-future-independent",

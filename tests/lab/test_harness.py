@@ -5,8 +5,9 @@ import json
 import pytest
 
 from gatepool.cli import main
-from gatepool.lab import harness
-from gatepool.lab.harness import Claim, experiment, parse_sets, run_experiment, verdict
+from gatepool.lab import claims
+from gatepool.lab.claims import Claim, experiment, parse_value, verdict
+from gatepool.lab.harness import parse_sets, run_experiment
 from gatepool.lab.reproduce import reproduce
 
 CALLS: list[dict] = []
@@ -15,8 +16,7 @@ CALLS: list[dict] = []
 @pytest.fixture
 def toy(monkeypatch):
     """Two toy experiments in a private registry: 'toy-sum' measures, 'toy-broken' raises."""
-    monkeypatch.setattr(harness, "_REGISTRY", {})
-    monkeypatch.setattr(harness, "registry", lambda: dict(harness._REGISTRY))
+    monkeypatch.setattr(claims, "_REGISTRY", {})  # the experiment files are imported already: not re-declared
     CALLS.clear()
 
     @experiment(
@@ -84,7 +84,7 @@ def test_bad_set_names_the_setting(toy, tmp_path):
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_sets(["n"])
     assert parse_sets(["d=1,2", "tokens=3"]) == {"d": "1,2", "tokens": "3"}
-    assert harness.parse_value("1,4,16", [1], "d") == [1, 4, 16]
+    assert parse_value("1,4,16", [1], "d") == [1, 4, 16]
 
 
 def test_reproduce_resumes_and_reports_not_run(toy, tmp_path):

@@ -3,7 +3,7 @@
 import json
 
 from gatepool.cli import main
-from gatepool.lab.experiments import run_experiment
+from gatepool.lab.harness import run_experiment
 
 TINY = {"steps": "6", "eval_every": "3", "eval_size": "8", "batch_size": "8", "length": "4", "dim": "16",
         "depth": "1", "warmup": "2"}

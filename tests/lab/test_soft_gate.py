@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from gatepool.lab.experiments import run_experiment
+from gatepool.lab.harness import run_experiment
 
 
 def softmax(v, tau=1.0):

@@ -2,7 +2,7 @@
 
 import math
 
-from gatepool.lab.experiments import run_experiment
+from gatepool.lab.harness import run_experiment
 
 
 def test_sqrt_d_quick_reaches_its_verdicts(tmp_path):

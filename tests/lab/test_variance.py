@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from gatepool.lab.experiments import run_experiment
+from gatepool.lab.harness import run_experiment
 
 
 def run(name, tmp_path, **overrides):

@@ -1,8 +1,8 @@
 """MultiHeadAttention against nn.MultiheadAttention (batch_first) with copied weights, and its properties.
 
-Mask conventions differ: our ``attn_mask`` is True = attend (as F.scaled_dot_product_attention), torch's
-nn.MultiheadAttention takes True = masked out, so the reference gets ``~mask``; ``key_padding_mask`` is
-True = padding in both.
+Mask conventions differ: every bool mask of ours is True = takes part (``attn_mask`` as
+F.scaled_dot_product_attention, ``key_mask`` True = a real key); torch's nn.MultiheadAttention takes True =
+masked out in both ``attn_mask`` and ``key_padding_mask``, so the reference gets the negation.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_matches_torch_multihead_attention(masks, context_dim):
     m = N if c is None else M
     kw_ours, kw_ref = {}, {}
     if masks in ("key_padding", "both"):
-        kw_ours["key_padding_mask"] = kw_ref["key_padding_mask"] = padding(m)
+        kw_ours["key_mask"], kw_ref["key_padding_mask"] = ~padding(m), padding(m)
     if masks in ("attn_mask", "both"):
         mask = allowed(N, m)
         kw_ours["attn_mask"], kw_ref["attn_mask"] = mask, ~mask
@@ -127,19 +127,23 @@ def test_causal_property():
         assert (out2[:, j:] - out[:, j:]).abs().amax() > 1e-6
 
 
-def test_key_padding_ignores_padded_keys_and_fully_padded_sample_is_finite():
+def test_key_mask_ignores_padded_keys_and_fully_padded_sample_is_finite():
     torch.manual_seed(0)
     attn = MultiHeadAttention(D, H, context_dim=7).double()
     x, c = inputs(context_dim=7)
     kpm = padding()
-    out = attn(x, context=c, key_padding_mask=kpm)
+    out = attn(x, context=c, key_mask=~kpm)  # True = a real key
     c2 = c.detach().clone()
     c2[kpm] = 100 * torch.randn(int(kpm.sum()), 7, dtype=torch.float64)  # change only the padded keys
-    torch.testing.assert_close(attn(x, context=c2, key_padding_mask=kpm), out)
+    torch.testing.assert_close(attn(x, context=c2, key_mask=~kpm), out)
+    # the same as dropping those keys: sample 1 without its key 1
+    torch.testing.assert_close(attn(x[1:], context=c[1:, [0, 2, 3, 4, 5]]), out[1:])
+    all_real = torch.ones(B, M, dtype=torch.bool)
+    torch.testing.assert_close(attn(x, context=c, key_mask=all_real), attn(x, context=c))
 
     every = torch.zeros(B, M, dtype=torch.bool)
-    every[1] = True  # sample 1: every key is padding
-    out, w = attn(x, context=c, key_padding_mask=every, return_weights=True)
+    every[0] = True  # sample 1: no real key
+    out, w = attn(x, context=c, key_mask=every, return_weights=True)
     assert torch.isfinite(out).all() and torch.isfinite(w).all()
     assert (w[1] == 0).all()
     # no key, zero attention: only the output projection's bias is left
@@ -178,10 +182,12 @@ def test_errors_name_the_argument():
         attn(torch.randn(2, 4, 9))
     with pytest.raises(ValueError, match="context"):
         attn(torch.randn(2, 4, 8), context=torch.randn(3, 5, 8))
-    with pytest.raises(ValueError, match="key_padding_mask"):
-        attn(torch.randn(2, 4, 8), key_padding_mask=torch.zeros(2, 5, dtype=torch.bool))
-    with pytest.raises(ValueError, match="key_padding_mask"):
-        attn(torch.randn(2, 4, 8), key_padding_mask=torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="key_mask"):
+        attn(torch.randn(2, 4, 8), key_mask=torch.zeros(2, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="key_mask.*True = a real key"):
+        attn(torch.randn(2, 4, 8), key_mask=torch.zeros(2, 4))
+    with pytest.raises(TypeError, match="key_mask"):
+        attn(torch.randn(2, 4, 8), key_mask=[[True] * 4] * 2)
     with pytest.raises(ValueError, match="attn_mask"):
         attn(torch.randn(2, 4, 8), attn_mask=torch.ones(4, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match="attn_mask"):

@@ -48,7 +48,7 @@ def test_encoder_block_matches_torch(prenorm):
     x = torch.randn(B, T, D, dtype=torch.float64, requires_grad=True)
     kpm = torch.zeros(B, T, dtype=torch.bool)
     kpm[1, -1] = True
-    out = ours(x, key_padding_mask=kpm)
+    out = ours(x, key_mask=~kpm)  # ours: True = a real token; torch's: True = padding
     want = ref(x, src_key_padding_mask=kpm)
     torch.testing.assert_close(out, want)
     g = torch.randn(out.shape, dtype=out.dtype)
@@ -74,7 +74,7 @@ def test_decoder_block_matches_torch(prenorm):
     mem = torch.randn(B, S, D, dtype=torch.float64, requires_grad=True)
     mem_pad = torch.zeros(B, S, dtype=torch.bool)
     mem_pad[0, 0] = True
-    out = ours(x, mem, context_padding_mask=mem_pad)
+    out = ours(x, mem, context_mask=~mem_pad)
     causal = nn.Transformer.generate_square_subsequent_mask(T, dtype=torch.float64)
     want = ref(x, mem, tgt_mask=causal, tgt_is_causal=True, memory_key_padding_mask=mem_pad)
     torch.testing.assert_close(out, want)

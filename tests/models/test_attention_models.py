@@ -1,4 +1,4 @@
-"""ConvAttentionNet, ViT and AttentionPool: shapes, and each step against a computation written out here."""
+"""ConvAttentionNet, ViT and AttentionPoolLatent: shapes, and each step against a computation written out."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import gatepool
 from gatepool.analysis.symmetry import PermuteTokens, assert_equivariant, assert_invariant
-from gatepool.layers.attention_pool import AttentionPool
+from gatepool.layers.attention_pool import AttentionPoolLatent
 from gatepool.models.conv_attention import ConvAttentionNet
 from gatepool.models.vit import ViT
 
@@ -21,7 +21,7 @@ def test_conv_attention_shapes_tokens_and_gates():
     torch.manual_seed(0)
     net = ConvAttentionNet(attention=True, d=16).eval()
     x = digits()
-    logits, g = net(x, return_gates=True)
+    logits, g = net(x, return_weights=True)
     assert logits.shape == (3, 10) and g.shape == (3, 144, 144) and net.grid == (12, 12)
     torch.testing.assert_close(g.sum(-1), torch.ones(3, 144))
 
@@ -49,8 +49,8 @@ def test_conv_stem_without_attention_and_residual_option():
     x = digits()
     assert stem(x).shape == (3, 10)
     torch.testing.assert_close(stem(x), stem.head.fc(stem.tokens(x).mean(1)))
-    with pytest.raises(ValueError, match="attention"):
-        stem(x, return_gates=True)
+    with pytest.raises(ValueError, match="return_weights=True needs attention=True"):
+        stem(x, return_weights=True)
     res = ConvAttentionNet(residual=True)
     t = res.tokens(x)
     torch.testing.assert_close(res.mix(t), t + res.attention(t))
@@ -65,7 +65,7 @@ def test_conv_attention_layer_is_shuffle_equivariant_and_prediction_invariant():
     assert_invariant(lambda t: net.head(net.mix(t)), tokens, shuffle)
 
 
-@pytest.mark.parametrize("pool", ["cls", "avg", "attention"])
+@pytest.mark.parametrize("pool", ["cls", "avg", "latent"])
 @pytest.mark.parametrize("pos", ["learned", "learned-2d", "sinusoidal", "none"])
 def test_vit_shapes(pool, pos):
     vit = ViT(image_size=28, patch_size=7, in_channels=1, dim=32, depth=2, num_heads=4, num_classes=10,
@@ -100,6 +100,8 @@ def test_vit_mnist_defaults_and_errors():
         ViT(image_size=28, patch_size=5, in_channels=1, dim=8, depth=1, num_heads=1, num_classes=10)
     with pytest.raises(ValueError, match="pool"):
         gatepool.create_model("vit_mnist", pool="max")
+    with pytest.raises(ValueError, match="pool must be one of .*'latent'"):
+        gatepool.create_model("vit_mnist", pool="attention")  # the old name of the latent query
     with pytest.raises(ValueError, match="x must be images"):
         vit(torch.rand(2, 1, 32, 32))
     with pytest.raises(ValueError, match="num_heads"):
@@ -108,7 +110,7 @@ def test_vit_mnist_defaults_and_errors():
 
 def test_attention_pool_zero_query_is_average_pool_and_follows_its_gate():
     torch.manual_seed(0)
-    pool = AttentionPool(8, num_queries=1, num_heads=2)
+    pool = AttentionPoolLatent(8, num_queries=1, num_heads=2)
     x = torch.randn(3, 5, 8)
     a = pool.attn
     with torch.no_grad():
@@ -127,8 +129,29 @@ def test_attention_pool_zero_query_is_average_pool_and_follows_its_gate():
     torch.testing.assert_close(w, g)
     feat = torch.randn(3, 8, 2, 3)  # a CNN feature map: 6 positions
     assert pool(feat).shape == (3, 8)
-    assert AttentionPool(8, num_queries=4)(x).shape == (3, 4, 8)
+    assert AttentionPoolLatent(8, num_queries=4)(x).shape == (3, 4, 8)
     assert_invariant(pool, x, PermuteTokens(dim=1, seed=2))
+
+
+def test_attention_pool_latent_key_mask_drops_tokens():
+    torch.manual_seed(0)
+    pool = AttentionPoolLatent(8, num_queries=2, num_heads=2)
+    x = torch.randn(3, 5, 8)
+    real = torch.ones(3, 5, dtype=torch.bool)
+    real[1, 3:] = False  # sample 1 has three real tokens, then two of padding
+    out, w = pool(x, key_mask=real, return_weights=True)
+    torch.testing.assert_close(out[1], pool(x[1:2, :3])[0])  # the same as the three tokens alone
+    torch.testing.assert_close(out[[0, 2]], pool(x[[0, 2]]))
+    assert (w[1, ..., 3:] == 0).all()
+
+
+def test_vit_latent_pool_is_the_latent_query_over_the_tokens():
+    torch.manual_seed(0)
+    vit = ViT(image_size=28, patch_size=7, in_channels=1, dim=16, depth=1, num_heads=2, num_classes=10,
+              pool="latent").eval()  # fmt: skip
+    assert isinstance(vit.pool, AttentionPoolLatent) and vit.cls_token is None
+    x = digits(2)
+    torch.testing.assert_close(vit(x), vit.head(vit.pool(vit.forward_features(x))))
 
 
 def test_registry_names():

@@ -86,7 +86,7 @@ def plot_attention_map(
 
     Returns :func:`top_k_share`'s dict plus ``query`` and the top tokens as (row, col).
     """
-    import matplotlib
+    import matplotlib  # lazy: a second to import, and only a call that draws needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -141,7 +141,7 @@ def plot_attention_cost(
     ``entries``: (label, tokens) pairs, e.g. ``[("12×12 grid", 144), ("224² pixels", 50176)]``.
     Returns the :func:`attention_cost` dict of each entry (with its label).
     """
-    import matplotlib
+    import matplotlib  # lazy: a second to import, and only a call that draws needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 
 BENCHES = {
     "train": "our trainer vs a pytorch/examples-style loop, and achieved FLOP/s",
@@ -31,9 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     """Each bench module has ``run(quick) -> record`` and ``table(record) -> str``."""
-    import json
-
-    import torch
+    import torch  # lazy: `gatepool --help` must not import torch
 
     from gatepool.utils.io import atomic_write_json
 

@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from gatepool.data import info, search_roots
+    from gatepool.data import info, search_roots  # lazy: `gatepool --help` must not import torch
 
     rows = info(args.data_dir)
     if args.json:
@@ -34,7 +34,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from gatepool.data import DataError, fetch
+    from gatepool.data import DataError, fetch  # lazy: `gatepool --help` must not import torch
 
     try:
         folder = fetch(args.name, args.dest)

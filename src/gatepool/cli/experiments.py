@@ -61,7 +61,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from gatepool.lab.harness import registry
+    from gatepool.lab.experiments import registry  # lazy: `gatepool --help` must not import torch
 
     reg = registry()
     if args.json:
@@ -109,6 +109,7 @@ def _extra_to_sets(extra: list[str]) -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # lazy: `gatepool --help` must not import torch
     from gatepool.lab.harness import parse_sets, run_experiment
     from gatepool.lab.report import table
     from gatepool.train.sweep import default_jobs
@@ -138,7 +139,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from gatepool.lab.report import summary
+    from gatepool.lab.report import summary  # lazy: `gatepool --help` must not import torch
     from gatepool.lab.reproduce import reproduce
     from gatepool.train.sweep import default_jobs
 

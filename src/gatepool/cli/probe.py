@@ -11,6 +11,8 @@ and the figures (``DIR/*.png``).
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,11 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import sys
+    import torch  # lazy: `gatepool --help` must not import torch
 
-    import torch
-
-    from gatepool.analysis.probe import measure, predict
+    from gatepool.analysis.probe import measure, predict, save_figures
     from gatepool.data import DataError
     from gatepool.models import create_model
 
@@ -77,13 +77,11 @@ def _run(args: argparse.Namespace) -> int:
         "input_shape": list(shape),
     }
     if args.out:
-        from pathlib import Path
-
-        from gatepool.utils.io import atomic_write_text
+        from gatepool.utils.io import atomic_write_text  # lazy: imports torch
 
         out = Path(args.out)
         atomic_write_text(out / "probe.json", report.to_json())
-        figures = report.save_figures(out)
+        figures = save_figures(report, out)
         if not args.json:
             print(f"wrote {out / 'probe.json'} and {len(figures)} figures", file=sys.stderr)
     if args.json:
@@ -95,7 +93,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _load_inputs(data: str, batch: int, seed: int):
     """(B, 1, 28, 28) float inputs and (B,) labels: ``batch`` training digits chosen by ``seed``."""
-    import torch
+    import torch  # lazy: `gatepool --help` must not import torch
 
     if data == "noise":
         g = torch.Generator().manual_seed(seed)

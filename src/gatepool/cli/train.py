@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def _size(text: str) -> int | str:
@@ -81,9 +82,7 @@ _FIELDS = [
 
 
 def _run(args: argparse.Namespace) -> int:
-    import sys
-
-    from gatepool.data import DataError
+    from gatepool.data import DataError  # lazy: `gatepool --help` must not import torch
     from gatepool.train import TrainConfig, train
 
     model_kwargs = {}

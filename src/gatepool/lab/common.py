@@ -1,25 +1,11 @@
-"""Small helpers the experiment files share: the lecture's digits, and pyplot without a display."""
+"""pyplot without a display, for the experiment files."""
 
 from __future__ import annotations
-
-import torch
-
-
-def mnist_batch(n: int = 512, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``n`` MNIST digits, normalized: ((n, 1, 28, 28) float32, (n,) int64)."""
-    from gatepool.data import load_dataset
-
-    if n < 1:
-        raise ValueError(f"batch must be ≥ 1, got {n}")
-    ds = load_dataset("mnist", split)
-    if n > len(ds):
-        raise ValueError(f"batch={n} is more than the {len(ds)} {split} digits")
-    return ds.normalized()[:n], ds.labels[:n]
 
 
 def pyplot():
     """matplotlib.pyplot on the Agg backend (files only, no display needed)."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib costs a second to import, and only runs that draw need it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

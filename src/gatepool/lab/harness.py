@@ -1,146 +1,23 @@
-"""The experiment harness: claims, setups, profiles, and one run of one experiment.
+"""The experiment harness: one run of one experiment, and its result on disk.
 
-An experiment is a function ``fn(ctx: Context) -> None`` registered with :func:`experiment`. It declares
-its claims up front (:class:`Claim`: id, one-line statement, the lecture's value, a tolerance and why that
-tolerance), measures, and reports each measurement with ``ctx.check(id, measured, theory=...)``:
-
-* while ``--set`` has changed no setup value the claim ``depends`` on, the measurement is compared with
-  the lecture's value (the quick profile's smaller setup too, with its widened, stated tolerances);
-* once ``--set`` changes one of them, the lecture's value no longer applies: ``lecture`` is left empty and
-  the measurement is compared with ``theory`` (the probe's prediction for the changed setup). A claim with
-  no theory for that setup gets the verdict ``not run``, never a guess.
-
+An experiment declares its claims and setups with ``gatepool.lab.claims`` (see there for how claims are
+checked); ``gatepool.lab.experiments`` imports every experiment file and lists them (``registry()``).
 A run writes ``<out>/<name>/result.json`` (atomically, last) beside its figures; a finished result whose
 profile and setup match is what makes ``gatepool reproduce`` skip an experiment when resuming.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from gatepool.lab.claims import Context, Experiment, jsonable, plain
+from gatepool.lab.experiments import registry
+from gatepool.utils.environment import machine
 from gatepool.utils.io import atomic_write_json, read_json
-
-PROFILES = ("quick", "full")
-VERDICTS = ("ok", "off", "not run")
-
-
-@dataclass(frozen=True)
-class Claim:
-    """One claim of the lecture.
-
-    ``kind`` says how ``measured`` is compared with the expected value ``e``:
-    ``"abs"``: |m − e| ≤ tol; ``"rel"``: |m − e| ≤ tol·|e|; ``"min"``: m ≥ e − tol; ``"max"``: m ≤ e + tol;
-    ``"equal"``: m == e (booleans, strings, counts).
-    ``quick_tolerance`` widens the tolerance for the quick profile (smaller samples, shorter training);
-    ``why`` says where the tolerance comes from. ``depends`` names the setup keys the lecture's value
-    assumes.
-    """
-
-    id: str
-    statement: str
-    lecture: Any = None
-    tolerance: float = 0.0
-    why: str = ""
-    kind: str = "abs"
-    quick_tolerance: float | None = None
-    depends: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("abs", "rel", "min", "max", "equal"):
-            raise ValueError(f"Claim {self.id}: kind={self.kind!r} must be abs, rel, min, max or equal")
-
-
-def verdict(kind: str, measured: Any, expected: Any, tol: float) -> str:
-    """'ok' or 'off' for one comparison; 'not run' when there is nothing to compare."""
-    if measured is None or expected is None:
-        return "not run"
-    if kind == "equal":
-        return "ok" if measured == expected else "off"
-    m, e = float(measured), float(expected)
-    if math.isnan(m):
-        return "off"
-    ok = {
-        "abs": abs(m - e) <= tol,
-        "rel": abs(m - e) <= tol * abs(e),
-        "min": m >= e - tol,
-        "max": m <= e + tol,
-    }[kind]
-    return "ok" if ok else "off"
-
-
-@dataclass
-class Experiment:
-    name: str
-    fn: Callable[[Context], None]
-    title: str
-    order: float
-    setup: dict[str, Any]  # the lecture's setup (the full profile)
-    quick: dict[str, Any]  # what the quick profile changes
-    claims: Callable[[dict[str, Any]], list[Claim]]  # the claims for a setup
-    module: str = ""
-
-    def resolve_setup(
-        self, profile: str, overrides: dict[str, str] | None = None, seed: int | None = None
-    ) -> dict[str, Any]:
-        """The setup used: the lecture's, then the profile's changes, then ``--set``, then ``--seed``."""
-        if profile not in PROFILES:
-            raise ValueError(f"profile={profile!r} must be one of {PROFILES}")
-        setup = dict(self.setup)
-        if profile == "quick":
-            setup.update(self.quick)
-        for key, text in (overrides or {}).items():
-            if key not in setup:
-                raise ValueError(
-                    f"--set {key}=...: {self.name} has no setting {key!r}; it has {', '.join(sorted(setup))}"
-                )
-            setup[key] = parse_value(text, self.setup[key], key)
-        if seed is not None:
-            if "seed" not in setup:
-                raise ValueError(f"--seed: {self.name} takes no seed")
-            setup["seed"] = int(seed)
-        return setup
-
-
-_REGISTRY: dict[str, Experiment] = {}
-
-
-def experiment(
-    name: str,
-    *,
-    title: str,
-    order: float,
-    setup: dict[str, Any],
-    quick: dict[str, Any] | None = None,
-    claims: Sequence[Claim] | Callable[[dict[str, Any]], list[Claim]] = (),
-) -> Callable[[Callable[[Context], None]], Callable[[Context], None]]:
-    """Register ``fn(ctx)`` as experiment ``name`` (``order`` = its place in the lecture)."""
-    quick = dict(quick or {})
-    unknown = set(quick) - set(setup)
-    if unknown:
-        raise ValueError(f"experiment {name}: quick profile changes unknown settings {sorted(unknown)}")
-    claim_fn = claims if callable(claims) else (lambda _setup, _c=list(claims): list(_c))
-
-    def deco(fn: Callable[[Context], None]) -> Callable[[Context], None]:
-        if name in _REGISTRY and _REGISTRY[name].fn.__qualname__ != fn.__qualname__:
-            raise ValueError(f"experiment {name!r} is registered twice")
-        _REGISTRY[name] = Experiment(name, fn, title, order, dict(setup), quick, claim_fn, fn.__module__)
-        return fn
-
-    return deco
-
-
-def registry() -> dict[str, Experiment]:
-    """Every experiment, in the lecture's order."""
-    import gatepool.lab.experiments  # noqa: F401  (imports every experiment file)
-
-    return dict(sorted(_REGISTRY.items(), key=lambda kv: (kv[1].order, kv[0])))
 
 
 def get(name: str) -> Experiment:
@@ -149,34 +26,6 @@ def get(name: str) -> Experiment:
         raise ValueError(f"experiment {name!r} is unknown; `gatepool list` shows {', '.join(reg)}")
     return reg[name]
 
-
-def parse_value(text: str, default: Any, key: str) -> Any:
-    """Parse ``--set key=text`` to the type of the setting's default (lists: comma-separated)."""
-    try:
-        if isinstance(default, bool):
-            if text.lower() in ("1", "true", "yes", "on"):
-                return True
-            if text.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(text)
-        if isinstance(default, (list, tuple)):
-            elem = default[0] if default else ""
-            return [parse_value(t.strip(), elem, key) for t in text.split(",") if t.strip()]
-        if isinstance(default, int):
-            return int(text)
-        if isinstance(default, float):
-            return float(text)
-        if default is None:
-            for cast in (int, float):
-                try:
-                    return cast(text)
-                except ValueError:
-                    pass
-            return None if text.lower() == "none" else text
-        return text
-    except ValueError:
-        kind = "a list" if isinstance(default, (list, tuple)) else type(default).__name__
-        raise ValueError(f"--set {key}={text}: expected {kind} like the default {default!r}") from None
 
 
 def parse_sets(items: Iterable[str]) -> dict[str, str]:
@@ -190,131 +39,8 @@ def parse_sets(items: Iterable[str]) -> dict[str, str]:
     return out
 
 
-@dataclass
-class Context:
-    """What an experiment sees: its setup, profile, folder, and the means to report claims and figures."""
-
-    experiment: Experiment
-    profile: str
-    setup: dict[str, Any]
-    out: Path
-    jobs: int = 1
-    progress: bool = True
-    claims: dict[str, dict[str, Any]] = field(default_factory=dict)
-    figures: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
-        self._specs = {c.id: c for c in self.experiment.claims(self.setup)}
-        self._base = self.experiment.resolve_setup(self.profile)  # the profile's setup, before --set
-
-    def __getitem__(self, key: str) -> Any:
-        return self.setup[key]
-
-    @property
-    def quick(self) -> bool:
-        return self.profile == "quick"
-
-    def is_lecture(self, *keys: str) -> bool:
-        """True while ``--set`` has changed none of the named settings.
-
-        The quick profile's smaller setup still answers to the lecture's values, with the widened
-        tolerances it states (``Claim.quick_tolerance``).
-        """
-        return all(self.setup[k] == self._base[k] for k in keys)
-
-    def check(self, claim_id: str, measured: Any, *, theory: Any = None, note: str = "") -> str:
-        """Record the measurement for a declared claim and return its verdict."""
-        if claim_id not in self._specs:
-            raise KeyError(f"{self.experiment.name}: claim {claim_id!r} is not declared")
-        spec = self._specs[claim_id]
-        tol = spec.quick_tolerance if (self.quick and spec.quick_tolerance is not None) else spec.tolerance
-        on_lecture = self.is_lecture(*spec.depends) and spec.lecture is not None
-        expected = spec.lecture if on_lecture else theory
-        measured = plain(measured)
-        record = {
-            "id": claim_id,
-            "statement": spec.statement,
-            "lecture": plain(spec.lecture) if on_lecture else None,
-            "measured": measured,
-            "expected": plain(expected),
-            "basis": "lecture" if on_lecture else ("theory" if theory is not None else None),
-            "tolerance": tol,
-            "kind": spec.kind,
-            "why": spec.why,
-            "verdict": verdict(spec.kind, measured, expected, tol),
-        }
-        if note:
-            record["note"] = note
-        self.claims[claim_id] = record
-        return record["verdict"]
-
-    def figure(self, fig: Any, filename: str) -> Path:
-        """Save a matplotlib figure as ``<out>/<filename>`` (PNG) and list it in the record."""
-        import matplotlib.pyplot as plt
-
-        path = self.out / filename
-        tmp = path.with_name(f".{path.name}.tmp.png")
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        tmp.replace(path)
-        self.figures.append(str(path))
-        return path
-
-    def note(self, text: str) -> None:
-        """A line for the report (printed too, unless quiet)."""
-        self.notes.append(text)
-        if self.progress:
-            print(f"  {self.experiment.name}: {text}", flush=True)
-
-    def claim_records(self) -> list[dict[str, Any]]:
-        """Every declared claim, in declaration order; those never checked are 'not run'."""
-        rows = []
-        for cid, spec in self._specs.items():
-            rows.append(self.claims.get(cid) or not_run_record(spec, self.is_lecture(*spec.depends)))
-        rows += [r for cid, r in self.claims.items() if cid not in self._specs]
-        return rows
-
-
-def not_run_record(spec: Claim, on_lecture: bool = True) -> dict[str, Any]:
-    return {
-        "id": spec.id,
-        "statement": spec.statement,
-        "lecture": plain(spec.lecture) if on_lecture else None,
-        "measured": None,
-        "expected": None,
-        "basis": None,
-        "tolerance": spec.tolerance,
-        "kind": spec.kind,
-        "why": spec.why,
-        "verdict": "not run",
-    }
-
-
-def plain(x: Any) -> Any:
-    """Tensors and numpy values to plain Python, floats rounded to 6 significant digits."""
-    if hasattr(x, "tolist"):
-        x = x.tolist()
-    if isinstance(x, float):
-        return float(f"{x:.6g}")
-    if isinstance(x, (list, tuple)):
-        return [plain(v) for v in x]
-    if isinstance(x, dict):
-        return {k: plain(v) for k, v in x.items()}
-    return x
-
-
-def jsonable(x: Any) -> Any:
-    """``x`` exactly as it reads back from a JSON file (tuples become lists, floats rounded)."""
-    return json.loads(json.dumps(plain(x)))
-
-
 def environment() -> dict[str, Any]:
     """Machine, Python and torch: beside every number we publish."""
-    from gatepool.utils.environment import machine
-
     return machine()
 
 

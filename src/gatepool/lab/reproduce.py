@@ -11,14 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gatepool.lab.harness import (
-    environment,
-    jsonable,
-    load_result,
-    not_run_record,
-    registry,
-    run_experiment,
-)
+from gatepool.lab.claims import jsonable, not_run_record
+from gatepool.lab.experiments import registry
+from gatepool.lab.harness import environment, load_result, run_experiment
 from gatepool.lab.report import summary, table, write_report
 
 

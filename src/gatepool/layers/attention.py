@@ -8,10 +8,14 @@ of a window, and divide by √d so that the scores keep unit variance (for unit-
     G = softmax(Q Kᵀ / √d)          (N, M)   one gate row per query, summing to 1
     P = G V                          (N, Dv)  each output is a gated average of the values
 
-Masks follow ``torch.nn.functional.scaled_dot_product_attention``:
+Masks follow ``torch.nn.functional.scaled_dot_product_attention``, and every bool mask here has one
+polarity, **True = takes part**:
 
 * a bool ``attn_mask`` says which (query, key) pairs take part (True = attend);
 * a float ``attn_mask`` is added to the scores (``-inf`` removes a pair);
+* ``key_mask`` (``MultiHeadAttention``) says which keys take part (True = a real key). It is *not*
+  ``nn.MultiheadAttention``'s ``key_padding_mask``, whose True means "padding, ignore": pass
+  ``key_mask=~key_padding_mask``;
 * ``is_causal=True`` keeps key j for query i only when ``j <= i`` (top-left aligned); unlike some torch
   versions it may be combined with ``attn_mask`` (both must allow a pair).
 
@@ -228,7 +232,7 @@ class MultiHeadAttention(nn.Module):
         x: torch.Tensor,
         context: torch.Tensor | None = None,
         attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
         is_causal: bool = False,
         return_weights: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -236,8 +240,8 @@ class MultiHeadAttention(nn.Module):
 
         Args:
             attn_mask: (N, M), (B, N, M) or (B, H, N, M); bool True = attend, float = added to scores.
-            key_padding_mask: (B, M) bool, **True = padding** (that key is ignored), as in
-                ``nn.MultiheadAttention``.
+            key_mask: (B, M) bool, **True = a real key** that takes part, False = padding (ignored);
+                the opposite of ``nn.MultiheadAttention``'s ``key_padding_mask``.
             is_causal: query i sees keys j <= i only.
             return_weights: also return the gates (B, H, N, M).
 
@@ -261,13 +265,15 @@ class MultiHeadAttention(nn.Module):
             if mask.ndim == 3:
                 mask = mask.unsqueeze(1)  # (B, 1, N, M): the same mask for every head
             _check_mask(mask, (b, self.num_heads, n, m))
-        if key_padding_mask is not None:
-            if key_padding_mask.dtype != torch.bool or tuple(key_padding_mask.shape) != (b, m):
+        if key_mask is not None:
+            if not isinstance(key_mask, torch.Tensor):
+                raise TypeError(f"key_mask must be a torch.Tensor or None, got {type(key_mask).__name__}")
+            if key_mask.dtype != torch.bool or tuple(key_mask.shape) != (b, m):
                 raise ValueError(
-                    f"key_padding_mask must be a bool tensor of shape ({b}, {m}) with True = padding, "
-                    f"got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
+                    f"key_mask must be a bool tensor of shape ({b}, {m}) with True = a real key, "
+                    f"got {key_mask.dtype} {tuple(key_mask.shape)}"
                 )
-            keep = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, M)
+            keep = key_mask[:, None, None, :]  # (B, 1, 1, M)
             if mask is None:
                 mask = keep
             elif mask.dtype == torch.bool:

@@ -1,7 +1,7 @@
-"""Attention pooling: a learned query asks every token how much it should count.
+"""Latent attention pooling: a learned query (a latent, not a token) asks every token how much it counts.
 
-Average pooling gives every token the same gate, ``1/T``. Attention pooling gives the gate a score: a
-learned query q (not a token) scores each token's key, and the summary is the gated average of values,
+Average pooling gives every token the same gate, ``1/T``. Latent attention pooling gives the gate a
+score: a learned query q scores each token's key, and the summary is the gated average of values,
 
     s_j = q · k_j / √d,     g = softmax(s),     out = Σ_j g_j v_j  (then an output projection).
 
@@ -10,6 +10,13 @@ global average pool); Q queries give a set of Q summaries. A zero query scores e
 gate is the even split: the layer *is* average pooling of the values. The queries start near zero
 (N(0, 0.02²): small, so the layer starts close to average pooling; random, so that several queries do
 not stay identical), and training moves the gate away from the even split where that helps.
+
+The name follows timm's ``AttentionPoolLatent``. It is not the ``attention`` gate of the pools
+(``GatedPool2d(..., gate="attention")``), which weighs the positions of each small window by a score
+read from each position's own features; here one learned query attends over all the tokens.
+
+Masks: ``key_mask`` (B, T) bool, **True = a real token** that takes part (the polarity of every mask in
+``gatepool.layers.attention``).
 """
 
 from __future__ import annotations
@@ -19,10 +26,10 @@ import torch.nn as nn
 
 from gatepool.layers.attention import MultiHeadAttention
 
-__all__ = ["AttentionPool"]
+__all__ = ["AttentionPoolLatent"]
 
 
-class AttentionPool(nn.Module):
+class AttentionPoolLatent(nn.Module):
     """Pool tokens (B, T, D) — or a feature map (B, D, H, W) — with ``num_queries`` learned queries.
 
     Returns (B, D) when ``num_queries == 1``, else (B, num_queries, D).
@@ -39,10 +46,10 @@ class AttentionPool(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        key_padding_mask: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
         return_weights: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Args: x (B, T, D) or (B, D, H, W); key_padding_mask (B, T), True = padding.
+        """Args: x (B, T, D) or (B, D, H, W); key_mask (B, T) bool, True = a real token (takes part).
 
         Returns the summary, and with ``return_weights`` also the gates (B, heads, Q, T).
         """
@@ -52,7 +59,7 @@ class AttentionPool(nn.Module):
             d = self.dim
             raise ValueError(f"x must have shape (B, T, {d}) or (B, {d}, H, W), got {tuple(x.shape)}")
         q = self.queries.expand(x.shape[0], -1, -1)  # (B, Q, D)
-        res = self.attn(q, context=x, key_padding_mask=key_padding_mask, return_weights=return_weights)
+        res = self.attn(q, context=x, key_mask=key_mask, return_weights=return_weights)
         out, weights = res if return_weights else (res, None)
         if self.num_queries == 1:
             out = out[:, 0]  # (B, D)

@@ -17,6 +17,11 @@ features of each token), ``rms`` = RMSNorm (``x / rms(x) · g``, no centring).
 ``EncoderBlock`` is self-attention + MLP (with ``is_causal=True`` it is also the GPT block: a
 decoder-only LM is an ``Encoder`` run with a causal mask). ``DecoderBlock`` adds cross-attention to the
 encoder's output between the masked self-attention and the MLP.
+
+Masks have one polarity, **True = takes part** (``gatepool.layers.attention``): ``attn_mask`` True =
+attend; ``key_mask`` (B, T) and ``context_mask`` (B, M) True = a real token / context position, False =
+padding. torch's ``nn.Transformer*`` layers take ``*_key_padding_mask`` with True = padding: pass its
+negation.
 """
 
 from __future__ import annotations
@@ -116,11 +121,11 @@ class EncoderBlock(nn.Module):
         self,
         x: torch.Tensor,
         attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
         is_causal: bool = False,
         return_weights: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # (B, T, D) -> (B, T, D) [, (B, H, T, T)]
-        kw = dict(attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal)
+        kw = dict(attn_mask=attn_mask, key_mask=key_mask, is_causal=is_causal)
         if self.prenorm:
             a = self.attn(self.norm1(x), return_weights=return_weights, **kw)
             a, w = a if return_weights else (a, None)
@@ -167,18 +172,18 @@ class DecoderBlock(nn.Module):
         x: torch.Tensor,
         context: torch.Tensor,
         attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        context_padding_mask: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
+        context_mask: torch.Tensor | None = None,
         is_causal: bool = True,
     ) -> torch.Tensor:  # x (B, N, D), context (B, M, Dc) -> (B, N, D)
-        self_kw = dict(attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal)
+        self_kw = dict(attn_mask=attn_mask, key_mask=key_mask, is_causal=is_causal)
         if self.prenorm:
             x = x + self.self_attn(self.norm1(x), **self_kw)
-            x = x + self.cross_attn(self.norm2(x), context=context, key_padding_mask=context_padding_mask)
+            x = x + self.cross_attn(self.norm2(x), context=context, key_mask=context_mask)
             x = x + self.mlp(self.norm3(x))
         else:
             x = self.norm1(x + self.self_attn(x, **self_kw))
-            x = self.norm2(x + self.cross_attn(x, context=context, key_padding_mask=context_padding_mask))
+            x = self.norm2(x + self.cross_attn(x, context=context, key_mask=context_mask))
             x = self.norm3(x + self.mlp(x))
         return x
 
@@ -198,14 +203,14 @@ class Encoder(nn.Module):
         self,
         x: torch.Tensor,
         attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
         is_causal: bool = False,
         return_weights: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """(B, T, D) -> (B, T, D); with ``return_weights`` also each block's gates (B, H, T, T)."""
         weights = []
         for block in self.blocks:
-            x = block(x, attn_mask, key_padding_mask, is_causal, return_weights)
+            x = block(x, attn_mask, key_mask, is_causal, return_weights)
             if return_weights:
                 x, w = x
                 weights.append(w)
@@ -229,10 +234,10 @@ class Decoder(nn.Module):
         x: torch.Tensor,
         context: torch.Tensor,
         attn_mask: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-        context_padding_mask: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
+        context_mask: torch.Tensor | None = None,
         is_causal: bool = True,
     ) -> torch.Tensor:  # (B, N, D), (B, M, Dc) -> (B, N, D)
         for block in self.blocks:
-            x = block(x, context, attn_mask, key_padding_mask, context_padding_mask, is_causal)
+            x = block(x, context, attn_mask, key_mask, context_mask, is_causal)
         return self.norm(x)

@@ -25,23 +25,10 @@ import torch
 import torch.nn as nn
 
 from gatepool.layers.attention import MultiHeadAttention
+from gatepool.layers.tokens import MeanTokens, Tokens
 from gatepool.models.registry import register_model
 
-__all__ = ["ConvAttentionNet", "Tokens", "MeanTokens"]
-
-
-class Tokens(nn.Module):
-    """(B, C, H, W) feature map → (B, H·W, C) tokens, row-major (token index r·W + c)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.flatten(2).transpose(1, 2)
-
-
-class MeanTokens(nn.Module):
-    """(B, T, C) → (B, C): global average pool over tokens."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.mean(dim=1)
+__all__ = ["ConvAttentionNet"]
 
 
 class ConvAttentionNet(nn.Module):
@@ -97,31 +84,31 @@ class ConvAttentionNet(nn.Module):
         return self.stem(x)
 
     def mix(
-        self, tokens: torch.Tensor, return_gates: bool = False
+        self, tokens: torch.Tensor, return_weights: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The token-mixing step alone: X (B, T, C) → P (or X + P), and the gates G (B, T, T) if asked."""
         if not self.has_attention:
-            if return_gates:
-                raise ValueError("return_gates=True needs attention=True (this model has no attention layer)")
+            if return_weights:
+                raise ValueError("return_weights=True needs attention=True (this model has no attention)")
             return tokens
-        res = self.attention(tokens, return_weights=return_gates)
-        p, g = res if return_gates else (res, None)
+        res = self.attention(tokens, return_weights=return_weights)
+        p, g = res if return_weights else (res, None)
         if self.residual:
             p = tokens + p
-        return (p, g[:, 0]) if return_gates else p
+        return (p, g[:, 0]) if return_weights else p
 
     def gates(self, x: torch.Tensor) -> torch.Tensor:
         """G = softmax(Q Kᵀ / √d) for a batch of images: (B, 144, 144), rows sum to 1."""
-        return self.mix(self.tokens(x), return_gates=True)[1]
+        return self.mix(self.tokens(x), return_weights=True)[1]
 
     def forward(
-        self, x: torch.Tensor, return_gates: bool = False
+        self, x: torch.Tensor, return_weights: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """(B, 1, 28, 28) → logits (B, 10); with ``return_gates`` also G (B, 144, 144)."""
-        res = self.mix(self.tokens(x), return_gates=return_gates)
-        p, g = res if return_gates else (res, None)
+        """(B, 1, 28, 28) → logits (B, 10); with ``return_weights`` also G (B, 144, 144)."""
+        res = self.mix(self.tokens(x), return_weights=return_weights)
+        p, g = res if return_weights else (res, None)
         logits = self.head(p)
-        return (logits, g) if return_gates else logits
+        return (logits, g) if return_weights else logits
 
 
 @register_model("conv_attention")

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn as nn
 
+from gatepool.analysis.probe import Residual, Site, register_rule
+from gatepool.layers import create_pool
 from gatepool.models.registry import register_model
 
 
@@ -48,6 +50,14 @@ class PreActBlock(nn.Module):
         return x + branch
 
 
+def _preact_block_rule(block: PreActBlock, site: Site) -> Residual:
+    """The probe's rule: the stream plus a branch of the six children in order (variances add)."""
+    return Residual(("gn1", "relu1", "conv1", "gn2", "relu2", "conv2"))
+
+
+register_rule(PreActBlock, _preact_block_rule)
+
+
 class ResidualCNN(nn.Sequential):
     """Tuesday's CNN; its children are named stem, pool1, block1, pool2, block2, block3, head.
 
@@ -71,8 +81,6 @@ class ResidualCNN(nn.Sequential):
         num_classes: int = 10,
         pool_kwargs: dict | None = None,
     ) -> None:
-        from gatepool.layers import create_pool
-
         if groups < 1:
             raise ValueError(f"groups must be >= 1, got {groups}")
         if width <= 0 or width % groups != 0:

@@ -4,7 +4,7 @@
     cls        a learned token prepended (pool="cls")                     (B, 1 + N, D)
     positions  learned 1-D embedding (or 2-D, sinusoidal, none)           (B, 1 + N, D)
     encoder    depth × pre-norm EncoderBlock, final norm                  (B, 1 + N, D)
-    pool       the CLS token | the token mean | attention pooling         (B, D)
+    pool       the CLS token | the token mean | a learned latent query    (B, D)
     head       LayerNorm → Linear(D, classes)                             (B, classes)
 
 Less is built in than in a CNN: the only image prior is the patch grid (no locality inside the encoder,
@@ -18,19 +18,19 @@ from collections import OrderedDict
 import torch
 import torch.nn as nn
 
-from gatepool.layers.attention_pool import AttentionPool
+from gatepool.layers.attention_pool import AttentionPoolLatent
 from gatepool.layers.blocks import Encoder
 from gatepool.layers.positional import (
     LearnedPositionalEmbedding1d,
     LearnedPositionalEmbedding2d,
     SinusoidalPositionalEncoding1d,
 )
-from gatepool.models.conv_attention import Tokens
+from gatepool.layers.tokens import Tokens
 from gatepool.models.registry import register_model
 
 __all__ = ["ViT"]
 
-POOLS = ("cls", "avg", "attention")
+POOLS = ("cls", "avg", "latent")
 POSITIONS = ("learned", "learned-2d", "sinusoidal", "none")
 
 
@@ -43,7 +43,8 @@ class ViT(nn.Module):
         in_channels, num_classes: input channels and classes.
         dim, depth, num_heads: token width, number of blocks, heads per block.
         pool: ``"cls"`` (classify the CLS token), ``"avg"`` (mean of the patch tokens) or
-            ``"attention"`` (one learned query, :class:`~gatepool.layers.attention_pool.AttentionPool`).
+            ``"latent"`` (one learned query attends over the tokens,
+            :class:`~gatepool.layers.attention_pool.AttentionPoolLatent`).
         mlp, mlp_ratio, norm, dropout: passed to each :class:`~gatepool.layers.blocks.EncoderBlock`.
         pos: ``"learned"`` (1-D over CLS + patches), ``"learned-2d"`` (rows + columns of the patch
             grid; CLS gets none), ``"sinusoidal"`` or ``"none"``.
@@ -93,7 +94,7 @@ class ViT(nn.Module):
         self.drop = nn.Dropout(dropout)
         block = dict(mlp=mlp, mlp_ratio=mlp_ratio, norm=norm, dropout=dropout)
         self.encoder = Encoder(dim, depth, num_heads, **block)
-        self.pool = AttentionPool(dim, 1, num_heads) if pool == "attention" else None
+        self.pool = AttentionPoolLatent(dim, 1, num_heads) if pool == "latent" else None
         self.head = nn.Sequential(OrderedDict(norm=nn.LayerNorm(dim), fc=nn.Linear(dim, num_classes)))
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,16 +1,31 @@
 """Signal-propagation probe: the lecture's ideal variance beside the measured one, module by module.
 
-    from gatepool.analysis.probe import measure, predict
+    from gatepool.analysis.probe import measure, predict, save_figures
     report = measure(model, images, backward="unit-noise")   # ideal (predict) set beside measured
-    print(report.table()); report.save_figures("out/")
+    print(report.table()); save_figures(report, "out/")
 
-``theory`` holds the rules (pure functions), ``predict`` walks them through a model, ``measure``
-records forward moments and activation-gradient moments with hooks, ``report`` and ``figures`` show them.
+``theory`` holds the lecture's formulas (pure functions), ``rules`` applies them by module type
+(``register_rule(ModuleType, rule)`` adds one for any module), ``predict`` walks them through a model,
+``measure`` records forward moments and activation-gradient moments with hooks, ``report`` and
+``figures`` show them.
 """
 
+from gatepool.analysis.probe.figures import save_figures
 from gatepool.analysis.probe.measure import measure
 from gatepool.analysis.probe.predict import INPUT, OUTPUT, Ideal, Prediction, predict
 from gatepool.analysis.probe.report import ParamRow, ProbeReport, Row, TensorStats
+from gatepool.analysis.probe.rules import (
+    Chain,
+    GradMoments,
+    Leaf,
+    Moments,
+    NoRule,
+    Residual,
+    Site,
+    need,
+    register_rule,
+    rule_for,
+)
 from gatepool.analysis.probe.theory import (
     avg_pool_backward,
     avg_pool_forward,
@@ -30,11 +45,18 @@ from gatepool.analysis.probe.theory import (
 __all__ = [
     "INPUT",
     "OUTPUT",
+    "Chain",
+    "GradMoments",
     "Ideal",
+    "Leaf",
+    "Moments",
+    "NoRule",
     "ParamRow",
     "Prediction",
     "ProbeReport",
+    "Residual",
     "Row",
+    "Site",
     "TensorStats",
     "avg_pool_backward",
     "avg_pool_forward",
@@ -45,10 +67,14 @@ __all__ = [
     "max_pool_backward",
     "max_pool_forward",
     "measure",
+    "need",
     "norm_backward",
     "padding_variance_map",
     "predict",
+    "register_rule",
     "relu_backward",
     "relu_moments",
     "residual_add",
+    "rule_for",
+    "save_figures",
 ]

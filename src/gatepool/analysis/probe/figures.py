@@ -1,5 +1,7 @@
 """The probe's figures (matplotlib, Agg, PNG): ideal vs measured per layer, histograms, padding maps.
 
+    save_figures(report, "out/")   # every figure a ProbeReport supports; returns the paths
+
     <prefix>_layers.png          bars per tensor: ideal vs measured Var forward, E[g²] backward (log scale)
     <prefix>_histograms.png      the values of each tensor; the spike at 0 after a ReLU shows
     <prefix>_grad_histograms.png the gradients that have exact zeros: below a ReLU, 75% below a 2×2 max pool
@@ -20,7 +22,7 @@ from gatepool.utils.io import atomic_write_bytes
 
 
 def _pyplot():
-    import matplotlib
+    import matplotlib  # lazy: a second to import, and only a call that draws needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -1,4 +1,4 @@
-"""The probe's result: per module the measured moments beside the ideal, as a table, a dict/JSON, figures.
+"""The probe's result: per module the measured moments beside the ideal, as a table and a dict/JSON.
 
     ratio = measured / ideal     (1 where the lecture's rules hold; "—" where there is no prediction)
 
@@ -6,7 +6,8 @@ A :class:`ProbeReport` holds one :class:`Row` per measured tensor (a module's ou
 i-th tensor of a tuple output, ``name:in`` for a module input, ``(input)`` and ``(output)`` for the
 model's), in the order the forward pass produced them, and one :class:`ParamRow` per parameter.
 ``report["block1.conv1"].forward.var`` reads one figure; ``report.error`` says what failed, if anything,
-and the rows are then the ones measured before the failure.
+and the rows are then the ones measured before the failure. ``save_figures(report, directory)``
+(``figures.py``) draws it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -204,12 +204,6 @@ class ProbeReport:
 
     def to_json(self, detail: bool = True) -> str:
         return json.dumps(self.to_dict(detail), indent=1, allow_nan=False)
-
-    def save_figures(self, directory: str | Path, prefix: str = "probe") -> list[Path]:
-        """Write the PNG figures (bars, histograms, padding maps) into ``directory``; return their paths."""
-        from gatepool.analysis.probe.figures import save_figures
-
-        return save_figures(self, directory, prefix)
 
 
 def _fmt(v: float | None, width: int, fmt: str = ".4g") -> str:

@@ -157,7 +157,7 @@ def max_of_normals(n: int) -> tuple[float, float]:
     """
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an integer >= 1, got {n!r}")
-    from scipy import integrate, special
+    from scipy import integrate, special  # lazy: scipy is needed by this one integral only
 
     def density(x: float) -> float:
         return n * normal_pdf(x) * special.ndtr(x) ** (n - 1)

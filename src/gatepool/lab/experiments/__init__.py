@@ -1,12 +1,15 @@
-"""The lecture's experiments, one file per claim group; importing this package registers them all.
+"""The lecture's experiments, one file per claim group; importing this package imports them all.
 
-See ``harness.py`` for how an experiment declares and checks its claims, ``reproduce.py`` for the
-resumable run of them all, and ``report.py`` for the report.
+Each file declares its experiment with ``gatepool.lab.claims.experiment`` (claims, setups, the function
+that measures); :func:`registry` lists them in the lecture's order. ``harness.py`` runs one,
+``reproduce.py`` runs them all (resumable) and ``report.py`` writes the report.
 """
+
+from __future__ import annotations
 
 import importlib
 
-from gatepool.lab.harness import Claim, Context, experiment, get, registry, run_experiment
+from gatepool.lab.claims import Experiment, declared
 
 # Claim groups, in the lecture's order.
 GROUPS: list[str] = ["conv_variance", "pool_variance", "network", "soft_gate", "pool_comparison",
@@ -15,4 +18,10 @@ GROUPS: list[str] = ["conv_variance", "pool_variance", "network", "soft_gate", "
 for _group in GROUPS:
     importlib.import_module(f"gatepool.lab.experiments.{_group}")
 
-__all__ = ["Claim", "Context", "experiment", "get", "registry", "run_experiment"]
+
+def registry() -> dict[str, Experiment]:
+    """Every declared experiment, in the lecture's order."""
+    return dict(sorted(declared().items(), key=lambda kv: (kv[1].order, kv[0])))
+
+
+__all__ = ["GROUPS", "registry"]

@@ -19,7 +19,9 @@ import math
 
 import torch
 
-from gatepool.lab.harness import Claim, Context, experiment
+from gatepool.analysis.attention_maps import attention_cost, plot_attention_cost
+from gatepool.lab.claims import Claim, Context, experiment
+from gatepool.layers.attention import scaled_dot_product_attention
 
 LECTURE_GATES = {144: 2.1e4, 576: 3.3e5, 196: 3.8e4, 50176: 2.5e9}
 TWO_DIGITS = "the lecture prints two significant digits: ± half a unit in the second one"
@@ -67,8 +69,6 @@ def _claims(setup: dict) -> list[Claim]:
 
 def materialized_gate(tokens: int, *, dim: int = 16, seed: int = 0) -> torch.Tensor:
     """The (1, 1, t, t) float32 gate that our attention materialises for t random queries and keys."""
-    from gatepool.layers.attention import scaled_dot_product_attention
-
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, 1, tokens, dim, generator=gen) for _ in range(3))  # (B, H, T, d)
     _, weights = scaled_dot_product_attention(q, k, v, return_weights=True)  # (1, 1, T, T)
@@ -81,8 +81,6 @@ def materialized_gate(tokens: int, *, dim: int = 16, seed: int = 0) -> torch.Ten
                    "materialize_max": 1024},
             claims=_claims)
 def attention_cost_experiment(ctx: Context) -> None:
-    from gatepool.analysis.attention_maps import attention_cost, plot_attention_cost
-
     image, patch, bpv = ctx["image"], ctx["patch"], ctx["bytes_per_value"]
     if not ctx["tokens"] or min(ctx["tokens"]) < 1:
         raise ValueError(f"--set tokens: need one or more positive token counts, got {ctx['tokens']}")

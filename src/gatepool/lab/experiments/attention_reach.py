@@ -44,8 +44,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.lab.common import pyplot
-from gatepool.lab.harness import Claim, Context, experiment
 from gatepool.train.sweep import run_tasks
 
 ROOT = "attention-reach"  # the folder (under the run's out) that holds every training of this file
@@ -341,7 +341,7 @@ def attention_maps(ctx: Context) -> None:
     x, index = first_test_digit(ctx["digit"])
     with torch.no_grad():
         tokens = model.tokens(x)  # (1, 144, 32)
-        gates = model.mix(tokens, return_gates=True)[1][0]  # (144, 144): row i = query token i's gate
+        gates = model.mix(tokens, return_weights=True)[1][0]  # (144, 144): row i = query token i's gate
         logits = model.head(model.mix(tokens))  # (1, 10)
         torch.manual_seed(ctx["seed"])
         untrained = type(model)(d=ctx["d"]).eval()

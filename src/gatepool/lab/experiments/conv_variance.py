@@ -21,8 +21,10 @@ import torch
 import torch.nn as nn
 
 from gatepool.analysis.probe import measure, padding_variance_map, relu_moments
-from gatepool.lab.common import mnist_batch, pyplot
-from gatepool.lab.harness import Claim, Context, experiment
+from gatepool.data import mnist_batch
+from gatepool.lab.claims import Claim, Context, experiment
+from gatepool.lab.common import pyplot
+from gatepool.models import ResidualCNN
 
 SETUP = {"batch": 512, "channels": 32, "kernel": 3, "size": 14, "groups": 8, "input": "gaussian", "seed": 0}
 QUICK = {"batch": 128}
@@ -46,8 +48,6 @@ def boxed_step(ctx: Context) -> tuple[nn.Sequential, torch.Tensor]:
     if ctx["input"] == "gaussian":
         x = torch.randn(ctx["batch"], c, ctx["size"], ctx["size"])  # (B, C, H, W)
     elif ctx["input"] == "mnist":
-        from gatepool.models import ResidualCNN
-
         model = ResidualCNN(width=c, groups=ctx["groups"])
         with torch.no_grad():
             x = model.pool1(model.stem(mnist_batch(ctx["batch"])[0]))  # (B, C, 14, 14): block 1's input

@@ -36,7 +36,12 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn as nn
 
-from gatepool.lab.harness import Claim, Context, experiment
+from gatepool.analysis.symmetry import PermuteTokens, equivariance_error, invariance_error
+from gatepool.lab.claims import Claim, Context, experiment
+from gatepool.layers.attention import MultiHeadAttention
+from gatepool.layers.blocks import Encoder, EncoderBlock
+from gatepool.layers.positional import LearnedPositionalEmbedding1d
+from gatepool.models.residual_cnn import PreActBlock
 
 RTOL = 1e-5  # float32 rounding, relative to the output's scale
 ROUNDING = "float32 rounding: rtol 1e-5 of the output's largest magnitude (as symmetry.default_tolerance)"
@@ -104,16 +109,11 @@ def var_qk(d: int, n: int, gen: torch.Generator) -> float:
 
 
 def _encoder(ctx: Context):
-    from gatepool.layers.blocks import Encoder
-
     return Encoder(ctx["dim"], ctx["depth"], ctx["heads"], mlp="gelu").eval()
 
 
 def permutation_checks(ctx: Context, x: torch.Tensor) -> tuple[float, float]:
     """(relative equivariance error without positions, with a learned positional encoding)."""
-    from gatepool.analysis.symmetry import PermuteTokens, equivariance_error
-    from gatepool.layers.positional import LearnedPositionalEmbedding1d
-
     enc = _encoder(ctx)
     pos = LearnedPositionalEmbedding1d(x.shape[1], x.shape[2])
     perm = PermuteTokens(dim=1, seed=ctx["seed"] + 1)
@@ -154,9 +154,6 @@ def causal_checks(ctx: Context, x: torch.Tensor, gen: torch.Generator) -> tuple[
 
 def cross_attention_checks(ctx: Context, x: torch.Tensor, gen: torch.Generator) -> tuple[int, float]:
     """(output length, relative change when the context is permuted)."""
-    from gatepool.analysis.symmetry import PermuteTokens, invariance_error
-    from gatepool.layers.attention import MultiHeadAttention
-
     ctx_dim = ctx["dim"] // 2 + 4  # a context of another width and length
     attn = MultiHeadAttention(ctx["dim"], ctx["heads"], context_dim=ctx_dim).eval()
     context = torch.randn(x.shape[0], ctx["context_tokens"], ctx_dim, generator=gen)  # (B, M, Dc)
@@ -221,9 +218,6 @@ def norm_axes(gen: torch.Generator, groups: int = 3) -> dict[str, dict[str, floa
 
 def _stack(kind: str, depth: int, seed: int) -> tuple[Callable, Callable, torch.Tensor]:
     """(with skips, without skips, an input) for ``depth`` blocks of ``kind`` at their default init."""
-    from gatepool.layers.blocks import EncoderBlock
-    from gatepool.models.residual_cnn import PreActBlock
-
     torch.manual_seed(seed)
     if kind == "mlp":
         blocks = [nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)) for _ in range(depth)]

@@ -20,8 +20,10 @@ import statistics
 import torch
 
 from gatepool.analysis.probe import measure
-from gatepool.lab.common import mnist_batch, pyplot
-from gatepool.lab.harness import Claim, Context, experiment
+from gatepool.data import mnist_batch
+from gatepool.lab.claims import Claim, Context, experiment
+from gatepool.lab.common import pyplot
+from gatepool.models import ResidualCNN
 
 STAGES = ["stem", "pool1", "block1", "pool2", "block2", "block3"]
 LECTURE_IDEAL = {"pool1": 0.49, "block1": 1.47, "pool2": 0.74, "block2": 1.71, "block3": 2.68}
@@ -46,8 +48,6 @@ SEED_WHY = (
 
 def probe_seeds(ctx: Context, backward: str | None) -> list:
     """One probe report per seed, on the same digits."""
-    from gatepool.models import ResidualCNN
-
     x, _ = mnist_batch(ctx["batch"])
     reports = []
     for seed in ctx["seeds"]:

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch.nn as nn
 
+from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.lab.common import pyplot
-from gatepool.lab.harness import Claim, Context, experiment
 from gatepool.train.sweep import run_tasks
 
 POOLS = ["max", "avg", "soft", "soft-learned", "attention", "conv"]

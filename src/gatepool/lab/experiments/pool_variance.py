@@ -21,8 +21,8 @@ from gatepool.analysis.probe import (
     max_pool_backward,
     measure,
 )
+from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.lab.common import pyplot
-from gatepool.lab.harness import Claim, Context, experiment
 from gatepool.layers import create_pool
 
 SETUP = {"batch": 512, "channels": 32, "size": 14, "window": 2, "seed": 0}

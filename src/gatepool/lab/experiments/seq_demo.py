@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from gatepool.lab.harness import Claim, Context, experiment
+from gatepool.lab.claims import Claim, Context, experiment
 
 SETUP = {
     "arch": "decoder", "task": "reverse", "seed": 0, "length": 8, "steps": 2000, "batch_size": 128,

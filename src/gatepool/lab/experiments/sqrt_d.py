@@ -15,8 +15,8 @@ import math
 
 import torch
 
+from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.lab.common import pyplot
-from gatepool.lab.harness import Claim, Context, experiment
 
 LECTURE = {  # d: (std of q·k, mean largest gate unscaled, scaled)
     1: (1.02, 0.063, 0.063),

@@ -41,8 +41,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.lab.common import pyplot
-from gatepool.lab.harness import Claim, Context, experiment
 from gatepool.train.sweep import run_tasks
 from gatepool.utils.io import atomic_write_json, read_json
 
@@ -89,7 +89,7 @@ def model_specs(setup: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def images_per_second(spec: dict[str, Any], batch_size: int, steps: int, threads: int) -> float:
     """Training speed of a model (median over ``steps`` timed steps after 2 warm-up steps), on digits."""
-    from gatepool.lab.common import mnist_batch
+    from gatepool.data import mnist_batch
     from gatepool.models import create_model
     from gatepool.train import TrainConfig, make_optimizer
 
