@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from gatepool.cli import main
 
@@ -20,8 +21,23 @@ def test_data_info_finds_the_shipped_mnist(capsys):
     rows = json.loads(capsys.readouterr().out)
     mnist = [r for r in rows if r["dataset"] == "mnist"]
     assert len(mnist) == 4 and all(r["verified"] for r in mnist)
+    assert all(r["rule"] == "repository" for r in mnist)
     assert main(["data", "info"]) == 0
-    assert "search order" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "search order: repository:" in out and "mnist: loaded from " in out and "(repository)" in out
+
+
+def test_data_info_names_the_explicit_copy_or_what_it_looked_for(tmp_path, capsys):
+    assert main(["data", "info", "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"mnist: --data-dir {tmp_path}: no mnist files in {tmp_path / 'mnist'} or {tmp_path}" in out
+    mnist = Path(__file__).resolve().parents[1] / "data" / "mnist"
+    for f in mnist.glob("*.gz"):
+        (tmp_path / f.name).symlink_to(f)
+    assert main(["data", "info", "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"mnist: loaded from {tmp_path} (explicit (--data-dir))" in out
+    assert "fashion-mnist: loaded from" in out and "SHA-256 mismatch (it is mnist's" in out
 
 
 def test_list_shows_experiments_with_claims(capsys):
