@@ -4,54 +4,24 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from gatepool.utils.lock import LOCK_NAME, LockHeld, RunLock
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
-HOLDER = """
-import sys, time
-from gatepool.utils.lock import RunLock
-lock = RunLock(sys.argv[1], command="holder-test").acquire()
-print("locked", flush=True)
-time.sleep(float(sys.argv[2]))
-open(sys.argv[1] + "/released", "w").close()
-lock.release()
-"""
+
+def test_second_holder_is_refused_naming_the_first(tmp_path, lock_holder):
+    holder = lock_holder(tmp_path, 60)
+    with pytest.raises(LockHeld) as info:
+        RunLock(tmp_path).acquire()
+    msg = str(info.value)
+    assert f"pid {holder.pid} on {socket.gethostname()} since " in msg and "(holder-test)" in msg
+    assert "--wait" in msg and "\n" not in msg
+    assert info.value.holder["pid"] == holder.pid
 
 
-def start_holder(folder: Path, seconds: float) -> subprocess.Popen:
-    """Another process that takes ``folder``'s lock, holds it ``seconds``, then releases it."""
-    p = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(folder), str(seconds)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": SRC},
-    )
-    assert p.stdout.readline().strip() == "locked"
-    return p
-
-
-def test_second_holder_is_refused_naming_the_first(tmp_path):
-    holder = start_holder(tmp_path, 60)
-    try:
-        with pytest.raises(LockHeld) as info:
-            RunLock(tmp_path).acquire()
-        msg = str(info.value)
-        assert f"pid {holder.pid} on {socket.gethostname()} since " in msg and "(holder-test)" in msg
-        assert "--wait" in msg and "\n" not in msg
-        assert info.value.holder["pid"] == holder.pid
-    finally:
-        holder.kill()
-        holder.wait()
-
-
-def test_killed_holder_is_taken_over_with_a_warning(tmp_path, capsys):
-    holder = start_holder(tmp_path, 60)
+def test_killed_holder_is_taken_over_with_a_warning(tmp_path, capsys, lock_holder):
+    holder = lock_holder(tmp_path, 60)
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == holder.pid  # the text outlives it
@@ -64,8 +34,8 @@ def test_killed_holder_is_taken_over_with_a_warning(tmp_path, capsys):
         assert capsys.readouterr().err == ""
 
 
-def test_wait_blocks_until_the_holder_releases(tmp_path, capsys):
-    holder = start_holder(tmp_path, 1.0)
+def test_wait_blocks_until_the_holder_releases(tmp_path, capsys, lock_holder):
+    holder = lock_holder(tmp_path, 1.0)
     with RunLock(tmp_path, wait=True):
         assert (tmp_path / "released").exists()  # we got it only after the holder let go
         assert f"waiting for {tmp_path}: in use by pid {holder.pid}" in capsys.readouterr().err

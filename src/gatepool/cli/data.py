@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,12 +44,15 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _fetch(args: argparse.Namespace) -> int:
+    from gatepool.cli import out_folder
     from gatepool.data import DataError, fetch
 
+    if args.dest is not None:
+        out_folder(args.dest, "--dest")
     try:
         folder = fetch(args.name, args.dest)
     except DataError as e:
-        print(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"{args.name}: verified copy in {folder}")
     return 0

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gatepool.utils.io import atomic_write_json, read_json
+from gatepool.utils.io import DiskFullError, atomic_write_json, read_json
 
 PROFILES = ("quick", "full")
 VERDICTS = ("ok", "off", "not run")
@@ -351,6 +351,8 @@ def run_experiment(
     error = None
     try:
         exp.fn(ctx)
+    except DiskFullError:  # not the experiment's fault: stop, and let the CLI say it in one line
+        raise
     except Exception as e:  # the record says what broke; the claims measured so far stay
         error = f"{type(e).__name__}: {e}"
         traceback.print_exc()
