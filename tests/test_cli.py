@@ -63,6 +63,34 @@ def test_help_does_not_import_torch():
     assert out.stdout.strip() == "False"
 
 
+def test_train_refuses_a_corrupt_file_in_the_explicit_folder(tmp_path, capsys):
+    """The repository's good copy is not a fallback: the file named by --data-dir is refused, by name."""
+    import gzip
+
+    mnist = Path(__file__).resolve().parents[1] / "data" / "mnist"
+    for f in mnist.glob("*.gz"):
+        (tmp_path / f.name).symlink_to(f)
+    bad = tmp_path / "t10k-labels-idx1-ubyte.gz"
+    raw = bytearray(gzip.decompress(bad.read_bytes()))
+    raw[-1] ^= 1  # one label changed: the header still fits, the SHA-256 does not
+    bad.unlink()
+    bad.write_bytes(gzip.compress(bytes(raw)))
+    argv = [
+        "train",
+        "--data-dir",
+        str(tmp_path),
+        "--epochs",
+        "1",
+        "--train-size",
+        "100",
+        "--test-size",
+        "100",
+    ]
+    code, err = run_main(argv, capsys)
+    assert code == 1 and "Traceback" not in err
+    assert err.startswith(f"error: {bad}: SHA-256") and "leave out --data-dir" in err
+
+
 # ----------------------------------------------------------------------------- bad input: exit 2, one line
 
 T = ["train", "--epochs", "1", "--train-size", "100", "--test-size", "100", "--quiet"]
