@@ -1,10 +1,17 @@
 """CLI smoke: the commands a user types first."""
 
+import errno
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from gatepool.cli import main
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def test_help_runs_as_module_and_lists_commands():
@@ -20,8 +27,23 @@ def test_data_info_finds_the_shipped_mnist(capsys):
     rows = json.loads(capsys.readouterr().out)
     mnist = [r for r in rows if r["dataset"] == "mnist"]
     assert len(mnist) == 4 and all(r["verified"] for r in mnist)
+    assert all(r["rule"] == "repository" for r in mnist)
     assert main(["data", "info"]) == 0
-    assert "search order" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "search order: repository:" in out and "mnist: loaded from " in out and "(repository)" in out
+
+
+def test_data_info_names_the_explicit_copy_or_what_it_looked_for(tmp_path, capsys):
+    assert main(["data", "info", "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"mnist: --data-dir {tmp_path}: no mnist files in {tmp_path / 'mnist'} or {tmp_path}" in out
+    mnist = Path(__file__).resolve().parents[1] / "data" / "mnist"
+    for f in mnist.glob("*.gz"):
+        (tmp_path / f.name).symlink_to(f)
+    assert main(["data", "info", "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"mnist: loaded from {tmp_path} (explicit (--data-dir))" in out
+    assert "fashion-mnist: loaded from" in out and "SHA-256 mismatch (it is mnist's" in out
 
 
 def test_list_shows_experiments_with_claims(capsys):
@@ -31,8 +53,6 @@ def test_list_shows_experiments_with_claims(capsys):
 
 
 def test_unknown_argument_is_an_error():
-    import pytest
-
     with pytest.raises(SystemExit):
         main(["data", "info", "--bogus"])
 
@@ -41,3 +61,203 @@ def test_help_does_not_import_torch():
     code = "import sys, gatepool.cli; gatepool.cli.build_parser(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_train_refuses_a_corrupt_file_in_the_explicit_folder(tmp_path, capsys):
+    """The repository's good copy is not a fallback: the file named by --data-dir is refused, by name."""
+    import gzip
+
+    mnist = Path(__file__).resolve().parents[1] / "data" / "mnist"
+    for f in mnist.glob("*.gz"):
+        (tmp_path / f.name).symlink_to(f)
+    bad = tmp_path / "t10k-labels-idx1-ubyte.gz"
+    raw = bytearray(gzip.decompress(bad.read_bytes()))
+    raw[-1] ^= 1  # one label changed: the header still fits, the SHA-256 does not
+    bad.unlink()
+    bad.write_bytes(gzip.compress(bytes(raw)))
+    argv = [
+        "train",
+        "--data-dir",
+        str(tmp_path),
+        "--epochs",
+        "1",
+        "--train-size",
+        "100",
+        "--test-size",
+        "100",
+    ]
+    code, err = run_main(argv, capsys)
+    assert code == 1 and "Traceback" not in err
+    assert err.startswith(f"error: {bad}: SHA-256") and "leave out --data-dir" in err
+
+
+# ----------------------------------------------------------------------------- bad input: exit 2, one line
+
+T = ["train", "--epochs", "1", "--train-size", "100", "--test-size", "100", "--quiet"]
+
+# (arguments, what the one line must contain: the argument's name, then the allowed values or range).
+# FILE stands for an existing file; the run/reproduce cases use the private experiment "toy".
+BAD_INPUT = [
+    (T + ["--model", "nosuch"], ["--model", "residual_cnn"]),
+    (T + ["--pool", "nosuch"], ["--pool", "soft"]),
+    (T + ["--model", "conv_attention", "--pool", "max"], ["--pool", "takes attention"]),
+    (T + ["--data", "cifar10"], ["--data", "fashion-mnist"]),
+    (T + ["--data-dir", "/nonexistent/gatepool"], ["--data-dir", "no such folder"]),
+    (T + ["--epochs", "0"], ["--epochs", ">= 1"]),
+    (T + ["--epochs", "-3"], ["--epochs", ">= 1"]),
+    (T + ["--epochs", "two"], ["--epochs", ">= 1"]),
+    (T + ["--batch-size", "0"], ["--batch-size", ">= 1"]),
+    (T + ["--batch-size", "101"], ["--batch-size", "choose 1 to 100"]),
+    (["train", "--epochs", "1", "--batch-size", "60001"], ["--batch-size", "choose 1 to 60000"]),
+    (T + ["--lr", "nan"], ["--lr", "(0, inf)"]),
+    (T + ["--lr", "-0.1"], ["--lr", "(0, inf)"]),
+    (T + ["--lr", "0"], ["--lr", "(0, inf)"]),
+    (T + ["--lr", "inf"], ["--lr", "(0, inf)"]),
+    (T + ["--momentum", "1.5"], ["--momentum", "[0, 1)"]),
+    (T + ["--weight-decay", "-1"], ["--weight-decay", "[0, inf)"]),
+    (T + ["--warmup", "2"], ["--warmup", "[0, 1)"]),
+    (T + ["--label-smoothing", "nan"], ["--label-smoothing", "[0, 1)"]),
+    (T + ["--optimizer", "sgdd"], ["--optimizer", "adamw"]),
+    (T + ["--schedule", "linear"], ["--schedule", "cosine"]),
+    (T + ["--seed", "-1"], ["--seed", ">= 0"]),
+    (T + ["--threads", "0"], ["--threads", ">= 1"]),
+    (T + ["--channels-last", "maybe"], ["--channels-last", "auto"]),
+    (T + ["--train-size", "0"], ["--train-size", "'all' or an integer >= 1"]),
+    (T + ["--train-size", "60001"], ["--train-size", "choose 1 to 60000"]),
+    (T + ["--test-size", "10001"], ["--test-size", "choose 1 to 10000"]),
+    (T + ["--model-kwargs", "{width: 64"], ["--model-kwargs", "JSON object"]),
+    (T + ["--model-kwargs", "[1, 2]"], ["--model-kwargs", "JSON object"]),
+    (T + ["--model-kwargs", '{"nosuch": 1}'], ["--model-kwargs", "takes pool, width"]),
+    (T + ["--out", "FILE"], ["--out", "is a file"]),
+    (T + ["--out", "FILE/run"], ["--out", "is a file"]),
+    (T + ["--bogus"], ["--bogus", "unrecognized"]),
+    (["run", "nosuch"], ["experiment", "toy"]),
+    (["run"], ["name", "required"]),
+    (["run", "toy", "--set", "n"], ["--set", "KEY=VALUE"]),
+    (["run", "toy", "--set", "=3"], ["--set", "KEY=VALUE"]),
+    (["run", "toy", "--set", "bogus=1"], ["--set", "it has n, seed"]),
+    (["run", "toy", "--set", "n=abc"], ["--set", "expected int"]),
+    (["run", "toy", "--n"], ["--set", "expected int"]),
+    (["run", "toy", "stray"], ["'stray'", "--set KEY=VALUE"]),
+    (["run", "toy", "--profile", "huge"], ["--profile", "quick"]),
+    (["run", "toy", "--jobs", "0"], ["--jobs", ">= 1"]),
+    (["run", "toy", "--seed", "-2"], ["--seed", ">= 0"]),
+    (["run", "toy", "--out", "FILE"], ["--out", "is a file"]),
+    (["reproduce", "--only", "nosuch"], ["--only", "toy"]),
+    (["reproduce", "--out", "FILE"], ["--out", "is a file"]),
+    (["reproduce", "--jobs", "-1"], ["--jobs", ">= 1"]),
+    (["reproduce", "--profile", "slow"], ["--profile", "full"]),
+    (["probe", "--batch", "0"], ["--batch", ">= 1"]),
+    (["probe", "--batch", "60001"], ["--batch", "choose 1 to 60000"]),
+    (["probe", "--model", "nosuch"], ["--model", "residual_cnn"]),
+    (["probe", "--pool", "nosuch"], ["--pool", "soft"]),
+    (["probe", "--data", "cifar10"], ["--data", "noise"]),
+    (["probe", "--data", "noise", "--out", "FILE"], ["--out", "is a file"]),
+    (["probe", "--backward", "up"], ["--backward", "unit-noise"]),
+    (["data", "fetch", "imagenet"], ["name", "fashion-mnist"]),
+    (["data", "fetch", "mnist", "--dest", "FILE"], ["--dest", "is a file"]),
+    (["data"], ["ACTION", "required"]),
+    (["bench", "train", "--threads", "0"], ["--threads", ">= 1"]),
+    (["bench", "train", "--out", "DIR"], ["--out", "is a folder"]),
+    (["bench", "flops"], ["BENCH", "attention"]),
+    (["nosuch"], ["COMMAND", "reproduce"]),
+]
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    """A private registry holding one experiment, 'toy', that records that it ran."""
+    import gatepool.lab.experiments  # noqa: F401  (the real ones register in the real registry first)
+    from gatepool.lab import claims
+
+    monkeypatch.setattr(claims, "_REGISTRY", {})  # the experiment files are imported already: not re-declared
+    ran = []
+
+    @claims.experiment("toy", title="toy", order=1, setup={"n": 1, "seed": 0},
+                       claims=[claims.Claim("n", "n is n", 1, 0)])  # fmt: skip
+    def toy_fn(ctx):
+        ran.append(ctx["n"])
+        ctx.check("n", ctx["n"])
+
+    return ran
+
+
+def run_main(argv, capsys):
+    """``main(argv)`` in-process: (exit status, stderr)."""
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def _case_id(argv: list[str]) -> str:
+    return " ".join(["train", *argv[len(T) :]] if argv[: len(T)] == T else argv)
+
+
+@pytest.mark.parametrize("argv, wanted", BAD_INPUT, ids=[_case_id(a) for a, _ in BAD_INPUT])
+def test_bad_input_exits_2_with_one_line_naming_the_argument(argv, wanted, toy, tmp_path, capsys):
+    (tmp_path / "FILE").write_text("not a folder")
+    (tmp_path / "DIR").mkdir()
+    argv = [str(tmp_path / a) if a.split("/")[0] in ("FILE", "DIR") else a for a in argv]
+    if argv[0] in ("run", "reproduce") and "--out" not in argv:
+        argv += ["--out", str(tmp_path / "runs")]
+    code, err = run_main(argv, capsys)
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and lines[0].startswith("gatepool")
+    for text in wanted:
+        assert text in lines[0], lines[0]
+    assert toy == [] and not (tmp_path / "runs").exists()  # refused before anything ran or was written
+
+
+def test_bad_input_as_a_process(tmp_path):
+    """The same through ``python -m gatepool``: the real exit status, nothing on stdout, no traceback."""
+    env = {**os.environ, "PYTHONPATH": SRC}
+    (tmp_path / "f").write_text("")
+    for argv, flag in [
+        (["train", "--lr", "nan"], "--lr"),
+        (["train", "--out", str(tmp_path / "f"), "--epochs", "1"], "--out"),
+        (["run", "nosuch"], "experiment"),
+    ]:
+        r = subprocess.run([sys.executable, "-m", "gatepool", *argv], capture_output=True, text=True, env=env)
+        assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and flag in r.stderr
+
+
+# ----------------------------------------------------------------------------- one writer per --out
+
+
+def test_second_writer_on_the_same_out_is_refused_naming_the_holder(toy, tmp_path, capsys, lock_holder):
+    holder = lock_holder(tmp_path, 60)
+    for argv in (
+        ["run", "toy", "--out", str(tmp_path)],
+        ["reproduce", "--out", str(tmp_path), "--quiet"],
+        T + ["--out", str(tmp_path)],
+    ):
+        code, err = run_main(argv, capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert f"is in use by pid {holder.pid} on " in err and "(holder-test)" in err and "--wait" in err
+    assert toy == [] and not (tmp_path / "toy").exists()
+
+
+def test_wait_waits_for_the_holder_then_runs(toy, tmp_path, capsys, lock_holder):
+    holder = lock_holder(tmp_path, 1.0)
+    code, err = run_main(["run", "toy", "--out", str(tmp_path), "--wait"], capsys)
+    assert code == 0 and toy == [1]
+    assert f"waiting for {tmp_path}: in use by pid {holder.pid}" in err
+    assert (tmp_path / "released").stat().st_mtime_ns <= (tmp_path / "toy" / "result.json").stat().st_mtime_ns
+
+
+def test_disk_full_during_the_result_write_is_one_line(toy, tmp_path, capsys, monkeypatch):
+    from gatepool.utils import io
+
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(io.os, "fsync", no_space)
+    code, err = run_main(["run", "toy", "--out", str(tmp_path)], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{tmp_path / 'toy' / 'result.json'}: the disk is full" in err
+    assert not (tmp_path / "toy" / "result.json").exists() and toy == [1]

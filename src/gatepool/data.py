@@ -5,12 +5,15 @@ the values, big-endian. Each file may be gzip-compressed or raw. Every load is c
 SHA-256 of the *decompressed* bytes, so any gzip of the right content passes and anything else fails
 with an error naming the file and saying how to get a good copy; nothing half-read is ever returned.
 
-Where a data set is looked for, in order:
-  1. ``data_dir=`` (the CLI's ``--data-dir``) or the ``GATEPOOL_DATA`` environment variable,
-  2. the repository's own ``data/`` (full MNIST ships there, so a fresh clone works offline),
-  3. the user cache ``~/.cache/gatepool`` (where ``gatepool data fetch`` puts files),
-  4. ``/usr/share/datasets/<name>/`` (Debian's ``dataset-fashion-mnist`` layout).
-Each root holds ``<name>/<file>.gz`` (or the raw file); root 4 is itself the ``<name>`` folder's parent.
+Where a data set is loaded from (:func:`locate`; ``gatepool data info`` shows it):
+  * explicit: ``data_dir=`` (the CLI's ``--data-dir``) or else the ``GATEPOOL_DATA`` environment variable
+    names a folder DIR, and the files are read from ``DIR/<name>/`` or, if that holds none of them, from
+    DIR itself. Nothing else is tried: a missing or corrupt file there is an error naming it.
+  * otherwise the first of these whose ``<name>/`` holds all four files (else the first holding some):
+    1. repository: its own ``data/`` (full MNIST ships there, so a fresh clone works offline),
+    2. cache: ``~/.cache/gatepool`` (where ``gatepool data fetch`` puts files),
+    3. Debian package: ``/usr/share/datasets`` (``dataset-fashion-mnist`` installs ``fashion-mnist/``).
+Each file is ``<file>.gz`` or the raw ``<file>``.
 """
 
 from __future__ import annotations
@@ -99,13 +102,27 @@ class DataError(RuntimeError):
     """A data file is missing, truncated, corrupt or not the expected content."""
 
 
-def _how_to_get(name: str) -> str:
+def _how_to_get(name: str, explicit: tuple[str, Path] | None = None) -> str:
+    if explicit is not None:
+        label, root = explicit
+        return (
+            f"put good copies in {root / name} or {root} (`gatepool data fetch {name} --dest {root / name}`"
+            f" downloads them), or leave out {label} to use the search order"
+        )
     hint = f"run `gatepool data fetch {name}`"
     if name == "fashion-mnist":
         hint += " or `apt-get install dataset-fashion-mnist`"
     if name == "mnist":
         hint += " or restore the repository's data/mnist/ (`git checkout data/mnist`)"
     return hint
+
+
+def _whose(file: str, digest: str) -> str:
+    """`` (it is fashion-mnist's file)`` when the content belongs to another data set, else ``""``."""
+    for other in DATASETS.values():
+        if other.sha256.get(file) == digest:
+            return f" (it is {other.name}'s {file})"
+    return ""
 
 
 # ----------------------------------------------------------------------------- IDX format
@@ -145,9 +162,14 @@ def read_bytes(path: str | os.PathLike) -> bytes:
     return data
 
 
-def read_idx(path: str | os.PathLike, sha256: str | None = None, *, dataset: str | None = None) -> np.ndarray:
-    """Read one IDX file (gz or raw); with ``sha256`` the decompressed content must match it."""
-    hint = f"; {_how_to_get(dataset)}" if dataset else ""
+def read_idx(
+    path: str | os.PathLike, sha256: str | None = None, *, dataset: str | None = None, hint: str | None = None
+) -> np.ndarray:
+    """Read one IDX file (gz or raw); with ``sha256`` the decompressed content must match it.
+
+    Errors end with ``hint`` (default: how to get ``dataset``'s files, when given).
+    """
+    hint = f"; {hint}" if hint else (f"; {_how_to_get(dataset)}" if dataset else "")
     try:
         raw = read_bytes(path)
     except DataError as e:
@@ -155,7 +177,10 @@ def read_idx(path: str | os.PathLike, sha256: str | None = None, *, dataset: str
     if sha256 is not None:
         got = hashlib.sha256(raw).hexdigest()
         if got != sha256:
-            raise DataError(f"{path}: SHA-256 of the content is {got}, expected {sha256}{hint}")
+            name = Path(path).name.removesuffix(".gz")
+            raise DataError(
+                f"{path}: SHA-256 of the content is {got}, expected {sha256}{_whose(name, got)}{hint}"
+            )
     try:
         return parse_idx(raw, source=str(path))
     except DataError as e:
@@ -170,33 +195,110 @@ def repo_data_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "data"
 
 
+DEBIAN_DATA = Path("/usr/share/datasets")  # apt-get install dataset-fashion-mnist
+
+
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "gatepool"
 
 
 def search_roots(data_dir: str | os.PathLike | None = None) -> list[tuple[str, Path]]:
-    """The (label, root) pairs searched, in order; each root holds ``<name>/<file>``."""
-    roots: list[tuple[str, Path]] = []
+    """The (rule, root) pairs tried, in order: the explicit folder alone, or the three shared places."""
+    explicit = _explicit(data_dir)
+    if explicit is not None:
+        return [(f"explicit ({explicit[0]})", explicit[1])]
+    return [
+        ("repository", repo_data_dir()),
+        ("cache", cache_dir()),
+        ("Debian package", DEBIAN_DATA),
+    ]
+
+
+def _explicit(data_dir: str | os.PathLike | None) -> tuple[str, Path] | None:
+    """(how it was given, folder) for ``data_dir`` or ``GATEPOOL_DATA``; None when neither is set."""
     if data_dir is not None:
-        roots.append(("--data-dir", Path(data_dir)))
-    elif os.environ.get("GATEPOOL_DATA"):
-        roots.append(("GATEPOOL_DATA", Path(os.environ["GATEPOOL_DATA"])))
-    roots += [("repo", repo_data_dir()), ("cache", cache_dir()), ("system", Path("/usr/share/datasets"))]
-    return roots
+        return "--data-dir", Path(data_dir)
+    if os.environ.get("GATEPOOL_DATA"):
+        return "GATEPOOL_DATA", Path(os.environ["GATEPOOL_DATA"])
+    return None
 
 
-def _candidates(folder: Path, file: str) -> list[Path]:
-    return [folder / f"{file}.gz", folder / file]
+def _find(folder: Path, file: str) -> Path | None:
+    """``folder/file.gz`` or ``folder/file``, whichever exists first."""
+    for path in (folder / f"{file}.gz", folder / file):
+        if path.is_file():
+            return path
+    return None
+
+
+def _count(folder: Path, spec: DatasetSpec) -> int:
+    return sum(_find(folder, file) is not None for file in spec.sha256)
+
+
+def locate(name: str, data_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
+    """(folder, rule): where data set ``name`` is read from, and why (see the module docstring).
+
+    An explicit folder holding none of the files is a :class:`DataError` naming both places it looked
+    in and the files; there is no falling back to another copy.
+    """
+    spec = _spec(name)
+    explicit = _explicit(data_dir)
+    if explicit is not None:
+        label, root = explicit
+        for folder in (root / name, root):
+            if _count(folder, spec):
+                return folder, f"explicit ({label})"
+        files = ", ".join(spec.sha256)
+        missing = "" if root.is_dir() else f" ({root} does not exist)"
+        raise DataError(
+            f"{label} {root}: no {name} files in {root / name} or {root}{missing}; looked for {files}"
+            f" (each raw or .gz); {_how_to_get(name, explicit)}"
+        )
+    roots = search_roots()
+    for rule, root in roots:  # a complete copy first, then any (the load names what is missing)
+        if _count(root / name, spec) == len(spec.sha256):
+            return root / name, rule
+    for rule, root in roots:
+        if _count(root / name, spec):
+            return root / name, rule
+    where = ", ".join(str(root / name) for _, root in roots)
+    raise DataError(f"{name}: not found in {where}; {_how_to_get(name)}")
 
 
 def find_file(name: str, file: str, data_dir: str | os.PathLike | None = None) -> Path | None:
-    """First existing copy of ``file`` of data set ``name`` along the search order, else None."""
-    for _, root in search_roots(data_dir):
-        for path in _candidates(root / name, file):
-            if path.is_file():
-                return path
-    return None
+    """The copy of ``file`` of data set ``name`` that a load would read, else None."""
+    try:
+        folder, _ = locate(name, data_dir)
+    except DataError:
+        return None
+    return _find(folder, file)
+
+
+def split_size(name: str, split: str, data_dir: str | os.PathLike | None = None) -> int:
+    """Number of examples in a split, from its labels file's header (cheap; :func:`load_dataset` verifies)."""
+    spec = _spec(name)
+    if split not in spec.files:
+        raise ValueError(f"split={split!r} is unknown; choose 'train' or 'test'")
+    folder, rule = locate(name, data_dir)
+    file = spec.files[split][1]
+    path = _find(folder, file)
+    if path is None:
+        raise DataError(f"{name}: {file}(.gz) is missing from {folder} ({rule}); {_hint(name, data_dir)}")
+    try:
+        with open(path, "rb") as raw:
+            gz = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            head = (gzip.GzipFile(fileobj=raw) if gz else raw).read(8)
+    except (OSError, EOFError) as e:
+        raise DataError(f"{path}: unreadable ({e}); {_hint(name, data_dir)}") from e
+    if len(head) < 8 or head[:4] != b"\x00\x00\x08\x01":
+        raise DataError(f"{path}: not an IDX labels file (header {head.hex()}); {_hint(name, data_dir)}")
+    return struct.unpack(">I", head[4:8])[0]
+
+
+def _hint(name: str, data_dir: str | os.PathLike | None) -> str:
+    return _how_to_get(name, _explicit(data_dir))
 
 
 def _spec(name: str) -> DatasetSpec:
@@ -239,15 +341,16 @@ def load_dataset(
     spec = _spec(name)
     if split not in spec.files:
         raise ValueError(f"split={split!r} is unknown; choose 'train' or 'test'")
+    folder, rule = locate(name, data_dir)
+    hint = _hint(name, data_dir)
     paths = []
     for file in spec.files[split]:
-        path = find_file(name, file, data_dir)
+        path = _find(folder, file)
         if path is None:
-            where = ", ".join(str(r / name) for _, r in search_roots(data_dir))
-            raise DataError(f"{name}: {file}(.gz) not found in {where}; {_how_to_get(name)}")
+            raise DataError(f"{name}: {file}(.gz) is missing from {folder} ({rule}); {hint}")
         paths.append(path)
     stamp = tuple((p.stat().st_mtime_ns, p.stat().st_size) for p in paths)  # a changed file is re-read
-    return _load(name, split, *paths, stamp)
+    return _load(name, split, *paths, stamp, hint)
 
 
 
@@ -261,11 +364,11 @@ def mnist_batch(n: int = 512, split: str = "train") -> tuple[torch.Tensor, torch
     return ds.normalized()[:n], ds.labels[:n]
 
 @functools.lru_cache(maxsize=4)
-def _load(name: str, split: str, img_file: Path, label_file: Path, _stamp: tuple) -> Dataset:
+def _load(name: str, split: str, img_file: Path, label_file: Path, _stamp: tuple, hint: str) -> Dataset:
     spec = DATASETS[name]
     arrays = []
     for path, file in zip((img_file, label_file), spec.files[split]):
-        arrays.append((path, read_idx(path, spec.sha256[file], dataset=name)))
+        arrays.append((path, read_idx(path, spec.sha256[file], hint=hint)))
     (img_path, images), (_, labels) = arrays
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
         raise DataError(f"{img_path}: images {images.shape} and labels {labels.shape} do not pair up")
@@ -284,26 +387,33 @@ def _load(name: str, split: str, img_file: Path, label_file: Path, _stamp: tuple
 
 
 def info(data_dir: str | os.PathLike | None = None) -> list[dict]:
-    """For every data set and file: where it was found (if anywhere) and whether it verifies."""
+    """For every data set and file: the copy a load would read, the rule that chose it, and its check."""
     rows = []
     for name, spec in DATASETS.items():
+        try:
+            folder, rule = locate(name, data_dir)
+            error = None
+        except DataError as e:
+            folder, rule, error = None, None, str(e)
         for file, digest in spec.sha256.items():
-            path = find_file(name, file, data_dir)
+            path = _find(folder, file) if folder is not None else None
             row = {
                 "dataset": name,
                 "file": file,
+                "rule": rule,
+                "folder": str(folder) if folder is not None else None,
                 "path": str(path) if path else None,
                 "verified": False,
-                "error": None,
+                "error": error,
             }
-            if path is None:
-                row["error"] = f"not found; {_how_to_get(name)}"
-            else:
+            if folder is not None and path is None:
+                row["error"] = f"missing from {folder}; {_hint(name, data_dir)}"
+            elif path is not None:
                 try:
-                    raw = read_bytes(path)
-                    row["verified"] = hashlib.sha256(raw).hexdigest() == digest
+                    got = hashlib.sha256(read_bytes(path)).hexdigest()
+                    row["verified"] = got == digest
                     if not row["verified"]:
-                        row["error"] = "SHA-256 mismatch"
+                        row["error"] = f"SHA-256 mismatch{_whose(file, got)}"
                 except DataError as e:
                     row["error"] = str(e)
             rows.append(row)

@@ -10,6 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
+
+from gatepool.cli.args import UsageError, int_at_least
 
 BENCHES = {
     "train": "our trainer vs a pytorch/examples-style loop, and achieved FLOP/s",
@@ -26,7 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         bp.add_argument("--json", action="store_true", help="print the result record as JSON")
         bp.add_argument("--out", default=None, help="also save the JSON record to this file")
         bp.add_argument("--quick", action="store_true", help="fewer steps and repeats (a smoke run)")
-        bp.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+        bp.add_argument(
+            "--threads", type=int_at_least(1), default=None, help="torch threads (default: all cores)"
+        )
         bp.set_defaults(func=_run)
 
 
@@ -36,9 +41,8 @@ def _run(args: argparse.Namespace) -> int:
 
     from gatepool.utils.io import atomic_write_json
 
-    if args.threads is not None and args.threads < 1:
-        print(f"error: --threads must be >= 1, got {args.threads}")
-        return 2
+    if args.out is not None and os.path.isdir(args.out):
+        raise UsageError(f"--out {args.out}: is a folder; give a file name for the JSON record")
     module = importlib.import_module(f"gatepool.lab.bench.{args.bench}")
     old = torch.get_num_threads()
     if args.threads is not None:

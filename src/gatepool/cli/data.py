@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("data", help="data sets: info, fetch")
     dsub = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
     pi = dsub.add_parser("info", help="print what was found where, verified or not")
-    pi.add_argument("--data-dir", default=None, help="look here first (also: GATEPOOL_DATA)")
+    pi.add_argument(
+        "--data-dir", default=None, help="use only this folder's files, or DIR/NAME/ (also: GATEPOOL_DATA)"
+    )
     pi.add_argument("--json", action="store_true")
     pi.set_defaults(func=_info)
     pf = dsub.add_parser("fetch", help="download into the user cache and verify")
@@ -20,26 +23,36 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from gatepool.data import info, search_roots  # lazy: `gatepool --help` must not import torch
+    from gatepool.data import info, search_roots
 
     rows = info(args.data_dir)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print("search order: " + " -> ".join(f"{label}:{root}" for label, root in search_roots(args.data_dir)))
-    for r in rows:
-        state = "verified" if r["verified"] else (r["error"] or "not verified")
-        print(f"{r['dataset']:<14} {r['file']:<25} {state:<9} {r['path'] or '-'}")
+    print("search order: " + " -> ".join(f"{rule}:{root}" for rule, root in search_roots(args.data_dir)))
+    for name in dict.fromkeys(r["dataset"] for r in rows):
+        mine = [r for r in rows if r["dataset"] == name]
+        if mine[0]["folder"] is None:
+            error = mine[0]["error"]
+            print(error if error.startswith(name) else f"{name}: {error}")
+            continue
+        print(f"{name}: loaded from {mine[0]['folder']} ({mine[0]['rule']})")
+        for r in mine:
+            state = "verified" if r["verified"] else (r["error"] or "not verified")
+            print(f"  {r['file']:<25} {state}")
     return 0
 
 
 def _fetch(args: argparse.Namespace) -> int:
+    from gatepool.cli.args import out_folder
     from gatepool.data import DataError, fetch  # lazy: `gatepool --help` must not import torch
 
+    if args.dest is not None:
+        out_folder(args.dest, "--dest")
     try:
         folder = fetch(args.name, args.dest)
     except DataError as e:
-        print(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"{args.name}: verified copy in {folder}")
     return 0

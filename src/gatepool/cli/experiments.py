@@ -11,6 +11,8 @@ import contextlib
 import json
 import sys
 
+from gatepool.cli.args import UsageError, int_at_least, out_folder
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("list", help="list the experiments and their claims")
@@ -27,8 +29,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="change one setting of the setup (repeatable); lists are comma-separated",
     )
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--out", default="runs/experiments", help="results go to OUT/NAME/ (default %(default)s)")
+    p.add_argument("--seed", type=int_at_least(0), default=None)
+    p.add_argument(
+        "--out",
+        default="runs/experiments",
+        help="results go to OUT/NAME/ (default %(default)s); one run at a time per OUT",
+    )
     p.add_argument("--json", action="store_true", help="print the result record as JSON on stdout")
     p.set_defaults(func=_run, accepts_extra=True)
 
@@ -52,16 +58,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--jobs",
-        type=int,
+        type=int_at_least(1),
         default=None,
         help="parallel worker processes for independent trainings, 1 torch thread each "
         "(default: one per core, at most 4)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--wait", action="store_true", help="if another run writes to --out, wait for it to end")
 
 
 def _list(args: argparse.Namespace) -> int:
-    from gatepool.lab.experiments import registry  # lazy: `gatepool --help` must not import torch
+    from gatepool.lab.harness import registry
 
     reg = registry()
     if args.json:
@@ -110,26 +117,27 @@ def _extra_to_sets(extra: list[str]) -> list[str]:
 
 def _run(args: argparse.Namespace) -> int:
     # lazy: `gatepool --help` must not import torch
-    from gatepool.lab.harness import parse_sets, run_experiment
+    from gatepool.lab.harness import get, parse_sets, run_experiment
     from gatepool.lab.report import table
     from gatepool.train.sweep import default_jobs
+    from gatepool.utils.lock import RunLock
 
-    try:
+    try:  # everything the arguments decide, checked before anything is written
         overrides = parse_sets(args.set + _extra_to_sets(args.extra))
-        sink = sys.stderr if args.json else sys.stdout
-        with contextlib.redirect_stdout(sink):
-            rec = run_experiment(
-                args.name,
-                profile=args.profile,
-                overrides=overrides,
-                seed=args.seed,
-                out=args.out,
-                jobs=args.jobs or default_jobs(),
-                progress=not args.quiet,
-            )
+        get(args.name).resolve_setup(args.profile, overrides, args.seed)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
+    sink = sys.stderr if args.json else sys.stdout
+    with RunLock(out_folder(args.out), wait=args.wait), contextlib.redirect_stdout(sink):
+        rec = run_experiment(
+            args.name,
+            profile=args.profile,
+            overrides=overrides,
+            seed=args.seed,
+            out=args.out,
+            jobs=args.jobs or default_jobs(),
+            progress=not args.quiet,
+        )
     if args.json:
         print(json.dumps(rec, indent=2, ensure_ascii=False))
     else:
@@ -139,11 +147,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from gatepool.lab.report import summary  # lazy: `gatepool --help` must not import torch
+    from gatepool.lab.report import summary
     from gatepool.lab.reproduce import reproduce
     from gatepool.train.sweep import default_jobs
 
-    out = args.out or f"runs/reproduce-{args.profile}"
+    out = out_folder(args.out or f"runs/reproduce-{args.profile}")
     try:
         records, _ = reproduce(
             profile=args.profile,
@@ -152,10 +160,10 @@ def _reproduce(args: argparse.Namespace) -> int:
             force=args.force,
             jobs=args.jobs or default_jobs(),
             progress=not args.quiet,
+            wait=args.wait,
         )
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
     counts = summary(records)
     broken = [r["name"] for r in records if r.get("status") == "error"]
     if broken:

@@ -14,15 +14,24 @@ import argparse
 import sys
 from pathlib import Path
 
+from gatepool.cli.args import UsageError, int_at_least, out_folder
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("probe", help="signal-propagation probe: ideal vs measured variance per layer")
     p.add_argument("--model", default="residual_cnn", help="model name (see gatepool.list_models())")
-    p.add_argument("--pool", default=None,
-                   help="gate of the model's pools (max, avg, soft, ...); default: the model's own")
-    p.add_argument("--data", default="mnist", help="data set ('mnist', or 'noise' for N(0,1) inputs)")
-    p.add_argument("--batch", type=int, default=512, help="number of images (default 512)")
-    p.add_argument("--seed", type=int, default=0, help="seed for the weights and the image choice")
+    p.add_argument(
+        "--pool",
+        default=None,
+        help="gate of the model's pools (max, avg, soft, ...); default: the model's own",
+    )
+    p.add_argument(
+        "--data", default="mnist", choices=["mnist", "noise"], help="MNIST digits, or N(0,1) noise inputs"
+    )
+    p.add_argument("--batch", type=int_at_least(1), default=512, help="number of images (default 512)")
+    p.add_argument(
+        "--seed", type=int_at_least(0), default=0, help="seed for the weights and the image choice"
+    )
     p.add_argument(
         "--backward",
         choices=["unit-noise", "loss"],
@@ -30,8 +39,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="seed of the backward pass: unit-variance noise at the output, or the summed cross-entropy",
     )
     p.add_argument("--out", default=None, help="folder for probe.json and the figures")
-    p.add_argument("--json", action="store_true",
-                   help="print the report as JSON instead of the table (no maps; probe.json has them)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as JSON instead of the table (no maps; probe.json has them)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -42,14 +54,16 @@ def _run(args: argparse.Namespace) -> int:
     from gatepool.data import DataError
     from gatepool.models import create_model
 
-    if args.batch < 1:
-        raise SystemExit(f"--batch must be >= 1, got {args.batch}")
+    if args.out:
+        out_folder(args.out)
     torch.manual_seed(args.seed)
     try:
         model = create_model(args.model, **({"pool": args.pool} if args.pool is not None else {}))
+    except (ValueError, TypeError) as e:  # a bad name, a model without pools
+        flag = "--pool" if args.pool is not None and "pool" in str(e) else "--model"
+        raise UsageError(f"{flag}: {e}") from None
+    try:
         inputs, target = _load_inputs(args.data, args.batch, args.seed)
-    except (ValueError, TypeError, OSError) as e:  # a bad name, a model without pools
-        raise SystemExit(f"gatepool probe: {e}") from None
     except DataError as e:  # a missing or corrupt data file: the message names it and how to get it
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -98,15 +112,13 @@ def _load_inputs(data: str, batch: int, seed: int):
     if data == "noise":
         g = torch.Generator().manual_seed(seed)
         return torch.randn(batch, 1, 28, 28, generator=g), torch.randint(0, 10, (batch,), generator=g)
-    if data != "mnist":
-        raise SystemExit(f"--data must be 'mnist' or 'noise', got {data!r}")
     from gatepool.data import load_dataset
 
     ds = load_dataset("mnist", "train")
     x = ds.normalized()  # (N, 1, 28, 28)
     labels = torch.as_tensor(ds.labels)
     if batch > len(labels):
-        raise SystemExit(f"--batch must be <= {len(labels)} (the training set), got {batch}")
+        raise UsageError(f"--batch {batch} is larger than the training set; choose 1 to {len(labels)}")
     g = torch.Generator().manual_seed(seed)
     idx = torch.randperm(len(labels), generator=g)[:batch]
     return torch.as_tensor(x)[idx].float(), labels[idx].long()

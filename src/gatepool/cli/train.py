@@ -11,12 +11,21 @@ the saved results without training.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
+import os
 import sys
 
+from gatepool.cli.args import UsageError, float_in, int_at_least, out_folder
 
-def _size(text: str) -> int | str:
-    return "all" if text.lower() == "all" else int(text)
+
+def _size(text: str) -> int | None:
+    if text.lower() == "all":
+        return None
+    try:
+        return int_at_least(1)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be 'all' or an integer >= 1, got {text!r}") from None
 
 
 def _bool_or_auto(text: str) -> bool | str:
@@ -48,20 +57,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="extra model keyword arguments as JSON, e.g. '{\"width\": 64}'",
     )
     p.add_argument("--data", default=None, help="mnist or fashion-mnist")
-    p.add_argument("--data-dir", default=None, help="folder with the IDX files (default: search order)")
-    p.add_argument("--train-size", type=_size, default=None, help="a random subset of N training digits")
-    p.add_argument("--test-size", type=_size, default=None, help="a random subset of N test digits")
-    p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="folder with the IDX files, directly or in DIR/NAME/; only it is used (default: search order)",
+    )
+    p.add_argument("--train-size", type=_size, default=None, help="a random subset of N training images")
+    p.add_argument("--test-size", type=_size, default=None, help="a random subset of N test images")
+    p.add_argument("--epochs", type=int_at_least(1), default=None)
+    p.add_argument("--batch-size", type=int_at_least(1), default=None)
     p.add_argument("--optimizer", default=None, choices=["adam", "adamw", "sgd"])
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate")
-    p.add_argument("--momentum", type=float, default=None, help="SGD momentum")
-    p.add_argument("--weight-decay", type=float, default=None)
+    p.add_argument("--lr", type=float_in(0, low_open=True), default=None, help="peak learning rate")
+    p.add_argument("--momentum", type=float_in(0, 1), default=None, help="SGD momentum")
+    p.add_argument("--weight-decay", type=float_in(0), default=None)
     p.add_argument("--schedule", default=None, choices=["onecycle", "cosine", "constant"])
-    p.add_argument("--warmup", type=float, default=None, help="share of the steps spent warming up")
-    p.add_argument("--label-smoothing", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    p.add_argument("--warmup", type=float_in(0, 1), default=None, help="share of the steps spent warming up")
+    p.add_argument("--label-smoothing", type=float_in(0, 1), default=None)
+    p.add_argument("--seed", type=int_at_least(0), default=None)
+    p.add_argument("--threads", type=int_at_least(1), default=None, help="torch threads (default: all cores)")
     p.add_argument(
         "--channels-last",
         type=_bool_or_auto,
@@ -69,6 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="auto (conv nets), true or false",
     )
     p.add_argument("--out", default=None, help="run folder: checkpoint, results.json, model.safetensors")
+    p.add_argument("--wait", action="store_true", help="if another run writes to --out, wait for it to end")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
     p.add_argument("--json", action="store_true", help="print the results record as JSON")
     p.set_defaults(func=_run)
@@ -84,27 +98,23 @@ _FIELDS = [
 def _run(args: argparse.Namespace) -> int:
     from gatepool.data import DataError  # lazy: `gatepool --help` must not import torch
     from gatepool.train import TrainConfig, train
+    from gatepool.utils.lock import RunLock
 
-    model_kwargs = {}
-    if args.model_kwargs:
-        try:
-            model_kwargs = json.loads(args.model_kwargs)
-        except json.JSONDecodeError as e:
-            raise SystemExit(f"gatepool train: --model-kwargs must be a JSON object: {e}") from None
-        if not isinstance(model_kwargs, dict):
-            raise SystemExit(f"gatepool train: --model-kwargs must be a JSON object, got {model_kwargs!r}")
-    if args.pool is not None:
-        model_kwargs["pool"] = args.pool
     given = {name: getattr(args, name) for name in _FIELDS if getattr(args, name) is not None}
-    if "train_size" in given and given["train_size"] == "all":
-        given["train_size"] = None
-    if "test_size" in given and given["test_size"] == "all":
-        given["test_size"] = None
     try:
-        config = TrainConfig(model_kwargs=model_kwargs, **given)
-        result = train(config, out=args.out, progress=not args.quiet, verbose=not (args.quiet or args.json))
-    except ValueError as e:
-        raise SystemExit(f"gatepool train: {e}") from None
+        config = TrainConfig(model_kwargs=_model_kwargs(args), **given)
+    except (ValueError, TypeError) as e:  # the flags' own types check most of it already
+        raise UsageError(str(e)) from None
+    progress, verbose = not args.quiet, not (args.quiet or args.json)
+    try:
+        _check(config, args)
+        if args.out is None:
+            result = train(config, progress=progress, verbose=verbose)
+        else:
+            with RunLock(out_folder(args.out), wait=args.wait):
+                result = train(config, out=args.out, progress=progress, verbose=verbose)
+    except ValueError as e:  # e.g. --out holds a run of another configuration
+        raise UsageError(str(e)) from None
     except DataError as e:  # a missing or corrupt data file: the message names it and how to get it
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -114,3 +124,63 @@ def _run(args: argparse.Namespace) -> int:
         final = result.record["final"]
         print(f"test_acc {final['test_acc']:.4f}  test_loss {final['test_loss']:.4f}")
     return 0
+
+
+def _model_kwargs(args: argparse.Namespace) -> dict:
+    example = """like '{"width": 64}'"""
+    kwargs = {}
+    if args.model_kwargs:
+        try:
+            kwargs = json.loads(args.model_kwargs)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--model-kwargs must be a JSON object {example}: {e}") from None
+        if not isinstance(kwargs, dict):
+            raise UsageError(f"--model-kwargs must be a JSON object {example}, got {args.model_kwargs}")
+    if args.pool is not None:
+        kwargs["pool"] = args.pool
+    return kwargs
+
+
+def _check(config, args: argparse.Namespace) -> None:
+    """What the flags' types cannot see, each error naming its flag: names, folders, sizes."""
+    from gatepool.data import DATASETS, split_size
+    from gatepool.models import create_model, list_models
+
+    if config.data not in DATASETS:
+        raise UsageError(f"--data {config.data!r} is unknown; choose one of {', '.join(DATASETS)}")
+    if config.data_dir is not None and not os.path.isdir(config.data_dir):
+        raise UsageError(f"--data-dir {config.data_dir}: no such folder")
+    if config.model not in list_models():
+        raise UsageError(f"--model {config.model!r} is unknown; choose one of {', '.join(list_models())}")
+    try:
+        create_model(config.model, **config.model_kwargs)  # cheap, and names the flag at fault
+    except (ValueError, TypeError) as e:
+        flag = "--pool" if args.pool is not None and "pool" in str(e) else "--model-kwargs"
+        takes = (
+            f" ({config.model} takes {', '.join(_parameters(config.model))})"
+            if isinstance(e, TypeError)
+            else ""
+        )
+        raise UsageError(f"{flag}: {e}{takes}") from None
+    sizes = {split: split_size(config.data, split, config.data_dir) for split in ("train", "test")}
+    for flag, size, split in [
+        ("--train-size", config.train_size, "train"),
+        ("--test-size", config.test_size, "test"),
+    ]:
+        if size is not None and size > sizes[split]:
+            raise UsageError(f"{flag} {size} is larger than the {split} split; choose 1 to {sizes[split]}")
+    n = config.train_size or sizes["train"]
+    if args.batch_size is not None and args.batch_size > n:
+        raise UsageError(f"--batch-size {args.batch_size} is larger than the training data; choose 1 to {n}")
+
+
+def _parameters(model: str) -> list[str]:
+    """The keyword arguments of a registered model (of the class a ``**kwargs`` factory returns)."""
+    from gatepool.models.registry import model_entrypoint  # lazy: `gatepool --help` must not import torch
+
+    sig = inspect.signature(model_entrypoint(model), eval_str=True)
+    if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()) and inspect.isclass(
+        sig.return_annotation
+    ):
+        sig = inspect.signature(sig.return_annotation)
+    return [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]

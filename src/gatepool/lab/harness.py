@@ -17,7 +17,7 @@ from typing import Any
 from gatepool.lab.claims import Context, Experiment, jsonable, plain
 from gatepool.lab.experiments import registry
 from gatepool.utils.environment import machine
-from gatepool.utils.io import atomic_write_json, read_json
+from gatepool.utils.io import DiskFullError, atomic_write_json, read_json
 
 
 def get(name: str) -> Experiment:
@@ -77,6 +77,8 @@ def run_experiment(
     error = None
     try:
         exp.fn(ctx)
+    except DiskFullError:  # not the experiment's fault: stop, and let the CLI say it in one line
+        raise
     except Exception as e:  # the record says what broke; the claims measured so far stay
         error = f"{type(e).__name__}: {e}"
         traceback.print_exc()

@@ -3,6 +3,8 @@
 An experiment whose ``<out>/<name>/result.json`` is complete for the same profile and setup is skipped,
 so a killed run picks up where it stopped (long trainings also resume from their own checkpoints).
 Experiments not run (``--only``) or broken still appear in the report, as ``not run`` or ``error``.
+One reproduction writes to ``out`` at a time (:class:`gatepool.utils.lock.RunLock`): a second one
+raises ``LockHeld`` naming the first, or with ``wait=True`` waits for it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from gatepool.lab.claims import jsonable, not_run_record
 from gatepool.lab.experiments import registry
 from gatepool.lab.harness import environment, load_result, run_experiment
 from gatepool.lab.report import summary, table, write_report
+from gatepool.utils.lock import RunLock
 
 
 def reproduce(
@@ -25,6 +28,7 @@ def reproduce(
     force: bool = False,
     jobs: int = 1,
     progress: bool = True,
+    wait: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, Path]]:
     """Run the experiments and write the report; returns (records, report paths)."""
     out = Path(out)
@@ -32,6 +36,19 @@ def reproduce(
     unknown = sorted(set(only or []) - set(reg))
     if unknown:
         raise ValueError(f"--only: unknown experiment(s) {unknown}; choose from {', '.join(reg)}")
+    with RunLock(out, wait=wait):
+        return _reproduce(reg, profile, out, only, force, jobs, progress)
+
+
+def _reproduce(
+    reg: dict[str, Any],
+    profile: str,
+    out: Path,
+    only: list[str] | None,
+    force: bool,
+    jobs: int,
+    progress: bool,
+) -> tuple[list[dict[str, Any]], dict[str, Path]]:
     t0 = time.perf_counter()
     records = []
     for name, exp in reg.items():

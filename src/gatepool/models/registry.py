@@ -31,8 +31,13 @@ def list_models() -> list[str]:
     return sorted(_MODELS)
 
 
-def create_model(name: str, **kwargs) -> nn.Module:
-    """Build the model registered as ``name`` with keyword arguments ``kwargs``."""
+def model_entrypoint(name: str) -> Callable[..., nn.Module]:
+    """The constructor registered as ``name`` (as timm's ``model_entrypoint``)."""
     if name not in _MODELS:
         raise ValueError(f"model={name!r} is unknown; choose one of {sorted(_MODELS)}")
-    return _MODELS[name](**kwargs)
+    return _MODELS[name]
+
+
+def create_model(name: str, **kwargs) -> nn.Module:
+    """Build the model registered as ``name`` with keyword arguments ``kwargs``."""
+    return model_entrypoint(name)(**kwargs)

@@ -1,0 +1,70 @@
+"""What every sub-command's arguments share: the one-line usage error, argparse types with ranges,
+and the check of an output folder."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+
+class UsageError(Exception):
+    """Bad input the user can fix: :func:`main` prints ``gatepool CMD: error: MESSAGE`` and exits 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line, ``gatepool train: error: argument --epochs: ...``."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        return value
+
+    return parse
+
+
+def float_in(low: float, high: float = math.inf, *, low_open: bool = False) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number in ``[low, high)`` (``(low, high)`` with ``low_open``)."""
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g})"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and (value > low if low_open else value >= low) and value < high):
+            raise argparse.ArgumentTypeError(f"must be a finite number in {interval}, got {text!r}")
+        return value
+
+    return parse
+
+
+def out_folder(path: str | Path, flag: str = "--out") -> Path:
+    """``path`` checked as a folder to write (made later, by the run): else a UsageError naming ``flag``."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path}: is a file, not a folder; give a folder (it is created if missing)")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: {parent} is a file, so this folder cannot be made; give another")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {parent} is not writable by this user; give another folder")
+    return path
+
+
+# Order here is the order in `gatepool --help`.
