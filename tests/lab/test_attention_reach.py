@@ -22,6 +22,7 @@ from gatepool.lab.experiments.attention_reach import (
     shuffle_pixels,
     train_config,
 )
+from gatepool.utils.threads import num_threads
 
 TINY = {"train_size": "256", "test_size": "200", "epochs": "1"}
 
@@ -29,10 +30,8 @@ TINY = {"train_size": "256", "test_size": "200", "epochs": "1"}
 @pytest.fixture(autouse=True)
 def one_thread():
     """Tiny trainings run fastest on one thread, and a 2-thread run on a busy machine crawls."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+    with num_threads(1):
+        yield
 
 
 def explicit_attention(model, x):

@@ -33,21 +33,15 @@ def _run(args: argparse.Namespace) -> int:
     """Each bench module has ``run(quick) -> record`` and ``table(record) -> str``."""
     import json
 
-    import torch
-
     from gatepool.utils.io import atomic_write_json
+    from gatepool.utils.threads import num_threads
 
     if args.threads is not None and args.threads < 1:
         print(f"error: --threads must be >= 1, got {args.threads}")
         return 2
     module = importlib.import_module(f"gatepool.lab.bench.{args.bench}")
-    old = torch.get_num_threads()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    try:
+    with num_threads(args.threads):
         record = module.run(quick=args.quick)
-    finally:
-        torch.set_num_threads(old)
     print(json.dumps(record, indent=2, ensure_ascii=False) if args.json else module.table(record))
     if args.out:
         atomic_write_json(args.out, record)

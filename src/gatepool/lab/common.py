@@ -1,8 +1,12 @@
-"""Small helpers the experiment files share: the lecture's digits, and pyplot without a display."""
+"""Small helpers the experiment files share: the lecture's digits, and pyplot (from gatepool.utils)."""
 
 from __future__ import annotations
 
 import torch
+
+from gatepool.utils.plotting import pyplot
+
+__all__ = ["mnist_batch", "pyplot"]
 
 
 def mnist_batch(n: int = 512, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
@@ -15,13 +19,3 @@ def mnist_batch(n: int = 512, split: str = "train") -> tuple[torch.Tensor, torch
     if n > len(ds):
         raise ValueError(f"batch={n} is more than the {len(ds)} {split} digits")
     return ds.normalized()[:n], ds.labels[:n]
-
-
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (files only, no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt

@@ -16,7 +16,6 @@ profile and setup match is what makes ``gatepool reproduce`` skip an experiment 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import traceback
@@ -25,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gatepool.utils.io import atomic_write_json, read_json
+from gatepool.utils.io import atomic_write_json, json_copy, read_json, to_json
+from gatepool.utils.plotting import save_png
 
 PROFILES = ("quick", "full")
 VERDICTS = ("ok", "off", "not run")
@@ -253,13 +253,7 @@ class Context:
 
     def figure(self, fig: Any, filename: str) -> Path:
         """Save a matplotlib figure as ``<out>/<filename>`` (PNG) and list it in the record."""
-        import matplotlib.pyplot as plt
-
-        path = self.out / filename
-        tmp = path.with_name(f".{path.name}.tmp.png")
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        tmp.replace(path)
+        path = save_png(fig, self.out / filename, dpi=110)
         self.figures.append(str(path))
         return path
 
@@ -295,20 +289,12 @@ def not_run_record(spec: Claim, on_lecture: bool = True) -> dict[str, Any]:
 
 def plain(x: Any) -> Any:
     """Tensors and numpy values to plain Python, floats rounded to 6 significant digits."""
-    if hasattr(x, "tolist"):
-        x = x.tolist()
-    if isinstance(x, float):
-        return float(f"{x:.6g}")
-    if isinstance(x, (list, tuple)):
-        return [plain(v) for v in x]
-    if isinstance(x, dict):
-        return {k: plain(v) for k, v in x.items()}
-    return x
+    return to_json(x, digits=6)
 
 
 def jsonable(x: Any) -> Any:
     """``x`` exactly as it reads back from a JSON file (tuples become lists, floats rounded)."""
-    return json.loads(json.dumps(plain(x)))
+    return json_copy(x, digits=6)
 
 
 def environment() -> dict[str, Any]:
