@@ -222,12 +222,12 @@ def test_cli_trains_and_prints_the_record(tmp_path, capsys):
     args = parser.parse_args(
         ["train", "--pool", "avg", "--model-kwargs", '{"width": 8}', "--train-size", "128",
          "--test-size", "64", "--epochs", "1", "--batch-size", "32", "--threads", "1", "--seed", "3",
-         "--out", str(tmp_path), "--json"]
+         "--grad-clip", "2.5", "--out", str(tmp_path), "--json"]
     )  # fmt: skip
     assert args.func(args) == 0
     record = json.loads(capsys.readouterr().out)
     want = TrainConfig(model_kwargs={"width": 8, "pool": "avg"}, train_size=128, test_size=64, epochs=1,
-                       batch_size=32, threads=1, seed=3).to_dict()  # fmt: skip
+                       batch_size=32, threads=1, seed=3, grad_clip=2.5).to_dict()  # fmt: skip
     assert record["config"] == want
     assert record == read_json(tmp_path / "results.json")
 

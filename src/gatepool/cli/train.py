@@ -56,6 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=None, help="peak learning rate")
     p.add_argument("--momentum", type=float, default=None, help="SGD momentum")
     p.add_argument("--weight-decay", type=float, default=None)
+    p.add_argument("--grad-clip", type=float, default=None, help="clip the gradients' global norm to this")
     p.add_argument("--schedule", default=None, choices=["onecycle", "cosine", "constant"])
     p.add_argument("--warmup", type=float, default=None, help="share of the steps spent warming up")
     p.add_argument("--label-smoothing", type=float, default=None)
@@ -76,7 +77,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 # argparse dest -> TrainConfig field (the same name everywhere except pool/model_kwargs)
 _FIELDS = [
     "model", "data", "data_dir", "train_size", "test_size", "epochs", "batch_size", "optimizer", "lr",
-    "momentum", "weight_decay", "schedule", "warmup", "label_smoothing", "seed", "threads", "channels_last",
+    "momentum", "weight_decay", "grad_clip", "schedule", "warmup", "label_smoothing", "seed", "threads",
+    "channels_last",
 ]  # fmt: skip
 
 
