@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from gatepool.cli import main
 from gatepool.lab.harness import run_experiment
 
@@ -16,7 +18,8 @@ def test_seq_demo_smoke_record(tmp_path):
     assert set(c) == {"token-acc", "time"}
     # the training was changed by --set: the lecture's 99 % and 120 s no longer apply
     assert c["token-acc"]["lecture"] is None and c["token-acc"]["verdict"] == "not run"
-    assert 0.0 <= c["token-acc"]["measured"] <= 1.0
+    assert c["token-acc"]["measured"] == rec["data"]["final_token_acc"]
+    assert c["token-acc"]["measured"] * 32 == pytest.approx(round(c["token-acc"]["measured"] * 32), abs=1e-4)
     data = rec["data"]
     assert data["arch"] == "decoder" and data["task"] == "reverse"
     assert [p["step"] for p in data["curve"]] == [3, 6] and not data["reached_target"]

@@ -5,14 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gatepool.models.seq import (
-    SEP,
-    DecoderLM,
-    EncoderDecoder,
-    format_seq_demo,
-    make_task_batch,
-    train_seq_demo,
-)
+from gatepool.models.seq import SEP, DecoderLM, EncoderDecoder, make_task_batch
+from gatepool.train.seq import format_seq_demo, train_seq_demo
 
 
 def test_tasks():
@@ -72,15 +66,34 @@ def test_generate_is_greedy_argmax(cls):
 
 @pytest.mark.parametrize("arch", ["decoder", "encoder-decoder"])
 def test_train_seq_demo_smoke(arch):
-    res = train_seq_demo(arch=arch, task="sort", length=4, steps=3, eval_every=2, eval_size=8, batch_size=8,
-                         dim=16, depth=1, num_heads=2, num_examples=2, progress=False, threads=1)  # fmt: skip
-    assert [row["step"] for row in res["curve"]] == [2, 3]
-    assert res["steps_run"] == 3 and len(res["examples"]) == 2
+    res = train_seq_demo(arch=arch, task="sort", length=4, steps=4, eval_every=2, warmup=1, eval_size=8,
+                         batch_size=8, dim=16, depth=1, num_heads=2, num_examples=2, progress=False,
+                         threads=1)  # fmt: skip
+    assert [row["step"] for row in res["curve"]] == [2, 4]
+    assert res["steps_run"] == 4 and len(res["examples"]) == 2
     for ex in res["examples"]:
         assert ex["target"] == "".join(sorted(ex["input"])) and len(ex["output"]) == 4
-    assert 0.0 <= res["final_token_acc"] <= 1.0 and res["params"] > 0
+    # accuracies are counts: of the 8 × 4 held-out tokens, of the 8 sequences
+    assert res["final_token_acc"] * 32 == pytest.approx(round(res["final_token_acc"] * 32), abs=1e-5)
+    assert res["final_seq_acc"] * 8 == pytest.approx(round(res["final_seq_acc"] * 8), abs=1e-5)
+    assert res["final_token_acc"] == res["curve"][-1]["token_acc"]
+    cls = DecoderLM if arch == "decoder" else EncoderDecoder
+    assert res["params"] == sum(p.numel() for p in cls(max_len=9, dim=16, depth=1, num_heads=2).parameters())
+    assert res["curve"][-1]["time_s"] == pytest.approx(res["time_s"])
     text = format_seq_demo(res)
     assert "token acc" in text and res["examples"][0]["input"] in text
+
+
+def test_the_decoder_learns_to_reverse_and_stops_at_the_target():
+    """100 steps take the decoder from chance (0.1) to ≥ 95% greedy token accuracy on reversing 4 digits
+    (measured: 100%, at step 100); the training stops at the first evaluation that reaches the target."""
+    res = train_seq_demo(arch="decoder", task="reverse", length=4, steps=150, eval_every=50, eval_size=100,
+                         batch_size=32, dim=32, depth=1, num_heads=2, warmup=10, lr=1e-2, target_acc=0.95,
+                         progress=False)  # fmt: skip
+    assert res["reached_target"] and res["step_to_target"] == res["steps_run"] <= 150
+    assert res["final_token_acc"] >= 0.95
+    assert all(c["token_acc"] < 0.95 for c in res["curve"][:-1])
+    assert res["curve"][-1]["loss"] <= res["curve"][0]["loss"] - 1.0
 
 
 def test_train_seq_demo_errors():
@@ -90,3 +103,9 @@ def test_train_seq_demo_errors():
         train_seq_demo(arch="decoder", task="add")
     with pytest.raises(ValueError, match="steps"):
         train_seq_demo(arch="decoder", steps=0)
+    with pytest.raises(ValueError, match="eval_every"):
+        train_seq_demo(arch="decoder", steps=10, eval_every=3)
+    with pytest.raises(ValueError, match="warmup"):
+        train_seq_demo(arch="decoder", steps=10, eval_every=5, warmup=10)
+    with pytest.raises(ValueError, match="threads"):
+        train_seq_demo(arch="decoder", threads=0)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import gatepool
 from gatepool import create_model
 from gatepool.data import load_dataset
-from gatepool.train import TrainConfig, TrainResult, learning_rate, train
+from gatepool.train import TrainConfig, TrainResult, evaluate, get_lr, train
 from gatepool.utils.io import read_json
 
 SMALL = dict(train_size=256, test_size=128, epochs=2, batch_size=64, threads=1, model_kwargs={"width": 8})
@@ -64,10 +64,18 @@ def test_same_seed_same_bits_other_seed_other_bits(reference):
 def test_history_has_every_epoch_and_the_extras(reference):
     ref, _ = reference
     assert [row["epoch"] for row in ref.history] == [1, 2]
+    steps = 256 // 64  # per epoch; 8 in all
     for row in ref.history:
         assert set(row) >= {"train_loss", "train_acc", "test_loss", "test_acc", "lr", *TIMINGS}
-        assert 0.0 <= row["test_acc"] <= 1.0 and row["images_per_s"] > 0
+        # accuracies are counts over the 256 training and 128 test digits
+        assert row["train_acc"] * 256 == pytest.approx(round(row["train_acc"] * 256), abs=1e-9)
+        assert row["test_acc"] * 128 == pytest.approx(round(row["test_acc"] * 128), abs=1e-9)
+        last_step = row["epoch"] * steps - 1
+        assert row["lr"] == get_lr(last_step, 2 * steps, lr=3e-3, schedule="onecycle", warmup=0.3)
+        assert row["images_per_s"] * row["seconds"] >= 256  # the epoch's seconds include its training
         assert row["seen"] == row["epoch"] and len(row["fc_norm"]) == 10  # a tensor, stored as a list
+    # the extras are the model's at that epoch: epoch 2's are those of the final weights
+    assert ref.history[-1]["fc_norm"] == ref.model.head.fc.weight.norm(dim=1).tolist()
     assert ref.record["initial"]["seen"] == 0
     final = ("train_loss", "train_acc", "test_loss", "test_acc")
     assert ref.record["final"] == {k: ref.history[-1][k] for k in final}
@@ -195,43 +203,15 @@ def test_in_memory_data_and_subsets_are_nested():
             torch.randn(16, 1, 28, 28, generator=g), torch.randint(0, 10, (16,), generator=g))  # fmt: skip
     cfg = TrainConfig(data="noise", epochs=1, batch_size=16, threads=1, model_kwargs={"width": 8})
     result = train(cfg, data=data, progress=False, verbose=False)
-    assert result.history[0]["epoch"] == 1
+    test = evaluate(result.model, data[2], data[3])  # the given test tensors, not MNIST's
+    assert result.final["test_acc"] == test["acc"]
+    assert result.final["test_loss"] == pytest.approx(test["loss"])
 
     from gatepool.train import load_data
 
     small = load_data(TrainConfig(train_size=8, test_size=4), data=data)
     large = load_data(TrainConfig(train_size=32, test_size=4), data=data)
     assert torch.equal(small.train_x, large.train_x[:8]) and torch.equal(small.train_y, large.train_y[:8])
-
-
-@pytest.mark.parametrize("total, warmup", [(100, 0.3), (37, 0.25), (5, 0.1), (1, 0.3)])
-def test_onecycle_matches_torch(total, warmup):
-    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(
-        opt, max_lr=0.01, total_steps=total, pct_start=warmup, cycle_momentum=False
-    )
-    cfg = TrainConfig(schedule="onecycle", warmup=warmup, lr=0.01)
-    for step in range(total):
-        want = opt.param_groups[0]["lr"]
-        assert learning_rate(cfg, step, total) == pytest.approx(want, rel=1e-12, abs=1e-15)
-        opt.step()
-        if step < total - 1:
-            sched.step()
-
-
-def test_cosine_after_warmup_matches_torch():
-    total, warm = 50, 5
-    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total - warm)
-    cfg = TrainConfig(schedule="cosine", warmup=warm / total, lr=0.1)
-    warmup_lrs = [learning_rate(cfg, t, total) for t in range(warm)]
-    assert warmup_lrs == sorted(warmup_lrs) and warmup_lrs[-1] == pytest.approx(0.1)
-    for step in range(warm, total):
-        want = opt.param_groups[0]["lr"]
-        assert learning_rate(cfg, step, total) == pytest.approx(want, rel=1e-9, abs=1e-15)
-        opt.step()
-        sched.step()
-    assert learning_rate(TrainConfig(schedule="constant", warmup=0.0, lr=0.1), 7, total) == 0.1
 
 
 def test_cli_trains_and_prints_the_record(tmp_path, capsys):
@@ -242,12 +222,12 @@ def test_cli_trains_and_prints_the_record(tmp_path, capsys):
     args = parser.parse_args(
         ["train", "--pool", "avg", "--model-kwargs", '{"width": 8}', "--train-size", "128",
          "--test-size", "64", "--epochs", "1", "--batch-size", "32", "--threads", "1", "--seed", "3",
-         "--out", str(tmp_path), "--json"]
+         "--grad-clip", "2.5", "--out", str(tmp_path), "--json"]
     )  # fmt: skip
     assert args.func(args) == 0
     record = json.loads(capsys.readouterr().out)
     want = TrainConfig(model_kwargs={"width": 8, "pool": "avg"}, train_size=128, test_size=64, epochs=1,
-                       batch_size=32, threads=1, seed=3).to_dict()  # fmt: skip
+                       batch_size=32, threads=1, seed=3, grad_clip=2.5).to_dict()  # fmt: skip
     assert record["config"] == want
     assert record == read_json(tmp_path / "results.json")
 
@@ -297,3 +277,35 @@ def test_cli_missing_data_prints_an_error_not_a_traceback(tmp_path, monkeypatch,
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "Traceback" not in err
     assert "train-images-idx3-ubyte" in err and str(empty) in err and "gatepool data fetch mnist" in err
+
+
+NEW_FIELDS = ("steps_per_epoch", "betas", "grad_clip")  # added to TrainConfig after runs were saved
+
+
+def test_runs_saved_before_the_new_fields_load_and_resume(tmp_path):
+    def stop_at_2(model, epoch):
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    cfg = TrainConfig(model_kwargs={"width": 8}, **TINY)
+    reference = train(cfg, progress=False, verbose=False)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, out=tmp_path, progress=False, verbose=False, on_epoch_end=stop_at_2)
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    for k in NEW_FIELDS:  # a checkpoint as the trainer wrote it before these fields and eval_fn
+        del ckpt["config"][k]
+    del ckpt["metrics"]
+    torch.save(ckpt, tmp_path / "checkpoint.pt")
+    resumed = train(cfg, out=tmp_path, progress=False, verbose=False)
+    assert metrics(resumed.history) == metrics(reference.history)
+    assert resumed.final == reference.final
+
+    record = read_json(tmp_path / "results.json")
+    for k in NEW_FIELDS:
+        del record["config"][k]
+    (tmp_path / "results.json").write_text(json.dumps(record))
+    calls = []
+    train(cfg, out=tmp_path, verbose=False, on_epoch_end=lambda m, e: calls.append(e))
+    assert calls == []  # loaded, not retrained
+    with pytest.raises(ValueError, match="grad_clip"):  # a missing field is its default, not anything
+        train(TrainConfig(model_kwargs={"width": 8}, grad_clip=1.0, **TINY), out=tmp_path, verbose=False)

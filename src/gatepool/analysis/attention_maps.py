@@ -14,13 +14,12 @@ the gate held by the top-k tokens beside the even split ``k / t``.
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Sequence
 
 import torch
 
-from gatepool.utils.io import atomic_write_bytes
+from gatepool.utils.plotting import pyplot, save_png
 
 __all__ = ["attention_cost", "plot_attention_cost", "plot_attention_map", "token_strengths", "top_k_share"]
 
@@ -59,12 +58,6 @@ def top_k_share(gate_row: torch.Tensor, k: int = 3) -> dict:
                 tokens=top.indices.tolist(), gates=top.values.tolist())  # fmt: skip
 
 
-def _save(fig, path: str | os.PathLike) -> None:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    atomic_write_bytes(path, buf.getvalue())
-
-
 def plot_attention_map(
     gate_row: torch.Tensor,
     strengths: torch.Tensor,
@@ -86,10 +79,7 @@ def plot_attention_map(
 
     Returns :func:`top_k_share`'s dict plus ``query`` and the top tokens as (row, col).
     """
-    import matplotlib  # lazy: a second to import, and only a call that draws needs it
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     if strengths.ndim != 2:
         raise ValueError(f"strengths must be (H, W), got {tuple(strengths.shape)}")
@@ -128,8 +118,7 @@ def plot_attention_map(
     )
     if title:
         fig.suptitle(title)
-    _save(fig, path)
-    plt.close(fig)
+    save_png(fig, path, dpi=120)
     return {**info, "query": (r, c), "top_rc": top_rc}
 
 
@@ -141,10 +130,7 @@ def plot_attention_cost(
     ``entries``: (label, tokens) pairs, e.g. ``[("12×12 grid", 144), ("224² pixels", 50176)]``.
     Returns the :func:`attention_cost` dict of each entry (with its label).
     """
-    import matplotlib  # lazy: a second to import, and only a call that draws needs it
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = [{"label": label, **attention_cost(t, bytes_per_value=bytes_per_value)} for label, t in entries]
     if not rows:
@@ -159,8 +145,7 @@ def plot_attention_cost(
         ax.annotate(label, (x, r["gates"]), ha="center", va="bottom", fontsize=8)
     ax.set_ylim(bottom=1, top=max(r["gates"] for r in rows) * 50)
     ax.tick_params(axis="x", labelsize=8)
-    _save(fig, path)
-    plt.close(fig)
+    save_png(fig, path, dpi=120)
     return rows
 
 

@@ -37,20 +37,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     """Each bench module has ``run(quick) -> record`` and ``table(record) -> str``."""
-    import torch  # lazy: `gatepool --help` must not import torch
 
     from gatepool.utils.io import atomic_write_json
+    from gatepool.utils.threads import num_threads
 
     if args.out is not None and os.path.isdir(args.out):
         raise UsageError(f"--out {args.out}: is a folder; give a file name for the JSON record")
     module = importlib.import_module(f"gatepool.lab.bench.{args.bench}")
-    old = torch.get_num_threads()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    try:
+    with num_threads(args.threads):
         record = module.run(quick=args.quick)
-    finally:
-        torch.set_num_threads(old)
     print(json.dumps(record, indent=2, ensure_ascii=False) if args.json else module.table(record))
     if args.out:
         atomic_write_json(args.out, record)

@@ -70,6 +70,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float_in(0, low_open=True), default=None, help="peak learning rate")
     p.add_argument("--momentum", type=float_in(0, 1), default=None, help="SGD momentum")
     p.add_argument("--weight-decay", type=float_in(0), default=None)
+    p.add_argument(
+        "--grad-clip", type=float_in(0, low_open=True), default=None,
+        help="clip the gradients' global norm to this",
+    )
     p.add_argument("--schedule", default=None, choices=["onecycle", "cosine", "constant"])
     p.add_argument("--warmup", type=float_in(0, 1), default=None, help="share of the steps spent warming up")
     p.add_argument("--label-smoothing", type=float_in(0, 1), default=None)
@@ -91,7 +95,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 # argparse dest -> TrainConfig field (the same name everywhere except pool/model_kwargs)
 _FIELDS = [
     "model", "data", "data_dir", "train_size", "test_size", "epochs", "batch_size", "optimizer", "lr",
-    "momentum", "weight_decay", "schedule", "warmup", "label_smoothing", "seed", "threads", "channels_last",
+    "momentum", "weight_decay", "grad_clip", "schedule", "warmup", "label_smoothing", "seed", "threads",
+    "channels_last",
 ]  # fmt: skip
 
 

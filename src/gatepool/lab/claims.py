@@ -15,12 +15,14 @@ The experiment files (``gatepool.lab.experiments``) import this module; ``harnes
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gatepool.utils.io import json_copy, to_json
+from gatepool.utils.plotting import save_png
 
 PROFILES = ("quick", "full")
 VERDICTS = ("ok", "off", "not run")
@@ -228,13 +230,7 @@ class Context:
 
     def figure(self, fig: Any, filename: str) -> Path:
         """Save a matplotlib figure as ``<out>/<filename>`` (PNG) and list it in the record."""
-        import matplotlib.pyplot as plt  # lazy: only experiments that draw need matplotlib
-
-        path = self.out / filename
-        tmp = path.with_name(f".{path.name}.tmp.png")
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        tmp.replace(path)
+        path = save_png(fig, self.out / filename, dpi=110)
         self.figures.append(str(path))
         return path
 
@@ -270,17 +266,9 @@ def not_run_record(spec: Claim, on_lecture: bool = True) -> dict[str, Any]:
 
 def plain(x: Any) -> Any:
     """Tensors and numpy values to plain Python, floats rounded to 6 significant digits."""
-    if hasattr(x, "tolist"):
-        x = x.tolist()
-    if isinstance(x, float):
-        return float(f"{x:.6g}")
-    if isinstance(x, (list, tuple)):
-        return [plain(v) for v in x]
-    if isinstance(x, dict):
-        return {k: plain(v) for k, v in x.items()}
-    return x
+    return to_json(x, digits=6)
 
 
 def jsonable(x: Any) -> Any:
     """``x`` exactly as it reads back from a JSON file (tuples become lists, floats rounded)."""
-    return json.loads(json.dumps(plain(x)))
+    return json_copy(x, digits=6)

@@ -1,5 +1,7 @@
-"""Training: one trainer (``trainer.py``) and sweeps of independent trainings (``sweep.py``)."""
+"""Training: one trainer (``trainer.py``), one learning-rate schedule (``schedule.py``) and sweeps of
+independent trainings (``sweep.py``)."""
 
+from gatepool.train.schedule import SCHEDULES, get_lr
 from gatepool.train.trainer import (
     CHECKPOINT,
     RESULTS,
@@ -8,28 +10,34 @@ from gatepool.train.trainer import (
     TrainConfig,
     TrainData,
     TrainResult,
+    cross_entropy_loss,
+    data_batches,
     epoch_seed,
     evaluate,
-    learning_rate,
     load_data,
     make_optimizer,
     train,
     train_epoch,
+    train_step,
 )
 
 __all__ = [
     "CHECKPOINT",
     "RESULTS",
     "RUNTIME_FIELDS",
+    "SCHEDULES",
     "WEIGHTS",
     "TrainConfig",
     "TrainData",
     "TrainResult",
+    "cross_entropy_loss",
+    "data_batches",
     "epoch_seed",
     "evaluate",
-    "learning_rate",
+    "get_lr",
     "load_data",
     "make_optimizer",
     "train",
     "train_epoch",
+    "train_step",
 ]

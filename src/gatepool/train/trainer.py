@@ -1,28 +1,31 @@
-"""The trainer: whole data set in memory, deterministic, checkpointed every epoch, resumable.
+"""The trainer: deterministic, checkpointed every epoch, resumable; one loop for every model of the package.
 
 One epoch e (1-based) of ``TrainConfig`` is
 
     s_e  = SeedSequence([seed, e])                       # the epoch's seed: a function of (seed, e) only
-    perm = randperm(N, generator=s_e)                    # every training image once, in a seeded order
-    for each batch b = perm[i·B : (i+1)·B]:              # (B,) indices into the in-memory tensors
-        lr_t = schedule(t)                               # a pure function of the global step t
-        L    = (1 − ε)·CE(f(x_b), y_b) + ε·mean_k(−log p_k)   # label smoothing ε
-        θ    ← optimizer(θ, ∇_θ L, lr_t)                 # Adam, AdamW or SGD with momentum
+    g    = Generator(s_e)                                # draws the epoch's batches
+    for each batch (x_b, y_b) of batches(g):             # default: every training image once, in the
+                                                         #   order randperm(N, g), one index_select each
+        lr_t = get_lr(t, T, ...)                         # a pure function of the global step t (schedule.py)
+        L    = loss_fn(f, x_b, y_b)                      # default (1 − ε)·CE(f(x_b), y_b) + ε·mean(−log p)
+        θ    ← optimizer(θ, clip(∇_θ L), lr_t)           # Adam, AdamW or SGD with momentum
 
-then an evaluation on the test set and a checkpoint. Since the order, the global RNG (reseeded from s_e
-at the start of each epoch, e.g. for dropout) and the learning rate all depend only on (seed, epoch,
-step), a checkpoint needs only the model, the optimizer and the history to resume *exactly*: a run
-killed at any point (``kill -9`` included) and restarted with the same command ends with the same
-bits as one that was never interrupted (on CPU, with the same thread count).
+then an evaluation (default: loss and accuracy on the test set) and a checkpoint. Since the batches,
+the global RNG (reseeded from s_e at the start of each epoch, e.g. for dropout) and the learning rate
+all depend only on (seed, epoch, step), a checkpoint needs only the model, the optimizer and the history
+to resume *exactly*: a run killed at any point (``kill -9`` included) and restarted with the same
+command ends with the same bits as one that was never interrupted (on CPU, with the same thread count).
 
-The schedules, over T = epochs · steps_per_epoch steps with w = warmup · T warm-up steps:
+Where trainings differ, ``train`` takes a hook instead of a copy of the loop:
 
-    constant   lr_t = lr · min(1, (t + 1) / w)                        (linear warm-up, then flat)
-    cosine     lr_t = lr · (t + 1) / w                                for t < w (linear warm-up)
-               lr_t = lr · ½ (1 + cos(π (t − w) / (T − w)))           after, down to 0
-    onecycle   lr_t = lr/25 + (lr − lr/25) · ½ (1 − cos(π t / p))     for t ≤ p = warmup·T − 1, then
-               lr_t = lr/25e4 + (lr − lr/25e4) · ½ (1 + cos(π (t − p) / (T − 1 − p)))
-                                                           (= torch's OneCycleLR with anneal_strategy="cos")
+    batches(g) -> iterable of (x, y)   the epoch's batches drawn from g (e.g. freshly generated token
+                                       sequences); ``config.steps_per_epoch`` of them are taken
+    loss_fn(model, x, y) -> (loss, logits)   e.g. per-token cross-entropy; accuracy is
+                                       mean(argmax(logits, −1) == y) over all of y's elements
+    eval_fn(model) -> dict             the epoch's evaluation (e.g. greedy decoding), into the history
+    stop_fn(row) -> bool               stop after an epoch whose history row says so (e.g. a target met)
+    on_epoch_end(model, epoch) -> dict extras for the history (e.g. learned temperatures)
+    on_step(step, loss)                after every update (``train_epoch``; e.g. timing steps)
 
 Speed: the data are tensors, a batch is one ``index_select`` (no DataLoader, no per-image Python),
 convolutional models run in ``channels_last`` (oneDNN's fast layout on CPU; measured 1.2-1.4× here for
@@ -42,14 +45,13 @@ again loads and returns them without training.
 
 from __future__ import annotations
 
-import json
+import functools
 import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -58,13 +60,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gatepool.train.schedule import DEFAULT_WARMUP, SCHEDULES, get_lr
 from gatepool.utils.environment import machine
-from gatepool.utils.io import atomic_torch_save, atomic_write_bytes, atomic_write_json, read_json
+from gatepool.utils.io import atomic_torch_save, atomic_write_bytes, atomic_write_json, json_copy, read_json
+from gatepool.utils.threads import num_threads
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
-SCHEDULES = ("onecycle", "cosine", "constant")
 DEFAULT_LR = {"adam": 3e-3, "adamw": 3e-3, "sgd": 0.1}  # peak learning rates (lr=None)
-DEFAULT_WARMUP = {"onecycle": 0.3, "cosine": 0.05, "constant": 0.0}  # share of all steps (warmup=None)
+Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets)
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 # Fields that say how to run, not what to compute: they may differ between a run and its resumption.
 # The bits depend on the thread count, though: a resume with another count warns, and every history
 # row records the threads its epoch ran with.
@@ -82,7 +86,9 @@ class TrainConfig:
     ``lr=None`` and ``warmup=None`` resolve to the optimizer's and the schedule's defaults at
     construction, so the stored config states the numbers used. Subsets (``train_size``,
     ``test_size``) are the first n of ``randperm(N)`` seeded by ``subset_seed``: random, deterministic,
-    independent of ``seed``, and nested (the 1k subset lies inside the 4k one).
+    independent of ``seed``, and nested (the 1k subset lies inside the 4k one). Fields added later
+    (``steps_per_epoch``, ``betas``, ``grad_clip``) default to what the trainer did before them, so a run
+    saved before they existed still loads (a missing field compares as its default).
     """
 
     model: str = "residual_cnn"  # registry name (gatepool.list_models())
@@ -94,11 +100,14 @@ class TrainConfig:
     subset_seed: int = 0
     epochs: int = 6
     batch_size: int = 128
+    steps_per_epoch: int | None = None  # None: one pass over the training set; needed with train(batches=)
     eval_batch_size: int = 1000
     optimizer: str = "adam"  # adam | adamw | sgd
     lr: float | None = None  # peak learning rate; None: DEFAULT_LR[optimizer]
     momentum: float = 0.9  # SGD only
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam and AdamW only (torch's default)
     weight_decay: float = 0.0
+    grad_clip: float | None = None  # clip the gradients' global L2 norm to this; None: no clipping
     schedule: str = "onecycle"  # onecycle | cosine | constant
     warmup: float | None = None  # share of all steps; None: DEFAULT_WARMUP[schedule]
     label_smoothing: float = 0.0
@@ -114,7 +123,7 @@ class TrainConfig:
         _check_str(self, "data")
         if self.data_dir is not None:
             self.data_dir = str(self.data_dir)
-        for name in ("train_size", "test_size", "threads"):
+        for name in ("train_size", "test_size", "threads", "steps_per_epoch"):
             _check_int(self, name, 1, optional=True)
         _check_int(self, "subset_seed", 0)
         _check_int(self, "seed", 0)
@@ -129,14 +138,24 @@ class TrainConfig:
             self.warmup = DEFAULT_WARMUP[self.schedule]
         _check_float(self, "lr", 0.0, math.inf, low_open=True)
         _check_float(self, "momentum", 0.0, 1.0)
+        betas = self.betas
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+        for i, b in enumerate(betas):
+            if isinstance(b, bool) or not isinstance(b, (int, float, np.floating)) or not 0.0 <= b < 1.0:
+                raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r} (betas[{i}])")
+        self.betas = (float(betas[0]), float(betas[1]))
         _check_float(self, "weight_decay", 0.0, math.inf)
+        if self.grad_clip is not None:
+            _check_float(self, "grad_clip", 0.0, math.inf, low_open=True)
         _check_float(self, "warmup", 0.0, 1.0)
         _check_float(self, "label_smoothing", 0.0, 1.0)
         if not (isinstance(self.channels_last, bool) or self.channels_last == "auto"):
             raise ValueError(f"channels_last must be True, False or 'auto', got {self.channels_last!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The config as results.json holds it (tuples as lists)."""
+        return json_copy(asdict(self))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
@@ -236,29 +255,7 @@ def _subset(n: int, size: int | None, seed: int, name: str) -> torch.Tensor | No
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:size]
 
 
-# ----------------------------------------------------------------------------- schedule
-
-
-def learning_rate(config: TrainConfig, step: int, total_steps: int) -> float:
-    """The learning rate at global step ``step`` (0-based) of ``total_steps`` (see the module doc)."""
-    lr, T, warmup = config.lr, total_steps, config.warmup
-    if config.schedule == "onecycle":  # torch.optim.lr_scheduler.OneCycleLR, anneal_strategy="cos"
-        start, end = lr / 25.0, lr / 25.0 / 1e4  # div_factor=25, final_div_factor=1e4
-        peak = warmup * T - 1  # the step at which lr is reached (a float, as in torch)
-        if step <= peak and peak > 0:
-            return _cos_anneal(start, lr, step / peak)
-        return _cos_anneal(lr, end, (step - peak) / (T - 1 - peak))  # T − 1 − p = (1 − warmup)·T > 0
-    w = int(round(warmup * T))
-    if step < w:  # linear warm-up, reaching lr at step w − 1
-        return lr * (step + 1) / w
-    if config.schedule == "constant":
-        return lr
-    return _cos_anneal(lr, 0.0, (step - w) / max(T - w, 1))  # cosine: torch's CosineAnnealingLR
-
-
-def _cos_anneal(start: float, end: float, pct: float) -> float:
-    """From ``start`` at pct = 0 to ``end`` at pct = 1 along half a cosine."""
-    return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1.0)
+# ----------------------------------------------------------------------------- optimizer, seeds, batches
 
 
 def make_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -267,8 +264,8 @@ def make_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimiz
     if config.optimizer == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=config.momentum, weight_decay=wd)
     if config.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=wd)
-    return torch.optim.Adam(params, lr=lr, weight_decay=wd)
+        return torch.optim.AdamW(params, lr=lr, betas=config.betas, weight_decay=wd)
+    return torch.optim.Adam(params, lr=lr, betas=config.betas, weight_decay=wd)
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -276,53 +273,125 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return int(np.random.SeedSequence([seed, epoch]).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
-# ----------------------------------------------------------------------------- one epoch
+def data_batches(data: TrainData, batch_size: int, generator: torch.Generator) -> Iterator[Batch]:
+    """Every training example once, in the order ``randperm(N, generator)``: ((B, ...), (B,)) per batch."""
+    x, y = data.train_x, data.train_y
+    perm = torch.randperm(len(y), generator=generator)
+    for i in range(0, len(y), batch_size):
+        idx = perm[i : i + batch_size]  # (B,)
+        yield x.index_select(0, idx), y.index_select(0, idx)
+
+
+def _epoch_steps(config: TrainConfig, data: TrainData | None, drawn: bool) -> int:
+    """Batches per epoch: ``config.steps_per_epoch``, or (for the data set's batches) one pass over it."""
+    if drawn:
+        if config.steps_per_epoch is None:
+            raise ValueError("steps_per_epoch must be set (an integer >= 1) when train(batches=...) draws "
+                             "the batches: it fixes the schedule's length")  # fmt: skip
+        return config.steps_per_epoch
+    full = math.ceil(len(data.train_y) / config.batch_size)
+    if config.steps_per_epoch is not None and config.steps_per_epoch > full:
+        raise ValueError(f"steps_per_epoch must be <= {full} (one pass over {len(data.train_y)} training "
+                         f"examples in batches of {config.batch_size}), got {config.steps_per_epoch}")
+    return full if config.steps_per_epoch is None else config.steps_per_epoch
+
+
+# ----------------------------------------------------------------------------- one step, one epoch
+
+
+def cross_entropy_loss(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, label_smoothing: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The default ``loss_fn``: cross-entropy of ``model(x)`` (B, classes) against labels y (B,).
+
+    Returns (loss, logits); any ``loss_fn(model, x, y)`` returns the same pair, logits (..., classes)
+    lined up with the targets y (...), e.g. (B, L, V) against (B, L) for per-token cross-entropy.
+    """
+    logits = model(x)  # (B, classes)
+    return F.cross_entropy(logits, y, label_smoothing=label_smoothing), logits
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    loss_fn: LossFn = cross_entropy_loss,
+    grad_clip: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One update: loss → zero_grad → backward → clip the global gradient norm → step.
+
+    Returns the detached loss and logits.
+    """
+    loss, logits = loss_fn(model, x, y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip is not None:
+        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return loss.detach(), logits.detach()
 
 
 def train_epoch(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    data: TrainData,
+    data: TrainData | None,
     config: TrainConfig,
     epoch: int,
     *,
     channels_last: bool = False,
     progress: bool = False,
+    batches: Callable[[torch.Generator], Iterable[Batch]] | None = None,
+    loss_fn: LossFn | None = None,
+    on_step: Callable[[int, torch.Tensor], None] | None = None,
 ) -> dict[str, float]:
-    """Train one epoch (1-based ``epoch``); return the mean loss and accuracy over its batches."""
-    x, y = data.train_x, data.train_y
-    n, B = len(y), config.batch_size
-    steps = math.ceil(n / B)
+    """Train one epoch (1-based ``epoch``; see the module doc for the hooks).
+
+    Returns ``train_loss`` and ``train_acc`` (means over every target of the epoch's batches, as they were
+    trained) and ``examples`` (how many inputs it trained on). ``data`` may be None when ``batches``
+    draws the batches.
+    """
+    steps = _epoch_steps(config, data, batches is not None)
     total = steps * config.epochs
     s = epoch_seed(config.seed, epoch)
     torch.manual_seed(s)  # the global RNG (dropout, stochastic layers) restarts each epoch
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(s))
+    generator = torch.Generator().manual_seed(s)
+    drawn = batches(generator) if batches is not None else data_batches(data, config.batch_size, generator)
+    source = iter(drawn)
+    if loss_fn is None:
+        loss_fn = functools.partial(cross_entropy_loss, label_smoothing=config.label_smoothing)
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     model.train()
     loss_sum = torch.zeros((), dtype=torch.float64)
     correct = torch.zeros((), dtype=torch.int64)
+    targets = examples = 0
     bar = _bar(steps, f"epoch {epoch}/{config.epochs}", progress)
     for i in range(steps):
-        lr = learning_rate(config, (epoch - 1) * steps + i, total)
+        t = (epoch - 1) * steps + i  # the global step
+        lr = get_lr(t, total, lr=config.lr, schedule=config.schedule, warmup=config.warmup)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        idx = perm[i * B : (i + 1) * B]  # (B,)
-        xb = x.index_select(0, idx)  # (B, C, H, W)
+        batch = next(source, None)
+        if batch is None:
+            raise ValueError(f"batches gave {i} batches in epoch {epoch}; steps_per_epoch = {steps} needs "
+                             "that many")  # fmt: skip
+        xb, yb = batch  # e.g. (B, C, H, W) and (B,)
         if xb.dim() == 4:
             xb = xb.contiguous(memory_format=memory_format)
-        yb = y.index_select(0, idx)  # (B,)
-        logits = model(xb)  # (B, classes)
-        loss = F.cross_entropy(logits, yb, label_smoothing=config.label_smoothing)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        loss_sum += loss.detach().double() * len(idx)
-        correct += (logits.detach().argmax(1) == yb).sum()
+        loss, logits = train_step(model, optimizer, xb, yb, loss_fn=loss_fn, grad_clip=config.grad_clip)
+        loss_sum += loss.double() * yb.numel()
+        correct += (logits.argmax(-1) == yb).sum()
+        targets += yb.numel()
+        examples += len(xb)
+        if on_step is not None:
+            on_step(t, loss)
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
-    return {"train_loss": float(loss_sum) / n, "train_acc": int(correct) / n}
+    return {"train_loss": float(loss_sum) / targets, "train_acc": int(correct) / targets,
+            "examples": examples}  # fmt: skip
 
 
 @torch.no_grad()
@@ -370,6 +439,10 @@ class TrainResult:
         return self.record["final"]
 
 
+TEST_METRICS = ["test_loss", "test_acc"]  # the default evaluation's history fields
+_OWN_FIELDS = ("epoch", "train_loss", "train_acc", "lr", "images_per_s", "seconds", "threads")
+
+
 def train(
     config: TrainConfig,
     *,
@@ -379,6 +452,10 @@ def train(
     on_epoch_end: Callable[[nn.Module, int], dict[str, Any] | None] | None = None,
     model: nn.Module | None = None,
     data: TrainData | None = None,
+    batches: Callable[[torch.Generator], Iterable[Batch]] | None = None,
+    loss_fn: LossFn | None = None,
+    eval_fn: Callable[[nn.Module], dict[str, Any]] | None = None,
+    stop_fn: Callable[[dict[str, Any]], bool] | None = None,
 ) -> TrainResult:
     """Train ``config``; return :class:`TrainResult` (``.model``, ``.record``).
 
@@ -397,19 +474,32 @@ def train(
         model: train this module instead of ``create_model(config.model, **config.model_kwargs)``
             (``config.model`` should still name it, for the record).
         data: in-memory tensors instead of loading ``config.data`` (e.g. shuffled pixels).
+        batches: ``f(generator) -> iterable of (x, y)``: the epoch's batches, drawn from the epoch's
+            seeded generator (and nothing else, or a resume is not exact); ``config.steps_per_epoch``
+            of them are taken. Default: the training set's, one pass in a seeded order.
+        loss_fn: ``f(model, x, y) -> (loss, logits)`` (see :func:`cross_entropy_loss`, the default, which
+            applies ``config.label_smoothing``).
+        eval_fn: ``f(model) -> dict``: the epoch's metrics, after its training (JSON-able; the model is in
+            train mode, put it in eval mode inside). Default: ``test_loss`` and ``test_acc`` on the test
+            set. They go into the epoch's history entry and the last epoch's into ``record["final"]``.
+        stop_fn: ``f(row) -> bool``: True stops the training after the epoch whose history entry is
+            ``row`` (e.g. a target accuracy reached); the record is written as for a finished run.
 
-    The record: ``config``, ``history`` (per epoch: epoch, train_loss, train_acc, test_loss, test_acc,
-    images_per_s, seconds, lr at the epoch's last step, threads, and the extras), ``initial``, ``final``,
-    ``parameters``, ``threads`` (of the last session), ``channels_last``, ``seconds`` (all epochs),
-    ``machine``, ``torch``.
+    The data set is loaded only for the default batches or evaluation. The record: ``config``,
+    ``history`` (per epoch: epoch, train_loss, train_acc, the evaluation's metrics, lr at the epoch's
+    last step, images_per_s (inputs per second, for any input), seconds, threads, and the extras),
+    ``initial``, ``final`` (train_loss, train_acc and the metrics), ``parameters``, ``threads`` (of the
+    last session), ``channels_last``, ``seconds`` (all epochs), ``machine``, ``torch``.
     ``train_loss`` is the optimized (smoothed) loss averaged over the epoch's batches as they were
     trained; ``test_loss`` is the plain cross-entropy. images_per_s and seconds are timings: the only
     history fields that differ between reruns.
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if batches is not None and config.steps_per_epoch is None:
+        _epoch_steps(config, None, True)  # raises: the schedule needs the epoch's length
     out = Path(out) if out is not None else None
-    with _threads(config.threads):
+    with num_threads(config.threads):
         if out is not None and (out / RESULTS).exists():
             return _load_finished(config, out, model)
         if model is None:
@@ -417,45 +507,49 @@ def train(
 
             torch.manual_seed(config.seed)
             model = create_model(config.model, **config.model_kwargs)
-        data = load_data(config, data)
-        channels_last = cl = _use_channels_last(config, model, data.train_x)
+        data = load_data(config, data) if batches is None or eval_fn is None else None
+        channels_last = cl = _use_channels_last(config, model, None if data is None else data.train_x)
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
+        if eval_fn is None:
+            eval_fn = functools.partial(_test_metrics, data=data, config=config, channels_last=cl)
         optimizer = make_optimizer(config, model)
         history: list[dict[str, Any]] = []
         initial: dict[str, Any] = {}
+        metrics = TEST_METRICS  # the evaluation's fields, for record["final"]
         start = 0
         ckpt = _load_checkpoint(config, out)
         if ckpt is not None:
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
             history, initial, start = ckpt["history"], ckpt["initial"], ckpt["epoch"]
+            metrics = ckpt.get("metrics", TEST_METRICS)  # checkpoints from before eval_fn: the test set's
             _warn_other_threads(ckpt.get("threads"), out, start, config.epochs)
             if verbose and start < config.epochs:
                 print(f"resuming {out} after epoch {start}/{config.epochs}", flush=True)
         elif on_epoch_end is not None:
-            initial = _plain(on_epoch_end(model, 0) or {})
+            initial = json_copy(on_epoch_end(model, 0) or {})
 
         bar = progress and sys.stdout.isatty()
         for epoch in range(start + 1, config.epochs + 1):
+            if history and stop_fn is not None and stop_fn(history[-1]):
+                break  # the last epoch met the stop condition (also when resuming after it)
             t0 = time.perf_counter()
-            row: dict[str, Any] = {"epoch": epoch}
-            row.update(train_epoch(model, optimizer, data, config, epoch, channels_last=cl, progress=bar))
+            stats = train_epoch(model, optimizer, data, config, epoch, channels_last=cl, progress=bar,
+                                batches=batches, loss_fn=loss_fn)  # fmt: skip
+            examples = stats.pop("examples")
             t_train = time.perf_counter() - t0
-            test = evaluate(model, *data[2:], batch_size=config.eval_batch_size, channels_last=cl)
-            row.update(test_loss=test["loss"], test_acc=test["acc"])
+            row: dict[str, Any] = {"epoch": epoch, **stats}
+            scores = _merge(row, json_copy(eval_fn(model)), "eval_fn")
+            metrics = list(scores)
             row.update(lr=optimizer.param_groups[0]["lr"])
-            row.update(images_per_s=len(data.train_y) / t_train, seconds=time.perf_counter() - t0)
+            row.update(images_per_s=examples / t_train, seconds=time.perf_counter() - t0)
             row.update(threads=torch.get_num_threads())
             if on_epoch_end is not None:
-                extras = _plain(on_epoch_end(model, epoch) or {})
-                clash = sorted(set(extras) & set(row))
-                if clash:
-                    raise ValueError(f"on_epoch_end returned keys {clash} that the history already uses")
-                row.update(extras)
+                _merge(row, json_copy(on_epoch_end(model, epoch) or {}), "on_epoch_end")
             history.append(row)
             if verbose:
-                print(_summary(row, config.epochs), flush=True)
+                print(_summary(row, config.epochs, metrics), flush=True)
             if out is not None:
                 atomic_torch_save(
                     out / CHECKPOINT,
@@ -466,15 +560,34 @@ def train(
                         "optimizer": optimizer.state_dict(),
                         "history": history,
                         "initial": initial,
+                        "metrics": metrics,
                         "threads": torch.get_num_threads(),
                     },
                 )
 
-        record = _record(config, model, history, initial, channels_last)
+        record = _record(config, model, history, initial, channels_last, metrics)
         if out is not None:
             atomic_write_bytes(out / WEIGHTS, _safetensors_bytes(model))
             atomic_write_json(out / RESULTS, record)  # last: its presence marks a finished run
         return TrainResult(model, record)
+
+
+def _test_metrics(model: nn.Module, *, data: TrainData, config: TrainConfig, channels_last: bool) -> dict:
+    """The default evaluation: cross-entropy and accuracy on the test set."""
+    test = evaluate(model, data.test_x, data.test_y, batch_size=config.eval_batch_size,
+                    channels_last=channels_last)  # fmt: skip
+    return {"test_loss": test["loss"], "test_acc": test["acc"]}
+
+
+def _merge(row: dict[str, Any], new: dict[str, Any], source: str) -> dict[str, Any]:
+    """Add ``new`` (a hook's dict) to the history ``row``; a key the row already uses is an error."""
+    if not isinstance(new, dict):
+        raise TypeError(f"{source} must return a dict, got {type(new).__name__}")
+    clash = sorted(set(new) & (set(row) | set(_OWN_FIELDS)))
+    if clash:
+        raise ValueError(f"{source} returned keys {clash} that the history already uses")
+    row.update(new)
+    return new
 
 
 def _record(
@@ -483,11 +596,12 @@ def _record(
     history: list[dict[str, Any]],
     initial: dict[str, Any],
     channels_last: bool,
+    metrics: list[str],
 ) -> dict[str, Any]:
     last = history[-1]
     return {
         "config": config.to_dict(),
-        "final": {k: last[k] for k in ("train_loss", "train_acc", "test_loss", "test_acc")},
+        "final": {k: last[k] for k in ("train_loss", "train_acc", *metrics)},
         "history": history,
         "initial": initial,
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -499,11 +613,12 @@ def _record(
     }
 
 
-def _summary(row: dict[str, Any], epochs: int) -> str:
+def _summary(row: dict[str, Any], epochs: int, metrics: list[str]) -> str:
+    numbers = [k for k in metrics if isinstance(row[k], (int, float))]
+    scores = "  ".join(f"{k.replace('_', ' ')} {row[k]:.4f}" for k in numbers)
     return (
         f"epoch {row['epoch']}/{epochs}  train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f}"
-        f"  test loss {row['test_loss']:.4f} acc {row['test_acc']:.4f}"
-        f"  {row['images_per_s']:.0f} img/s  {row['seconds']:.1f} s"
+        f"  {scores}  {row['images_per_s']:.0f} inputs/s  {row['seconds']:.1f} s"
     )
 
 
@@ -511,8 +626,10 @@ def _summary(row: dict[str, Any], epochs: int) -> str:
 
 
 def _config_diff(saved: dict[str, Any], config: TrainConfig) -> list[str]:
-    # compared as results.json holds them: a tuple in model_kwargs comes back from JSON as a list
-    saved, now = (json.loads(json.dumps(d, default=str)) for d in (saved, config.to_dict()))
+    # compared as results.json holds them (a tuple comes back from JSON as a list); a field the saved
+    # config lacks was added since, and compares as its default (what the trainer did before it)
+    defaults = {f.name: f.default_factory() if f.default is MISSING else f.default for f in fields(config)}
+    saved, now = json_copy({**defaults, **saved}), config.to_dict()
     keys = sorted((set(saved) | set(now)) - set(RUNTIME_FIELDS))
     return [f"{k}: {saved.get(k)!r} there, {now.get(k)!r} now" for k in keys if saved.get(k) != now.get(k)]
 
@@ -567,39 +684,14 @@ def _safetensors_bytes(model: nn.Module) -> bytes:
     return save({k: v.detach().contiguous().clone() for k, v in model.state_dict().items()})
 
 
-def _plain(obj: Any) -> Any:
-    """``obj`` with tensors and numpy values turned into JSON's types (lists, floats, ints)."""
-    return json.loads(json.dumps(obj, default=_jsonable))
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, (torch.Tensor, np.ndarray, np.generic)):
-        return x.tolist()
-    if isinstance(x, Path):
-        return str(x)
-    raise TypeError(f"on_epoch_end returned a {type(x).__name__}, which is not JSON-able")
-
-
 # ----------------------------------------------------------------------------- speed knobs
 
 
-@contextmanager
-def _threads(n: int | None) -> Iterator[None]:
-    """Run with ``n`` torch threads (None: leave torch's setting), restoring the old count after."""
-    old = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if n is not None:
-            torch.set_num_threads(old)
-
-
-def _use_channels_last(config: TrainConfig, model: nn.Module, x: torch.Tensor) -> bool:
+def _use_channels_last(config: TrainConfig, model: nn.Module, x: torch.Tensor | None) -> bool:
+    """``x``: the training inputs, or None when a batch function draws them (then the model decides)."""
     if config.channels_last == "auto":
-        return x.dim() == 4 and any(isinstance(m, nn.Conv2d) for m in model.modules())
-    if config.channels_last and x.dim() != 4:
+        return (x is None or x.dim() == 4) and any(isinstance(m, nn.Conv2d) for m in model.modules())
+    if config.channels_last and x is not None and x.dim() != 4:
         raise ValueError(f"channels_last=True needs 4-D images (N, C, H, W), got shape {tuple(x.shape)}")
     return bool(config.channels_last)
 

@@ -1,23 +1,31 @@
-"""Atomic writes: a file is either the old one or the complete new one, never half written.
+"""Atomic writes, and values as JSON: a file is either the old one or the complete new one.
 
 Each writer puts the bytes in a temporary file in the same folder, flushes and fsyncs it, then
 ``os.replace``s it over the target (atomic on POSIX and Windows), so a run killed at any moment
 (``kill -9`` included) leaves no torn checkpoint or result behind. A write that fails for lack of
 space (ENOSPC, or EDQUOT: over quota) removes its temporary file and raises :class:`DiskFullError`;
 the target keeps its previous content.
+
+JSON: ``to_json(x)`` turns tensors, numpy values, dataclasses, paths and tuples into JSON's types
+(lists, numbers, dicts, strings), optionally rounding floats to ``digits`` significant digits;
+``json_copy(x)`` is ``x`` exactly as it reads back from a JSON file (tuples as lists, keys as strings).
+Every JSON file and record of the package goes through these two.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import io
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
 import torch
 
 _UMASK = os.umask(0)
@@ -81,7 +89,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, default=_jsonable) + "\n")
+    return atomic_write_text(path, json.dumps(to_json(obj), indent=2, ensure_ascii=False) + "\n")
 
 
 def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
@@ -95,13 +103,30 @@ def read_json(path: str | os.PathLike) -> Any:
         return json.load(f)
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return x.tolist()
-    if isinstance(x, Path):
-        return str(x)
-    if hasattr(x, "item"):  # numpy scalars
-        return x.item()
-    if hasattr(x, "tolist"):
-        return x.tolist()
-    raise TypeError(f"cannot write {type(x).__name__} as JSON")
+def to_json(x: Any, *, digits: int | None = None) -> Any:
+    """``x`` in JSON's types: tensors and numpy arrays as (nested) lists, numpy and 0-d values as numbers,
+    dataclasses as dicts, paths as strings, tuples as lists; dict keys are kept (``json`` turns numbers into
+    strings when it writes them). With ``digits``, floats are rounded to that many significant digits.
+    Anything else is a TypeError naming its type.
+    """
+    if isinstance(x, (torch.Tensor, np.ndarray, np.generic)):
+        x = x.tolist()  # a Python scalar for 0-d tensors and numpy scalars
+    if isinstance(x, float):
+        return float(f"{x:.{digits}g}") if digits is not None and math.isfinite(x) else x
+    if x is None or isinstance(x, (str, int)):
+        return x
+    if isinstance(x, (list, tuple)):
+        return [to_json(v, digits=digits) for v in x]
+    if isinstance(x, dict):
+        return {k: to_json(v, digits=digits) for k, v in x.items()}
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: to_json(getattr(x, f.name), digits=digits) for f in dataclasses.fields(x)}
+    if isinstance(x, os.PathLike):
+        return os.fspath(x)
+    raise TypeError(f"cannot write a {type(x).__name__} as JSON (tensors, numpy values, dataclasses, paths, "
+                    "lists, tuples, dicts, strings, numbers and None can be written)")
+
+
+def json_copy(x: Any, *, digits: int | None = None) -> Any:
+    """``x`` exactly as it reads back from a JSON file: :func:`to_json`, then through ``json``."""
+    return json.loads(json.dumps(to_json(x, digits=digits)))

@@ -1,7 +1,5 @@
 """The probe's figures (matplotlib, Agg, PNG): ideal vs measured per layer, histograms, padding maps.
 
-    save_figures(report, "out/")   # every figure a ProbeReport supports; returns the paths
-
     <prefix>_layers.png          bars per tensor: ideal vs measured Var forward, E[g²] backward (log scale)
     <prefix>_histograms.png      the values of each tensor; the spike at 0 after a ReLU shows
     <prefix>_grad_histograms.png the gradients that have exact zeros: below a ReLU, 75% below a 2×2 max pool
@@ -10,7 +8,6 @@
 
 from __future__ import annotations
 
-import io
 import math
 from pathlib import Path
 
@@ -18,28 +15,12 @@ import torch
 
 from gatepool.analysis.probe.report import ProbeReport, Row
 from gatepool.analysis.probe.theory import padding_variance_map
-from gatepool.utils.io import atomic_write_bytes
-
-
-def _pyplot():
-    import matplotlib  # lazy: a second to import, and only a call that draws needs it
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path, dpi: int = 100) -> Path:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    _pyplot().close(fig)
-    return atomic_write_bytes(path, buf.getvalue())
+from gatepool.utils.plotting import pyplot, save_png
 
 
 def plot_layers(report: ProbeReport, path: str | Path) -> Path:
     """Two bar panels, one pair of bars per tensor: ideal vs measured, forward Var and backward E[g²]."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = [r for r in report.rows.values() if r.forward is not None]
     names = [r.name for r in rows]
     panels = [("forward Var", [r.ideal and r.ideal.var for r in rows], [r.forward.var for r in rows])]
@@ -62,7 +43,7 @@ def plot_layers(report: ProbeReport, path: str | Path) -> Path:
         ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    return _save(fig, Path(path))
+    return save_png(fig, path)
 
 
 def _pos(v: float | None) -> float:
@@ -75,7 +56,7 @@ def plot_histograms(report: ProbeReport, path: str | Path, names: list[str] | No
     with the share of exact zeros: the spike at 0 after a ReLU, in the gradient below a max pool."""
     if which not in ("forward", "backward"):
         raise ValueError(f"which must be 'forward' or 'backward', got {which!r}")
-    plt = _pyplot()
+    plt = pyplot()
     pick = (lambda r: r.samples) if which == "forward" else (lambda r: r.grad_samples)
     rows: list[Row] = []
     for r in report.rows.values():
@@ -102,7 +83,7 @@ def plot_histograms(report: ProbeReport, path: str | Path, names: list[str] | No
         ax.tick_params(labelsize=6)
         ax.set_yticks([])  # counts say little; the shape and the spike at 0 do
     fig.subplots_adjust(hspace=0.7, wspace=0.3)  # tight_layout costs seconds on 30 panels
-    return _save(fig, Path(path), dpi=80)
+    return save_png(fig, path, dpi=80)
 
 
 def padding_maps(row: Row) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -128,7 +109,7 @@ def plot_padding(theory: torch.Tensor, measured: torch.Tensor | None, path: str 
 
     ``annotate`` writes each cell's value (maps up to 16×16).
     """
-    plt = _pyplot()
+    plt = pyplot()
     panels = [("ideal: share of taps on real inputs", theory)]
     if measured is not None:
         panels.append(("measured Var(y) / middle", measured))
@@ -145,7 +126,7 @@ def plot_padding(theory: torch.Tensor, measured: torch.Tensor | None, path: str 
     if title:
         fig.suptitle(title, fontsize=10)
     fig.subplots_adjust(wspace=0.3)
-    return _save(fig, Path(path))
+    return save_png(fig, path)
 
 
 def save_figures(report: ProbeReport, directory: str | Path, prefix: str = "probe",

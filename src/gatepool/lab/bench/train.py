@@ -110,7 +110,12 @@ class Ours:
 
 
 class Reference:
-    """pytorch/examples mnist/main.py's ``train()`` loop over a TensorDataset."""
+    """pytorch/examples mnist/main.py's ``train()`` loop over a TensorDataset.
+
+    The one training loop outside ``gatepool.train``, on purpose: it is the benchmark's *reference*, a
+    copy of how pytorch/examples trains, against which our trainer's speed is measured. Nothing trains
+    with it.
+    """
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = 64) -> None:
         from torch.utils.data import DataLoader, TensorDataset

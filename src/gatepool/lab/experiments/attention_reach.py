@@ -45,8 +45,8 @@ import torch
 import torch.nn as nn
 
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.common import pyplot
 from gatepool.train.sweep import run_tasks
+from gatepool.utils.plotting import pyplot
 
 ROOT = "attention-reach"  # the folder (under the run's out) that holds every training of this file
 LR_KEY = {"conv_stem": "lr_stem", "conv_attention": "lr_attention"}

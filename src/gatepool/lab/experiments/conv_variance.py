@@ -23,8 +23,8 @@ import torch.nn as nn
 from gatepool.analysis.probe import measure, padding_variance_map, relu_moments
 from gatepool.data import mnist_batch
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.common import pyplot
 from gatepool.models import ResidualCNN
+from gatepool.utils.plotting import pyplot
 
 SETUP = {"batch": 512, "channels": 32, "kernel": 3, "size": 14, "groups": 8, "input": "gaussian", "seed": 0}
 QUICK = {"batch": 128}

@@ -28,10 +28,9 @@ float32 rounding (rtol 1e-5, as ``gatepool.analysis.symmetry.default_tolerance``
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -42,6 +41,7 @@ from gatepool.layers.attention import MultiHeadAttention
 from gatepool.layers.blocks import Encoder, EncoderBlock
 from gatepool.layers.positional import LearnedPositionalEmbedding1d
 from gatepool.models.residual_cnn import PreActBlock
+from gatepool.utils.threads import num_threads
 
 RTOL = 1e-5  # float32 rounding, relative to the output's scale
 ROUNDING = "float32 rounding: rtol 1e-5 of the output's largest magnitude (as symmetry.default_tolerance)"
@@ -263,17 +263,6 @@ def input_gradient_norm(fn: Callable, x: torch.Tensor, seed: int) -> float:
 # ----------------------------------------------------------------------------- the experiment
 
 
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """torch's intra-op threads set to ``n`` inside the block, restored after (tiny tensors: 1 is fastest)."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
-
-
 @experiment("flashcards", title="the flashcards, each measured", order=18,
             setup={"d": 64, "samples": 200_000, "tokens": 16, "context_tokens": 10, "dim": 32, "depth": 2,
                    "heads": 4, "residual_blocks": list(BLOCKS), "residual_depth": 32, "residual_seeds": 5,
@@ -291,7 +280,7 @@ def flashcards(ctx: Context) -> None:
             raise ValueError(f"--set residual_blocks: each must be one of {BLOCKS}, got {kind!r}")
     if ctx["threads"] < 1:
         raise ValueError(f"--set threads: must be ≥ 1, got {ctx['threads']}")
-    with torch_threads(ctx["threads"]):
+    with num_threads(ctx["threads"]):
         _flashcards(ctx)
 
 

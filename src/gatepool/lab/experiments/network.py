@@ -22,8 +22,8 @@ import torch
 from gatepool.analysis.probe import measure
 from gatepool.data import mnist_batch
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.common import pyplot
 from gatepool.models import ResidualCNN
+from gatepool.utils.plotting import pyplot
 
 STAGES = ["stem", "pool1", "block1", "pool2", "block2", "block3"]
 LECTURE_IDEAL = {"pool1": 0.49, "block1": 1.47, "pool2": 0.74, "block2": 1.71, "block3": 2.68}

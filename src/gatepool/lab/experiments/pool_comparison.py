@@ -16,8 +16,8 @@ from typing import Any
 import torch.nn as nn
 
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.common import pyplot
 from gatepool.train.sweep import run_tasks
+from gatepool.utils.plotting import pyplot
 
 POOLS = ["max", "avg", "soft", "soft-learned", "attention", "conv"]
 

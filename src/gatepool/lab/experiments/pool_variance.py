@@ -22,8 +22,8 @@ from gatepool.analysis.probe import (
     measure,
 )
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.common import pyplot
 from gatepool.layers import create_pool
+from gatepool.utils.plotting import pyplot
 
 SETUP = {"batch": 512, "channels": 32, "size": 14, "window": 2, "seed": 0}
 QUICK = {"batch": 64}

@@ -2,9 +2,9 @@
 
 ``gatepool run seq-demo --arch decoder`` (a causal decoder-only LM reading ``x SEP y``) or
 ``--arch encoder-decoder`` (an encoder over x, a causal decoder cross-attending to it), on ``--task``
-copy | reverse | sort of ``length`` digits; training is ``gatepool.models.seq.train_seq_demo``: fresh
-random batches, AdamW, warm-up then cosine decay, stopping at the first evaluation that reaches
-``target_acc``. Accuracy is that of greedy decoding on a held-out set (never teacher-forced):
+copy | reverse | sort of ``length`` digits; training is ``gatepool.train.seq.train_seq_demo`` (the one
+trainer): fresh random batches, AdamW, warm-up then cosine decay, stopping at the first evaluation that
+reaches ``target_acc``. Accuracy is that of greedy decoding on a held-out set (never teacher-forced):
 
     token accuracy = mean over held-out sequences and positions of [ŷ_t = y_t]
 
@@ -51,7 +51,8 @@ def _claims(setup: dict) -> list[Claim]:
 @experiment("seq-demo", title="a decoder or an encoder–decoder learns a sequence task to 99% in < 2 minutes",
             order=20, setup=SETUP, quick=QUICK, claims=_claims)
 def seq_demo(ctx: Context) -> None:
-    from gatepool.models.seq import ARCHS, TASKS, train_seq_demo
+    from gatepool.models.seq import ARCHS, TASKS
+    from gatepool.train.seq import train_seq_demo
 
     if ctx["arch"] not in ARCHS:
         raise ValueError(f"--arch/--set arch: must be one of {ARCHS}, got {ctx['arch']!r}")

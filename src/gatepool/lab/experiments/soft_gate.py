@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.common import pyplot
+from gatepool.utils.plotting import pyplot
 
 WINDOW = [3.44, 4.11, 8.44, 9.11]
 TEMPERATURES = [0.01, 0.5, 1.0, 2.0, 100.0]

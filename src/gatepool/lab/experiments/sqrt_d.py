@@ -16,7 +16,7 @@ import math
 import torch
 
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.common import pyplot
+from gatepool.utils.plotting import pyplot
 
 LECTURE = {  # d: (std of q·k, mean largest gate unscaled, scaled)
     1: (1.02, 0.063, 0.063),

@@ -39,12 +39,12 @@ import time
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.common import pyplot
 from gatepool.train.sweep import run_tasks
 from gatepool.utils.io import atomic_write_json, read_json
+from gatepool.utils.plotting import pyplot
+from gatepool.utils.threads import num_threads
 
 SETUP = {
     "sizes": [1000, 4000, 16000, 60000], "budget_s": [20.0, 30.0, 45.0, 90.0], "test_size": 10000,
@@ -88,34 +88,26 @@ def model_specs(setup: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def images_per_second(spec: dict[str, Any], batch_size: int, steps: int, threads: int) -> float:
-    """Training speed of a model (median over ``steps`` timed steps after 2 warm-up steps), on digits."""
+    """Training speed of a model on digits: the median over ``steps`` timed steps (after 2 warm-up steps) of
+    the trainer's own epoch loop (:func:`gatepool.train.train_epoch`, channels_last for conv nets)."""
     from gatepool.data import mnist_batch
     from gatepool.models import create_model
-    from gatepool.train import TrainConfig, make_optimizer
+    from gatepool.train import TrainConfig, TrainData, make_optimizer, train_epoch
 
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with num_threads(threads):
+        x, y = mnist_batch((steps + 2) * batch_size)  # (N, 1, 28, 28), (N,)
+        data = TrainData(x, y, x[:1], y[:1])
+        config = TrainConfig(model=spec["model"], optimizer=spec["optimizer"], lr=spec["lr"],
+                             weight_decay=spec["weight_decay"], batch_size=batch_size, epochs=1)  # fmt: skip
         torch.manual_seed(0)
         model = create_model(spec["model"], **spec["model_kwargs"])
-        config = TrainConfig(model=spec["model"], optimizer=spec["optimizer"], lr=spec["lr"],
-                             weight_decay=spec["weight_decay"], batch_size=batch_size)  # fmt: skip
-        x, y = mnist_batch(batch_size)  # (B, 1, 28, 28), (B,)
-        if any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):  # as the trainer does ("auto")
+        channels_last = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())  # as "auto" decides
+        if channels_last:
             model = model.to(memory_format=torch.channels_last)
-            x = x.contiguous(memory_format=torch.channels_last)
-        optimizer = make_optimizer(config, model)
-        times = []
-        for i in range(steps + 2):
-            t0 = time.perf_counter()
-            loss = F.cross_entropy(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            if i >= 2:
-                times.append(time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(old)
+        ends = [time.perf_counter()]
+        train_epoch(model, make_optimizer(config, model), data, config, 1, channels_last=channels_last,
+                    on_step=lambda step, loss: ends.append(time.perf_counter()))  # fmt: skip
+    times = [b - a for a, b in zip(ends, ends[1:])][2:]  # each step: its batch, update and bookkeeping
     return batch_size / statistics.median(times)
 
 
