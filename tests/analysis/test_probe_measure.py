@@ -22,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gatepool.analysis.probe import max_of_normals, measure, padding_variance_map, predict
-from gatepool.layers import create_pool
+from gatepool.layers import GatedPool2d
 
 
 def he_conv(c_in: int, c_out: int, seed: int) -> nn.Conv2d:
@@ -92,7 +92,7 @@ def test_conv_then_relu_backward_vs_theory():
     assert float(xl.grad[..., 1:-1, 1:-1].pow(2).mean()) == pytest.approx(1.0, rel=0.05)
 
 
-@pytest.mark.parametrize("make", [lambda: nn.AvgPool2d(2), lambda: create_pool("avg")],
+@pytest.mark.parametrize("make", [lambda: nn.AvgPool2d(2), lambda: GatedPool2d(2, gate="avg")],
                          ids=["torch", "gated"])
 def test_avg_pool_forward_and_backward(make):
     pool = make()
@@ -108,7 +108,7 @@ def test_avg_pool_forward_and_backward(make):
     assert predict(pool, x.shape)["(input)"].grad_e2 == pytest.approx(1 / 16)
 
 
-@pytest.mark.parametrize("make", [lambda: nn.MaxPool2d(2), lambda: create_pool("max")],
+@pytest.mark.parametrize("make", [lambda: nn.MaxPool2d(2), lambda: GatedPool2d(2, gate="max")],
                          ids=["torch", "gated"])
 def test_max_pool_forward_and_backward(make):
     pool = make()

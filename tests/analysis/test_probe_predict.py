@@ -46,7 +46,7 @@ def test_residual_cnn_every_module_predicted():
 
 def test_soft_gate_is_measured_only_and_a_norm_recovers():
     torch.manual_seed(1)
-    pool = create_pool("soft", channels=8)  # a gate without a closed form
+    pool = create_pool("soft", 2, channels=8)  # a gate without a closed form
     model = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), pool, nn.GroupNorm(2, 8), nn.ReLU(),
                           nn.Conv2d(8, 8, 1))
     ideal = predict(model, (2, 4, 8, 8))
@@ -160,7 +160,7 @@ def test_residual_cnn_with_soft_gates(gate):
 @pytest.mark.parametrize("gated", [True, False], ids=["GatedPool1d", "torch"])
 def test_1d_pools_have_the_rule(gate, gated):
     torch.manual_seed(6)
-    pool = GatedPool1d(gate, 2) if gated else {"max": nn.MaxPool1d, "avg": nn.AvgPool1d}[gate](2)
+    pool = GatedPool1d(2, gate=gate) if gated else {"max": nn.MaxPool1d, "avg": nn.AvgPool1d}[gate](2)
     conv = nn.Conv1d(4, 8, 3, padding=1, bias=False)
     ideal = predict(nn.Sequential(conv, pool), (2, 4, 16))
     v = 12 * float(conv.weight.detach().double().pow(2).mean())  # fan_in · E[w²] · E[x²]
@@ -175,6 +175,6 @@ def test_1d_pools_have_the_rule(gate, gated):
 
 
 def test_3d_gated_avg_pool_has_the_rule():
-    ideal = predict(nn.Sequential(GatedPool3d("avg", 2)), (1, 2, 4, 4, 4), input_stats=(0.5, 2.0))
+    ideal = predict(nn.Sequential(GatedPool3d(2, gate="avg")), (1, 2, 4, 4, 4), input_stats=(0.5, 2.0))
     assert ideal["0"].mean == 0.5 and ideal["0"].var == pytest.approx(2.0 / 8)
     assert ideal["(input)"].grad_e2 == pytest.approx(1 / 64)

@@ -14,11 +14,17 @@ MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 
 
-def windows_ref(x, scores, k, s, p, ceil_mode):
+def _tuple(v, d):
+    return (v,) * d if isinstance(v, int) else tuple(v)
+
+
+def windows_ref(x, scores, k, s, p, ceil_mode, dilation=1):
     """Values and scores per window: ``(N, C, *out, K)`` each; padded scores −inf, padded values 0."""
     d = x.dim() - 2
-    out_size = MAX_POOL[d](x.detach(), k, s, p, ceil_mode=ceil_mode).shape[2:]  # torch decides the size
-    span = [(o - 1) * si + ki for o, si, ki in zip(out_size, s, k)]  # padded length the windows read
+    dl = _tuple(dilation, d)
+    out_size = MAX_POOL[d](x.detach(), k, s, p, dl, ceil_mode=ceil_mode).shape[2:]  # torch decides the size
+    reach = [di * (ki - 1) + 1 for ki, di in zip(k, dl)]
+    span = [(o - 1) * si + r for o, si, r in zip(out_size, s, reach)]  # padded length the windows read
     size = x.shape[2:]
     full = [max(sp, n + pi) for sp, n, pi in zip(span, size, p)]
     place = tuple(slice(pi, pi + n) for pi, n in zip(p, size))
@@ -29,23 +35,26 @@ def windows_ref(x, scores, k, s, p, ceil_mode):
         out[(slice(None), slice(None), *place)] = t
         out = out[(slice(None), slice(None), *crop)]
         for i in range(d):
-            out = out.unfold(2 + i, k[i], s[i])
+            out = out.unfold(2 + i, reach[i], s[i])[..., :: dl[i]]
         return out.reshape(*out.shape[: 2 + d], -1)
 
     return pad(x, 0.0), pad(scores, float("-inf"))
 
 
-def soft_pool_ref(x, k, s=None, p=0, ceil_mode=False, tau=1.0):
-    """``Σ_j softmax(v/τ)_j v_j`` per window; returns (out, gates). Works for float or (C,) tensor τ."""
+def soft_pool_ref(x, k, s=None, p=0, ceil_mode=False, tau=1.0, dilation=1):
+    """``Σ_j softmax(v/τ)_j v_j`` per window; returns (out, weights). Works for float or (C,) tensor τ."""
     d = x.dim() - 2
-    k = (k,) * d if isinstance(k, int) else tuple(k)
-    s = k if s is None else ((s,) * d if isinstance(s, int) else tuple(s))
-    p = (p,) * d if isinstance(p, int) else tuple(p)
+    k = _tuple(k, d)
+    s = k if s is None else _tuple(s, d)
+    p = _tuple(p, d)
     if isinstance(tau, torch.Tensor) and tau.dim() == 1:
         tau = tau.reshape(-1, *([1] * d))
-    v, sc = windows_ref(x, x / tau, k, s, p, ceil_mode)
+    v, sc = windows_ref(x, x / tau, k, s, p, ceil_mode, dilation)
     g = torch.softmax(sc, dim=-1)
-    return (g * v).sum(-1), g
+    # a window with no input tap (only with dilation): weights 0 and −inf out, as torch's max pool
+    empty = torch.isneginf(sc).all(-1, keepdim=True)
+    g = g.masked_fill(empty, 0.0)
+    return (g * v).sum(-1).masked_fill(empty[..., 0], float("-inf")), g
 
 
 @pytest.fixture(scope="session")

@@ -7,13 +7,27 @@ import math
 
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
-from gatepool.layers import GATES, GatedPool1d, GatedPool2d, GatedPool3d, create_pool, soft_pool2d
+from gatepool.layers import (
+    GATES,
+    AttentionGatePool1d,
+    AttentionGatePool2d,
+    GatedPool1d,
+    GatedPool2d,
+    GatedPool3d,
+    SoftPool1d,
+    SoftPool2d,
+    create_pool,
+    soft_pool2d,
+)
 
 MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 POOL = {1: GatedPool1d, 2: GatedPool2d, 3: GatedPool3d}
+TORCH_MAX = {1: nn.MaxPool1d, 2: nn.MaxPool2d, 3: nn.MaxPool3d}
+TORCH_AVG = {1: nn.AvgPool1d, 2: nn.AvgPool2d, 3: nn.AvgPool3d}
 CASES = [  # (kernel, stride, padding, ceil_mode)
     (2, None, 0, False),
     (3, 2, 1, False),
@@ -31,32 +45,39 @@ def _grads(fn, x, grad_out):
 
 @pytest.mark.parametrize("d", [1, 2, 3])
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("batched", [True, False])
-def test_max_and_avg_equal_torch(d, case, batched):
+def test_create_pool_max_and_avg_are_torch_modules(d, case):
+    """timm's order (gate, kernel_size, stride, padding); "max" and "avg" are torch's own modules."""
     k, s, p, ceil = case
     x = torch.randn(2, 3, *([7] * d))
-    if not batched:
-        x = x[0]
-    for gate, want_fn in (
-        ("max", lambda t: MAX_POOL[d](t, k, s, p, ceil_mode=ceil)),
-        ("avg", lambda t: AVG_POOL[d](t, k, s, p, ceil_mode=ceil, count_include_pad=False)),
-    ):
-        pool = create_pool(gate, 3, k, s, dim=d, padding=p, ceil_mode=ceil)
-        assert isinstance(pool, POOL[d]) and pool.gate == gate
-        assert pool.kernel_size == (k,) * d and pool.stride == ((s or k),) * d and pool.padding == (p,) * d
-        want = want_fn(x)
-        grad_out = torch.randn_like(want)
-        out, g = _grads(pool, x, grad_out)
-        want, g_want = _grads(want_fn, x, grad_out)
-        torch.testing.assert_close(out, want)
-        torch.testing.assert_close(g, g_want)
+    pool = create_pool("max", k, s, p, dim=d, channels=3, ceil_mode=ceil)
+    assert type(pool) is TORCH_MAX[d]
+    torch.testing.assert_close(pool(x), MAX_POOL[d](x, k, s, p, ceil_mode=ceil))
+    pool = create_pool("avg", k, s, p, dim=d, ceil_mode=ceil, count_include_pad=False)
+    assert type(pool) is TORCH_AVG[d]
+    torch.testing.assert_close(pool(x), AVG_POOL[d](x, k, s, p, ceil_mode=ceil, count_include_pad=False))
+    # what torch's modules lack falls back to the gate, which equals them where both apply
+    gated = create_pool("avg", k, s, p, dim=d, ceil_mode=ceil, return_weights=True)
+    assert isinstance(gated, POOL[d]) and gated.gate == "avg"
+    torch.testing.assert_close(gated(x)[0], AVG_POOL[d](x, k, s, p, ceil_mode=ceil))
+    dilated = create_pool("avg", 2, 1, dim=d, dilation=2)
+    assert isinstance(dilated, POOL[d]) and dilated.dilation == (2,) * d
+
+
+@pytest.mark.parametrize("gate", ["soft", "soft-learned", "attention", "conv"])
+def test_create_pool_other_gates(gate):
+    pool = create_pool(gate, 3, 2, 1, dim=1, channels=4, ceil_mode=True)
+    assert pool.gate == gate and pool.kernel_size == (3,) and pool.stride == (2,) and pool.padding == (1,)
+    assert isinstance(pool, GatedPool1d) and pool.ceil_mode
+    named = {"soft": SoftPool1d, "soft-learned": SoftPool1d, "attention": AttentionGatePool1d}
+    if gate in named:
+        assert type(pool) is named[gate]
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_max_gates_are_torch_argmax_one_hot(windows, case):
     k, s, p, ceil = case
     x = torch.randn(2, 3, 7, 6)
-    pool = GatedPool2d("max", k, s, p, ceil, return_gates=True)
+    pool = GatedPool2d(k, s, p, ceil_mode=ceil, gate="max", return_weights=True)
     out, gates = pool(x)
     _, idx = F.max_pool2d(x, k, s, p, ceil_mode=ceil, return_indices=True)  # flat index into H·W
     assert gates.shape == (*out.shape, k * k)
@@ -73,13 +94,17 @@ def test_max_gates_are_torch_argmax_one_hot(windows, case):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_avg_gates_are_uniform_over_covered_positions(windows, case):
+@pytest.mark.parametrize("count_include_pad", [True, False])
+def test_avg_gates_are_uniform_over_counted_positions(windows, case, count_include_pad):
     k, s, p, ceil = case
     x = torch.randn(1, 2, 6, 7)
-    out, gates = GatedPool2d("avg", k, s, p, ceil, return_gates=True)(x)
-    ones = torch.ones(1, 1, 6, 7)
-    values, _ = windows(ones, ones, (k, k), (s or k,) * 2, (p, p), ceil)
-    covered = values[0, 0]  # 1 inside the input, 0 in the padding  (*out, K)
+    pool = GatedPool2d(k, s, p, ceil_mode=ceil, gate="avg", count_include_pad=count_include_pad)
+    pool.return_weights = True
+    out, gates = pool(x)
+    ones = torch.ones(1, 1, 6 + 2 * p, 7 + 2 * p) if count_include_pad else torch.ones(1, 1, 6, 7)
+    pad = 0 if count_include_pad else p  # the padded input itself, or the input padded with zeros
+    values, _ = windows(ones, ones, (k, k), (s or k,) * 2, (pad, pad), ceil)
+    covered = values[0, 0]  # 1 where torch's divisor counts a position, else 0  (*out, K)
     torch.testing.assert_close(gates[0, 0], covered / covered.sum(-1, keepdim=True))
     values, _ = windows(x, x, (k, k), (s or k,) * 2, (p, p), ceil)
     torch.testing.assert_close((gates * values).sum(-1), out)
@@ -90,7 +115,7 @@ def test_avg_gates_are_uniform_over_covered_positions(windows, case):
 def test_gradcheck_every_gate(gate, case):
     k, s, p, ceil = case
     torch.manual_seed(0)
-    pool = GatedPool2d(gate, k, s, p, ceil, channels=2, temperature=1.0).double()
+    pool = GatedPool2d(k, s, p, ceil_mode=ceil, gate=gate, channels=2, temperature=1.0).double()
     x = torch.randn(2, 2, 5, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(pool, (x,), fast_mode=True)  # random projections: quick, still exact
     names = [name for name, _ in pool.named_parameters()]
@@ -106,7 +131,8 @@ def test_gradcheck_every_gate(gate, case):
 @pytest.mark.parametrize("gate", GATES)
 def test_gates_are_distributions_and_shape(gate):
     torch.manual_seed(0)
-    pool = create_pool(gate, 3, 3, 2, padding=1, ceil_mode=True, return_gates=True, dim=1)
+    pad_rule = {"count_include_pad": False} if gate == "avg" else {}  # padded taps get 0, as the soft gates
+    pool = create_pool(gate, 3, 2, 1, dim=1, channels=3, ceil_mode=True, return_weights=True, **pad_rule)
     x = torch.randn(2, 3, 9)
     out, gates = pool(x)
     assert gates.shape == (*out.shape, 3)
@@ -121,7 +147,9 @@ def test_gates_are_distributions_and_shape(gate):
 
 def test_soft_gate_is_soft_pool():
     x = torch.randn(2, 3, 6, 6)
-    pool = GatedPool2d("soft", 3, 2, 1, temperature=0.5)
+    pool = GatedPool2d(3, 2, 1, gate="soft", temperature=0.5)
+    assert type(SoftPool2d(3, 2, 1, temperature=0.5)) is SoftPool2d
+    torch.testing.assert_close(SoftPool2d(3, 2, 1, temperature=0.5)(x), pool(x))
     torch.testing.assert_close(pool(x), soft_pool2d(x, 3, 2, 1, temperature=0.5))
     assert pool.temperature == 0.5
 
@@ -129,7 +157,8 @@ def test_soft_gate_is_soft_pool():
 @pytest.mark.parametrize("k", [2, 3])
 def test_learned_temperature_gets_a_gradient_and_moves(ref, k):
     torch.manual_seed(0)
-    pool = GatedPool2d("soft-learned", k, channels=3, temperature=2.0)
+    pool = SoftPool2d(k, temperature=2.0, learn_temperature=True, channels=3)
+    assert pool.gate == "soft-learned"
     assert pool.temperature.shape == (3,)
     torch.testing.assert_close(pool.temperature, torch.full((3,), 2.0))
     x = torch.randn(4, 3, 6, 6)
@@ -152,7 +181,7 @@ def test_learned_temperature_gets_a_gradient_and_moves(ref, k):
 def test_attention_gate_matches_explicit_computation(windows, case):
     k, s, p, ceil = case
     torch.manual_seed(0)
-    pool = GatedPool2d("attention", k, s, p, ceil, channels=4, return_gates=True, temperature=0.7)
+    pool = AttentionGatePool2d(k, s, p, ceil_mode=ceil, channels=4, return_weights=True, temperature=0.7)
     with torch.no_grad():
         pool.value.weight.normal_()  # not the identity, so values are really projected
     x = torch.randn(2, 4, 6, 5, dtype=torch.float64)
@@ -170,7 +199,7 @@ def test_attention_gate_matches_explicit_computation(windows, case):
 
 def test_attention_starts_as_soft_pool_of_a_random_score():
     torch.manual_seed(0)
-    pool = GatedPool2d("attention", 2, channels=4)
+    pool = AttentionGatePool2d(2, channels=4)
     torch.testing.assert_close(pool.value.weight.reshape(4, 4), torch.eye(4))
     assert pool.score.weight.shape == (1, 4, 1, 1)
 
@@ -179,7 +208,7 @@ def test_attention_starts_as_soft_pool_of_a_random_score():
 def test_conv_gate_is_a_depthwise_conv(case):
     k, s, p, ceil = case
     torch.manual_seed(0)
-    pool = GatedPool2d("conv", k, s, p, ceil, channels=3, return_gates=True)
+    pool = GatedPool2d(k, s, p, ceil_mode=ceil, gate="conv", channels=3, return_weights=True)
     x = torch.randn(2, 3, 7, 7)
     if p == 0:  # starts as average pooling
         torch.testing.assert_close(pool(x)[0], F.avg_pool2d(x, k))
@@ -197,7 +226,7 @@ def test_conv_gate_is_a_depthwise_conv(case):
 def _perturbed_pool(gate, case):
     """A pool whose weights (if any) are moved off their init: V ≠ I, mixing ≠ 1/K, τ_c differ."""
     k, s, p, ceil = case
-    pool = create_pool(gate, 4, k, s, padding=p, ceil_mode=ceil)
+    pool = GatedPool2d(k, s, p, ceil_mode=ceil, gate=gate, channels=4)
     with torch.no_grad():
         for q in pool.parameters():
             q.add_(0.3 * torch.randn_like(q))
@@ -259,17 +288,17 @@ def test_channels_last_every_gate(gate, case):
 @pytest.mark.parametrize("d", [1, 3])
 def test_other_dims(d, ref):
     x = torch.randn(2, 3, *([6] * d), dtype=torch.float64)
-    pool = create_pool("soft", None, 3, 2, dim=d, padding=1, temperature=0.5).double()
+    pool = create_pool("soft", 3, 2, 1, dim=d, temperature=0.5).double()
     torch.testing.assert_close(pool(x), ref(x, 3, 2, 1, False, 0.5)[0])
-    pool = create_pool("attention", 3, 2, dim=d).double()
+    pool = create_pool("attention", 2, dim=d, channels=3).double()
     assert pool(x).shape == (2, 3, *([3] * d))
 
 
 def test_state_dict_names():
-    assert set(create_pool("soft-learned", 4).state_dict()) == {"log_temperature"}
-    assert set(create_pool("attention", 4).state_dict()) == {"score.weight", "value.weight"}
-    assert set(create_pool("conv", 4).state_dict()) == {"mixing"}
-    assert create_pool("max", 4).state_dict() == {}
+    assert set(create_pool("soft-learned", 2, channels=4).state_dict()) == {"log_temperature"}
+    assert set(create_pool("attention", 2, channels=4).state_dict()) == {"score.weight", "value.weight"}
+    assert set(create_pool("conv", 2, channels=4).state_dict()) == {"mixing"}
+    assert create_pool("max", 2, channels=4).state_dict() == {}
 
 
 @pytest.mark.parametrize("gate", GATES)
@@ -280,4 +309,8 @@ def test_residual_cnn_accepts_every_gate(gate):
     model = ResidualCNN(pool=gate, width=8, groups=2)
     out = model(torch.randn(2, 1, 28, 28))
     assert out.shape == (2, 10) and torch.isfinite(out).all()
-    assert model.pool1.gate == gate
+    torch_pool = {"max": nn.MaxPool2d, "avg": nn.AvgPool2d}
+    if gate in torch_pool:  # torch's own kernels
+        assert type(model.pool1) is torch_pool[gate] and model.pool1.kernel_size == 2
+    else:
+        assert model.pool1.gate == gate and model.pool1.kernel_size == (2, 2)

@@ -24,13 +24,15 @@ def pool_cases(draw):
     k = tuple(draw(st.integers(1, 3)) for _ in range(d))
     s = tuple(draw(st.integers(1, 3)) for _ in range(d))
     p = tuple(draw(st.integers(0, ki // 2)) for ki in k)
+    dl = tuple(draw(st.integers(1, 2)) for _ in range(d))
     hi = {1: 9, 2: 7, 3: 5}[d]
-    size = tuple(draw(st.integers(max(1, ki - 2 * pi), hi)) for ki, pi in zip(k, p))
+    size = tuple(draw(st.integers(max(1, di * (ki - 1) + 1 - 2 * pi), hi)) for ki, pi, di in zip(k, p, dl))
     return dict(
         d=d,
         k=k,
         s=draw(st.sampled_from([s, None])),
         p=p,
+        dl=draw(st.sampled_from([dl, 1])),
         size=size,
         ceil_mode=draw(st.booleans()),
         tau=draw(st.sampled_from([0.05, 0.3, 1.0, 2.5, 20.0])),
@@ -45,11 +47,11 @@ def pool_cases(draw):
 @settings(max_examples=40, deadline=None)
 @given(pool_cases())
 def test_matches_reference_values_and_grads(ref, case):
-    d, k, s, p = case["d"], case["k"], case["s"], case["p"]
+    d, k, s, p, dl = case["d"], case["k"], case["s"], case["p"], case["dl"]
     gen = torch.Generator().manual_seed(case["seed"])
     n = case["n"] if case["batched"] else 1
     x64 = torch.randn(n, case["c"], *case["size"], generator=gen, dtype=torch.float64)
-    want, want_gates = ref(x64.clone().requires_grad_(), k, s, p, case["ceil_mode"], case["tau"])
+    want, want_weights = ref(x64.clone().requires_grad_(), k, s, p, case["ceil_mode"], case["tau"], dl)
 
     x = x64.clone()
     if case["channels_last"]:
@@ -57,18 +59,20 @@ def test_matches_reference_values_and_grads(ref, case):
     if not case["batched"]:
         x = x[0]
     x.requires_grad_()
-    out, gates = SOFT_POOL[d](x, k, s, p, case["ceil_mode"], case["tau"], return_gates=True)
-    out_fast = SOFT_POOL[d](x, k, s, p, case["ceil_mode"], case["tau"])  # the fast path where it applies
+    args = (k, s, p, dl, case["ceil_mode"])
+    out, weights = SOFT_POOL[d](x, *args, temperature=case["tau"], return_weights=True)
+    out_fast = SOFT_POOL[d](x, *args, temperature=case["tau"])  # the fast path where it applies
     if not case["batched"]:
-        out, gates, out_fast = out[None], gates[None], out_fast[None]
+        out, weights, out_fast = out[None], weights[None], out_fast[None]
     torch.testing.assert_close(out, want)
     torch.testing.assert_close(out_fast, want)
-    torch.testing.assert_close(gates, want_gates)
+    torch.testing.assert_close(weights, want_weights)
 
     # gradients: a random upstream gradient through both paths and the reference
     x_ref = x64.clone().requires_grad_()
-    want = ref(x_ref, k, s, p, case["ceil_mode"], case["tau"])[0]
+    want = ref(x_ref, k, s, p, case["ceil_mode"], case["tau"], dl)[0]
     grad_out = torch.randn(want.shape, generator=gen, dtype=torch.float64)
+    grad_out = grad_out.masked_fill(want.isinf(), 0)  # −inf: a window with no input (nothing to pass back)
     (want * grad_out).sum().backward()
     for y in (out, out_fast):
         (g,) = torch.autograd.grad((y * grad_out).sum(), x)
@@ -130,7 +134,7 @@ def test_gradcheck_float64(kp):
 def test_gradient_identity(tau, k):
     """∂out/∂v_j = g_j (1 + (v_j − out)/τ) for one window, with g and out from the layer itself."""
     v = torch.randn(1, 1, k, k, dtype=torch.float64, requires_grad=True)
-    out, gates = soft_pool2d(v, k, temperature=tau, return_gates=True)
+    out, gates = soft_pool2d(v, k, temperature=tau, return_weights=True)
     (grad,) = torch.autograd.grad(soft_pool2d(v, k, temperature=tau).sum(), v)
     g, vj, o = gates.reshape(-1), v.detach().reshape(-1), out.detach().reshape(())
     torch.testing.assert_close(grad.reshape(-1), g * (1 + (vj - o) / tau))
@@ -140,7 +144,7 @@ def test_gradient_identity(tau, k):
 @pytest.mark.parametrize("d", [1, 2, 3])
 def test_gates_are_a_distribution_and_padding_gets_zero(d):
     x = torch.randn(2, 3, *([5] * d)) * 10
-    _, gates = soft_pool(x, d, 3, 2, 1, ceil_mode=True, return_gates=True, temperature=0.5)
+    _, gates = soft_pool(x, d, 3, 2, 1, ceil_mode=True, return_weights=True, temperature=0.5)
     assert gates.shape[-1] == 3**d
     assert torch.all(gates >= 0)
     torch.testing.assert_close(gates.sum(-1), torch.ones(gates.shape[:-1]))
@@ -155,7 +159,7 @@ def test_large_inputs_are_stable(ref, kpc, tau):
     k, p, ceil = kpc
     x = (torch.rand(2, 3, 7, 7, dtype=torch.float64) * 2 - 1) * 1e4  # ±1e4
     x32 = x.float().requires_grad_()
-    out = soft_pool2d(x32, k, 2, p, ceil, tau)
+    out = soft_pool2d(x32, k, 2, p, 1, ceil, temperature=tau)
     (grad,) = torch.autograd.grad(out.sum(), x32)
     assert torch.isfinite(out).all() and torch.isfinite(grad).all()
     want = ref(x32.detach().double(), k, 2, p, ceil, tau)[0]
@@ -178,7 +182,7 @@ def test_temperature_limits_are_max_and_avg(d, kspc):
     for tau, torch_pool in ((1e-4, MAX_POOL[d]), (1e4, AVG_POOL[d])):
         kwargs = {"ceil_mode": ceil} if tau < 1 else {"ceil_mode": ceil, "count_include_pad": False}
         want = torch_pool(x, k, s, p, **kwargs)
-        out = soft_pool(x, d, k, s, p, ceil, tau)
+        out = soft_pool(x, d, k, s, p, 1, ceil, temperature=tau)
         grad_out = torch.randn(want.shape, generator=gen, dtype=torch.float64)
         (g_want,) = torch.autograd.grad((want * grad_out).sum(), x)
         (g_out,) = torch.autograd.grad((out * grad_out).sum(), x)
@@ -192,7 +196,7 @@ def test_temperature_limits_are_max_and_avg(d, kspc):
 def test_half_precision(ref, dtype, kpc, scale):
     k, p, ceil = kpc
     x = (torch.randn(2, 3, 8, 8) * scale).to(dtype).requires_grad_()
-    out = soft_pool2d(x, k, 2, p, ceil, temperature=0.5)
+    out = soft_pool2d(x, k, 2, p, 1, ceil, temperature=0.5)
     (grad,) = torch.autograd.grad(out.float().sum(), x)
     assert out.dtype == dtype and grad.dtype == dtype
     assert torch.isfinite(out).all() and torch.isfinite(grad).all()
@@ -225,5 +229,5 @@ def test_channels_last_in_channels_last_out(kp):
 def test_unbatched_equals_batched():
     x = torch.randn(3, 6, 6)
     torch.testing.assert_close(soft_pool2d(x, 3, 2, 1), soft_pool2d(x[None], 3, 2, 1)[0])
-    out, gates = soft_pool1d(x[:, 0], 2, return_gates=True)
+    out, gates = soft_pool1d(x[:, 0], 2, return_weights=True)
     assert out.shape == (3, 3) and gates.shape == (3, 3, 2)

@@ -4,21 +4,40 @@
     soft          g = softmax(v/τ)          soft-learned  g = softmax(v/τ_c), τ_c learned
     attention     g = softmax(x·w), v = Vx  conv  g = w_j, set by position
 
-Soft gates pass a gradient to every input: ∂out/∂v_j = g_j (1 + (v_j − out)/τ).
-Files: ``functional.py`` (soft_pool*, windows, fast path), ``gated.py`` (GatedPool1d/2d/3d),
-``factory.py`` (create_pool).
+Soft gates pass a gradient to every input: out = V · softmax(V/τ), ∂out/∂v_j = g_j (1 + (v_j − out)/τ).
+Arguments in torch's order (``GatedPool2d(3, 2, 1, gate="soft")`` pools the windows of
+``nn.MaxPool2d(3, 2, 1)``). Files: ``soft_pool.py`` (soft_pool*, windows, the fast path), ``gated_pool.py``
+(GatedPool1d/2d/3d, SoftPool1d/2d/3d, AttentionGatePool1d/2d/3d), ``create_pool.py`` (create_pool).
 """
 
 from gatepool.layers.create_pool import create_pool, list_pools
-from gatepool.layers.gated_pool import GATES, GatedPool1d, GatedPool2d, GatedPool3d, GatedPoolNd
+from gatepool.layers.gated_pool import (
+    GATES,
+    AttentionGatePool1d,
+    AttentionGatePool2d,
+    AttentionGatePool3d,
+    GatedPool1d,
+    GatedPool2d,
+    GatedPool3d,
+    GatedPoolNd,
+    SoftPool1d,
+    SoftPool2d,
+    SoftPool3d,
+)
 from gatepool.layers.soft_pool import soft_pool, soft_pool1d, soft_pool2d, soft_pool3d
 
 __all__ = [
     "GATES",
+    "AttentionGatePool1d",
+    "AttentionGatePool2d",
+    "AttentionGatePool3d",
     "GatedPool1d",
     "GatedPool2d",
     "GatedPool3d",
     "GatedPoolNd",
+    "SoftPool1d",
+    "SoftPool2d",
+    "SoftPool3d",
     "create_pool",
     "list_pools",
     "soft_pool",

@@ -1,17 +1,47 @@
-"""``create_pool(name, channels, kernel_size)``: a pooling layer by gate name, for models and the CLI.
+"""``create_pool(gate, kernel_size, stride, padding)``: a pooling layer by gate name, in timm's order.
 
-    create_pool("max")                       # GatedPool2d(gate="max", kernel_size=2)
-    create_pool("soft-learned", channels=32)  # one learned τ per channel
-    create_pool("attention", 64, 3, 2, dim=1, padding=1)
+    create_pool("max", 2)                           # nn.MaxPool2d(2): torch's own kernel
+    create_pool("avg", 3, 2, 1, dim=1)              # nn.AvgPool1d(3, 2, 1)
+    create_pool("soft-learned", 2, channels=32)     # SoftPool2d(2, learn_temperature=True, channels=32)
+    create_pool("attention", 3, 2, 1, channels=64)  # AttentionGatePool2d(3, 2, 1, channels=64)
+
+As timm's ``create_pool2d(pool_type, kernel_size, stride=None, **kwargs)``, the name comes first and the
+window arguments follow in torch's order. ``"max"`` and ``"avg"`` give torch's ``nn.MaxPool{dim}d`` /
+``nn.AvgPool{dim}d`` (their kernels are the fast ones), unless asked for what those lack
+(``return_weights``, or ``dilation`` for avg): then ``GatedPool{dim}d`` with that gate, which equals torch's
+wherever both apply. ``channels`` is the width of the layer's input: required by the gates with weights,
+ignored by torch's pools.
 """
 
 from __future__ import annotations
 
 import torch.nn as nn
 
-from gatepool.layers.gated_pool import GATES, GatedPool1d, GatedPool2d, GatedPool3d, GatedPoolNd
+from gatepool.layers.gated_pool import (
+    GATES,
+    AttentionGatePool1d,
+    AttentionGatePool2d,
+    AttentionGatePool3d,
+    GatedPool1d,
+    GatedPool2d,
+    GatedPool3d,
+    SoftPool1d,
+    SoftPool2d,
+    SoftPool3d,
+)
+from gatepool.layers.soft_pool import IntOrTuple, check_window_args
 
-_BY_DIM: dict[int, type[GatedPoolNd]] = {1: GatedPool1d, 2: GatedPool2d, 3: GatedPool3d}
+_TORCH = {
+    "max": {1: nn.MaxPool1d, 2: nn.MaxPool2d, 3: nn.MaxPool3d},
+    "avg": {1: nn.AvgPool1d, 2: nn.AvgPool2d, 3: nn.AvgPool3d},
+}
+_TORCH_KWARGS = {  # what torch's own module takes beyond kernel_size, stride, padding
+    "max": {"dilation", "return_indices", "ceil_mode"},
+    "avg": {"ceil_mode", "count_include_pad", "divisor_override"},
+}
+_GATED = {1: GatedPool1d, 2: GatedPool2d, 3: GatedPool3d}
+_SOFT = {1: SoftPool1d, 2: SoftPool2d, 3: SoftPool3d}
+_ATTENTION = {1: AttentionGatePool1d, 2: AttentionGatePool2d, 3: AttentionGatePool3d}
 
 
 def list_pools() -> list[str]:
@@ -20,20 +50,33 @@ def list_pools() -> list[str]:
 
 
 def create_pool(
-    name: str,
-    channels: int | None = None,
-    kernel_size: int | tuple[int, ...] = 2,
-    stride: int | tuple[int, ...] | None = None,
+    gate: str,
+    kernel_size: IntOrTuple,
+    stride: IntOrTuple | None = None,
+    padding: IntOrTuple = 0,
     *,
     dim: int = 2,
+    channels: int | None = None,
     **kwargs,
 ) -> nn.Module:
-    """A ``GatedPool{dim}d`` with gate ``name`` (one of :func:`list_pools`).
+    """A pooling layer with gate ``gate`` (one of :func:`list_pools`) in ``dim`` spatial dimensions.
 
-    ``kwargs`` go to the layer: ``padding``, ``ceil_mode``, ``temperature``, ``return_gates``.
+    ``kwargs`` go to the layer: ``dilation``, ``ceil_mode``, ``return_indices`` (max),
+    ``count_include_pad`` (avg), ``temperature`` (soft, soft-learned, attention), ``return_weights``.
     """
-    if name not in GATES:
-        raise ValueError(f"pool name {name!r} is unknown; choose one of {list(GATES)}")
-    if dim not in _BY_DIM:
+    if not isinstance(gate, str) or gate not in GATES:
+        raise ValueError(f"pool name {gate!r} is unknown; choose one of {list(GATES)}")
+    if isinstance(dim, bool) or dim not in _GATED:
         raise ValueError(f"dim must be 1, 2 or 3 (spatial dimensions), got {dim!r}")
-    return _BY_DIM[dim](name, kernel_size, stride, channels=channels, **kwargs)
+    check_window_args(kernel_size, stride, padding, kwargs.get("dilation", 1), dim)  # errors now, not later
+    if channels is not None and (isinstance(channels, bool) or not isinstance(channels, int) or channels < 1):
+        raise ValueError(f"channels must be an int ≥ 1 (or None for max/avg/soft), got {channels!r}")
+    dilated = kwargs.get("dilation", 1) not in (1, (1,) * dim)
+    if gate in _TORCH and set(kwargs) <= _TORCH_KWARGS[gate] and not (gate == "avg" and dilated):
+        return _TORCH[gate][dim](kernel_size, stride, padding, **kwargs)
+    window = (kernel_size, stride, padding)
+    if gate in ("soft", "soft-learned"):
+        return _SOFT[dim](*window, learn_temperature=gate == "soft-learned", channels=channels, **kwargs)
+    if gate == "attention":
+        return _ATTENTION[dim](*window, channels=channels, **kwargs)
+    return _GATED[dim](*window, gate=gate, channels=channels, **kwargs)

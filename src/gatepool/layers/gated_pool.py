@@ -1,4 +1,4 @@
-"""GatedPool1d/2d/3d: one pooling layer, six gates.
+"""GatedPool1d/2d/3d: one pooling layer, six gates; SoftPool and AttentionGatePool name the common ones.
 
 Every pooling is a gated sum over a window of values v_1 … v_n; the kinds differ only in who sets g:
 
@@ -6,31 +6,42 @@ Every pooling is a gated sum over a window of values v_1 … v_n; the kinds diff
 
     gate            g over a window                                       parameters
     "max"           hardmax(v): one-hot at the largest                      —
-    "avg"           1/n (n = positions inside the input)                    —
+    "avg"           1/n (n as torch's ``count_include_pad``)                —
     "soft"          softmax(v / τ), τ fixed (τ = 1 is SoftPool)             —
     "soft-learned"  softmax(v / τ_c), one τ per channel, learned            log τ  (C,), starts at log τ₀
     "attention"     softmax(s / τ), s_j = x_j · w; values v_j = V x_j       score w (1×C), value V (C×C)
     "conv"          w_{c,j}: set by position j, not by content              mixing (C, 1, *kernel_size)
 
-For the soft gates ∂out/∂v_j = g_j (1 + (v_j − out)/τ): every input in the window gets a gradient,
-where max gives it to one input only. "attention" scores each position by a learned 1×1 projection of
-its channel vector x_j (one score per position, shared by the channels) and pools a learned 1×1 value
-projection; it starts with V = I and w ~ N(0, 1/C), so at init it is soft pooling with a random score.
-"conv" is a depthwise k×k conv with stride s: its gates are its weights, the same for every input; it
-starts at w = 1/K, i.e. as average pooling, and is free to learn any position weights.
+For the soft gates out = V · softmax(V/τ) and ∂out/∂v_j = g_j (1 + (v_j − out)/τ): every input in the
+window gets a gradient, where max gives it to one input only. "attention" scores each position by a
+learned 1×1 projection of its channel vector x_j (one score per position, shared by the channels) and
+pools a learned 1×1 value projection; it starts with V = I and w ~ N(0, 1/C), so at init it is soft
+pooling with a random score (it is not :class:`gatepool.layers.attention_pool`'s learned-query pooling).
+"conv" is a depthwise conv with stride s and dilation d: its gates are its weights, the same for every
+input; it starts at w = 1/K, i.e. as average pooling, and is free to learn any position weights.
 
-Padding: padded positions get gate 0. For "max" this is torch's −inf padding; for "avg" it is
-``count_include_pad=False`` (the mean of the inputs the window covers); for "conv" padded zeros add nothing.
+The arguments are torch's, in torch's order: ``GatedPool2d(3, 2, 1)`` pools as ``nn.MaxPool2d(3, 2, 1)``
+does, and the gate is a keyword. "max" and "avg" run torch's own kernels (``F.max_pool*d``,
+``F.avg_pool*d``) in the input's dtype and equal ``nn.MaxPool*d`` / ``nn.AvgPool*d`` exactly; "max" takes
+``return_indices`` (torch's indices, for ``nn.MaxUnpool*d``), "avg" takes ``count_include_pad`` (torch's
+default True) and a ``dilation``, which torch's average pool lacks (computed here: the window sum over
+the same divisor). The other gates compute in float32 (float64 stays float64) and return the input dtype.
 
-``return_gates=True``: ``forward`` returns ``(out, gates)``, gates ``(N, C, *out_spatial, K)``,
-K = ∏ kernel_size, window positions row-major (``(C, *out_spatial, K)`` unbatched).
-  "max": the one-hot hardmax (first maximum on ties, as torch);  "avg": 1/n at the covered positions;
-  "soft", "soft-learned": softmax(v/τ);  "attention": the score softmax, the same for every channel;
-  "conv": the weights, input-independent (every input in the window gets a gradient).
+Padding: for the soft family ("soft", "soft-learned", "attention") padded taps get gate 0, always (for max
+this is torch's −inf padding); for "conv" padded zeros add nothing. Non-finite inputs: see
+:mod:`gatepool.layers.soft_pool` (the soft family takes max pooling's limits: +inf in a window gives +inf).
+
+``return_weights=True``: ``forward`` also returns the mixing weights ``(N, C, *out_spatial, K)``,
+K = ∏ kernel_size, window positions row-major (``(C, *out_spatial, K)`` unbatched); with
+``return_indices`` too, it returns ``(out, indices, weights)``.
+  "max": one-hot at torch's index;  "avg": 1/n at the counted positions;  "soft", "soft-learned":
+  softmax(v/τ);  "attention": the score softmax, the same for every channel;  "conv": the weights,
+  input-independent (every input in the window gets a gradient).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -45,6 +56,7 @@ from gatepool.layers.soft_pool import (
     compute_dtype,
     like_input_format,
     pool_geometry,
+    scale_scores,
     soft_pool_tiled,
     soft_pool_unfold,
     softmax_pool_unfold,
@@ -55,8 +67,23 @@ from gatepool.layers.soft_pool import (
 GATES = ("max", "avg", "soft", "soft-learned", "attention", "conv")
 GATES_WITH_WEIGHTS = ("soft-learned", "attention", "conv")
 GATES_WITH_TEMPERATURE = ("soft", "soft-learned", "attention")
+TORCH_GATES = ("max", "avg")  # torch's own kernels, in the input's dtype
 
-__all__ = ["GATES", "GatedPool1d", "GatedPool2d", "GatedPool3d", "GatedPoolNd"]
+__all__ = [
+    "GATES",
+    "AttentionGatePool1d",
+    "AttentionGatePool2d",
+    "AttentionGatePool3d",
+    "AttentionGatePoolNd",
+    "GatedPool1d",
+    "GatedPool2d",
+    "GatedPool3d",
+    "GatedPoolNd",
+    "SoftPool1d",
+    "SoftPool2d",
+    "SoftPool3d",
+    "SoftPoolNd",
+]
 
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
@@ -68,28 +95,34 @@ class GatedPoolNd(nn.Module):
     """Gated pooling in ``dim`` spatial dimensions (use GatedPool1d / 2d / 3d).
 
     Args:
-        gate: one of ``"max", "avg", "soft", "soft-learned", "attention", "conv"``.
-        kernel_size, stride, padding, ceil_mode: as torch's pools (stride None = kernel_size,
-            0 ≤ padding ≤ kernel_size/2).
+        kernel_size, stride, padding, dilation, ceil_mode: as torch's pools (stride None = kernel_size,
+            0 ≤ padding ≤ kernel_size/2), in torch's order.
+        return_indices: "max" only: also return torch's indices (for ``nn.MaxUnpool*d``).
+        gate: keyword, required: one of ``"max", "avg", "soft", "soft-learned", "attention", "conv"``.
         channels: C; required by the gates with weights ("soft-learned", "attention", "conv").
         temperature: τ > 0 of the soft gates (the start value for "soft-learned"); must stay 1.0
             for "max", "avg", "conv", which have none.
-        return_gates: forward returns ``(out, gates)``, gates ``(N, C, *out_spatial, K)``.
+        count_include_pad: "avg" only, as torch (True: the divisor counts padded positions); the soft
+            family always gives padded taps gate 0.
+        return_weights: forward also returns the mixing weights ``(N, C, *out_spatial, K)``.
     """
 
     dim: int = 2
 
     def __init__(
         self,
-        gate: str,
-        kernel_size: IntOrTuple = 2,
+        kernel_size: IntOrTuple,
         stride: IntOrTuple | None = None,
         padding: IntOrTuple = 0,
+        dilation: IntOrTuple = 1,
+        return_indices: bool = False,
         ceil_mode: bool = False,
         *,
+        gate: str,
         channels: int | None = None,
         temperature: float = 1.0,
-        return_gates: bool = False,
+        count_include_pad: bool = True,
+        return_weights: bool = False,
     ) -> None:
         super().__init__()
         if gate not in GATES:
@@ -105,12 +138,23 @@ class GatedPoolNd(nn.Module):
                 f"temperature applies to the gates {list(GATES_WITH_TEMPERATURE)} only; "
                 f"gate={gate!r} needs temperature=1.0, got {temperature}"
             )
+        if return_indices and gate != "max":
+            raise ValueError(f"return_indices applies to gate='max' only; got gate={gate!r}")
+        if not count_include_pad and gate != "avg":
+            raise ValueError(
+                f"count_include_pad applies to gate='avg' only (the soft family always gives padded taps "
+                f"gate 0); gate={gate!r} needs count_include_pad=True"
+            )
         d = self.dim
         self.gate = gate
-        self.kernel_size, self.stride, self.padding = check_window_args(kernel_size, stride, padding, d)
+        self.kernel_size, self.stride, self.padding, self.dilation = check_window_args(
+            kernel_size, stride, padding, dilation, d
+        )
+        self.return_indices = bool(return_indices)
         self.ceil_mode = bool(ceil_mode)
         self.channels = channels
-        self.return_gates = bool(return_gates)
+        self.count_include_pad = bool(count_include_pad)
+        self.return_weights = bool(return_weights)
         self.fixed_temperature = float(temperature)
         K = math.prod(self.kernel_size)
         if gate == "soft-learned":
@@ -134,71 +178,92 @@ class GatedPoolNd(nn.Module):
     def extra_repr(self) -> str:
         s = f"gate={self.gate!r}, kernel_size={self.kernel_size}, stride={self.stride}"
         s += f", padding={self.padding}"
-        if self.ceil_mode:
-            s += ", ceil_mode=True"
+        if max(self.dilation) > 1:
+            s += f", dilation={self.dilation}"
+        for flag in ("return_indices", "ceil_mode", "return_weights"):
+            if getattr(self, flag):
+                s += f", {flag}=True"
+        if not self.count_include_pad:
+            s += ", count_include_pad=False"
         if self.channels is not None:
             s += f", channels={self.channels}"
         if self.gate in ("soft", "attention") and self.fixed_temperature != 1.0:
             s += f", temperature={self.fixed_temperature}"
         return s
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, input: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """``(N, C, *spatial) -> (N, C, *out)``; then the indices and the weights, if asked for."""
         d = self.dim
-        geo = pool_geometry(x, d, self.kernel_size, self.stride, self.padding, self.ceil_mode)
-        if self.channels is not None and x.shape[-d - 1] != self.channels:
+        geo = pool_geometry(
+            input, d, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode
+        )
+        if self.channels is not None and input.shape[-d - 1] != self.channels:
             raise ValueError(
-                f"input has {x.shape[-d - 1]} channels; this pool was built for channels={self.channels}"
+                f"input has {input.shape[-d - 1]} channels; this pool was built for channels={self.channels}"
             )
-        xb = x if geo.batched else x.unsqueeze(0)  # (N, C, *spatial)
-        xc = xb.to(compute_dtype(x.dtype))
-        out, gates = getattr(self, "_" + self.gate.replace("-", "_"))(xc, geo)
-        out = like_input_format(out, xb).to(x.dtype)
+        xb = input if geo.batched else input.unsqueeze(0)  # (N, C, *spatial)
+        x = xb if self.gate in TORCH_GATES else xb.to(compute_dtype(input.dtype))
+        out, indices, weights = getattr(self, "_" + self.gate.replace("-", "_"))(x, geo)
+        out = like_input_format(out, xb).to(input.dtype)
+        results = [out]
+        if self.return_indices:
+            results.append(indices)
+        if self.return_weights:
+            results.append(weights.expand(*out.shape, geo.window_size).to(input.dtype))
         if not geo.batched:
-            out = out.squeeze(0)
-        if not self.return_gates:
-            return out
-        gates = gates.expand(xb.shape[0], xb.shape[1], *gates.shape[2:]).to(x.dtype)
-        return out, (gates if geo.batched else gates.squeeze(0))
+            results = [r.squeeze(0) for r in results]
+        return results[0] if len(results) == 1 else tuple(results)
 
-    # Each gate: (N, C, *spatial) in the compute dtype -> out (N, C, *out), gates (N, C|1, *out, K) or None.
+    # Each gate: (N, C, *spatial) -> out (N, C, *out), torch's indices or None, and the weights
+    # (broadcastable to (N, C, *out, K)) when self.return_weights, else None.
 
     def _max(self, x: torch.Tensor, geo: PoolGeometry):
-        out = _MAX_POOL[self.dim](x, geo.kernel_size, geo.stride, geo.padding, ceil_mode=geo.ceil_mode)
-        if not self.return_gates:
-            return out, None
-        windows = unfold_windows(x.detach(), geo, fill=float("-inf"))  # (N, C, *out, K)
-        hard = windows.argmax(-1)  # first maximum, as torch's max pool
-        return out, F.one_hot(hard, geo.window_size).to(x.dtype)
+        need_indices = self.return_indices or self.return_weights
+        args = (geo.kernel_size, geo.stride, geo.padding, geo.dilation)
+        res = _MAX_POOL[self.dim](x, *args, ceil_mode=geo.ceil_mode, return_indices=need_indices)
+        if not need_indices:
+            return res, None, None
+        out, indices = res  # indices: flat positions in the input plane, (N, C, *out)
+        weights = None
+        if self.return_weights:  # one-hot at torch's own choice (ties and NaN as torch breaks them)
+            plane = torch.arange(math.prod(geo.in_size), device=x.device).view(1, 1, *geo.in_size)
+            taps = unfold_windows(plane, geo, fill=-1)  # (1, 1, *out, K): the input position of each tap
+            weights = (taps == indices.unsqueeze(-1)).to(x.dtype)
+        return out, indices, weights
 
     def _avg(self, x: torch.Tensor, geo: PoolGeometry):
-        out = _AVG_POOL[self.dim](
-            x, geo.kernel_size, geo.stride, geo.padding, ceil_mode=geo.ceil_mode, count_include_pad=False
-        )
-        if not self.return_gates:
-            return out, None
-        mask = window_mask(geo, x.device)
-        if mask is None:
-            gates = torch.full((*geo.out_size, geo.window_size), 1.0 / geo.window_size, dtype=x.dtype)
-        else:
-            gates = mask.to(x.dtype) / mask.sum(-1, keepdim=True)  # 1/n over the covered positions
-        return out, gates.to(x.device).expand(x.shape[0], x.shape[1], *gates.shape)
+        counted = None
+        if max(geo.dilation) == 1:
+            args = (geo.kernel_size, geo.stride, geo.padding)
+            out = _AVG_POOL[self.dim](
+                x, *args, ceil_mode=geo.ceil_mode, count_include_pad=self.count_include_pad
+            )
+        else:  # torch's avg_pool has no dilation: the window sum over torch's divisor, rounded once
+            counted = _counted_taps(geo, self.count_include_pad, x.device, compute_dtype(x.dtype))
+            total = unfold_windows(x, geo, fill=0.0).sum(-1, dtype=counted.dtype)  # (N, C, *out)
+            out = (total / counted.sum(-1)).to(x.dtype)
+        if not self.return_weights:
+            return out, None, None
+        if counted is None:
+            counted = _counted_taps(geo, self.count_include_pad, x.device, compute_dtype(x.dtype))
+        return out, None, counted / counted.sum(-1, keepdim=True)  # (*out, K): 1/n at counted taps
 
-    def _soft(self, x: torch.Tensor, geo: PoolGeometry, temperature: float | torch.Tensor | None = None):
-        tau = self.fixed_temperature if temperature is None else temperature
-        if geo.tiles and not self.return_gates:
-            return soft_pool_tiled(x, geo, tau), None
-        return soft_pool_unfold(x, geo, tau)
+    def _soft(self, x: torch.Tensor, geo: PoolGeometry):
+        tau = self.temperature  # a float, or (C,) = exp(log τ) > 0 for "soft-learned"
+        tau = tau.to(x.dtype) if isinstance(tau, torch.Tensor) else tau
+        if geo.tiles and not self.return_weights:
+            return soft_pool_tiled(x, geo, tau), None, None
+        out, weights = soft_pool_unfold(x, geo, tau)
+        return out, None, weights
 
-    def _soft_learned(self, x: torch.Tensor, geo: PoolGeometry):
-        return self._soft(x, geo, self.temperature.to(x.dtype))  # τ = exp(log τ) > 0 by construction
+    _soft_learned = _soft
 
     def _attention(self, x: torch.Tensor, geo: PoolGeometry):
         w_s, w_v = self.score.weight.to(x.dtype), self.value.weight.to(x.dtype)
-        scores = _CONV_FN[self.dim](x, w_s)  # (N, 1, *spatial)
-        if self.fixed_temperature != 1.0:
-            scores = scores / self.fixed_temperature
+        scores = scale_scores(_CONV_FN[self.dim](x, w_s), self.fixed_temperature)  # (N, 1, *spatial)
         values = _CONV_FN[self.dim](x, w_v)  # (N, C, *spatial)
-        return softmax_pool_unfold(values, scores, geo)  # gates (N, 1, *out, K)
+        out, weights = softmax_pool_unfold(values, scores, geo)  # weights (N, 1, *out, K)
+        return out, None, weights
 
     def _conv(self, x: torch.Tensor, geo: PoolGeometry):
         pads: list[int] = []
@@ -206,14 +271,25 @@ class GatedPoolNd(nn.Module):
             pads += [p, r]
         xp = F.pad(x, pads) if any(pads) else x  # zeros: padded positions add nothing
         w = self.mixing.to(x.dtype)  # (C, 1, *kernel_size)
-        out = _CONV_FN[self.dim](xp, w, stride=geo.stride, groups=x.shape[1])
-        if not self.return_gates:
-            return out, None
-        gates = w.reshape(1, w.shape[0], *([1] * geo.dim), geo.window_size)  # (1, C, 1…, K)
+        out = _CONV_FN[self.dim](xp, w, stride=geo.stride, dilation=geo.dilation, groups=x.shape[1])
+        if not self.return_weights:
+            return out, None, None
+        weights = w.reshape(1, w.shape[0], *([1] * geo.dim), geo.window_size)  # (1, C, 1…, K)
         mask = window_mask(geo, x.device)
-        if mask is not None:
-            gates = gates * mask
-        return out, gates.expand(x.shape[0], -1, *geo.out_size, -1)
+        return out, None, (weights if mask is None else weights * mask)
+
+
+def _counted_taps(geo: PoolGeometry, include_pad: bool, device, dtype) -> torch.Tensor:
+    """``(*out, K)``: 1 at the taps torch's average pool counts in its divisor, else 0.
+
+    ``count_include_pad``: the taps inside the padded input ``[−p, n + p)`` (not the overhang of a
+    ceil_mode window); otherwise the taps inside the input.
+    """
+    if include_pad:
+        padded = tuple(n + 2 * p for n, p in zip(geo.in_size, geo.padding))
+        geo = dataclasses.replace(geo, in_size=padded, padding=(0,) * geo.dim)
+    ones = torch.ones((1, 1, *geo.in_size), dtype=dtype, device=device)
+    return unfold_windows(ones, geo, fill=0.0)[0, 0]
 
 
 class GatedPool1d(GatedPoolNd):
@@ -232,3 +308,82 @@ class GatedPool3d(GatedPoolNd):
     """Gated pooling over ``(N, C, D, H, W)`` or ``(C, D, H, W)``; see :class:`GatedPoolNd`."""
 
     dim = 3
+
+
+class SoftPoolNd(GatedPoolNd):
+    """Soft pooling, ``out = V · softmax(V/τ)`` per window (use SoftPool1d / 2d / 3d).
+
+    ``learn_temperature=True`` learns one τ per channel (the "soft-learned" gate, log-parametrized,
+    starting at ``temperature``; needs ``channels``). Padded taps get gate 0. See :class:`GatedPoolNd`.
+    """
+
+    def __init__(
+        self,
+        kernel_size: IntOrTuple,
+        stride: IntOrTuple | None = None,
+        padding: IntOrTuple = 0,
+        dilation: IntOrTuple = 1,
+        ceil_mode: bool = False,
+        *,
+        temperature: float = 1.0,
+        learn_temperature: bool = False,
+        channels: int | None = None,
+        return_weights: bool = False,
+    ) -> None:
+        if learn_temperature and channels is None:
+            raise ValueError("learn_temperature=True learns one τ per channel: pass channels=C (an int ≥ 1)")
+        super().__init__(
+            kernel_size, stride, padding, dilation, False, ceil_mode,
+            gate="soft-learned" if learn_temperature else "soft",
+            channels=channels, temperature=temperature, return_weights=return_weights,
+        )
+
+
+class SoftPool1d(SoftPoolNd, GatedPool1d):
+    """Soft pooling over ``(N, C, L)`` or ``(C, L)``; see :class:`SoftPoolNd`."""
+
+
+class SoftPool2d(SoftPoolNd, GatedPool2d):
+    """Soft pooling over ``(N, C, H, W)`` or ``(C, H, W)``; see :class:`SoftPoolNd`."""
+
+
+class SoftPool3d(SoftPoolNd, GatedPool3d):
+    """Soft pooling over ``(N, C, D, H, W)`` or ``(C, D, H, W)``; see :class:`SoftPoolNd`."""
+
+
+class AttentionGatePoolNd(GatedPoolNd):
+    """The window attention gate: ``out = Σ_j softmax(s/τ)_j · V x_j``, ``s_j = x_j · w`` (use 1d / 2d / 3d).
+
+    One learned score per position (shared by the channels) and a learned 1×1 value projection; it
+    starts as soft pooling of a random score (V = I). Not the learned-query attention pooling of
+    :mod:`gatepool.layers.attention_pool`. Padded taps get gate 0. See :class:`GatedPoolNd`.
+    """
+
+    def __init__(
+        self,
+        kernel_size: IntOrTuple,
+        stride: IntOrTuple | None = None,
+        padding: IntOrTuple = 0,
+        dilation: IntOrTuple = 1,
+        ceil_mode: bool = False,
+        *,
+        channels: int,
+        temperature: float = 1.0,
+        return_weights: bool = False,
+    ) -> None:
+        super().__init__(
+            kernel_size, stride, padding, dilation, False, ceil_mode,
+            gate="attention", channels=channels, temperature=temperature, return_weights=return_weights,
+        )
+
+
+class AttentionGatePool1d(AttentionGatePoolNd, GatedPool1d):
+    """The attention gate over ``(N, C, L)`` or ``(C, L)``; see :class:`AttentionGatePoolNd`."""
+
+
+class AttentionGatePool2d(AttentionGatePoolNd, GatedPool2d):
+    """The attention gate over ``(N, C, H, W)`` or ``(C, H, W)``; see :class:`AttentionGatePoolNd`."""
+
+
+class AttentionGatePool3d(AttentionGatePoolNd, GatedPool3d):
+    """The attention gate over ``(N, C, D, H, W)`` or ``(C, D, H, W)``; see :class:`AttentionGatePoolNd`."""

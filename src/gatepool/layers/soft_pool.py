@@ -4,7 +4,7 @@ Every pooling is a gated sum over a window of n values v_1 … v_n (a k×k patch
 
     out = Σ_j g_j · v_j,        g_j ≥ 0,   Σ_j g_j = 1
 
-Soft pooling sets the gate with a softmax at temperature τ:
+Soft pooling sets the gate with a softmax at temperature τ, out = V · softmax(V/τ):
 
     g = softmax(v / τ)
 
@@ -14,11 +14,21 @@ and its exact gradient is (the gate, plus a term that pushes each value away fro
 
 τ → 0 gives g = hardmax(v), max pooling; τ → ∞ gives g = 1/n, average pooling; τ = 1 is SoftPool.
 
-Windows follow torch's pools: default stride = kernel_size; ``padding`` p ≤ k/2 on both sides; with
-``ceil_mode`` the last window may hang over the end but must start inside the input or the left padding.
-Padded positions are not values: their gate weight is exactly 0 (for max this is torch's −inf padding).
+Windows follow torch's pools, argument for argument (``F.max_pool2d(input, kernel_size, stride=None,
+padding=0, dilation=1, ceil_mode=False)``): default stride = kernel_size; ``padding`` p ≤ k/2 on both
+sides; a window reads every ``dilation``-th position; with ``ceil_mode`` the last window may hang over the
+end but must start inside the input or the left padding. An empty batch gives an empty output; no
+channels or a zero-size spatial dimension is an error, as in torch.
 
-Gates layout (``return_gates=True``): ``(N, C, *out_spatial, K)`` with K = ∏ kernel_size, the window
+Padded taps get gate 0: padding is not a value (for max this is torch's −inf padding; for average it is
+``count_include_pad=False``). A window with no input tap at all (possible with dilation) gives −inf, as
+torch's max pool.
+
+Non-finite values take the limits max pooling takes: a window whose largest value is +inf puts its whole
+gate on its +inf taps (out = +inf, and ∂out/∂v_j = g_j, the max-pool gradient); a window of −inf gives
+−inf; a tap of −inf beside finite ones gets gate 0; a NaN makes that window's output NaN and no other.
+
+Weights layout (``return_weights=True``): ``(N, C, *out_spatial, K)`` with K = ∏ kernel_size, the window
 positions flattened row-major (the last spatial axis fastest); ``(C, *out_spatial, K)`` for unbatched input.
 
 Numerics: the softmax subtracts the window max before exp, so every finite input (±1e4 included, any
@@ -26,12 +36,15 @@ Numerics: the softmax subtracts the window max before exp, so every finite input
 
 Two ways to compute, side by side:
   * the plain one, ``soft_pool_unfold``: unfold the windows to ``(N, C, *out, K)``, softmax over K, weighted
-    sum; autograd does the rest. Any stride, padding, ceil_mode; it also returns the gates.
-  * the fast one, ``_TiledSoftPool``, when windows tile the input (stride = kernel, no padding): one copy
-    puts the window offsets in front, ``(K, N, C, *out)``, so each of the K window positions is a dense
-    tensor in the input's memory format; the max, exp, sums and the backward are then dense elementwise
-    ops, and the backward is the identity above (no autograd graph), written straight into the input's
-    layout. channels_last in, channels_last out.
+    sum; autograd does the rest (double backward included). Any stride, padding, dilation, ceil_mode; it
+    also returns the weights, and it holds the limits above.
+  * the fast one, ``_TiledSoftPool``, when windows tile the input (stride = kernel, no padding, no
+    dilation): one copy puts the window offsets in front, ``(K, N, C, *out)``, so each of the K window
+    positions is a dense tensor in the input's memory format; the max, exp, sums and the backward are then
+    dense elementwise ops, and the backward is the identity above (no autograd graph), written straight
+    into the input's layout. channels_last in, channels_last out. It assumes finite windows: when its
+    output is not finite everywhere (one check, a host sync on GPU) the plain path recomputes it. Double
+    backward (``create_graph=True``) goes through the plain path's autograd graph.
 
 Measured (one thread, CPU time, (256, 32, 28, 28), k = 2, forward + backward, ratio to F.max_pool2d):
 channels_last: this fast path 3.3×, the ratio form ``avg_pool(x·e^(x−m)) / avg_pool(e^(x−m))`` with
@@ -41,12 +54,12 @@ autograd 6.6×, reductions over a reshape view with autograd 36×, unfold + soft
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 IntOrTuple = int | tuple[int, ...]
 
@@ -60,6 +73,7 @@ __all__ = [
     "soft_pool_unfold",
     "unfold_windows",
     "window_mask",
+    "window_softmax",
 ]
 
 
@@ -68,22 +82,26 @@ __all__ = [
 
 
 def to_tuple(value: IntOrTuple, dim: int, name: str) -> tuple[int, ...]:
-    """``2 -> (2, 2)``; a tuple must have ``dim`` ints. Raises ``ValueError`` naming ``name``."""
+    """``2 -> (2, 2)``; a tuple has ``dim`` ints, or one (repeated, as torch). Raises naming ``name``."""
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int or a tuple of {dim} ints, got {value!r}")
     if isinstance(value, int):
         return (value,) * dim
-    if isinstance(value, (tuple, list)) and len(value) == dim and all(
+    if isinstance(value, (tuple, list)) and len(value) in (1, dim) and all(
         isinstance(v, int) and not isinstance(v, bool) for v in value
     ):
-        return tuple(value)
-    raise ValueError(f"{name} must be an int or a tuple of {dim} ints, got {value!r}")
+        return tuple(value) * (dim // len(value))
+    raise ValueError(f"{name} must be an int or a tuple of {dim} ints (or of one, repeated), got {value!r}")
 
 
 def check_window_args(
-    kernel_size: IntOrTuple, stride: IntOrTuple | None, padding: IntOrTuple, dim: int
-) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    """Validate kernel_size ≥ 1, stride ≥ 1 (None = kernel_size), 0 ≤ padding ≤ kernel_size / 2."""
+    kernel_size: IntOrTuple,
+    stride: IntOrTuple | None,
+    padding: IntOrTuple,
+    dilation: IntOrTuple,
+    dim: int,
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Check kernel_size ≥ 1, stride ≥ 1 (None = kernel_size), 0 ≤ padding ≤ kernel_size/2, dilation ≥ 1."""
     k = to_tuple(kernel_size, dim, "kernel_size")
     if min(k) < 1:
         raise ValueError(f"kernel_size must be ≥ 1 in every dimension, got {kernel_size!r}")
@@ -94,7 +112,10 @@ def check_window_args(
     if any(pi < 0 or 2 * pi > ki for pi, ki in zip(p, k)):
         half = [ki // 2 for ki in k]
         raise ValueError(f"padding must be in [0, kernel_size / 2] = [0, {half}], got {padding!r}")
-    return k, s, p
+    dl = to_tuple(dilation, dim, "dilation")
+    if min(dl) < 1:
+        raise ValueError(f"dilation must be ≥ 1 in every dimension, got {dilation!r}")
+    return k, s, p, dl
 
 
 def check_temperature(temperature: float | torch.Tensor, channels: int | None = None) -> None:
@@ -116,9 +137,9 @@ def check_temperature(temperature: float | torch.Tensor, channels: int | None = 
         raise ValueError(f"temperature must be > 0 (τ in (0, ∞)), got {temperature}")
 
 
-def _out_len(size: int, k: int, s: int, p: int, ceil_mode: bool) -> int:
-    """torch's pooling output length: floor (or ceil) of (L + 2p − k)/s + 1."""
-    out = (size + 2 * p - k + (s - 1 if ceil_mode else 0)) // s + 1
+def _out_len(size: int, k: int, s: int, p: int, dl: int, ceil_mode: bool) -> int:
+    """torch's pooling output length: floor (or ceil) of (L + 2p − dl·(k − 1) − 1)/s + 1."""
+    out = (size + 2 * p - dl * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
     if ceil_mode and (out - 1) * s >= size + p:  # the last window must start inside input or left pad
         out -= 1
     return out
@@ -131,6 +152,7 @@ class PoolGeometry:
     kernel_size: tuple[int, ...]
     stride: tuple[int, ...]
     padding: tuple[int, ...]
+    dilation: tuple[int, ...]
     ceil_mode: bool
     in_size: tuple[int, ...]
     out_size: tuple[int, ...]
@@ -145,11 +167,16 @@ class PoolGeometry:
         return math.prod(self.kernel_size)
 
     @property
+    def span(self) -> tuple[int, ...]:
+        """How far one window reaches: dl·(k − 1) + 1 positions."""
+        return tuple(dl * (k - 1) + 1 for k, dl in zip(self.kernel_size, self.dilation))
+
+    @property
     def pad_right(self) -> tuple[int, ...]:
         """Right padding that makes the last window fit (negative: trailing inputs no window reads)."""
         return tuple(
-            (o - 1) * s + k - p - n
-            for o, s, k, p, n in zip(self.out_size, self.stride, self.kernel_size, self.padding, self.in_size)
+            (o - 1) * s + w - p - n
+            for o, s, w, p, n in zip(self.out_size, self.stride, self.span, self.padding, self.in_size)
         )
 
     @property
@@ -159,8 +186,8 @@ class PoolGeometry:
 
     @property
     def tiles(self) -> bool:
-        """Do the windows tile (a crop of) the input: stride = kernel, nothing padded?"""
-        return self.stride == self.kernel_size and not self.has_padding
+        """Do the windows tile (a crop of) the input: stride = kernel, no dilation, nothing padded?"""
+        return self.stride == self.kernel_size and max(self.dilation) == 1 and not self.has_padding
 
 
 def pool_geometry(
@@ -169,6 +196,7 @@ def pool_geometry(
     kernel_size: IntOrTuple,
     stride: IntOrTuple | None = None,
     padding: IntOrTuple = 0,
+    dilation: IntOrTuple = 1,
     ceil_mode: bool = False,
 ) -> PoolGeometry:
     """Validate a pooling call (input and window arguments) and return where its windows lie."""
@@ -181,20 +209,25 @@ def pool_geometry(
         )
     if not x.is_floating_point():
         raise TypeError(f"input must be a floating-point tensor, got {x.dtype}")
-    k, s, p = check_window_args(kernel_size, stride, padding, dim)
+    k, s, p, dl = check_window_args(kernel_size, stride, padding, dilation, dim)
     size = tuple(x.shape[-dim:])
-    if any(ki > n + 2 * pi for ki, n, pi in zip(k, size, p)):
+    if min(x.shape[-dim - 1 :]) == 0:  # as torch: only the batch may be empty
         raise ValueError(
-            f"kernel_size {k} is larger than the padded input {tuple(n + 2 * pi for n, pi in zip(size, p))}"
+            f"input must have ≥ 1 channel and a non-zero spatial size (only the batch may be empty), "
+            f"got shape {tuple(x.shape)}"
         )
-    if x.shape[-dim - 1] == 0 or (x.dim() == dim + 2 and x.shape[0] == 0) or min(size) == 0:
-        raise ValueError(f"input must not be empty, got shape {tuple(x.shape)}")
-    out = tuple(_out_len(n, ki, si, pi, ceil_mode) for n, ki, si, pi in zip(size, k, s, p))
-    return PoolGeometry(k, s, p, bool(ceil_mode), size, out, x.dim() == dim + 2)
+    span = tuple(d * (ki - 1) + 1 for ki, d in zip(k, dl))
+    if any(w > n + 2 * pi for w, n, pi in zip(span, size, p)):
+        raise ValueError(
+            f"kernel_size {k} with dilation {dl} spans {span}, larger than the padded input "
+            f"{tuple(n + 2 * pi for n, pi in zip(size, p))}"
+        )
+    out = tuple(_out_len(n, ki, si, pi, d, ceil_mode) for n, ki, si, pi, d in zip(size, k, s, p, dl))
+    return PoolGeometry(k, s, p, dl, bool(ceil_mode), size, out, x.dim() == dim + 2)
 
 
 # --------------------------------------------------------------------------------------------------
-# Windows: unfold, mask, memory format
+# Windows: unfold, mask, softmax, memory format
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -210,8 +243,10 @@ def unfold_windows(x: torch.Tensor, geo: PoolGeometry, fill: float = 0.0) -> tor
         pads += [p, r]  # F.pad wants the last dimension first; negative r crops
     if any(pads):
         x = F.pad(x, pads, value=fill)
-    for i, (k, s) in enumerate(zip(geo.kernel_size, geo.stride)):
-        x = x.unfold(2 + i, k, s)  # (N, C, *out, k_1, …, k_i)
+    for i, (w, s, dl) in enumerate(zip(geo.span, geo.stride, geo.dilation)):
+        x = x.unfold(2 + i, w, s)  # (N, C, *out, k_1, …, span_i)
+        if dl > 1:
+            x = x[..., ::dl]  # every dl-th position of the span: k_i taps
     return x.reshape(*x.shape[: 2 + d], geo.window_size)  # (N, C, *out, K)
 
 
@@ -221,6 +256,43 @@ def window_mask(geo: PoolGeometry, device: torch.device | str | None = None) -> 
         return None
     ones = torch.ones((1, 1, *geo.in_size), device=device)
     return unfold_windows(ones, geo, fill=0.0)[0, 0] > 0  # (*out, K)
+
+
+def window_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``softmax`` over the last axis (K) of ``scores`` ``(…, *out, K)``, with max pooling's limits.
+
+    Taps where ``mask`` ``(*out, K)`` is False (padding) get 0. A window whose top score is ±inf shares
+    its gate among the taps at the top (inf − inf would be NaN); a window with no input tap gets all 0;
+    a NaN score makes its window's gates NaN. The max is subtracted first: no finite score overflows.
+    """
+    s = scores if mask is None else scores.masked_fill(~mask, float("-inf"))
+    m = s.amax(-1, keepdim=True).detach()  # the shift: softmax does not depend on it
+    inf = m.isinf()  # (…, *out, 1): the top is +inf, or every input tap is −inf
+    top = s == m if mask is None else (s == m) & mask
+    at_top = torch.zeros_like(s).masked_fill_(~top, float("-inf"))  # the limit: hardmax over the top
+    gates = torch.softmax(torch.where(inf, at_top, s - m.masked_fill(inf, 0.0)), dim=-1)
+    if mask is not None:
+        gates = gates.masked_fill(~mask.any(-1, keepdim=True), 0.0)  # no input tap: no gate
+    return gates
+
+
+def weighted_sum(gates: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``Σ_j g_j v_j`` over the last axis; a tap with gate 0 adds nothing (not 0·inf = NaN).
+
+    A window with no input tap (``mask`` all False) gives −inf, as torch's max pool.
+    """
+    out = (gates * values.masked_fill(gates == 0, 0.0)).sum(-1)
+    if mask is not None:
+        out = out.masked_fill(~mask.any(-1), float("-inf"))
+    return out
+
+
+def scale_scores(x: torch.Tensor, tau: float | torch.Tensor) -> torch.Tensor:
+    """``x / τ``; ±inf stay as they are, so ∂/∂τ never meets inf · 0 (a learned τ stays finite)."""
+    if not isinstance(tau, torch.Tensor):
+        return x if tau == 1.0 else x / tau
+    finite = x.isfinite()
+    return torch.where(finite, x.masked_fill(~finite, 0.0) / tau, x)
 
 
 def like_input_format(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -247,24 +319,21 @@ def softmax_pool_unfold(
     """``out = Σ_j softmax(scores)_j · values_j`` per window, padded positions gated to 0.
 
     ``values`` ``(N, C, *spatial)``, ``scores`` ``(N, C or 1, *spatial)`` (one score shared by the
-    channels). Returns ``out`` ``(N, C, *out)`` and the gates ``(N, C or 1, *out, K)``.
+    channels). Returns ``out`` ``(N, C, *out)`` and the weights ``(N, C or 1, *out, K)``.
     """
     v = unfold_windows(values, geo, fill=0.0)  # (N, C, *out, K)
-    s = unfold_windows(scores, geo, fill=0.0)  # (N, C|1, *out, K)
-    mask = window_mask(geo, values.device)
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))  # every window reads ≥ 1 input, so no row is all −inf
-    gates = torch.softmax(s, dim=-1)  # subtracts the row max: stable for every finite score
-    return (gates * v).sum(-1), gates
+    s = unfold_windows(scores, geo, fill=float("-inf"))  # (N, C|1, *out, K)
+    mask = window_mask(geo, values.device)  # (*out, K) or None
+    gates = window_softmax(s, mask)
+    return weighted_sum(gates, v, mask), gates
 
 
 def soft_pool_unfold(
     x: torch.Tensor, geo: PoolGeometry, temperature: float | torch.Tensor = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The plain soft pool: ``(N, C, *spatial) -> (N, C, *out)`` and gates ``(N, C, *out, K)``."""
+    """The plain soft pool: ``(N, C, *spatial) -> (N, C, *out)`` and weights ``(N, C, *out, K)``."""
     tau = channel_view(temperature, geo.dim) if isinstance(temperature, torch.Tensor) else temperature
-    scores = x if (not isinstance(tau, torch.Tensor) and tau == 1.0) else x / tau
-    return softmax_pool_unfold(x, scores, geo)
+    return softmax_pool_unfold(x, scale_scores(x, tau), geo)
 
 
 def _window_major(
@@ -286,17 +355,20 @@ def _window_major(
 
 
 class _TiledSoftPool(torch.autograd.Function):
-    """Soft pooling of non-overlapping, unpadded windows.
+    """Soft pooling of non-overlapping, unpadded windows with finite values.
 
-    ``x`` is ``(N, C, o_1·k_1, …, o_d·k_d)``, ``tau`` a float or a ``()`` / ``(C,)`` tensor. One copy
-    puts the windows in front, ``w`` of shape ``(K, N, C, *out)``: each window position j is then a
-    dense ``(N, C, *out)`` tensor in x's memory format, and every step below is a dense elementwise op
-    (a broadcast over strided tile views is several times slower). The backward uses the identity
-    ``g_j (1 + (v_j − out)/τ)`` directly; its last multiply writes straight into x's layout.
+    ``x`` is ``(N, C, o_1·k_1, …, o_d·k_d)``, ``tau`` a float or a ``()`` / ``(C,)`` tensor, ``geo`` the
+    windows of x. One copy puts the windows in front, ``w`` of shape ``(K, N, C, *out)``: each window
+    position j is then a dense ``(N, C, *out)`` tensor in x's memory format, and every step below is a
+    dense elementwise op (a broadcast over strided tile views is several times slower). The backward uses
+    the identity ``g_j (1 + (v_j − out)/τ)`` directly; its last multiply writes straight into x's layout.
+    A backward that must itself be differentiable (``create_graph=True``) recomputes the gradient through
+    the plain path's autograd graph instead.
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, tau: float | torch.Tensor, kernel: tuple[int, ...]) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, tau: float | torch.Tensor, geo: PoolGeometry) -> torch.Tensor:
+        kernel = geo.kernel_size
         d = len(kernel)
         memory_order = sorted(range(x.dim()), key=lambda i: -x.stride(i))  # x's dims, outermost first
         tile_shape, perm = _window_major(list(x.shape), kernel, memory_order)
@@ -316,14 +388,16 @@ class _TiledSoftPool(torch.autograd.Function):
             denom.add_(ej)
             num.addcmul_(ej, wj)
         out = num.div_(denom)  # (N, C, *out)
-        ctx.save_for_backward(w, e, denom, out, tau if isinstance(tau, torch.Tensor) else None)
-        ctx.tau, ctx.tile_shape, ctx.memory_order = tau, tile_shape, memory_order
+        tau_t = tau if isinstance(tau, torch.Tensor) else None
+        ctx.save_for_backward(x, w, e, denom, out, tau_t)
+        ctx.tau, ctx.geo, ctx.tile_shape, ctx.memory_order = tau, geo, tile_shape, memory_order
         return out
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
-        w, e, denom, out, tau_t = ctx.saved_tensors
+        x, w, e, denom, out, tau_t = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the gradient must have a graph of its own
+            return _tiled_backward_with_graph(ctx, x, tau_t, grad_out)
         d = out.dim() - 2
         tau = channel_view(tau_t, d) if tau_t is not None else ctx.tau
         a = grad_out / denom  # g_j · ∂L/∂out = e_j · a
@@ -351,13 +425,26 @@ class _TiledSoftPool(torch.autograd.Function):
         return grad_x, grad_tau, None
 
 
+def _tiled_backward_with_graph(ctx, x: torch.Tensor, tau_t: torch.Tensor | None, grad_out: torch.Tensor):
+    """``_TiledSoftPool.backward``'s gradient by autograd through the plain path, so it is differentiable."""
+    need_x, need_tau = ctx.needs_input_grad[0], tau_t is not None and ctx.needs_input_grad[1]
+    inputs = [t for t, need in ((x, need_x), (tau_t, need_tau)) if need]
+    out = soft_pool_unfold(x, ctx.geo, tau_t if tau_t is not None else ctx.tau)[0]
+    grads = iter(torch.autograd.grad(out, inputs, grad_out, create_graph=True))
+    return (next(grads) if need_x else None), (next(grads) if need_tau else None), None
+
+
 def soft_pool_tiled(
     x: torch.Tensor, geo: PoolGeometry, temperature: float | torch.Tensor = 1.0
 ) -> torch.Tensor:
     """The fast soft pool for tiling windows (``geo.tiles``): ``(N, C, *spatial) -> (N, C, *out)``."""
     crop = tuple(slice(0, o * k) for o, k in zip(geo.out_size, geo.kernel_size))
     x = x[(slice(None), slice(None), *crop)]  # drop trailing inputs no window reads (a view)
-    return _TiledSoftPool.apply(x, temperature, geo.kernel_size)
+    geo = dataclasses.replace(geo, in_size=tuple(x.shape[2:]), batched=True)
+    out = _TiledSoftPool.apply(x, temperature, geo)
+    if not bool(out.isfinite().all()):  # ±inf or NaN in a window: the plain path takes the limits
+        out = soft_pool_unfold(x, geo, temperature)[0]
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -365,72 +452,90 @@ def soft_pool_tiled(
 
 
 def soft_pool(
-    x: torch.Tensor,
+    input: torch.Tensor,
     dim: int,
     kernel_size: IntOrTuple,
     stride: IntOrTuple | None = None,
     padding: IntOrTuple = 0,
+    dilation: IntOrTuple = 1,
     ceil_mode: bool = False,
+    *,
     temperature: float | torch.Tensor = 1.0,
-    return_gates: bool = False,
+    return_weights: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Soft pooling in ``dim`` spatial dimensions: ``out = Σ_j softmax(v/τ)_j · v_j`` over each window.
+    """Soft pooling in ``dim`` spatial dimensions: ``out = V · softmax(V/τ)`` over each window.
 
-    ``temperature`` τ: a float > 0, or a tensor of shape ``()`` or ``(C,)`` (one τ per channel; it may
-    require grad). Returns ``out`` ``(N, C, *out)``, or ``(out, gates)`` with gates ``(N, C, *out, K)``.
+    The window arguments are torch's (``F.max_pool2d``'s order). ``temperature`` τ: a float > 0, or a
+    tensor of shape ``()`` or ``(C,)`` (one τ per channel; it may require grad). Padded taps get gate 0.
+    Returns ``out`` ``(N, C, *out)``, or ``(out, weights)`` with weights ``(N, C, *out, K)``.
     """
-    geo = pool_geometry(x, dim, kernel_size, stride, padding, ceil_mode)
-    check_temperature(temperature, x.shape[-dim - 1])
-    xb = x if geo.batched else x.unsqueeze(0)  # (N, C, *spatial)
-    xc = xb.to(compute_dtype(x.dtype))
+    geo = pool_geometry(input, dim, kernel_size, stride, padding, dilation, ceil_mode)
+    check_temperature(temperature, input.shape[-dim - 1])
+    xb = input if geo.batched else input.unsqueeze(0)  # (N, C, *spatial)
+    xc = xb.to(compute_dtype(input.dtype))
     tau = temperature.to(xc.dtype) if isinstance(temperature, torch.Tensor) else float(temperature)
-    if geo.tiles and not return_gates:
-        out, gates = soft_pool_tiled(xc, geo, tau), None
+    if geo.tiles and not return_weights:
+        out, weights = soft_pool_tiled(xc, geo, tau), None
     else:
-        out, gates = soft_pool_unfold(xc, geo, tau)
-    out = like_input_format(out, xb).to(x.dtype)
+        out, weights = soft_pool_unfold(xc, geo, tau)
+    out = like_input_format(out, xb).to(input.dtype)
     if not geo.batched:
         out = out.squeeze(0)
-        gates = None if gates is None else gates.squeeze(0)
-    if return_gates:
-        return out, gates.to(x.dtype)
+        weights = None if weights is None else weights.squeeze(0)
+    if return_weights:
+        return out, weights.to(input.dtype)
     return out
 
 
 def soft_pool1d(
-    x: torch.Tensor,
+    input: torch.Tensor,
     kernel_size: IntOrTuple,
     stride: IntOrTuple | None = None,
     padding: IntOrTuple = 0,
+    dilation: IntOrTuple = 1,
     ceil_mode: bool = False,
+    *,
     temperature: float | torch.Tensor = 1.0,
-    return_gates: bool = False,
+    return_weights: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Soft pooling over ``(N, C, L)`` or ``(C, L)``; see :func:`soft_pool`."""
-    return soft_pool(x, 1, kernel_size, stride, padding, ceil_mode, temperature, return_gates)
+    return soft_pool(
+        input, 1, kernel_size, stride, padding, dilation, ceil_mode,
+        temperature=temperature, return_weights=return_weights,
+    )
 
 
 def soft_pool2d(
-    x: torch.Tensor,
+    input: torch.Tensor,
     kernel_size: IntOrTuple,
     stride: IntOrTuple | None = None,
     padding: IntOrTuple = 0,
+    dilation: IntOrTuple = 1,
     ceil_mode: bool = False,
+    *,
     temperature: float | torch.Tensor = 1.0,
-    return_gates: bool = False,
+    return_weights: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Soft pooling over ``(N, C, H, W)`` or ``(C, H, W)``; see :func:`soft_pool`."""
-    return soft_pool(x, 2, kernel_size, stride, padding, ceil_mode, temperature, return_gates)
+    return soft_pool(
+        input, 2, kernel_size, stride, padding, dilation, ceil_mode,
+        temperature=temperature, return_weights=return_weights,
+    )
 
 
 def soft_pool3d(
-    x: torch.Tensor,
+    input: torch.Tensor,
     kernel_size: IntOrTuple,
     stride: IntOrTuple | None = None,
     padding: IntOrTuple = 0,
+    dilation: IntOrTuple = 1,
     ceil_mode: bool = False,
+    *,
     temperature: float | torch.Tensor = 1.0,
-    return_gates: bool = False,
+    return_weights: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Soft pooling over ``(N, C, D, H, W)`` or ``(C, D, H, W)``; see :func:`soft_pool`."""
-    return soft_pool(x, 3, kernel_size, stride, padding, ceil_mode, temperature, return_gates)
+    return soft_pool(
+        input, 3, kernel_size, stride, padding, dilation, ceil_mode,
+        temperature=temperature, return_weights=return_weights,
+    )

@@ -95,7 +95,7 @@ class ResidualCNN(nn.Sequential):
         layers: list[tuple[str, nn.Module]] = [("stem", stem)]
         n = 0
         for stage, count in enumerate(blocks, start=1):
-            layers.append((f"pool{stage}", create_pool(pool, channels=width, kernel_size=2, **pool_kwargs)))
+            layers.append((f"pool{stage}", create_pool(pool, 2, channels=width, **pool_kwargs)))
             for _ in range(count):
                 n += 1
                 layers.append((f"block{n}", PreActBlock(width, groups=groups)))

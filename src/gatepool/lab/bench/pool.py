@@ -38,14 +38,14 @@ def unfold_softmax_pool(x: torch.Tensor) -> torch.Tensor:
 
 def ways(channels: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     """Every way to pool, by name."""
-    from gatepool.layers import GATES, create_pool
+    from gatepool.layers import GATES, GatedPool2d
 
     out: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
         "F.max_pool2d": lambda x: F.max_pool2d(x, 2),
         "F.avg_pool2d": lambda x: F.avg_pool2d(x, 2),
     }
     for gate in GATES:
-        out[gate] = create_pool(gate, channels, 2)
+        out[gate] = GatedPool2d(2, gate=gate, channels=channels)
     out["unfold+softmax"] = unfold_softmax_pool
     return out
 

@@ -40,7 +40,7 @@ def _pools(ctx: Context) -> dict[str, dict]:
     rows = {}
     for gate in ("avg", "max"):
         rep = measure(
-            create_pool(gate, ctx["channels"], kernel_size=k),
+            create_pool(gate, k),
             x,
             backward="unit-noise",
             seed=ctx["seed"],

@@ -39,7 +39,7 @@ def _gated(v: torch.Tensor, gate: str, tau: float = 1.0) -> tuple[torch.Tensor, 
     from gatepool.layers import GatedPool1d
 
     v = v.clone().requires_grad_(True)
-    pool = GatedPool1d(gate=gate, kernel_size=v.shape[-1], temperature=tau, return_gates=True)
+    pool = GatedPool1d(v.shape[-1], gate=gate, temperature=tau, return_weights=True)
     out, gates = pool(v)
     (grad,) = torch.autograd.grad(out.sum(), v)
     return out.detach().reshape(()), gates.detach().reshape(-1), grad.reshape(-1)
