@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 PROFILE ?= quick
 OUT    ?= runs/reproduce-$(PROFILE)
 
-.PHONY: reproduce test lint bench clean-venv
+.PHONY: reproduce test test-fast lint bench clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,9 @@ reproduce: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+test-fast: $(STAMP)  # everything not marked slow (no trainings, timed runs or subprocesses)
+	$(PY) -m pytest -m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests

@@ -212,6 +212,7 @@ def test_bad_input_exits_2_with_one_line_naming_the_argument(argv, wanted, toy, 
     assert toy == [] and not (tmp_path / "runs").exists()  # refused before anything ran or was written
 
 
+@pytest.mark.slow
 def test_bad_input_as_a_process(tmp_path):
     """The same through ``python -m gatepool``: the real exit status, nothing on stdout, no traceback."""
     env = {**os.environ, "PYTHONPATH": SRC}
@@ -242,6 +243,7 @@ def test_second_writer_on_the_same_out_is_refused_naming_the_holder(toy, tmp_pat
     assert toy == [] and not (tmp_path / "toy").exists()
 
 
+@pytest.mark.slow
 def test_wait_waits_for_the_holder_then_runs(toy, tmp_path, capsys, lock_holder):
     holder = lock_holder(tmp_path, 1.0)
     code, err = run_main(["run", "toy", "--out", str(tmp_path), "--wait"], capsys)

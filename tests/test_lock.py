@@ -34,6 +34,7 @@ def test_killed_holder_is_taken_over_with_a_warning(tmp_path, capsys, lock_holde
         assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 def test_wait_blocks_until_the_holder_releases(tmp_path, capsys, lock_holder):
     holder = lock_holder(tmp_path, 1.0)
     with RunLock(tmp_path, wait=True):

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gatepool.cli import main
 
 
+@pytest.mark.slow
 def test_probe_cli_json_and_figures(tmp_path, capsys):
     out = tmp_path / "probe"
     rc = main(["probe", "--model", "residual_cnn", "--pool", "max", "--data", "noise", "--batch", "16",

@@ -150,6 +150,7 @@ def test_bad_queries_raise():
         parse_queries(["12:0"])
 
 
+@pytest.mark.slow
 def test_vit_mnist_tiny(tmp_path):
     over = {"sizes": "128,256", "budget_s": "0.3,0.3", "test_size": "200", "monitor_size": "20",
             "speed_steps": "1", "batch_size": "32"}

@@ -101,6 +101,7 @@ def test_resume_after_an_exception_equals_the_uninterrupted_run(reference, tmp_p
     assert_same_weights(resumed.model, ref.model)
 
 
+@pytest.mark.slow
 def test_resume_after_kill_9_equals_the_uninterrupted_run(reference, tmp_path):
     ref, _ = reference
     script = (

@@ -1,0 +1,63 @@
+"""``gatepool bench pool`` and ``gatepool bench train`` in quick mode: they run, and the JSON record they
+write holds what the module docstrings document, consistent with its own raw times."""
+
+import json
+import math
+import statistics
+
+import pytest
+import torch
+import torch.nn as nn
+
+from gatepool.cli import main
+from gatepool.layers import GATES
+from gatepool.models import create_model
+
+pytestmark = pytest.mark.slow  # timed runs: seconds each
+
+
+def bench(tmp_path, name, capsys):
+    out = tmp_path / f"{name}.json"
+    assert main(["bench", name, "--quick", "--threads", "1", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    return json.loads(out.read_text()), table
+
+
+def test_bench_pool_quick_writes_the_documented_record(tmp_path, capsys):
+    rec, table = bench(tmp_path, "pool", capsys)
+    assert rec["bench"] == "pool" and rec["quick"] is True and rec["threads"] == 1
+    assert rec["input_shape"] == [16, 32, 28, 28] and rec["kernel_size"] == rec["stride"] == 2
+    names = ["F.max_pool2d", "F.avg_pool2d", *GATES, "unfold+softmax"]
+    for fmt in ("nchw", "channels_last"):
+        rows = {r["name"]: r for r in rec["results"] if r["format"] == fmt}
+        assert list(rows) == names
+        base = statistics.median(rows["F.max_pool2d"]["times_ms"])
+        for r in rows.values():
+            assert len(r["times_ms"]) == rec["rounds"] and all(t > 0 for t in r["times_ms"])
+            assert r["median_ms"] == pytest.approx(statistics.median(r["times_ms"]))
+            assert r["min_ms"] == pytest.approx(min(r["times_ms"]))
+            assert r["ratio_to_max_pool2d"] == pytest.approx(r["median_ms"] / base)
+    soft_cl = next(r for r in rec["results"] if r["format"] == "channels_last" and r["name"] == "soft")
+    assert rec["target"]["soft_channels_last_ratio"] == soft_cl["ratio_to_max_pool2d"]
+    assert "target soft ≤ 1.5×" in table and f"{soft_cl['ratio_to_max_pool2d']:.2f}×" in table
+
+
+def test_bench_train_quick_writes_the_documented_record(tmp_path, capsys):
+    rec, table = bench(tmp_path, "train", capsys)
+    assert rec["name"] == "train" and rec["quick"] is True and rec["repeats"] == 2
+    assert set(rec["ways"]) == {"ours", "ours_nchw", "ours_b64", "reference"}
+    stem = next(m for m in create_model("residual_cnn", pool="max").modules() if isinstance(m, nn.Conv2d))
+    stem_macs = stem(torch.zeros(1, 1, 28, 28)).numel() * stem.in_channels * math.prod(stem.kernel_size)
+    assert rec["flop_per_image"] == 2 * (3 * rec["macs_per_image"] - stem_macs)  # the docstring's count
+    for name, way in rec["ways"].items():
+        assert len(way["seconds"]) == rec["repeats"] and all(s > 0 for s in way["seconds"])
+        ips = rec["images_per_repeat"] / statistics.median(way["seconds"])
+        assert way["images_per_s"] == pytest.approx(ips), name
+        assert way["flops"] == pytest.approx(ips * rec["flop_per_image"])
+        assert way["share_of_matmul"] == pytest.approx(way["flops"] / rec["matmul"]["flops"])
+    ways = rec["ways"]
+    assert rec["ratio"] == pytest.approx(ways["ours"]["images_per_s"] / ways["reference"]["images_per_s"])
+    assert rec["meets"] == {"ratio": rec["ratio"] >= 4.0, "share": rec["share"] >= 0.40}
+    assert ways["ours"]["batch_size"] == 128 and ways["ours_b64"]["batch_size"] == 64
+    assert ways["ours"]["channels_last"] and not ways["ours_nchw"]["channels_last"]
+    assert f"ours / reference = {rec['ratio']:.2f}x" in table
