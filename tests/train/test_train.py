@@ -23,7 +23,7 @@ import gatepool
 from gatepool import create_model
 from gatepool.data import load_dataset
 from gatepool.train import TrainConfig, TrainResult, evaluate, get_lr, train
-from gatepool.utils.io import read_json
+from gatepool.utils.io import load_checked, read_json
 
 SMALL = dict(train_size=256, test_size=128, epochs=2, batch_size=64, threads=1, model_kwargs={"width": 8})
 TIMINGS = ("images_per_s", "seconds")
@@ -118,7 +118,7 @@ def test_resume_after_kill_9_equals_the_uninterrupted_run(reference, tmp_path):
     cmd = [sys.executable, "-c", script, json.dumps(SMALL), str(tmp_path)]
     proc = subprocess.run(cmd, env=env, capture_output=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
-    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["epoch"] == 1
+    assert load_checked(tmp_path / "checkpoint.pt")["epoch"] == 1
 
     resumed = train(TrainConfig(**SMALL), out=tmp_path, progress=False, verbose=False, on_epoch_end=fc_norm)
     assert metrics(resumed.history) == metrics(ref.history)
@@ -255,7 +255,7 @@ def test_resume_with_another_thread_count_warns_and_records_both(tmp_path, capsy
     cfg = TrainConfig(model_kwargs={"width": 8}, **TINY)
     with pytest.raises(KeyboardInterrupt):
         train(cfg, out=tmp_path, progress=False, verbose=False, on_epoch_end=stop_at_2)
-    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["threads"] == 1
+    assert load_checked(tmp_path / "checkpoint.pt")["threads"] == 1
     capsys.readouterr()
     resumed = train(TrainConfig(model_kwargs={"width": 8}, **{**TINY, "threads": 2}), out=tmp_path,
                     progress=False, verbose=False)  # fmt: skip
@@ -292,7 +292,7 @@ def test_runs_saved_before_the_new_fields_load_and_resume(tmp_path):
     reference = train(cfg, progress=False, verbose=False)
     with pytest.raises(KeyboardInterrupt):
         train(cfg, out=tmp_path, progress=False, verbose=False, on_epoch_end=stop_at_2)
-    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    ckpt = load_checked(tmp_path / "checkpoint.pt")
     for k in NEW_FIELDS:  # a checkpoint as the trainer wrote it before these fields and eval_fn
         del ckpt["config"][k]
     del ckpt["metrics"]

@@ -2,10 +2,11 @@
 
     gatepool train --model residual_cnn --pool max --epochs 6 --seed 0 --data mnist --out runs/max-s0
 
-Writes ``OUT/checkpoint.pt`` after every epoch, ``OUT/results.json`` (the exact configuration, the
-per-epoch history, the final metrics) and ``OUT/model.safetensors`` at the end. Running the same
-command again resumes an interrupted run from its last complete epoch, or, for a finished run, prints
-the saved results without training.
+Writes ``OUT/checkpoint.pt`` after every epoch (keeping the one before as ``checkpoint.prev.pt``, both
+with a SHA-256), ``OUT/results.json`` (the exact configuration, the per-epoch history, the final
+metrics) and ``OUT/model.safetensors`` at the end. Running the same command again resumes an
+interrupted run from its last good epoch, or, for a finished run, prints the saved results without
+training.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ independent trainings (``sweep.py``)."""
 from gatepool.train.schedule import SCHEDULES, get_lr
 from gatepool.train.trainer import (
     CHECKPOINT,
+    PREVIOUS,
     RESULTS,
     RUNTIME_FIELDS,
     WEIGHTS,
@@ -23,6 +24,7 @@ from gatepool.train.trainer import (
 
 __all__ = [
     "CHECKPOINT",
+    "PREVIOUS",
     "RESULTS",
     "RUNTIME_FIELDS",
     "SCHEDULES",

@@ -38,14 +38,22 @@ Usage::
     result.model            # the trained nn.Module
     result.record["final"]  # {"train_loss", "train_acc", "test_loss", "test_acc"}
 
-Files in ``out``: ``checkpoint.pt`` (after every epoch), then ``model.safetensors`` and ``results.json``
-(the exact config, the history, the final metrics, machine and torch version). A finished run called
-again loads and returns them without training.
+Files in ``out``: ``checkpoint.pt`` (after every epoch; the one before it is kept as
+``checkpoint.prev.pt``), then ``model.safetensors`` and ``results.json`` (the exact config, the history,
+the final metrics, the weights' SHA-256, machine and torch version). A finished run called again loads
+and returns them without training.
+
+Damage is found, not loaded: a checkpoint carries its SHA-256 (``gatepool.utils.io.load_checked``). One
+that fails it is renamed ``*.corrupt`` and the run resumes from the other one (an epoch earlier: the
+same bits in the end, since an epoch depends only on (seed, epoch)), or starts over when neither is good;
+it says which on stderr. Weights that do not match results.json's digest, or a results.json that does
+not parse, are rebuilt from the last checkpoint the same way.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import os
 import sys
@@ -62,7 +70,15 @@ import torch.nn.functional as F
 
 from gatepool.train.schedule import DEFAULT_WARMUP, SCHEDULES, get_lr
 from gatepool.utils.environment import machine
-from gatepool.utils.io import atomic_torch_save, atomic_write_bytes, atomic_write_json, json_copy, read_json
+from gatepool.utils.io import (
+    CorruptFileError,
+    atomic_torch_save,
+    atomic_write_bytes,
+    atomic_write_json,
+    json_copy,
+    load_checked,
+    read_json,
+)
 from gatepool.utils.threads import num_threads
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -74,6 +90,7 @@ LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, t
 # row records the threads its epoch ran with.
 RUNTIME_FIELDS = ("threads", "data_dir")
 CHECKPOINT, RESULTS, WEIGHTS = "checkpoint.pt", "results.json", "model.safetensors"
+PREVIOUS = "checkpoint.prev.pt"  # the checkpoint before the newest one
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -501,7 +518,9 @@ def train(
     out = Path(out) if out is not None else None
     with num_threads(config.threads):
         if out is not None and (out / RESULTS).exists():
-            return _load_finished(config, out, model)
+            finished = _load_finished(config, out, model)
+            if finished is not None:
+                return finished
         if model is None:
             from gatepool.models import create_model
 
@@ -563,11 +582,14 @@ def train(
                         "metrics": metrics,
                         "threads": torch.get_num_threads(),
                     },
+                    keep=out / PREVIOUS,
                 )
 
         record = _record(config, model, history, initial, channels_last, metrics)
         if out is not None:
-            atomic_write_bytes(out / WEIGHTS, _safetensors_bytes(model))
+            weights = _safetensors_bytes(model)
+            record["weights_sha256"] = hashlib.sha256(weights).hexdigest()
+            atomic_write_bytes(out / WEIGHTS, weights)
             atomic_write_json(out / RESULTS, record)  # last: its presence marks a finished run
         return TrainResult(model, record)
 
@@ -646,35 +668,78 @@ def _check_same(saved: dict[str, Any], config: TrainConfig, path: Path) -> None:
 def _warn_other_threads(saved: int | None, out: Path | None, start: int, epochs: int) -> None:
     now = torch.get_num_threads()
     if saved is not None and saved != now and start < epochs:
-        print(
+        _warn(
             f"warning: {out} ran with {saved} torch threads and resumes with {now}: the results will "
-            f"not be bit-identical to an uninterrupted run (pass threads={saved} for that)",
-            file=sys.stderr,
-            flush=True,
+            f"not be bit-identical to an uninterrupted run (pass threads={saved} for that)"
         )
 
 
 def _load_checkpoint(config: TrainConfig, out: Path | None) -> dict[str, Any] | None:
-    if out is None or not (out / CHECKPOINT).exists():
+    """The newest good checkpoint in ``out`` (``checkpoint.pt``, else ``checkpoint.prev.pt``), or None.
+
+    A file that fails its checksum is renamed ``<name>.corrupt`` (so no later write keeps it as the
+    previous one) and the other is tried; each step is said on stderr.
+    """
+    if out is None:
         return None
-    ckpt = torch.load(out / CHECKPOINT, map_location="cpu", weights_only=True)
-    _check_same(ckpt["config"], config, out / CHECKPOINT)
-    return ckpt
+    said = []
+    for name in (CHECKPOINT, PREVIOUS):
+        path = out / name
+        if not path.exists():
+            continue
+        try:
+            ckpt = load_checked(path)
+        except CorruptFileError as e:
+            path.replace(path.with_name(name + ".corrupt"))
+            said.append(f"{e}; moved it to {name}.corrupt")
+            _warn(f"warning: {said[-1]}")
+            continue
+        _check_same(ckpt["config"], config, path)
+        if name == PREVIOUS:
+            why = "it is damaged" if said else "it is missing (a write was interrupted)"
+            _warn(f"warning: {out / CHECKPOINT}: {why}; resuming from {name} (epoch {ckpt['epoch']})")
+        return ckpt
+    if said:
+        _warn(f"warning: {out}: no good checkpoint left; the training starts over from epoch 1")
+    return None
 
 
-def _load_finished(config: TrainConfig, out: Path, model: nn.Module | None) -> TrainResult:
-    from safetensors.torch import load_file
+def _load_finished(config: TrainConfig, out: Path, model: nn.Module | None) -> TrainResult | None:
+    """The finished run in ``out``; None (said on stderr) when its files are damaged: rebuild them."""
+    from safetensors.torch import load
 
-    record = read_json(out / RESULTS)
+    try:
+        record = read_json(out / RESULTS)
+    except ValueError as e:  # not JSON: a damaged file
+        return _damaged(out, RESULTS, f"does not parse ({e})")
     _check_same(record["config"], config, out / RESULTS)
+    weights = (out / WEIGHTS).read_bytes() if (out / WEIGHTS).exists() else b""
+    digest = record.get("weights_sha256")  # runs saved before the digest was recorded have none
+    if not weights:
+        return _damaged(out, WEIGHTS, "is missing")
+    if digest is not None and hashlib.sha256(weights).hexdigest() != digest:
+        return _damaged(out, WEIGHTS, "does not match results.json's SHA-256")
     if model is None:
         from gatepool.models import create_model
 
         model = create_model(config.model, **config.model_kwargs)
-    model.load_state_dict(load_file(out / WEIGHTS))
+    model.load_state_dict(load(weights))
     if record["channels_last"]:
         model = model.to(memory_format=torch.channels_last)
     return TrainResult(model, record)
+
+
+def _damaged(out: Path, name: str, why: str) -> None:
+    """Move a finished run's damaged file aside, so that the run is rebuilt from its last checkpoint."""
+    if (out / name).exists():
+        (out / name).replace(out / (name + ".corrupt"))
+    (out / RESULTS).unlink(missing_ok=True)  # no longer finished
+    _warn(f"warning: {out / name} {why}; moved aside, rebuilding the run from its last checkpoint")
+    return None
+
+
+def _warn(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def _safetensors_bytes(model: nn.Module) -> bytes:

@@ -2,9 +2,15 @@
 
 Each writer puts the bytes in a temporary file in the same folder, flushes and fsyncs it, then
 ``os.replace``s it over the target (atomic on POSIX and Windows), so a run killed at any moment
-(``kill -9`` included) leaves no torn checkpoint or result behind. A write that fails for lack of
-space (ENOSPC, or EDQUOT: over quota) removes its temporary file and raises :class:`DiskFullError`;
-the target keeps its previous content.
+(``kill -9`` included) leaves no torn checkpoint or result behind. With ``keep=PATH`` the target's
+previous version moves to PATH just before the new one takes its place (a killed write leaves the
+previous version there, never nothing). A write that fails for lack of space (ENOSPC, or EDQUOT: over
+quota) removes its temporary file and raises :class:`DiskFullError`; the target keeps its previous content.
+
+Checked files (checkpoints): ``checked_bytes(obj)`` is a header line ``gatepool-sha256 <hex digest>``
+followed by ``torch.save(obj)``'s bytes; ``load_checked(path)`` verifies the digest before it unpickles
+anything and raises :class:`CorruptFileError` naming the file when it does not match (a truncated or
+bit-flipped file), so a damaged checkpoint is found, not loaded.
 
 JSON: ``to_json(x)`` turns tensors, numpy values, dataclasses, paths and tuples into JSON's types
 (lists, numbers, dicts, strings), optionally rounding floats to ``digits`` significant digits;
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
 import io
 import json
 import math
@@ -46,8 +53,17 @@ class DiskFullError(OSError):
         )
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> Path:
-    """Call ``write(fileobj)`` on a temporary file, then rename it to ``path``."""
+class CorruptFileError(ValueError):
+    """A checked file whose content does not match its checksum (truncated, bit-flipped, not ours)."""
+
+
+def atomic_write(
+    path: str | os.PathLike, write: Callable[[BinaryIO], None], keep: str | os.PathLike | None = None
+) -> Path:
+    """Call ``write(fileobj)`` on a temporary file, then rename it to ``path``.
+
+    ``keep``: where the previous ``path`` goes (renamed, once the new bytes are on disk).
+    """
     path = Path(path)
     tmp = None
     try:
@@ -58,6 +74,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)
+        if keep is not None and path.exists():
+            os.replace(path, keep)
         os.replace(tmp, path)
     except BaseException as e:
         if tmp is not None and os.path.exists(tmp):
@@ -80,8 +98,8 @@ def _no_space(e: BaseException | None) -> OSError | None:
     return None
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    return atomic_write(path, lambda f: f.write(data))
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, keep: str | os.PathLike | None = None) -> Path:
+    return atomic_write(path, lambda f: f.write(data), keep)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
@@ -92,10 +110,40 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, json.dumps(to_json(obj), indent=2, ensure_ascii=False) + "\n")
 
 
-def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
-    buf = io.BytesIO()  # serialize first: the disk sees one plain write, whose errors are our own
+def atomic_torch_save(path: str | os.PathLike, obj: Any, keep: str | os.PathLike | None = None) -> Path:
+    """``obj`` as a checked file (:func:`checked_bytes`; read it with :func:`load_checked`)."""
+    # serialized first: the disk sees one plain write, whose errors are our own
+    return atomic_write_bytes(path, checked_bytes(obj), keep)
+
+
+_CHECKED = b"gatepool-sha256 "
+
+
+def checked_bytes(obj: Any) -> bytes:
+    """``torch.save(obj)``'s bytes behind a header line holding their SHA-256: see :func:`load_checked`."""
+    buf = io.BytesIO()
     torch.save(obj, buf)
-    return atomic_write_bytes(path, buf.getbuffer())
+    payload = buf.getvalue()
+    return _CHECKED + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+
+
+def load_checked(path: str | os.PathLike) -> Any:
+    """The object :func:`checked_bytes` wrote to ``path``, once its SHA-256 matches.
+
+    A file without the header (a plain ``torch.save``, as checkpoints were written before) is loaded as
+    it is. Raises :class:`CorruptFileError` naming the file when the digest does not match or the bytes
+    do not unpickle.
+    """
+    data = Path(path).read_bytes()
+    if data.startswith(_CHECKED):
+        head, _, payload = data.partition(b"\n")
+        if hashlib.sha256(payload).hexdigest().encode() != head[len(_CHECKED) :]:
+            raise CorruptFileError(f"{path}: its SHA-256 does not match its header (truncated or damaged)")
+        data = payload
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as e:  # torch names many ways a damaged archive fails to load
+        raise CorruptFileError(f"{path}: cannot be loaded ({type(e).__name__}: {e})") from e
 
 
 def read_json(path: str | os.PathLike) -> Any:
