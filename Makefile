@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 PROFILE ?= quick
 OUT    ?= runs/reproduce-$(PROFILE)
 
-.PHONY: reproduce test test-fast lint bench clean-venv
+.PHONY: reproduce test test-fast test-kill lint bench clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ test: $(STAMP)
 
 test-fast: $(STAMP)  # everything not marked slow (no trainings, timed runs or subprocesses)
 	$(PY) -m pytest -m "not slow"
+
+test-kill: $(STAMP)  # reproduce --profile quick killed ≥ 20 times, against an uninterrupted run (minutes)
+	$(PY) -m pytest -m kill --timeout=1800
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests

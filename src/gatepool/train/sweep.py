@@ -3,12 +3,18 @@
 ``run_tasks(fn, tasks, jobs)`` is ``[fn(t) for t in tasks]``; with ``jobs > 1`` the calls run in
 ``jobs`` spawned processes, each limited to ``cpu_count // jobs`` torch threads. ``fn`` and the tasks
 must be picklable (a module-level function and plain data). Results come back in task order.
+
+On Linux a worker dies with the process that started it (``PR_SET_PDEATHSIG``): a sweep killed with
+``kill -9`` leaves no training running on, writing into run folders that the next run resumes.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import signal
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
@@ -28,10 +34,21 @@ def default_jobs() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, parent: int) -> None:
+    _die_with(parent)
     import torch
 
     torch.set_num_threads(threads)
+
+
+def _die_with(parent: int) -> None:
+    """Linux: SIGKILL this process when ``parent`` (the process that started it) ends."""
+    if not sys.platform.startswith("linux"):
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent ended before prctl took effect
+        os._exit(1)
 
 
 def run_tasks(fn: Callable[[T], Any], tasks: Sequence[T], jobs: int = 1) -> list[Any]:
@@ -43,5 +60,6 @@ def run_tasks(fn: Callable[[T], Any], tasks: Sequence[T], jobs: int = 1) -> list
     jobs = min(jobs, len(tasks))
     threads = max(1, (os.cpu_count() or 1) // jobs)
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads,)) as pool:
+    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker,
+                             initargs=(threads, os.getpid())) as pool:
         return list(pool.map(fn, tasks))

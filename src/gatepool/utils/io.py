@@ -87,6 +87,20 @@ def atomic_write(
     return path
 
 
+def remove_temp_files(folder: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files of writes that never finished (``.NAME.*.tmp``) anywhere under ``folder``.
+
+    A write killed before its rename leaves one behind; no reader opens it. Call this only while no
+    other process writes there (holding the folder's :class:`gatepool.utils.lock.RunLock`).
+    """
+    removed = []
+    for path in Path(folder).rglob(".*.tmp"):
+        if path.is_file():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
 def _no_space(e: BaseException | None) -> OSError | None:
     """The ENOSPC/EDQUOT OSError in ``e``'s chain (a writer such as torch.save may wrap it), if any."""
     seen = set()

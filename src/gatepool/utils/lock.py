@@ -9,7 +9,8 @@ O_EXCL file outlives a killed owner, and deciding that it is stale means asking 
 runs, which pid reuse makes wrong and another host makes impossible. Here the file's content only says
 who holds the lock, one JSON line ``{"pid", "host", "since", "command"}``, written once the lock is
 taken and emptied on release. A new owner that finds content there knows its writer died holding the
-lock: it takes over and warns, naming it.
+lock: it takes over, deletes the temporary files of that writer's unfinished writes (no reader opens
+them; see :mod:`gatepool.utils.io`) and warns, naming it.
 
 The file is never deleted: unlinking a locked file lets two processes each lock a different inode.
 flock needs POSIX (Linux, macOS; NFS on Linux maps it to a POSIX byte-range lock). Where ``fcntl`` is
@@ -89,9 +90,14 @@ class RunLock:
                 fcntl.flock(fd, fcntl.LOCK_EX)
             previous = _read(fd)
             if previous.strip():  # its writer died holding the lock: the kernel released it, the text stayed
+                # lazy: io imports torch, and the CLI's --help must not
+                from gatepool.utils.io import remove_temp_files
+
+                removed = remove_temp_files(self.folder)
+                left = f"; removed {len(removed)} temp file(s) of its unfinished writes" if removed else ""
                 print(
                     f"warning: {self.folder}: taking over the lock of {describe(_parse(previous))}, "
-                    "which ended without releasing it",
+                    f"which ended without releasing it{left}",
                     file=sys.stderr,
                     flush=True,
                 )

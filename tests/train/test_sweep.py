@@ -1,0 +1,70 @@
+"""Sweeps of trainings in worker processes: results in task order, and no worker outlives a killed sweep."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gatepool.train.sweep import run_tasks
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+SCRIPT = """
+import os, sys, time
+from gatepool.train.sweep import run_tasks
+
+def work(path):
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+    time.sleep(120)  # a long training
+
+if __name__ == "__main__":
+    run_tasks(work, [os.path.join(sys.argv[1], f"w{i}") for i in range(2)], jobs=2)
+"""
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def test_results_come_back_in_task_order():
+    assert run_tasks(square, [3, 1, 2], jobs=1) == [9, 1, 4]
+    assert run_tasks(square, list(range(5)), jobs=2) == [0, 1, 4, 9, 16]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_workers_die_with_a_killed_sweep(tmp_path):
+    (tmp_path / "sweep.py").write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": SRC}
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "sweep.py"), str(tmp_path)], env=env)
+    pids = [tmp_path / f"w{i}" for i in range(2)]
+    deadline = time.monotonic() + 60
+    while not all(p.exists() for p in pids):
+        assert proc.poll() is None and time.monotonic() < deadline, "the workers did not start"
+        time.sleep(0.1)
+    workers = [int(p.read_text()) for p in pids]
+    assert all(alive(pid) for pid in workers)
+    proc.send_signal(signal.SIGKILL)  # the sweep alone, as the OOM killer would
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in workers if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert left == [], "workers went on after their sweep was killed"
