@@ -29,7 +29,7 @@ from gatepool.layers.gated_pool import (
     SoftPool2d,
     SoftPool3d,
 )
-from gatepool.layers.soft_pool import IntOrTuple, check_window_args
+from gatepool.layers.windows import IntOrTuple, check_window_args
 
 _TORCH = {
     "max": {1: nn.MaxPool1d, 2: nn.MaxPool2d, 3: nn.MaxPool3d},

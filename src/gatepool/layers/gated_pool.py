@@ -48,7 +48,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gatepool.layers.soft_pool import (
+from gatepool.layers.soft_pool import soft_pool_tiled
+from gatepool.layers.windows import (
     IntOrTuple,
     PoolGeometry,
     check_temperature,
@@ -57,7 +58,6 @@ from gatepool.layers.soft_pool import (
     like_input_format,
     pool_geometry,
     scale_scores,
-    soft_pool_tiled,
     soft_pool_unfold,
     softmax_pool_unfold,
     unfold_windows,
