@@ -38,6 +38,19 @@ def test_results_come_back_in_task_order():
     assert run_tasks(square, list(range(5)), jobs=2) == [0, 1, 4, 9, 16]
 
 
+def threads_used(_task) -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores to tell the counts apart")
+def test_every_task_gets_a_workers_threads_however_many_remain():
+    per_worker = (os.cpu_count() or 1) // 2
+    assert run_tasks(threads_used, [0, 1], jobs=2) == [per_worker, per_worker]
+    assert run_tasks(threads_used, [0], jobs=2) == [per_worker]  # the last one left, in this process
+
+
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -4,6 +4,11 @@
 ``jobs`` spawned processes, each limited to ``cpu_count // jobs`` torch threads. ``fn`` and the tasks
 must be picklable (a module-level function and plain data). Results come back in task order.
 
+A training's bits depend on its thread count, so every task of a sweep gets the same count, however
+many remain: a resumed sweep with one task left runs it in this process, but on ``cpu_count // jobs``
+threads, as a worker would (measured: the conv + attention net resumed at 2 threads instead of 1
+ended with other weights, and a kill test caught the claim that moved).
+
 On Linux a worker dies with the process that started it (``PR_SET_PDEATHSIG``): a sweep killed with
 ``kill -9`` leaves no training running on, writing into run folders that the next run resumes.
 """
@@ -18,6 +23,8 @@ import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
+
+from gatepool.utils.threads import num_threads
 
 T = TypeVar("T")
 
@@ -55,11 +62,13 @@ def run_tasks(fn: Callable[[T], Any], tasks: Sequence[T], jobs: int = 1) -> list
     """Run ``fn`` over ``tasks``, in ``jobs`` worker processes when ``jobs > 1``."""
     if jobs < 1:
         raise ValueError(f"jobs must be ≥ 1, got {jobs}")
-    if jobs == 1 or len(tasks) <= 1:
+    if jobs == 1:
         return [fn(t) for t in tasks]
-    jobs = min(jobs, len(tasks))
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    threads = max(1, (os.cpu_count() or 1) // jobs)  # from the jobs asked for, however many tasks remain
+    if len(tasks) <= 1:  # one left (a resumed sweep): here, but with a worker's threads, for a worker's bits
+        with num_threads(threads):
+            return [fn(t) for t in tasks]
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker,
+    with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=ctx, initializer=_init_worker,
                              initargs=(threads, os.getpid())) as pool:
         return list(pool.map(fn, tasks))
