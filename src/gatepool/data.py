@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gatepool.utils.environment import cache_dir
 from gatepool.utils.io import atomic_write_bytes
 
 _DTYPES = {
@@ -196,11 +197,6 @@ def repo_data_dir() -> Path:
 
 
 DEBIAN_DATA = Path("/usr/share/datasets")  # apt-get install dataset-fashion-mnist
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gatepool"
 
 
 def search_roots(data_dir: str | os.PathLike | None = None) -> list[tuple[str, Path]]:

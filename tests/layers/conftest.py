@@ -6,6 +6,8 @@ with a mask that is written out here, so nothing in the reference is shared with
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -55,6 +57,38 @@ def soft_pool_ref(x, k, s=None, p=0, ceil_mode=False, tau=1.0, dilation=1):
     empty = torch.isneginf(sc).all(-1, keepdim=True)
     g = g.masked_fill(empty, 0.0)
     return (g * v).sum(-1).masked_fill(empty[..., 0], float("-inf")), g
+
+
+FUSED_BACKWARD = "GeneratedBackwardFor_gatepool_softmax_pool_defaultBackward"  # the op's autograd node
+
+
+@pytest.fixture(params=["fused", "python"])
+def pool_path(request, monkeypatch):
+    """A soft-family test on both paths: the fused C kernel, and the pure-PyTorch ones (tiled, plain).
+
+    ``.name`` says which; ``.backward(tiles)`` the autograd node a soft pool's output should then have,
+    and ``.node(out)`` the one it has (past the copy back to NCHW that follows the fused op).
+    """
+    from gatepool.layers import fused_pool
+
+    if request.param == "fused":
+        if not fused_pool.available():
+            pytest.skip("the fused kernels could not be built here (no C compiler)")
+    else:
+        monkeypatch.setattr(fused_pool, "usable", lambda x: False)
+
+    def backward(tiles):
+        if request.param == "fused":
+            return FUSED_BACKWARD
+        return "_TiledSoftPoolBackward" if tiles else "MaskedFillBackward0"  # weighted_sum's last op
+
+    def node(out):
+        fn = out.grad_fn
+        while type(fn).__name__ == "CloneBackward0":  # .contiguous(): channels-last memory back to NCHW
+            fn = fn.next_functions[0][0]
+        return type(fn).__name__
+
+    return types.SimpleNamespace(name=request.param, backward=backward, node=node)
 
 
 @pytest.fixture(scope="session")

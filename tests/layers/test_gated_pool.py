@@ -35,6 +35,8 @@ CASES = [  # (kernel, stride, padding, ceil_mode)
     (2, 3, 1, True),
 ]
 
+pytestmark = pytest.mark.usefixtures("pool_path")  # every test on the fused and the pure-PyTorch paths
+
 
 def _grads(fn, x, grad_out):
     x = x.detach().clone().requires_grad_()

@@ -34,6 +34,8 @@ SOFT = {1: SoftPool1d, 2: SoftPool2d, 3: SoftPool3d}
 ATTENTION = {1: AttentionGatePool1d, 2: AttentionGatePool2d, 3: AttentionGatePool3d}
 SIZE = {1: (9,), 2: (7, 8), 3: (5, 6, 4)}
 
+pytestmark = pytest.mark.usefixtures("pool_path")  # every test on the fused and the pure-PyTorch paths
+
 
 def geometries(d: int, dilations=(1, 2)):
     """Every (kernel, stride, padding, dilation, ceil_mode) torch accepts on SIZE[d], a few anisotropic."""

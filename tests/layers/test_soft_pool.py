@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gatepool.layers import soft_pool, soft_pool1d, soft_pool2d, soft_pool3d
@@ -16,6 +16,8 @@ MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 SOFT_POOL = {1: soft_pool1d, 2: soft_pool2d, 3: soft_pool3d}
 CHANNELS_LAST = {2: torch.channels_last, 3: torch.channels_last_3d}
+
+pytestmark = pytest.mark.usefixtures("pool_path")  # every test on the fused and the pure-PyTorch paths
 
 
 @st.composite
@@ -44,7 +46,7 @@ def pool_cases(draw):
     )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pool_cases())
 def test_matches_reference_values_and_grads(ref, case):
     d, k, s, p, dl = case["d"], case["k"], case["s"], case["p"], case["dl"]
@@ -97,14 +99,14 @@ def test_tiling_windows_incl_crop(ref, size, ceil_mode, tau):
 
 @pytest.mark.parametrize("kp", [(2, 0), (3, 1)])  # tile fast path, and overlapping + padded unfold path
 @pytest.mark.parametrize("tau_shape", [(), (1,), (3,)])  # one shared τ, or one per channel
-def test_tensor_temperature_values_and_grads(ref, kp, tau_shape):
+def test_tensor_temperature_values_and_grads(ref, kp, tau_shape, pool_path):
     k, p = kp
     s = k if p == 0 else 2
     x = torch.randn(2, 3, 6, 6, dtype=torch.float64, requires_grad=True)
     tau = torch.tensor([0.2, 1.0, 4.0], dtype=torch.float64)[: math.prod(tau_shape)].reshape(tau_shape)
     tau.requires_grad_()
     out = soft_pool2d(x, k, s, p, temperature=tau)
-    assert (type(out.grad_fn).__name__ == "_TiledSoftPoolBackward") == (p == 0)  # the path named above
+    assert pool_path.node(out) == pool_path.backward(tiles=p == 0)  # the path named above
     x_ref, tau_ref = x.detach().clone().requires_grad_(), tau.detach().clone().requires_grad_()
     want = ref(x_ref, k, s, p, False, tau_ref)[0]
     torch.testing.assert_close(out, want)

@@ -48,7 +48,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gatepool.layers.soft_pool import soft_pool_tiled
+from gatepool.layers import fused_pool
+from gatepool.layers.soft_pool import soft_pool_windows
 from gatepool.layers.windows import (
     IntOrTuple,
     PoolGeometry,
@@ -58,7 +59,6 @@ from gatepool.layers.windows import (
     like_input_format,
     pool_geometry,
     scale_scores,
-    soft_pool_unfold,
     softmax_pool_unfold,
     unfold_windows,
     window_mask,
@@ -251,17 +251,18 @@ class GatedPoolNd(nn.Module):
     def _soft(self, x: torch.Tensor, geo: PoolGeometry):
         tau = self.temperature  # a float, or (C,) = exp(log τ) > 0 for "soft-learned"
         tau = tau.to(x.dtype) if isinstance(tau, torch.Tensor) else tau
-        if geo.tiles and not self.return_weights:
-            return soft_pool_tiled(x, geo, tau), None, None
-        out, weights = soft_pool_unfold(x, geo, tau)
+        out, weights = soft_pool_windows(x, geo, tau, self.return_weights)
         return out, None, weights
 
     _soft_learned = _soft
 
     def _attention(self, x: torch.Tensor, geo: PoolGeometry):
         w_s, w_v = self.score.weight.to(x.dtype), self.value.weight.to(x.dtype)
-        scores = scale_scores(_CONV_FN[self.dim](x, w_s), self.fixed_temperature)  # (N, 1, *spatial)
+        scores = _CONV_FN[self.dim](x, w_s)  # (N, 1, *spatial)
         values = _CONV_FN[self.dim](x, w_v)  # (N, C, *spatial)
+        if not self.return_weights and fused_pool.usable(values):  # one pass: score softmax and sum
+            return fused_pool.softmax_pool(values, scores, self.fixed_temperature, geo), None, None
+        scores = scale_scores(scores, self.fixed_temperature)
         out, weights = softmax_pool_unfold(values, scores, geo)  # weights (N, 1, *out, K)
         return out, None, weights
 

@@ -1,4 +1,4 @@
-"""Soft pooling, and the window machinery that every gate shares.
+"""Soft pooling: the equations, the functional API and its paths (windows and the plain path: windows.py).
 
 Every pooling is a gated sum over a window of n values v_1 … v_n (a k×k patch of one channel):
 
@@ -34,22 +34,25 @@ positions flattened row-major (the last spatial axis fastest); ``(C, *out_spatia
 Numerics: the softmax subtracts the window max before exp, so every finite input (±1e4 included, any
 τ > 0) gives finite outputs. float16 / bfloat16 inputs are computed in float32 and cast back.
 
-Two ways to compute, side by side:
+Three ways to compute, side by side (``soft_pool_windows`` picks):
   * the plain one, ``soft_pool_unfold`` (in windows.py): unfold the windows to ``(N, C, *out, K)``,
     softmax over K, weighted sum; autograd does the rest (double backward included). Any stride,
-    padding, dilation, ceil_mode; it also returns the weights, and it holds the limits above.
-  * the fast one, ``_TiledSoftPool``, when windows tile the input (stride = kernel, no padding, no
-    dilation): one copy puts the window offsets in front, ``(K, N, C, *out)``, so each of the K window
-    positions is a dense tensor in the input's memory format; the max, exp, sums and the backward are then
-    dense elementwise ops, and the backward is the identity above (no autograd graph), written straight
-    into the input's layout. channels_last in, channels_last out. It assumes finite windows: when its
-    output is not finite everywhere (one check, a host sync on GPU) the plain path recomputes it. Double
-    backward (``create_graph=True``) goes through the plain path's autograd graph.
+    padding, dilation, ceil_mode; it also returns the weights, and it holds the limits above. The
+    reference the other two are tested against.
+  * the fused kernel, ``fused_pool.softmax_pool`` (a C kernel compiled on first use, registered as the
+    torch op ``gatepool::softmax_pool``): one pass over each window's taps, vectorized over the
+    channels of channels-last memory, the backward by the identity above; any geometry, 1-D to 3-D,
+    float32/float64 on the CPU, the limits above included. The default wherever it could be built.
+  * the tiled one, ``_TiledSoftPool`` (pure PyTorch, for machines without a C compiler), when windows
+    tile the input (stride = kernel, no padding, no dilation): one copy puts the window offsets in
+    front, ``(K, N, C, *out)``, so each of the K window positions is a dense tensor in the input's
+    memory format; the max, exp, sums and the backward are then dense elementwise ops, and the backward
+    is the identity above (no autograd graph), written straight into the input's layout. channels_last
+    in, channels_last out. It assumes finite windows: when its output is not finite everywhere (one
+    check, a host sync on GPU) the plain path recomputes it. Double backward (``create_graph=True``)
+    goes through the plain path's autograd graph (so does the fused kernel's).
 
-Measured (one thread, CPU time, (256, 32, 28, 28), k = 2, forward + backward, ratio to F.max_pool2d):
-channels_last: this fast path 3.3×, the ratio form ``avg_pool(x·e^(x−m)) / avg_pool(e^(x−m))`` with
-autograd 6.6×, reductions over a reshape view with autograd 36×, unfold + softmax 30×. NCHW: 1.0×
-(torch's NCHW max pool is ~4× slower than its channels_last one). ``gatepool bench pool`` has the table.
+``gatepool bench pool`` measures all three against torch's max pool; the README has the table.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ import dataclasses
 
 import torch
 
+from gatepool.layers import fused_pool
 from gatepool.layers.windows import (
     IntOrTuple,
     PoolGeometry,
@@ -69,7 +73,7 @@ from gatepool.layers.windows import (
     soft_pool_unfold,
 )
 
-__all__ = ["soft_pool", "soft_pool1d", "soft_pool2d", "soft_pool3d", "soft_pool_tiled"]
+__all__ = ["soft_pool", "soft_pool1d", "soft_pool2d", "soft_pool3d", "soft_pool_tiled", "soft_pool_windows"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -187,6 +191,24 @@ def soft_pool_tiled(
     return out
 
 
+def soft_pool_windows(
+    x: torch.Tensor, geo: PoolGeometry, temperature: float | torch.Tensor, return_weights: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Soft pooling of ``x`` ``(N, C, *spatial)`` over the windows ``geo``, by the fastest path that applies.
+
+    The fused kernel (float32/float64 on the CPU, once built), else the tiled fast path where windows
+    tile, else the plain one; the plain one also when the weights are asked for (``(out, weights)``;
+    otherwise ``(out, None)``).
+    """
+    if return_weights:
+        return soft_pool_unfold(x, geo, temperature)
+    if fused_pool.usable(x):
+        return fused_pool.softmax_pool(x, None, temperature, geo), None
+    if geo.tiles:
+        return soft_pool_tiled(x, geo, temperature), None
+    return soft_pool_unfold(x, geo, temperature)[0], None
+
+
 # --------------------------------------------------------------------------------------------------
 # Public functional API
 
@@ -214,10 +236,7 @@ def soft_pool(
     xb = input if geo.batched else input.unsqueeze(0)  # (N, C, *spatial)
     xc = xb.to(compute_dtype(input.dtype))
     tau = temperature.to(xc.dtype) if isinstance(temperature, torch.Tensor) else float(temperature)
-    if geo.tiles and not return_weights:
-        out, weights = soft_pool_tiled(xc, geo, tau), None
-    else:
-        out, weights = soft_pool_unfold(xc, geo, tau)
+    out, weights = soft_pool_windows(xc, geo, tau, return_weights)
     out = like_input_format(out, xb).to(input.dtype)
     if not geo.batched:
         out = out.squeeze(0)

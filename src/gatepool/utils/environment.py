@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import os
 import platform
+from pathlib import Path
 from typing import Any
+
+
+def cache_dir() -> Path:
+    """gatepool's cache: ``$XDG_CACHE_HOME/gatepool``, else ``~/.cache/gatepool`` (data, built kernels)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "gatepool"
 
 
 def cpu_model() -> str:

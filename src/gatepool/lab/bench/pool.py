@@ -1,139 +1,192 @@
-"""``gatepool bench pool``: forward + backward time of every gate against torch's own pools.
+"""``gatepool bench pool``: forward + backward time and peak memory of every gate against torch's pools.
 
-Input (256, 32, 28, 28) float32, 2×2 windows with stride 2 (the pools of Tuesday's CNN), in NCHW and in
-channels_last. Timed in one process, one round at a time (every way once per round, so background load
-hits all ways alike), median over rounds of ``y = pool(x); y.backward(grad)``:
+Two geometries, float32, in NCHW and in channels_last:
 
-    F.max_pool2d, F.avg_pool2d           torch's kernels, the baseline
-    max, avg, soft, soft-learned,        our GatedPool2d with each gate (channels = 32)
-    attention, conv
-    unfold+softmax                       the plain soft pool: x.unfold → softmax → Σ g·v, autograd
+    tiled        (256, 32, 28, 28), k = s = 2          the pools of Tuesday's CNN
+    overlapping  (64, 64, 56, 56),  k = 3, s = 2, p = 1  the ResNet stem's pool
 
-Each is reported as a ratio to F.max_pool2d in the same memory format.
-Target: soft ≤ 1.5 × F.max_pool2d in channels_last.
+and the ways, each ``y = pool(x); y.backward(grad)``:
+
+    F.max_pool2d, F.avg_pool2d           torch's kernels, the baseline (same geometry)
+    max, avg, soft, soft-learned,        our GatedPool2d with each gate (channels = C): the fused kernels
+    attention, conv                      for the soft family when they are built (gatepool.layers.fused_pool)
+    soft (pure PyTorch)                  soft without the fused kernel: the tiled fast path where windows
+                                         tile, else the plain path
+    plain path                           gatepool.layers.windows.soft_pool_unfold: unfold, softmax, sum
+
+Timing: ``torch.utils.benchmark.Timer`` (at the torch thread count), interleaved: each round times every
+way once (``number`` calls), so background load hits all ways alike; the median over rounds of the
+per-call time is reported, as a ratio to F.max_pool2d of the same geometry and memory format. Peak
+memory: the most bytes torch's allocator holds during one forward + backward (its profiler), beside.
+Targets (issue 11): tiled, both formats: soft ≤ 1.5×, soft-learned ≤ 1.7×, attention ≤ 2.0×;
+overlapping: soft ≤ 2.0×; peak memory of soft ≤ 2× that of F.max_pool2d (tiled, channels_last).
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.benchmark import Timer
 
+from gatepool.lab.bench.attention import peak_bytes
 from gatepool.utils.environment import machine
 
-TARGET = 1.5
-SHAPE, QUICK_SHAPE = (256, 32, 28, 28), (16, 32, 28, 28)
+CASES = {  # name: (shape, quick shape, kernel, stride, padding)
+    "tiled": ((256, 32, 28, 28), (16, 32, 28, 28), 2, 2, 0),
+    "overlapping": ((64, 64, 56, 56), (4, 64, 56, 56), 3, 2, 1),
+}
+TARGETS = [  # (case, formats, way, the most × F.max_pool2d)
+    ("tiled", ("nchw", "channels_last"), "soft", 1.5),
+    ("tiled", ("nchw", "channels_last"), "soft-learned", 1.7),
+    ("tiled", ("nchw", "channels_last"), "attention", 2.0),
+    ("overlapping", ("nchw", "channels_last"), "soft", 2.0),
+]
+MEMORY_TARGET = 2.0  # peak bytes of soft / F.max_pool2d, tiled, channels_last
+FORMATS = {"nchw": torch.contiguous_format, "channels_last": torch.channels_last}
 
 
-def unfold_softmax_pool(x: torch.Tensor) -> torch.Tensor:
-    """The plain soft pool, k = s = 2: unfold the windows, softmax over each, weighted sum."""
-    n, c, h, w = x.shape
-    windows = x.unfold(2, 2, 2).unfold(3, 2, 2).reshape(n, c, h // 2, w // 2, 4)  # (N, C, H/2, W/2, 4)
-    return (torch.softmax(windows, dim=-1) * windows).sum(-1)
-
-
-def ways(channels: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    """Every way to pool, by name."""
+def ways(channels: int, k: int, s: int, p: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """Every way to pool with window (k, s, p), by name."""
     from gatepool.layers import GATES, GatedPool2d
+    from gatepool.layers.soft_pool import soft_pool_tiled
+    from gatepool.layers.windows import pool_geometry, soft_pool_unfold
+
+    def plain(x: torch.Tensor) -> torch.Tensor:
+        return soft_pool_unfold(x, pool_geometry(x, 2, k, s, p))[0]
+
+    def pure_pytorch(x: torch.Tensor) -> torch.Tensor:
+        geo = pool_geometry(x, 2, k, s, p)
+        return soft_pool_tiled(x, geo, 1.0) if geo.tiles else soft_pool_unfold(x, geo)[0]
 
     out: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-        "F.max_pool2d": lambda x: F.max_pool2d(x, 2),
-        "F.avg_pool2d": lambda x: F.avg_pool2d(x, 2),
+        "F.max_pool2d": lambda x: F.max_pool2d(x, k, s, p),
+        "F.avg_pool2d": lambda x: F.avg_pool2d(x, k, s, p),
     }
     for gate in GATES:
-        out[gate] = GatedPool2d(2, gate=gate, channels=channels)
-    out["unfold+softmax"] = unfold_softmax_pool
+        out[gate] = GatedPool2d(k, s, p, gate=gate, channels=channels)
+    out["soft (pure PyTorch)"] = pure_pytorch
+    out["plain path"] = plain
     return out
 
 
 def time_ways(
-    fns: dict[str, Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor, warmup: int, rounds: int
+    fns: dict[str, Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor, rounds: int, number: int
 ) -> dict[str, list[float]]:
-    """Seconds of forward + backward per way, one sample per round."""
+    """Seconds per forward + backward call of each way: one sample (a mean of ``number`` calls) a round."""
     x = x.detach().requires_grad_()
-    grads = {}
-    for name, fn in fns.items():  # warm-up, and one upstream gradient per output shape
-        for _ in range(warmup):
-            y = fn(x)
-            grads[name] = torch.ones_like(y)
-            y.backward(grads[name])
-            x.grad = None
+    timers = {}
+    for name, fn in fns.items():
+        grad = torch.ones_like(fn(x))  # one upstream gradient per output shape
+        timers[name] = Timer(
+            "fn(x).backward(grad); x.grad = None",
+            globals={"fn": fn, "x": x, "grad": grad},
+            num_threads=torch.get_num_threads(),
+        )
+        timers[name].timeit(1)  # warm-up: first-call costs (and the kernels' build) paid here
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn(x).backward(grads[name])
-            times[name].append(time.perf_counter() - t0)
-            x.grad = None
+        for name, timer in timers.items():
+            times[name].append(timer.timeit(number).mean)
     return times
 
 
 def run(quick: bool = False) -> dict[str, Any]:
     """Measure; returns the record (``gatepool bench`` sets the threads, prints and saves it)."""
+    from gatepool.layers import fused_pool
+
     torch.manual_seed(0)
-    shape = QUICK_SHAPE if quick else SHAPE
-    warmup, rounds = (1, 3) if quick else (3, 15)
-    fns = ways(shape[1])
+    rounds, number = (3, 1) if quick else (7, 3)
     results = []
-    x = torch.randn(shape)
-    for fmt, memory_format in (("nchw", torch.contiguous_format), ("channels_last", torch.channels_last)):
-        times = time_ways(fns, x.contiguous(memory_format=memory_format), warmup, rounds)
-        base = statistics.median(times["F.max_pool2d"])
-        for name, ts in times.items():
-            med = statistics.median(ts)
-            results.append(
-                {
-                    "format": fmt,
-                    "name": name,
-                    "median_ms": 1e3 * med,
-                    "min_ms": 1e3 * min(ts),
-                    "ratio_to_max_pool2d": med / base,
-                    "times_ms": [1e3 * t for t in ts],
-                }
-            )
-    soft_cl = next(r for r in results if r["format"] == "channels_last" and r["name"] == "soft")
+    for case, (shape, quick_shape, k, s, p) in CASES.items():
+        shape = quick_shape if quick else shape
+        fns = ways(shape[1], k, s, p)
+        x = torch.randn(shape)
+        for fmt, memory_format in FORMATS.items():
+            xf = x.contiguous(memory_format=memory_format)
+            times = time_ways(fns, xf, rounds, number)
+            base = statistics.median(times["F.max_pool2d"])
+            peaks = {name: _peak(fn, xf) for name, fn in fns.items()} if fmt == "channels_last" else {}
+            for name, ts in times.items():
+                results.append(
+                    {
+                        "case": case,
+                        "shape": list(shape),
+                        "kernel_size": k,
+                        "stride": s,
+                        "padding": p,
+                        "format": fmt,
+                        "name": name,
+                        "median_ms": 1e3 * statistics.median(ts),
+                        "min_ms": 1e3 * min(ts),
+                        "ratio_to_max_pool2d": statistics.median(ts) / base,
+                        "times_ms": [1e3 * t for t in ts],
+                        "peak_mib": peaks[name] / 2**20 if name in peaks else None,
+                    }
+                )
     return {
         "bench": "pool",
         "machine": machine(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "input_shape": list(shape),
-        "kernel_size": 2,
-        "stride": 2,
+        "fused_kernels": fused_pool.available(),
         "dtype": "float32",
-        "warmup": warmup,
         "rounds": rounds,
+        "number": number,
         "quick": quick,
         "results": results,
-        "target": {
-            "soft_channels_last_ratio_max": TARGET,
-            "soft_channels_last_ratio": soft_cl["ratio_to_max_pool2d"],
-        },
+        "targets": targets(results),
     }
 
 
-def table(record: dict[str, Any]) -> str:
-    machine = record["machine"]
-    lines = [
-        f"pool bench: input {tuple(record['input_shape'])} float32, k = s = 2, forward + backward, "
-        f"median of {record['rounds']} rounds; torch {record['torch']}, {record['threads']} threads, "
-        f"{machine['cpu_count']} cpus ({machine['processor'] or machine['platform']})",
-        f"{'way':<16} {'format':<14} {'median ms':>10} {'min ms':>10} {'× max_pool2d':>13}",
-    ]
-    for r in record["results"]:
-        lines.append(
-            f"{r['name']:<16} {r['format']:<14} {r['median_ms']:>10.2f} {r['min_ms']:>10.2f} "
-            f"{r['ratio_to_max_pool2d']:>13.2f}"
-        )
-    t = record["target"]
-    ok = "met" if t["soft_channels_last_ratio"] <= t["soft_channels_last_ratio_max"] else "NOT met"
-    lines.append(
-        f"target soft ≤ {t['soft_channels_last_ratio_max']}× F.max_pool2d (channels_last): "
-        f"{t['soft_channels_last_ratio']:.2f}× ({ok})"
-    )
-    return "\n".join(lines)
+def _peak(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> int:
+    x = x.detach().requires_grad_()
+    grad = torch.ones_like(fn(x))
+    return peak_bytes(lambda: fn(x).backward(grad))
 
+
+def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each target with the measured value and whether it is met."""
+    row = {(r["case"], r["format"], r["name"]): r for r in results}
+    out = []
+    for case, formats, way, limit in TARGETS:
+        for fmt in formats:
+            value = row[(case, fmt, way)]["ratio_to_max_pool2d"]
+            out.append({"what": f"{way} / F.max_pool2d, {case}, {fmt}", "limit": limit, "value": value,
+                        "met": value <= limit})  # fmt: skip
+    soft, base = row[("tiled", "channels_last", "soft")], row[("tiled", "channels_last", "F.max_pool2d")]
+    value = soft["peak_mib"] / base["peak_mib"]
+    out.append({"what": "peak memory of soft / F.max_pool2d, tiled, channels_last", "limit": MEMORY_TARGET,
+                "value": value, "met": value <= MEMORY_TARGET})  # fmt: skip
+    return out
+
+
+def table(record: dict[str, Any]) -> str:
+    m = record["machine"]
+    lines = [
+        f"pool bench: float32, forward + backward, median of {record['rounds']} rounds of {record['number']} "
+        f"call(s); torch {record['torch']}, {record['threads']} threads, {m['cpu_count']} cpus "
+        f"({m['processor'] or m['platform']}); fused kernels: {'yes' if record['fused_kernels'] else 'no'}",
+    ]
+    for case in CASES:
+        rows = [r for r in record["results"] if r["case"] == case]
+        r0 = rows[0]
+        lines += [
+            "",
+            f"{case}: input {tuple(r0['shape'])}, k = {r0['kernel_size']}, s = {r0['stride']}, "
+            f"p = {r0['padding']}",
+            f"{'way':<20} {'format':<14} {'median ms':>10} {'min ms':>10} {'× max_pool2d':>13} "
+            f"{'peak MiB':>9}",
+        ]
+        for r in rows:
+            peak = f"{r['peak_mib']:>9.1f}" if r["peak_mib"] is not None else f"{'':>9}"
+            lines.append(f"{r['name']:<20} {r['format']:<14} {r['median_ms']:>10.2f} {r['min_ms']:>10.2f} "
+                         f"{r['ratio_to_max_pool2d']:>13.2f} {peak}")  # fmt: skip
+    lines.append("")
+    for t in record["targets"]:
+        verdict = "met" if t["met"] else "NOT met"
+        lines.append(f"target {t['what']} ≤ {t['limit']}×: {t['value']:.2f}× ({verdict})")
+    return "\n".join(lines)

@@ -1,0 +1,143 @@
+/* Window softmax pooling on the CPU, forward and backward, fused: one pass over each window's taps.
+
+   Memory is channels-last: x[n][d][h][w][c] (1-D and 2-D inputs have leading spatial sizes of 1), so
+   the innermost loops run over contiguous channels and the compiler vectorizes them (the exp included:
+   exp_f is plain arithmetic, no libm call). Per output position o and channel c, over the window's
+   taps j inside the input (padded taps are skipped: gate 0), with a = 1/τ (one per channel, or one):
+
+       z_j = a · s_j                    scores: s = x itself (soft pooling), or a separate score map
+       m   = max_j z_j,   den = Σ_j e^(z_j − m),   g_j = e^(z_j − m) / den,   out = Σ_j g_j v_j
+       (m and 1/den are saved: the backward recomputes g_j from them)
+
+   backward, with G = ∂L/∂out:
+       ∂L/∂v_j += g_j G
+       ∂L/∂s_j += a g_j (v_j − out) G      (soft pooling, s = v: ∂L/∂x_j = g_j G (1 + a (x_j − out)))
+       ∂L/∂a   += Σ_j g_j (v_j − out) s_j G                   (summed over batch and positions)
+
+   One score per position shared by the channels (the attention gate, cs = 1) sums ∂L/∂s_j over c.
+
+   Non-finite windows take max pooling's limits, as the plain path does (windows.window_softmax): a
+   NaN makes the window NaN; a top score of ±inf shares the gate among the taps at the top (no score
+   or τ gradient there); a −inf tap beside finite ones gets gate 0; a window with no input tap gives
+   −inf. The vectorized loop assumes finite windows; a lane whose result comes out non-finite is redone
+   by a scalar routine (limit_window) and marked with m = NaN, so the backward redoes it too.
+
+   Threads: OpenMP, over (batch, output position) in the forward and over batch elements in the
+   backward (each owns its slice of the gradients: no races where windows overlap). */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#define THREAD_ID omp_get_thread_num()
+#else
+#define THREAD_ID 0
+#endif
+
+/* geometry: n, c, cs, in[3], out[3], k[3], s[3], p[3], dl[3] as 21 int64 */
+enum { G_N, G_C, G_CS, G_IN, G_OUT = 6, G_K = 9, G_S = 12, G_P = 15, G_DL = 18 };
+
+/* e^x for x ≤ 0 in float: Cody–Waite reduction and Cephes' degree-6 polynomial (about 1 ulp), the
+   power of two put into the exponent bits. Plain arithmetic, so a loop over channels vectorizes. */
+static inline float exp_f(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float t = x * 1.44269504088896341f;
+    float fi = floorf(t + 0.5f);
+    float r = x - fi * 0.693359375f + fi * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)fi + 127) << 23; /* 2^fi as a float's exponent bits */
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+static inline double exp_d(double x) { return exp(x); }
+
+/* The input positions (flat (d·H + h)·W + w) of output position o's taps inside the input; their count. */
+static int taps_of(const int64_t *g, int64_t o, int64_t *taps) {
+    const int64_t *in = g + G_IN, *out = g + G_OUT, *k = g + G_K, *s = g + G_S, *p = g + G_P, *dl = g + G_DL;
+    int64_t ow = o % out[2], oh = (o / out[2]) % out[1], od = o / (out[2] * out[1]);
+    int count = 0;
+    for (int64_t a = 0; a < k[0]; a++) {
+        int64_t id = od * s[0] - p[0] + a * dl[0];
+        if (id < 0 || id >= in[0]) continue;
+        for (int64_t b = 0; b < k[1]; b++) {
+            int64_t ih = oh * s[1] - p[1] + b * dl[1];
+            if (ih < 0 || ih >= in[1]) continue;
+            for (int64_t e = 0; e < k[2]; e++) {
+                int64_t iw = ow * s[2] - p[2] + e * dl[2];
+                if (iw >= 0 && iw < in[2]) taps[count++] = (id * in[1] + ih) * in[2] + iw;
+            }
+        }
+    }
+    return count;
+}
+
+/* Do no two windows read the same input? (stride ≥ span in every dimension: tiling windows) */
+static int disjoint_windows(const int64_t *g) {
+    for (int i = 0; i < 3; i++)
+        if (g[G_S + i] < g[G_DL + i] * (g[G_K + i] - 1) + 1) return 0;
+    return 1;
+}
+
+/* 1 at the input positions (of one batch element) some window reads, else 0; the caller frees it. */
+static char *coverage(const int64_t *g) {
+    const int64_t IS = g[G_IN] * g[G_IN + 1] * g[G_IN + 2], OS = g[G_OUT] * g[G_OUT + 1] * g[G_OUT + 2];
+    const int64_t K = g[G_K] * g[G_K + 1] * g[G_K + 2];
+    char *covered = calloc(IS, 1);
+    int64_t *taps = malloc(sizeof(int64_t) * K);
+    for (int64_t o = 0; o < OS; o++) {
+        int nt = taps_of(g, o, taps);
+        for (int t = 0; t < nt; t++) covered[taps[t]] = 1;
+    }
+    free(taps);
+    return covered;
+}
+
+/* One lane's window by the limits, in double: out, and the gates; *finite_top says whether m is finite. */
+static double limit_window(int nt, const double *z, const double *v, double *gate, int *finite_top) {
+    double m = -INFINITY, den = 0, out = 0;
+    int nan = 0, top = 0;
+    *finite_top = 0;
+    if (nt == 0) return -INFINITY;
+    for (int t = 0; t < nt; t++) {
+        if (isnan(z[t])) nan = 1;
+        else if (z[t] > m) m = z[t];
+    }
+    if (nan) {
+        for (int t = 0; t < nt; t++) gate[t] = NAN;
+        return NAN;
+    }
+    if (isinf(m)) {
+        for (int t = 0; t < nt; t++) top += z[t] == m;
+        for (int t = 0; t < nt; t++) gate[t] = z[t] == m ? 1.0 / top : 0.0;
+    } else {
+        *finite_top = 1;
+        for (int t = 0; t < nt; t++) den += gate[t] = exp(z[t] - m);
+        for (int t = 0; t < nt; t++) gate[t] /= den;
+    }
+    for (int t = 0; t < nt; t++)
+        if (gate[t] != 0) out += gate[t] * v[t];  /* a gate of 0 adds nothing, not 0 · inf */
+    return out;
+}
+
+#define T float
+#define SUFFIX f32
+#define EXP exp_f
+#include "softmax_pool_impl.h"
+#undef T
+#undef SUFFIX
+#undef EXP
+
+#define T double
+#define SUFFIX f64
+#define EXP exp_d
+#include "softmax_pool_impl.h"

@@ -1,0 +1,128 @@
+"""The fused CPU kernels as torch operators: opcheck, torch.compile(fullgraph=True), torch.export, threads,
+and the fallback when no compiler is there. Their values and gradients are checked against the plain path
+by every test of the soft family (the ``pool_path`` fixture runs each on both paths)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gatepool.layers import GATES, GatedPool2d, fused_pool
+from gatepool.layers.windows import pool_geometry
+from gatepool.models import create_model
+
+pytestmark = pytest.mark.skipif(not fused_pool.available(), reason="no fused kernels here (no C compiler)")
+
+GEOMETRIES = [(2, 2, 0, 1, False), (3, 2, 1, 1, True), (3, 1, 1, 2, False)]
+
+
+def op_args(d, geo, scores, per_channel, dtype, channels_last=False):
+    k, s, p, dl, ceil = geo
+    shape = {1: (2, 3, 9), 2: (2, 3, 7, 8), 3: (2, 3, 5, 6, 5)}[d]
+    x = torch.randn(shape, dtype=dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()
+    tau = (torch.rand(3 if per_channel else 1, dtype=dtype) + 0.5).requires_grad_()
+    sc = torch.randn(shape[0], 1, *shape[2:], dtype=dtype, requires_grad=True) if scores else None
+    g = fused_pool.encode(pool_geometry(x, d, k, s, p, dl, ceil))
+    return x, sc, tau, g
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+@pytest.mark.parametrize("geo", GEOMETRIES)
+@pytest.mark.parametrize("kind", ["soft", "soft-per-channel", "attention"])
+def test_opcheck(d, geo, kind):
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        args = op_args(d, geo, kind == "attention", kind == "soft-per-channel", dtype, channels_last=d == 2)
+        torch.library.opcheck(torch.ops.gatepool.softmax_pool.default, args)
+
+
+def test_opcheck_backward():
+    torch.manual_seed(0)
+    x, sc, tau, g = op_args(2, GEOMETRIES[1], False, True, torch.float64)
+    out, stats = torch.ops.gatepool.softmax_pool(x, sc, tau, g)
+    grad = torch.randn_like(out)
+    args = (grad, x.detach(), None, tau.detach(), out.detach(), stats, g, True)
+    torch.library.opcheck(torch.ops.gatepool.softmax_pool_backward.default, args)
+
+
+def test_gradcheck_through_the_op():
+    torch.manual_seed(0)
+    for kind in ("soft-per-channel", "attention"):
+        x, sc, tau, g = op_args(2, GEOMETRIES[1], kind == "attention", kind != "attention", torch.float64)
+        inputs = (x, sc, tau) if sc is not None else (x, tau)
+
+        def f(*a, g=g, sc=sc):
+            return torch.ops.gatepool.softmax_pool(a[0], a[1] if sc is not None else None, a[-1], g)[0]
+
+        assert torch.autograd.gradcheck(f, inputs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gate", GATES)
+def test_compile_fullgraph_and_export_residual_cnn(gate):
+    torch.manual_seed(0)
+    model = create_model("residual_cnn", pool=gate, width=8)
+    x = torch.randn(4, 1, 28, 28)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # the ops trace as single nodes
+    torch.testing.assert_close(compiled(x), model(x))
+    loss = compiled(x).sum()
+    loss.backward()  # the registered backward traces too
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    exported = torch.export.export(model, (x,))
+    torch.testing.assert_close(exported.module()(x), model(x))
+    if gate in ("soft", "soft-learned", "attention"):
+        assert "gatepool.softmax_pool" in str(exported.graph)
+
+
+def test_threads_do_not_change_the_result():
+    torch.manual_seed(0)
+    pool = GatedPool2d(3, 2, 1, gate="soft-learned", channels=16)
+    x = torch.randn(8, 16, 12, 12, requires_grad=True)
+    results = []
+    for threads in (1, 2):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            out = pool(x)
+            gx, gt = torch.autograd.grad(out.square().sum(), (x, pool.log_temperature))
+        finally:
+            torch.set_num_threads(before)
+        results.append((out, gx, gt))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    # ∂L/∂τ sums per-thread float32 partial sums: another order of the same terms, a few ulp apart
+    torch.testing.assert_close(results[0][2], results[1][2], rtol=1e-5, atol=0)
+
+
+def test_no_compiler_warns_once_and_the_pure_pytorch_path_takes_over(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    fused_pool._library.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="could not be built.*pure-PyTorch paths"):
+            assert not fused_pool.available()
+        x = torch.randn(2, 3, 6, 6, requires_grad=True)
+        assert not fused_pool.usable(x)
+        out = GatedPool2d(2, gate="soft")(x)
+        assert type(out.grad_fn).__name__ == "_TiledSoftPoolBackward"
+    finally:
+        monkeypatch.undo()
+        fused_pool._library.cache_clear()
+    assert fused_pool.available()  # and back, for the tests after this one
+
+
+def test_the_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    fused_pool._library.cache_clear()
+    try:
+        assert fused_pool.available()
+        (built,) = (tmp_path / "cache" / "gatepool" / "kernels").glob("softmax_pool-*.so")
+        stamp = built.stat().st_mtime_ns
+        fused_pool._library.cache_clear()
+        assert fused_pool.available() and built.stat().st_mtime_ns == stamp  # loaded, not rebuilt
+        assert [p.name for p in built.parent.iterdir()] == [built.name]  # no temp file left behind
+    finally:
+        monkeypatch.undo()
+        fused_pool._library.cache_clear()
