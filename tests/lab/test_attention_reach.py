@@ -52,6 +52,7 @@ def test_receptive_width_is_one_plus_l_times_k_minus_one(kernel):
     assert layers == math.ceil(27 / (kernel - 1)) and widths[-1] >= 28 > widths[-2]
 
 
+@pytest.mark.slow
 def test_reach_trains_both_nets_and_maps_reuse_the_attention_net(tmp_path):
     reach = run_experiment("attention-reach", profile="quick", overrides=TINY, out=tmp_path, progress=False)
     assert reach["status"] == "complete", reach["error"]

@@ -29,6 +29,7 @@ def op_args(d, geo, scores, per_channel, dtype, channels_last=False):
     return x, sc, tau, g
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("d", [1, 2, 3])
 @pytest.mark.parametrize("geo", GEOMETRIES)
 @pytest.mark.parametrize("kind", ["soft", "soft-per-channel", "attention"])
@@ -48,6 +49,7 @@ def test_opcheck_backward():
     torch.library.opcheck(torch.ops.gatepool.softmax_pool_backward.default, args)
 
 
+@pytest.mark.slow
 def test_gradcheck_through_the_op():
     torch.manual_seed(0)
     for kind in ("soft-per-channel", "attention"):
@@ -113,6 +115,7 @@ def test_no_compiler_warns_once_and_the_pure_pytorch_path_takes_over(tmp_path, m
     assert fused_pool.available()  # and back, for the tests after this one
 
 
+@pytest.mark.slow
 def test_the_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     fused_pool._library.cache_clear()

@@ -33,6 +33,7 @@ def square(x: int) -> int:
     return x * x
 
 
+@pytest.mark.slow
 def test_results_come_back_in_task_order():
     assert run_tasks(square, [3, 1, 2], jobs=1) == [9, 1, 4]
     assert run_tasks(square, list(range(5)), jobs=2) == [0, 1, 4, 9, 16]
@@ -44,6 +45,7 @@ def threads_used(_task) -> int:
     return torch.get_num_threads()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores to tell the counts apart")
 def test_every_task_gets_a_workers_threads_however_many_remain():
     per_worker = (os.cpu_count() or 1) // 2
