@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,16 @@ def test_cli_train_on_a_full_disk_says_one_line_and_exits_2(tiny_disk):
     assert len(lines) == 1 and "Traceback" not in r.stderr
     assert "checkpoint.pt" in lines[0] and "disk is full" in lines[0]
     assert _leftovers(out) == [] and not (out / "checkpoint.pt").exists()
+
+
+def test_remove_temp_files_takes_only_atomic_writes_leftovers(tmp_path):
+    from gatepool.utils.io import remove_temp_files
+
+    (tmp_path / "run").mkdir()
+    fd, left = tempfile.mkstemp(prefix=".checkpoint.pt.", suffix=".tmp", dir=tmp_path / "run")  # a kill's
+    os.close(fd)
+    keep = [tmp_path / ".someone-elses.tmp", tmp_path / "checkpoint.pt", tmp_path / "run" / "notes.tmp"]
+    for path in keep:
+        path.write_text("x")
+    assert remove_temp_files(tmp_path) == [Path(left)]
+    assert not Path(left).exists() and all(path.exists() for path in keep)

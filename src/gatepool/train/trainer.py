@@ -734,7 +734,8 @@ def _damaged(out: Path, name: str, why: str) -> None:
     if (out / name).exists():
         (out / name).replace(out / (name + ".corrupt"))
     (out / RESULTS).unlink(missing_ok=True)  # no longer finished
-    _warn(f"warning: {out / name} {why}; moved aside, rebuilding the run from its last checkpoint")
+    _warn(f"warning: {out / name} {why}; moved aside, rebuilding the run from its last checkpoint "
+          "(from the start if it has none)")
     return None
 
 

@@ -27,6 +27,7 @@ import io
 import json
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -87,6 +88,9 @@ def atomic_write(
     return path
 
 
+_TEMP_NAME = re.compile(r"\..+\.[A-Za-z0-9_]{8}\.tmp")  # mkstemp(prefix=".NAME.", suffix=".tmp")
+
+
 def remove_temp_files(folder: str | os.PathLike) -> list[Path]:
     """Delete the temporary files of writes that never finished (``.NAME.*.tmp``) anywhere under ``folder``.
 
@@ -95,7 +99,7 @@ def remove_temp_files(folder: str | os.PathLike) -> list[Path]:
     """
     removed = []
     for path in Path(folder).rglob(".*.tmp"):
-        if path.is_file():
+        if path.is_file() and _TEMP_NAME.fullmatch(path.name):  # atomic_write's names, nobody else's
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed
