@@ -22,7 +22,7 @@ same measured values except the wall-clock ones. vit-mnist sizes its trainings b
 (``speed.json``); the killed run is given the reference's file, so its trainings are the same seeded
 trainings and their values are compared too.
 
-Marked ``kill`` (about 5 minutes on 2 cores): ``make test-kill``, which CI runs after ``make test``.
+Marked ``kill`` (6.5 to 8 minutes on 2 cores): ``make test-kill``, which CI runs after ``make test``.
 """
 
 from __future__ import annotations
