@@ -682,7 +682,7 @@ def _load_checkpoint(config: TrainConfig, out: Path | None) -> dict[str, Any] | 
     """
     if out is None:
         return None
-    said = []
+    damaged = False
     for name in (CHECKPOINT, PREVIOUS):
         path = out / name
         if not path.exists():
@@ -691,15 +691,15 @@ def _load_checkpoint(config: TrainConfig, out: Path | None) -> dict[str, Any] | 
             ckpt = load_checked(path)
         except CorruptFileError as e:
             path.replace(path.with_name(name + ".corrupt"))
-            said.append(f"{e}; moved it to {name}.corrupt")
-            _warn(f"warning: {said[-1]}")
+            _warn(f"warning: {e}; moved it to {name}.corrupt")
+            damaged = True
             continue
         _check_same(ckpt["config"], config, path)
         if name == PREVIOUS:
-            why = "it is damaged" if said else "it is missing (a write was interrupted)"
+            why = "it is damaged" if damaged else "it is missing (a write was interrupted)"
             _warn(f"warning: {out / CHECKPOINT}: {why}; resuming from {name} (epoch {ckpt['epoch']})")
         return ckpt
-    if said:
+    if damaged:
         _warn(f"warning: {out}: no good checkpoint left; the training starts over from epoch 1")
     return None
 
