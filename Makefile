@@ -8,8 +8,14 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PROFILE ?= quick
 OUT    ?= runs/reproduce-$(PROFILE)
+# make test-vision: a second env with torchvision and timm, for convert() on their models (tests/vision).
+# torchvision pins its torch: this one is PyPI's default build of torch 2.14.1 (CUDA; it runs on the CPU).
+VISION_VENV  ?= .venv-vision
+VISION_TORCH ?= torch==2.14.1 torchvision==0.29.1 timm==1.0.31
+VISION_PY    := $(VISION_VENV)/bin/python
+VISION_STAMP := $(VISION_VENV)/.installed
 
-.PHONY: reproduce test test-fast test-kill lint bench clean-venv
+.PHONY: reproduce test test-fast test-kill test-vision gpu-check lint bench clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +36,26 @@ test-fast: $(STAMP)  # everything not marked slow (no trainings, timed runs or s
 
 test-kill: $(STAMP)  # reproduce --profile quick killed ≥ 20 times, against an uninterrupted run (minutes)
 	$(PY) -m pytest -m kill --timeout=1800
+
+$(VISION_PY):
+	$(PYTHON) -m venv $(VISION_VENV)
+
+$(VISION_STAMP): pyproject.toml | $(VISION_PY)
+	$(VISION_PY) -m pip install -q $(VISION_TORCH)
+	$(VISION_PY) -m pip install -q -e ".[dev,vision]"
+	@touch $(VISION_STAMP)
+
+test-vision: $(VISION_STAMP)  # convert() and the probe on torchvision's and timm's models, the layers (Triton
+	# kernels under TRITON_INTERPRET=1 included) on a second torch, and the README's "your own model"
+	$(VISION_PY) -m pytest -m "not kill" tests/vision tests/layers tests/analysis/test_probe_fx.py \
+		tests/test_readme.py
+
+gpu-check: $(VISION_STAMP)  # on a machine with a CUDA device: the GPU tests, then bench pool there (JSON)
+	$(VISION_PY) -m pytest tests/layers/test_triton_pool.py
+	$(VISION_PY) -m pytest -m gpu tests
+	@mkdir -p runs/gpu-check
+	$(VISION_VENV)/bin/gatepool bench pool --device cuda --json > runs/gpu-check/bench-pool.json
+	@echo "wrote runs/gpu-check/bench-pool.json"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests

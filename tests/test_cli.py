@@ -263,3 +263,109 @@ def test_disk_full_during_the_result_write_is_one_line(toy, tmp_path, capsys, mo
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert f"{tmp_path / 'toy' / 'result.json'}: the disk is full" in err
     assert not (tmp_path / "toy" / "result.json").exists() and toy == [1]
+
+
+# ----------------------------------------------------------------------------- --device (and --amp)
+
+
+@pytest.fixture
+def toy_device(monkeypatch):
+    """A private registry holding one experiment, 'toy', that records the device its context names."""
+    import gatepool.lab.experiments  # noqa: F401
+    from gatepool.lab import claims
+
+    monkeypatch.setattr(claims, "_REGISTRY", {})
+    seen = []
+
+    @claims.experiment("toy", title="toy", order=1, setup={"n": 1, "seed": 0},
+                       claims=[claims.Claim("n", "n is n", 1, 0)])  # fmt: skip
+    def toy_fn(ctx):
+        seen.append(ctx.device)
+        ctx.check("n", ctx["n"])
+
+    return seen
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    import torch
+
+    from gatepool.utils import environment
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(environment, "_mps_available", lambda: False)
+
+
+def test_train_on_device_cpu_records_it(tmp_path, capsys):
+    code, err = run_main(T + ["--device", "cpu", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    record = json.loads((tmp_path / "results.json").read_text())
+    assert record["device"] == "cpu" and record["config"]["device"] == "cpu"
+
+
+def test_train_amp_bf16_runs_on_the_cpu(tmp_path, capsys):
+    code, err = run_main(T + ["--device", "cpu", "--amp", "bf16", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "results.json").read_text())["config"]["amp"] == "bf16"
+
+
+@pytest.mark.parametrize("command", ["run", "reproduce"])
+def test_run_and_reproduce_hand_the_device_to_the_experiment(command, toy_device, tmp_path, capsys):
+    argv = ["run", "toy"] if command == "run" else ["reproduce"]
+    code, err = run_main(argv + ["--device", "cpu", "--quiet", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    assert toy_device == ["cpu"]
+    assert json.loads((tmp_path / "toy" / "result.json").read_text())["environment"]["device"] == "cpu"
+
+
+def test_probe_on_device_cpu(tmp_path, capsys):
+    argv = ["probe", "--data", "noise", "--batch", "8", "--device", "cpu", "--out", str(tmp_path), "--json"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert json.loads((tmp_path / "probe.json").read_text())["setup"]["device"] == "cpu"
+
+
+@pytest.mark.parametrize("bench", ["train", "pool", "attention"])
+def test_bench_hands_the_device_to_the_bench(bench, monkeypatch, capsys):
+    import importlib
+
+    import torch
+
+    module = importlib.import_module(f"gatepool.lab.bench.{bench}")
+    calls = []
+    monkeypatch.setattr(module, "run", lambda quick, device: calls.append((quick, device)) or {"ok": 1})
+    assert main(["bench", bench, "--quick", "--device", "cpu", "--json"]) == 0
+    assert calls == [(True, torch.device("cpu"))] and json.loads(capsys.readouterr().out) == {"ok": 1}
+
+
+@pytest.mark.slow
+def test_bench_attention_quick_on_device_cpu(tmp_path, capsys):
+    out = tmp_path / "a.json"
+    argv = ["bench", "attention", "--quick", "--threads", "1", "--device", "cpu", "--out", str(out)]
+    assert main(argv) == 0
+    assert json.loads(out.read_text())["device"] == "cpu" and "device cpu" in capsys.readouterr().out
+
+
+DEVICE_COMMANDS = [T, ["run", "toy"], ["reproduce"], ["probe", "--data", "noise", "--batch", "4"],
+                   ["bench", "train"], ["bench", "pool"], ["bench", "attention"]]  # fmt: skip
+BAD_DEVICE = [
+    *[(argv + ["--device", "tpu"], ["argument --device", "auto, cpu, cuda, cuda:N or mps", "'tpu'"])
+      for argv in DEVICE_COMMANDS],
+    *[(argv + ["--device", "cuda"], ["--device cuda", "CUDA is not available", "'cpu'"])
+      for argv in DEVICE_COMMANDS],
+    (T + ["--device", "mps"], ["--device mps", "MPS is not available"]),
+    (T + ["--device", "cpu", "--amp", "fp16"], ["--amp fp16", "needs a CUDA device", "'bf16'"]),
+    (T + ["--amp", "fp32"], ["argument --amp", "'bf16', 'fp16'"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv, wanted", BAD_DEVICE, ids=[_case_id(a) for a, _ in BAD_DEVICE])
+def test_a_bad_or_absent_device_exits_2_in_one_line(argv, wanted, toy, no_gpu, tmp_path, capsys):
+    if argv[0] in ("run", "reproduce"):
+        argv = argv + ["--out", str(tmp_path / "runs")]
+    code, err = run_main(argv, capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    for text in wanted:
+        assert text in lines[0], lines[0]
+    assert toy == [] and not (tmp_path / "runs").exists()  # refused before anything ran or was written

@@ -23,6 +23,7 @@ _LAZY = {
     "list_models": "gatepool.models",
     "register_model": "gatepool.models",
     "create_pool": "gatepool.layers",
+    "convert": "gatepool.layers.convert",
 }
 
 __all__ = ["__version__", *_LAZY]

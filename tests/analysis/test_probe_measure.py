@@ -63,7 +63,9 @@ def test_conv_forward_padding_map_vs_theory():
     # over the whole map: the border="average" prediction
     whole = predict(model, x.shape, border="average")["1"].var
     assert float(var_map.mean()) == pytest.approx(whole, rel=0.10)
-    assert whole == pytest.approx(float(theory.mean()), rel=1e-9)
+    # the padding map's mean, but for the input mean's path (E[p̂] = 1/√(2π)), which goes through the
+    # conv's actual weights summed over the real taps rather than through E[w²]: 0.2% apart here
+    assert whole == pytest.approx(float(theory.mean()), rel=0.01)
 
 
 def test_conv_then_relu_backward_vs_theory():
@@ -238,7 +240,8 @@ def test_custom_module():
     assert report["proj"].backward is not None and report["(input)"].backward is not None
     assert {p.name for p in report.params} == {"scale", "proj.weight", "proj.bias"}
     assert report["(output)"].ideal.var is None and "no rule for Mixer" in report["(output)"].ideal.note
-    assert report["proj"].ideal.var is None  # inside an unknown module: no prediction, no guess
+    # traced by torch.fx: the Linear inside is predicted, the output (roll has no rule) is not
+    assert report["proj"].ideal.var is not None and "roll" in report["(output)"].ideal.note
     assert _no_hooks(model)
     report.table()
 

@@ -95,10 +95,14 @@ def test_a_users_residual_block():
 
     torch.manual_seed(0)
     model = nn.Sequential(Skip())
-    assert "no rule for Skip (a container with its own forward)" in predict(model, (2, 32))["0"].note
+    traced = predict(model, (2, 32))  # no rule: torch.fx traces it, x + body(x) node by node
+    assert traced["0"].note == "" and traced["0"].var == pytest.approx(1.0 + traced["0.body"].var)
 
     register_rule(Skip, lambda m, site: Residual(("body",)))
     ideal = predict(model, (2, 32))
+    for name in ("0", "0.body", "0.body.1", "(input)"):  # the rule and the traced graph agree
+        assert ideal[name].var == pytest.approx(traced[name].var), name
+        assert ideal[name].grad_e2 == pytest.approx(traced[name].grad_e2), name
     assert ideal["0"].var == pytest.approx(1.0 + ideal["0.body"].var)  # x + branch(x): variances add
     assert ideal["0.body.1"].var is not None  # the branch's own modules are walked
     # backward: the stream's E[g²] plus the branch's, which the ReLU halves (its input is N(0, 1))

@@ -6,7 +6,8 @@ Each file ``gatepool/cli/<name>.py`` has ``register(subparsers)``, which adds it
 
 Exit status: 0 done; 1 a claim off (``--strict``), an experiment broke, or a data file missing or
 corrupt; 2 the command refused, in one line on stderr and without a traceback: a bad argument (it
-names the argument and what it accepts), a run folder in use by another run (it names the holder), or
+names the argument and what it accepts; ``--device cuda`` where there is none, ``--amp fp16`` off
+CUDA), a run folder in use by another run (it names the holder), or
 a full disk (it names the file, which keeps its previous content); 130 interrupted.
 """
 

@@ -1,5 +1,5 @@
 """What every sub-command's arguments share: the one-line usage error, argparse types with ranges,
-and the check of an output folder."""
+the check of an output folder, and ``--device`` (``--amp``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
+
+from gatepool.utils.environment import check_device  # no torch: `gatepool --help` stays instant
 
 
 class UsageError(Exception):
@@ -65,6 +67,44 @@ def out_folder(path: str | Path, flag: str = "--out") -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {path}: {parent} is not writable by this user; give another folder")
     return path
+
+
+def add_device(parser: argparse.ArgumentParser, *, default: str | None = "auto", amp: bool = False) -> None:
+    """``--device auto|cpu|cuda|cuda:N|mps`` (and with ``amp``, ``--amp bf16|fp16``) on ``parser``.
+
+    The flag's type checks the spelling; :func:`device` checks that the device is there.
+    """
+    parser.add_argument(
+        "--device",
+        type=_device_name,
+        default=default,
+        metavar="DEVICE",
+        help="auto (CUDA when present, else MPS, else the CPU; the default), cpu, cuda, cuda:N or mps",
+    )
+    if amp:
+        parser.add_argument(
+            "--amp",
+            choices=["bf16", "fp16"],
+            default=None,
+            help="mixed precision: autocast to bfloat16 (CUDA or CPU) or float16 (CUDA, with a GradScaler)",
+        )
+
+
+def _device_name(text: str) -> str:
+    try:
+        return check_device(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda, cuda:N or mps, got {text!r}") from None
+
+
+def device(args: argparse.Namespace):
+    """``args.device`` as a ``torch.device`` (imports torch); one not here is a UsageError naming --device."""
+    from gatepool.utils.environment import resolve_device
+
+    try:
+        return resolve_device(args.device)
+    except ValueError as e:
+        raise UsageError(f"--device {args.device}: {e}") from None
 
 
 # Order here is the order in `gatepool --help`.

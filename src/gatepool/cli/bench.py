@@ -1,6 +1,6 @@
-"""``gatepool bench train|pool|attention [--json] [--out FILE] [--quick] [--threads N]``: benchmarks.
+"""``gatepool bench train|pool|attention [--json] [--out FILE] [--quick] [--threads N] [--device D]``.
 
-Never part of the test suite. Each ``gatepool/bench/<name>.py`` has ``run(quick) -> record`` and
+Never part of the test suite. Each ``gatepool/bench/<name>.py`` has ``run(quick, device) -> record`` and
 ``table(record) -> str``; this command sets the threads, prints the table (or the JSON record) and
 saves the record atomically with ``--out``.
 """
@@ -12,7 +12,7 @@ import importlib
 import json
 import os
 
-from gatepool.cli.args import UsageError, int_at_least
+from gatepool.cli.args import UsageError, add_device, device, int_at_least
 
 BENCHES = {
     "train": "our trainer vs a pytorch/examples-style loop, and achieved FLOP/s",
@@ -32,20 +32,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         bp.add_argument(
             "--threads", type=int_at_least(1), default=None, help="torch threads (default: all cores)"
         )
+        add_device(bp)
         bp.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    """Each bench module has ``run(quick) -> record`` and ``table(record) -> str``."""
+    """Each bench module has ``run(quick, device) -> record`` and ``table(record) -> str``."""
 
     from gatepool.utils.io import atomic_write_json
     from gatepool.utils.threads import num_threads
 
     if args.out is not None and os.path.isdir(args.out):
         raise UsageError(f"--out {args.out}: is a folder; give a file name for the JSON record")
+    where = device(args)
     module = importlib.import_module(f"gatepool.lab.bench.{args.bench}")
     with num_threads(args.threads):
-        record = module.run(quick=args.quick)
+        record = module.run(quick=args.quick, device=where)
     print(json.dumps(record, indent=2, ensure_ascii=False) if args.json else module.table(record))
     if args.out:
         atomic_write_json(args.out, record)

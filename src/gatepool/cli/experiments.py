@@ -11,7 +11,7 @@ import contextlib
 import json
 import sys
 
-from gatepool.cli.args import UsageError, int_at_least, out_folder
+from gatepool.cli.args import UsageError, add_device, device, int_at_least, out_folder
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,8 +61,9 @@ def _common(p: argparse.ArgumentParser) -> None:
         type=int_at_least(1),
         default=None,
         help="parallel worker processes for independent trainings, 1 torch thread each "
-        "(default: one per core, at most 4)",
+        "(default: one per core, at most 4; 1 on a GPU)",
     )
+    add_device(p)
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--wait", action="store_true", help="if another run writes to --out, wait for it to end")
 
@@ -127,6 +128,7 @@ def _run(args: argparse.Namespace) -> int:
         get(args.name).resolve_setup(args.profile, overrides, args.seed)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    where = device(args)
     sink = sys.stderr if args.json else sys.stdout
     with RunLock(out_folder(args.out), wait=args.wait), contextlib.redirect_stdout(sink):
         rec = run_experiment(
@@ -135,8 +137,9 @@ def _run(args: argparse.Namespace) -> int:
             overrides=overrides,
             seed=args.seed,
             out=args.out,
-            jobs=args.jobs or default_jobs(),
+            jobs=args.jobs or default_jobs(where),
             progress=not args.quiet,
+            device=str(where),
         )
     if args.json:
         print(json.dumps(rec, indent=2, ensure_ascii=False))
@@ -152,15 +155,17 @@ def _reproduce(args: argparse.Namespace) -> int:
     from gatepool.train.sweep import default_jobs
 
     out = out_folder(args.out or f"runs/reproduce-{args.profile}")
+    where = device(args)
     try:
         records, _ = reproduce(
             profile=args.profile,
             out=out,
             only=args.only,
             force=args.force,
-            jobs=args.jobs or default_jobs(),
+            jobs=args.jobs or default_jobs(where),
             progress=not args.quiet,
             wait=args.wait,
+            device=str(where),
         )
     except ValueError as e:
         raise UsageError(str(e)) from None

@@ -1,11 +1,16 @@
 """``gatepool probe``: the ideal signal and gradient variance beside the measured one, per module.
 
     gatepool probe --model residual_cnn --pool max --data mnist --batch 512 --seed 0 --out DIR [--json]
+    gatepool probe --model torchvision:resnet18 --batch 64 --size 64        (or timm:NAME; gatepool[vision])
 
 Builds the model at initialization, takes ``--batch`` training images, predicts the ideal
 E[x²] forward and E[g²] backward after every module (:func:`gatepool.analysis.probe.predict`), measures
 them (:func:`gatepool.analysis.probe.measure`), prints the side-by-side table and writes ``DIR/probe.json``
-and the figures (``DIR/*.png``).
+and the figures (``DIR/*.png``). ``--device`` (auto: CUDA, else MPS, else CPU): the model is built and
+the images drawn on the CPU (the same weights and batch anywhere), then both move there for the measurement.
+A ``torchvision:NAME`` or ``timm:NAME`` model (random weights, nothing downloaded) is probed on N(0, 1)
+noise images ``(batch, 3, size, size)``, its rules averaged over the border (``predict(border="average")``:
+small maps are mostly border).
 """
 
 from __future__ import annotations
@@ -14,12 +19,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from gatepool.cli.args import UsageError, int_at_least, out_folder
+from gatepool.cli.args import UsageError, add_device, device, int_at_least, out_folder
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("probe", help="signal-propagation probe: ideal vs measured variance per layer")
-    p.add_argument("--model", default="residual_cnn", help="model name (see gatepool.list_models())")
+    p.add_argument("--model", default="residual_cnn",
+                   help="model name (see gatepool.list_models()), "
+                        "or torchvision:NAME / timm:NAME")  # fmt: skip
     p.add_argument(
         "--pool",
         default=None,
@@ -29,6 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--data", default="mnist", choices=["mnist", "noise"], help="MNIST digits, or N(0,1) noise inputs"
     )
     p.add_argument("--batch", type=int_at_least(1), default=512, help="number of images (default 512)")
+    p.add_argument("--size", type=int_at_least(8), default=64,
+                   help="side of the noise images for a torchvision/timm model (default 64)")  # fmt: skip
     p.add_argument(
         "--seed", type=int_at_least(0), default=0, help="seed for the weights and the image choice"
     )
@@ -38,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="unit-noise",
         help="seed of the backward pass: unit-variance noise at the output, or the summed cross-entropy",
     )
+    add_device(p)
     p.add_argument("--out", default=None, help="folder for probe.json and the figures")
     p.add_argument(
         "--json",
@@ -50,27 +60,42 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     import torch  # lazy: `gatepool --help` must not import torch
 
-    from gatepool.analysis.probe import measure, predict, save_figures
+    from gatepool.analysis.probe import build_model, measure, predict, save_figures
     from gatepool.data import DataError
     from gatepool.models import create_model
 
     if args.out:
         out_folder(args.out)
+    where = device(args)
     torch.manual_seed(args.seed)
+    external = ":" in args.model  # torchvision:NAME, timm:NAME
     try:
-        model = create_model(args.model, **({"pool": args.pool} if args.pool is not None else {}))
-    except (ValueError, TypeError) as e:  # a bad name, a model without pools
+        if external:
+            if args.pool is not None:
+                raise ValueError("--pool applies to gatepool's own models; convert() gates another's")
+            model = build_model(args.model)
+        else:
+            model = create_model(args.model, **({"pool": args.pool} if args.pool is not None else {}))
+    except (ValueError, TypeError) as e:  # a bad name, a model without pools, a library missing
         flag = "--pool" if args.pool is not None and "pool" in str(e) else "--model"
         raise UsageError(f"{flag}: {e}") from None
-    try:
-        inputs, target = _load_inputs(args.data, args.batch, args.seed)
-    except DataError as e:  # a missing or corrupt data file: the message names it and how to get it
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    if external:
+        g = torch.Generator().manual_seed(args.seed)
+        inputs = torch.randn(args.batch, 3, args.size, args.size, generator=g)  # (B, 3, H, W)
+        target = torch.randint(0, 10, (args.batch,), generator=g)
+    else:
+        try:
+            inputs, target = _load_inputs(args.data, args.batch, args.seed)
+        except DataError as e:  # a missing or corrupt data file: the message names it and how to get it
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     shape = tuple(inputs.shape)
     # the ideal starts from the batch's own mean and variance (N(0, 1) for noise)
-    input_stats = (float(inputs.mean()), float(inputs.var())) if args.data != "noise" else (0.0, 1.0)
-    ideal = predict(model, shape, input_stats=input_stats, backward=args.backward, loss_reduction="sum")
+    noise = external or args.data == "noise"
+    input_stats = (0.0, 1.0) if noise else (float(inputs.mean()), float(inputs.var()))
+    ideal = predict(model, shape, input_stats=input_stats, backward=args.backward, loss_reduction="sum",
+                    border="average" if external else "middle")  # fmt: skip
+    model, inputs, target = model.to(where), inputs.to(where), target.to(where)  # built on the CPU: same init
     report = measure(
         model,
         inputs,
@@ -83,12 +108,13 @@ def _run(args: argparse.Namespace) -> int:
     report.setup = {
         "model": args.model,
         "pool": args.pool,
-        "data": args.data,
+        "data": "noise" if external else args.data,
         "batch": args.batch,
         "seed": args.seed,
         "backward": args.backward,
         "loss_reduction": report.loss_reduction if args.backward == "loss" else None,
         "input_shape": list(shape),
+        "device": str(where),
     }
     if args.out:
         from gatepool.utils.io import atomic_write_text  # lazy: imports torch

@@ -6,7 +6,8 @@ Writes ``OUT/checkpoint.pt`` after every epoch (keeping the one before as ``chec
 with a SHA-256), ``OUT/results.json`` (the exact configuration, the per-epoch history, the final
 metrics) and ``OUT/model.safetensors`` at the end. Running the same command again resumes an
 interrupted run from its last good epoch, or, for a finished run, prints the saved results without
-training.
+training. ``--device auto|cpu|cuda|mps`` (auto: CUDA, else MPS, else CPU) and ``--amp bf16|fp16``
+(mixed precision: bf16 on CUDA or the CPU, fp16 on CUDA only; anything else exits 2 in one line).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 import os
 import sys
 
-from gatepool.cli.args import UsageError, float_in, int_at_least, out_folder
+from gatepool.cli.args import UsageError, add_device, device, float_in, int_at_least, out_folder
 
 
 def _size(text: str) -> int | None:
@@ -86,6 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="auto (conv nets), true or false",
     )
+    add_device(p, default=None, amp=True)  # None: TrainConfig's "auto"
     p.add_argument("--out", default=None, help="run folder: checkpoint, results.json, model.safetensors")
     p.add_argument("--wait", action="store_true", help="if another run writes to --out, wait for it to end")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
@@ -97,7 +99,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 _FIELDS = [
     "model", "data", "data_dir", "train_size", "test_size", "epochs", "batch_size", "optimizer", "lr",
     "momentum", "weight_decay", "grad_clip", "schedule", "warmup", "label_smoothing", "seed", "threads",
-    "channels_last",
+    "channels_last", "device", "amp",
 ]  # fmt: skip
 
 
@@ -151,6 +153,13 @@ def _check(config, args: argparse.Namespace) -> None:
     """What the flags' types cannot see, each error naming its flag: names, folders, sizes."""
     from gatepool.data import DATASETS, split_size
     from gatepool.models import create_model, list_models
+    from gatepool.train import check_amp
+
+    args.device = config.device
+    try:
+        check_amp(config.amp, device(args))  # device(): a UsageError naming --device if it is not here
+    except ValueError as e:
+        raise UsageError(f"--amp {config.amp}: {e}") from None
 
     if config.data not in DATASETS:
         raise UsageError(f"--data {config.data!r} is unknown; choose one of {', '.join(DATASETS)}")

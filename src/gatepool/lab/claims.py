@@ -177,6 +177,7 @@ class Context:
     out: Path
     jobs: int = 1
     progress: bool = True
+    device: str = "cpu"  # where the experiment's trainings run ("cpu", "cuda:0", ...; a string: picklable)
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)
     figures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

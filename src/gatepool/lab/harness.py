@@ -16,7 +16,7 @@ from typing import Any
 
 from gatepool.lab.claims import Context, Experiment, jsonable, plain
 from gatepool.lab.experiments import registry
-from gatepool.utils.environment import machine
+from gatepool.utils.environment import device_info, machine, resolve_device
 from gatepool.utils.io import DiskFullError, atomic_write_json, read_json
 
 
@@ -67,12 +67,19 @@ def run_experiment(
     out: str | Path = "runs/experiments",
     jobs: int = 1,
     progress: bool = True,
+    device: str = "auto",
 ) -> dict[str, Any]:
-    """Run one experiment and write its result record; returns the record."""
+    """Run one experiment and write its result record; returns the record.
+
+    ``device`` (auto | cpu | cuda | cuda:N | mps) is resolved here and handed to the experiment as
+    ``ctx.device``, a plain string such as ``"cuda:0"`` (picklable for sweep workers): the device its
+    trainings run on (``TrainConfig(device=ctx.device)``). The record's environment names it.
+    """
     exp = get(name)
     setup = exp.resolve_setup(profile, overrides, seed)
     folder = Path(out) / name
-    ctx = Context(exp, profile, setup, folder, jobs=jobs, progress=progress)
+    where = resolve_device(device)
+    ctx = Context(exp, profile, setup, folder, jobs=jobs, progress=progress, device=str(where))
     t0 = time.perf_counter()
     error = None
     try:
@@ -98,7 +105,7 @@ def run_experiment(
         "data": plain(ctx.data),
         "status": "error" if error else "complete",
         "error": error,
-        "environment": environment(),
+        "environment": {**environment(), **device_info(where)},
     }
     atomic_write_json(result_path(Path(out), name), record)
     return record

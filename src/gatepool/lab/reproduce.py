@@ -17,6 +17,7 @@ from gatepool.lab.claims import jsonable, not_run_record
 from gatepool.lab.experiments import registry
 from gatepool.lab.harness import environment, load_result, run_experiment
 from gatepool.lab.report import summary, table, write_report
+from gatepool.utils.environment import device_info, resolve_device
 from gatepool.utils.lock import RunLock
 
 
@@ -29,15 +30,20 @@ def reproduce(
     jobs: int = 1,
     progress: bool = True,
     wait: bool = False,
+    device: str = "auto",
 ) -> tuple[list[dict[str, Any]], dict[str, Path]]:
-    """Run the experiments and write the report; returns (records, report paths)."""
+    """Run the experiments and write the report; returns (records, report paths).
+
+    ``device``: where the experiments' trainings run (``ctx.device``; see :func:`run_experiment`). It is
+    how to run, not what: an experiment complete on another device is not run again.
+    """
     out = Path(out)
     reg = registry()
     unknown = sorted(set(only or []) - set(reg))
     if unknown:
         raise ValueError(f"--only: unknown experiment(s) {unknown}; choose from {', '.join(reg)}")
     with RunLock(out, wait=wait):
-        return _reproduce(reg, profile, out, only, force, jobs, progress)
+        return _reproduce(reg, profile, out, only, force, jobs, progress, device)
 
 
 def _reproduce(
@@ -48,6 +54,7 @@ def _reproduce(
     force: bool,
     jobs: int,
     progress: bool,
+    device: str,
 ) -> tuple[list[dict[str, Any]], dict[str, Path]]:
     t0 = time.perf_counter()
     records = []
@@ -74,7 +81,7 @@ def _reproduce(
             continue
         if progress:
             print(f"[{name}] {exp.title} ...", flush=True)
-        rec = run_experiment(name, profile=profile, out=out, jobs=jobs, progress=progress)
+        rec = run_experiment(name, profile=profile, out=out, jobs=jobs, progress=progress, device=device)
         if progress:
             counts = summary([rec])
             print(
@@ -87,7 +94,7 @@ def _reproduce(
         "profile": profile,
         "seconds": round(time.perf_counter() - t0, 1),
         "experiment_seconds": {r["name"]: r.get("seconds") for r in records},
-        "environment": environment(),
+        "environment": {**environment(), **device_info(resolve_device(device))},
     }
     paths = write_report(out, records, meta)
     if progress:

@@ -7,7 +7,9 @@
 Soft gates pass a gradient to every input: out = V · softmax(V/τ), ∂out/∂v_j = g_j (1 + (v_j − out)/τ).
 Arguments in torch's order (``GatedPool2d(3, 2, 1, gate="soft")`` pools the windows of
 ``nn.MaxPool2d(3, 2, 1)``). Files: ``soft_pool.py`` (soft_pool*, windows, the fast path), ``gated_pool.py``
-(GatedPool1d/2d/3d, SoftPool1d/2d/3d, AttentionGatePool1d/2d/3d), ``create_pool.py`` (create_pool).
+(GatedPool1d/2d/3d, SoftPool1d/2d/3d, AttentionGatePool1d/2d/3d), ``create_pool.py`` (create_pool),
+``global_pool.py`` (GlobalGatedPool1d/2d/3d: a gate over the whole map), ``convert.py`` (``convert``: a
+model's pools replaced by a gate; ``gatepool.convert``).
 """
 
 from gatepool.layers.create_pool import create_pool, list_pools
@@ -24,6 +26,7 @@ from gatepool.layers.gated_pool import (
     SoftPool2d,
     SoftPool3d,
 )
+from gatepool.layers.global_pool import GlobalGatedPool1d, GlobalGatedPool2d, GlobalGatedPool3d
 from gatepool.layers.soft_pool import soft_pool, soft_pool1d, soft_pool2d, soft_pool3d
 
 __all__ = [
@@ -35,6 +38,9 @@ __all__ = [
     "GatedPool2d",
     "GatedPool3d",
     "GatedPoolNd",
+    "GlobalGatedPool1d",
+    "GlobalGatedPool2d",
+    "GlobalGatedPool3d",
     "SoftPool1d",
     "SoftPool2d",
     "SoftPool3d",

@@ -1,4 +1,4 @@
-"""Fused window softmax pooling on the CPU: a C kernel built on first use, registered as torch operators.
+"""Fused window softmax pooling: a C kernel built on first use (CPU), Triton (CUDA), as torch operators.
 
     gatepool::softmax_pool(values, scores, tau, geometry) -> (out, stats)
     gatepool::softmax_pool_backward(grad_out, values, scores, tau, out, stats, geometry, tau_grad)
@@ -15,6 +15,10 @@ copy autograd keeps for the backward) and the result back. float32 and float64; 
 what the backward needs besides the output (as much memory as max pool's int64 indices).
 ``torch.library.opcheck`` passes for both, and ``torch.compile`` sees them as single nodes
 (``fullgraph=True`` holds).
+
+On CUDA the same two ops run the Triton kernels of :mod:`gatepool.layers.triton_pool` (registered
+below as the ops' CUDA kernels; float16/bfloat16/float32 in, computed in float32, ``stats`` in float32),
+wherever triton imports; :func:`usable` sends CUDA tensors there.
 
 The backward is the closed form ``g_j G (1 + (v_j − out)/τ)`` (see the C file), not autograd. A
 backward that must itself be differentiable (``create_graph=True``) goes through the plain path's
@@ -40,7 +44,14 @@ from pathlib import Path
 
 import torch
 
-from gatepool.layers.windows import PoolGeometry, channel_view, scale_scores, softmax_pool_unfold
+from gatepool.layers import triton_pool
+from gatepool.layers.windows import (
+    PoolGeometry,
+    channel_view,
+    compute_dtype,
+    scale_scores,
+    softmax_pool_unfold,
+)
 from gatepool.utils.environment import cache_dir
 
 __all__ = ["available", "encode", "softmax_pool", "usable"]
@@ -52,6 +63,7 @@ if platform.machine().lower() in ("x86_64", "amd64"):
     FLAGS.insert(2, "-mprefer-vector-width=512")  # whole AVX-512 registers where the CPU has them
 _I64 = ctypes.POINTER(ctypes.c_int64)
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}  # the kernels' element types
+_CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the Triton kernels' (computed in float32)
 
 
 # ----------------------------------------------------------------------------------------------- build
@@ -121,7 +133,10 @@ def available() -> bool:
 
 
 def usable(x: torch.Tensor) -> bool:
-    """Can the fused kernels pool ``x``: float32/float64 on the CPU, with the kernels built?"""
+    """Can the fused kernels pool ``x``: float32/float64 on the CPU, with the kernels built, or
+    float16/bfloat16/float32 on CUDA, with triton there?"""
+    if x.device.type == "cuda":
+        return x.dtype in _CUDA_DTYPES and triton_pool.available()
     return x.device.type == "cpu" and x.dtype in _SUFFIX and available()
 
 
@@ -207,7 +222,13 @@ def _(values, scores, tau, geometry):
     geo = decode(geometry)
     n, c = values.shape[:2]
     cs = c if scores is None else scores.shape[1]
-    return _like(values.new_empty((n, *geo.out_size, c)), values), values.new_empty((2, n, *geo.out_size, cs))
+    stats = values.new_empty((2, n, *geo.out_size, cs), dtype=compute_dtype(values.dtype))
+    return _like(values.new_empty((n, *geo.out_size, c)), values), stats
+
+
+@_forward.register_kernel("cuda")
+def _(values, scores, tau, geometry):
+    return triton_pool.forward(values, scores, tau, decode(geometry))
 
 
 @torch.library.custom_op("gatepool::softmax_pool_backward", mutates_args=(), device_types="cpu")
@@ -239,6 +260,11 @@ def _backward_op(
 def _(grad_out, values, scores, tau, out, stats, geometry, tau_grad):
     grad_scores = values.new_empty(0) if scores is None else torch.empty_like(scores)
     return torch.empty_like(values), grad_scores, torch.empty_like(tau) if tau_grad else values.new_empty(0)
+
+
+@_backward_op.register_kernel("cuda")
+def _(grad_out, values, scores, tau, out, stats, geometry, tau_grad):
+    return triton_pool.backward(grad_out, values, scores, tau, out, stats, decode(geometry), tau_grad)
 
 
 def _setup_context(ctx, inputs, output):
@@ -284,8 +310,9 @@ def softmax_pool(
 ) -> torch.Tensor:
     """``Σ_j softmax(s/τ)_j v_j`` per window by the fused kernels: ``(N, C, *spatial) -> (N, C, *out)``.
 
-    ``values`` float32 or float64 on the CPU (check :func:`available` first); ``scores`` None (soft
-    pooling: s = v) or ``(N, 1, *spatial)``; ``tau`` a float or a ``()``, ``(1,)`` or ``(C,)`` tensor > 0.
+    ``values`` float32 or float64 on the CPU, float16/bfloat16/float32 on CUDA (check :func:`usable`
+    first); ``scores`` None (soft pooling: s = v) or ``(N, 1, *spatial)``; ``tau`` a float or a ``()``,
+    ``(1,)`` or ``(C,)`` tensor > 0.
     """
     if not isinstance(tau, torch.Tensor):
         tau = values.new_full((1,), float(tau))

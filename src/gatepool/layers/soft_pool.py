@@ -43,6 +43,8 @@ Three ways to compute, side by side (``soft_pool_windows`` picks):
     torch op ``gatepool::softmax_pool``): one pass over each window's taps, vectorized over the
     channels of channels-last memory, the backward by the identity above; any geometry, 1-D to 3-D,
     float32/float64 on the CPU, the limits above included. The default wherever it could be built.
+    On CUDA the same op runs Triton kernels (``triton_pool``: fp16/bf16/fp32, float32 math) where
+    triton is installed.
   * the tiled one, ``_TiledSoftPool`` (pure PyTorch, for machines without a C compiler), when windows
     tile the input (stride = kernel, no padding, no dilation): one copy puts the window offsets in
     front, ``(K, N, C, *out)``, so each of the K window positions is a dense tensor in the input's

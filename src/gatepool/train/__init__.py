@@ -3,6 +3,7 @@ independent trainings (``sweep.py``)."""
 
 from gatepool.train.schedule import SCHEDULES, get_lr
 from gatepool.train.trainer import (
+    AMP,
     CHECKPOINT,
     PREVIOUS,
     RESULTS,
@@ -11,18 +12,22 @@ from gatepool.train.trainer import (
     TrainConfig,
     TrainData,
     TrainResult,
+    check_amp,
     cross_entropy_loss,
     data_batches,
+    data_to_device,
     epoch_seed,
     evaluate,
     load_data,
     make_optimizer,
+    model_device,
     train,
     train_epoch,
     train_step,
 )
 
 __all__ = [
+    "AMP",
     "CHECKPOINT",
     "PREVIOUS",
     "RESULTS",
@@ -32,13 +37,16 @@ __all__ = [
     "TrainConfig",
     "TrainData",
     "TrainResult",
+    "check_amp",
     "cross_entropy_loss",
     "data_batches",
+    "data_to_device",
     "epoch_seed",
     "evaluate",
     "get_lr",
     "load_data",
     "make_optimizer",
+    "model_device",
     "train",
     "train_epoch",
     "train_step",

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from gatepool.models.seq import ARCHS, SEP, TASKS, make_task_batch
-from gatepool.train.trainer import TrainConfig, train
+from gatepool.train.trainer import TrainConfig, model_device, train
 
 __all__ = ["format_seq_demo", "greedy_accuracy", "seq_config", "train_seq_demo"]
 
@@ -46,6 +46,7 @@ def seq_config(
     depth: int = 2,
     num_heads: int = 4,
     threads: int | None = 1,
+    device: str = "auto",
 ) -> TrainConfig:
     """The :class:`TrainConfig` of a sequence-task training (``steps`` in epochs of ``eval_every``)."""
     if arch not in ARCHS:
@@ -66,7 +67,7 @@ def seq_config(
         model_kwargs=dict(max_len=2 * length + 1, dim=dim, depth=depth, num_heads=num_heads),
         data=f"digits-{task}-{length}", epochs=steps // eval_every, steps_per_epoch=eval_every,
         batch_size=batch_size, optimizer="adamw", lr=lr, betas=(0.9, 0.98), weight_decay=0.01, grad_clip=1.0,
-        schedule="cosine", warmup=warmup / steps, seed=seed, threads=threads,
+        schedule="cosine", warmup=warmup / steps, seed=seed, threads=threads, device=device,
     )  # fmt: skip
 
 
@@ -81,10 +82,12 @@ def _token_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[tor
 
 @torch.no_grad()
 def greedy_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    """Token and sequence accuracy of greedy decoding of x (B, L) against y (B, L), in eval mode."""
+    """Token and sequence accuracy of greedy decoding of x (B, L) against y (B, L), in eval mode, on the
+    model's device."""
+    device = model_device(model)
     was_training = model.training
     model.eval()
-    hit = model.generate(x, y.shape[1]) == y  # (B, L)
+    hit = model.generate(x.to(device), y.shape[1]) == y.to(device)  # (B, L)
     model.train(was_training)
     return {"test_acc": hit.float().mean().item(), "test_seq_acc": hit.all(dim=1).float().mean().item()}
 
@@ -118,6 +121,7 @@ def train_seq_demo(
     threads: int | None = 1,
     progress: bool = True,
     out: str | os.PathLike | None = None,
+    device: str = "auto",
 ) -> dict:
     """Train ``arch`` (decoder | encoder-decoder) on ``task`` and return the curve and decoded examples.
 
@@ -126,7 +130,8 @@ def train_seq_demo(
     ``target_acc`` (None: run all steps). ``threads`` sets torch's intra-op threads for the run and
     restores them after (None: leave them); these models are so small that 1 thread is fastest, and
     several times faster than 2 on a busy 2-core machine. ``out``: a run folder (checkpoints, resume,
-    a finished run loaded), as for :func:`gatepool.train.train`.
+    a finished run loaded), as for :func:`gatepool.train.train`. ``device``: auto | cpu | cuda | mps
+    (``TrainConfig.device``; the batches are drawn on the CPU and copied there).
 
     Returns a dict: ``arch, task, seed, length, params, threads, steps_run, time_s, final_token_acc,
     final_seq_acc, reached_target, target_acc, time_to_target_s, step_to_target, curve`` (list of
@@ -136,7 +141,7 @@ def train_seq_demo(
     """
     config = seq_config(arch=arch, task=task, seed=seed, length=length, steps=steps, batch_size=batch_size,
                         lr=lr, warmup=warmup, eval_every=eval_every, dim=dim, depth=depth,
-                        num_heads=num_heads, threads=threads)  # fmt: skip
+                        num_heads=num_heads, threads=threads, device=device)  # fmt: skip
     if isinstance(eval_size, bool) or not isinstance(eval_size, int) or eval_size <= 0:
         raise ValueError(f"eval_size must be a positive int, got {eval_size!r}")
     if target_acc is not None and not 0.0 < target_acc <= 1.0:
@@ -160,7 +165,7 @@ def train_seq_demo(
     hit = next((c for c in curve if target_acc is not None and c["token_acc"] >= target_acc), None)
     model.eval()
     with torch.no_grad():
-        decoded = model.generate(eval_x[:num_examples], length)  # (n, L)
+        decoded = model.generate(eval_x[:num_examples].to(model_device(model)), length).cpu()  # (n, L)
     examples = [dict(input=_digits(x), target=_digits(y), output=_digits(o))
                 for x, y, o in zip(eval_x, eval_y, decoded)]  # fmt: skip
     out_dict = dict(

@@ -9,6 +9,11 @@ many remain: a resumed sweep with one task left runs it in this process, but on 
 threads, as a worker would (measured: the conv + attention net resumed at 2 threads instead of 1
 ended with other weights, and a kill test caught the claim that moved).
 
+On a GPU (``device`` cuda or mps) the default is one job: the trainings run one after the other in this
+process, each with the whole device (a training of these small models does not fill an H100-class GPU,
+but one process owning it keeps things simple). ``--jobs N`` still starts N workers, each with its own
+CUDA context on the same GPU; that works, it is just not the default.
+
 On Linux a worker dies with the process that started it (``PR_SET_PDEATHSIG``): a sweep killed with
 ``kill -9`` leaves no training running on, writing into run folders that the next run resumes.
 """
@@ -24,13 +29,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
 
+from gatepool.utils.environment import resolve_device
 from gatepool.utils.threads import num_threads
 
 T = TypeVar("T")
 
 
-def default_jobs() -> int:
-    """Worker processes for independent trainings: one per core, at most 4.
+def default_jobs(device: Any = None) -> int:
+    """Worker processes for independent trainings: one per core, at most 4, on the CPU; 1 on a GPU.
+
+    ``device``: where the trainings run (a name for :func:`~gatepool.utils.environment.resolve_device`;
+    None: the CPU, as before devices existed).
 
     Measured on 2 cores (torch 2.13, ResidualCNN, batch 128): one training with 2 threads ran about
     2,400 images/s, one with 1 thread about 1,900, so two 1-thread workers together do about 1.6× the
@@ -38,6 +47,8 @@ def default_jobs() -> int:
     (OpenMP threads wait for a core), while 1-thread workers degrade gracefully. More than 4 workers
     mostly multiplies memory (each holds the data set).
     """
+    if device is not None and resolve_device(device).type != "cpu":
+        return 1
     return max(1, min(4, os.cpu_count() or 1))
 
 

@@ -31,6 +31,18 @@ Speed: the data are tensors, a batch is one ``index_select`` (no DataLoader, no 
 convolutional models run in ``channels_last`` (oneDNN's fast layout on CPU; measured 1.2-1.4× here for
 ResidualCNN), and torch uses all cores unless told otherwise.
 
+Devices: ``config.device`` (``auto``: CUDA when present, else MPS, else the CPU;
+:func:`gatepool.utils.environment.resolve_device`). The model goes there, and so does the whole data
+set, once, at the start, when it takes at most half the free device memory (MNIST: 188 MB); otherwise it
+stays in CPU memory and each batch is copied with ``non_blocking=True``. ``train_epoch`` and
+``evaluate`` run on the model's device and copy to it whatever batches they get. ``config.amp``
+(``bf16`` | ``fp16``) runs the training steps under ``torch.autocast`` with that dtype (weights and the
+optimizer stay float32; the evaluation runs in float32): ``fp16`` on CUDA only, with a
+``torch.amp.GradScaler`` (kept in the checkpoint), ``bf16`` on CUDA and, for tests or CPUs with bf16
+units, on the CPU; MPS runs without it. Checkpoints are read onto the CPU (``map_location="cpu"``)
+and copied into the model wherever it lives, so a run saved on a GPU resumes on a CPU and the other
+way round (with a warning: the bits differ between devices; they are reproducible on the CPU only).
+
 Usage::
 
     from gatepool.train import TrainConfig, train
@@ -52,6 +64,7 @@ not parse, are rebuilt from the last checkpoint the same way.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import math
@@ -69,7 +82,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gatepool.train.schedule import DEFAULT_WARMUP, SCHEDULES, get_lr
-from gatepool.utils.environment import machine
+from gatepool.utils.environment import check_device, device_info, machine, resolve_device
 from gatepool.utils.io import (
     CorruptFileError,
     atomic_torch_save,
@@ -86,11 +99,12 @@ DEFAULT_LR = {"adam": 3e-3, "adamw": 3e-3, "sgd": 0.1}  # peak learning rates (l
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets)
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 # Fields that say how to run, not what to compute: they may differ between a run and its resumption.
-# The bits depend on the thread count, though: a resume with another count warns, and every history
-# row records the threads its epoch ran with.
-RUNTIME_FIELDS = ("threads", "data_dir")
+# The bits depend on the thread count and the device, though: a resume with another count or device
+# warns, and every history row records the threads its epoch ran with (the checkpoint, the device).
+RUNTIME_FIELDS = ("threads", "data_dir", "device")
 CHECKPOINT, RESULTS, WEIGHTS = "checkpoint.pt", "results.json", "model.safetensors"
 PREVIOUS = "checkpoint.prev.pt"  # the checkpoint before the newest one
+AMP = {"bf16": torch.bfloat16, "fp16": torch.float16}  # config.amp -> autocast dtype
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -131,6 +145,8 @@ class TrainConfig:
     seed: int = 0  # weights, batch order, dropout
     threads: int | None = None  # None: torch's default (all cores); the bits depend on it
     channels_last: bool | str = "auto"  # "auto": on for models with a Conv2d
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps; "auto": CUDA, else MPS, else CPU
+    amp: str | None = None  # None: float32; "bf16" or "fp16": autocast (fp16: CUDA only, GradScaler)
 
     def __post_init__(self) -> None:
         _check_str(self, "model")
@@ -169,6 +185,9 @@ class TrainConfig:
         _check_float(self, "label_smoothing", 0.0, 1.0)
         if not (isinstance(self.channels_last, bool) or self.channels_last == "auto"):
             raise ValueError(f"channels_last must be True, False or 'auto', got {self.channels_last!r}")
+        self.device = check_device(self.device)
+        if self.amp is not None and self.amp not in AMP:
+            raise ValueError(f"amp must be None, 'bf16' or 'fp16', got {self.amp!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """The config as results.json holds it (tuples as lists)."""
@@ -272,6 +291,47 @@ def _subset(n: int, size: int | None, seed: int, name: str) -> torch.Tensor | No
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:size]
 
 
+def data_to_device(data: TrainData, device: torch.device) -> TrainData:
+    """``data`` moved to ``device`` once, when it fits (at most half the free memory of a GPU); else as it
+    is, and each batch is copied on its way (``train_epoch``, ``evaluate``)."""
+    if all(t.device == device for t in data):
+        return data
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        if sum(t.numel() * t.element_size() for t in data) > free // 2:
+            return data
+    return TrainData(*(t.to(device) for t in data))
+
+
+# ----------------------------------------------------------------------------- device and precision
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Where ``model``'s first parameter (or buffer) lives; the CPU for a model without either."""
+    for t in (*model.parameters(), *model.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
+def check_amp(amp: str | None, device: torch.device) -> None:
+    """A ValueError naming ``amp`` unless mixed precision ``amp`` runs on ``device`` (see the module doc)."""
+    if amp is None:
+        return
+    if amp == "fp16" and device.type != "cuda":
+        raise ValueError(f"amp 'fp16' needs a CUDA device (float16 autocast with a GradScaler), and the "
+                         f"device is {device}; use amp 'bf16' or None here")  # fmt: skip
+    if amp == "bf16" and device.type not in ("cuda", "cpu"):
+        raise ValueError(f"amp 'bf16' runs on cuda or cpu, and the device is {device}; use amp None there")
+    if amp == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"amp 'bf16': {torch.cuda.get_device_name(device)} has no bfloat16; use amp 'fp16'")
+
+
+def _autocast(device: torch.device, amp: str | None):
+    if amp is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=AMP[amp])
+
+
 # ----------------------------------------------------------------------------- optimizer, seeds, batches
 
 
@@ -293,7 +353,7 @@ def epoch_seed(seed: int, epoch: int) -> int:
 def data_batches(data: TrainData, batch_size: int, generator: torch.Generator) -> Iterator[Batch]:
     """Every training example once, in the order ``randperm(N, generator)``: ((B, ...), (B,)) per batch."""
     x, y = data.train_x, data.train_y
-    perm = torch.randperm(len(y), generator=generator)
+    perm = torch.randperm(len(y), generator=generator).to(x.device)  # drawn on the CPU: one order anywhere
     for i in range(0, len(y), batch_size):
         idx = perm[i : i + batch_size]  # (B,)
         yield x.index_select(0, idx), y.index_select(0, idx)
@@ -336,17 +396,31 @@ def train_step(
     *,
     loss_fn: LossFn = cross_entropy_loss,
     grad_clip: float | None = None,
+    amp: str | None = None,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One update: loss → zero_grad → backward → clip the global gradient norm → step.
 
-    Returns the detached loss and logits.
+    ``amp`` (``bf16`` | ``fp16``): the forward pass and loss under ``torch.autocast`` on x's device;
+    ``scaler`` (for fp16): the loss is scaled for the backward pass and the gradients unscaled before
+    clipping and the step (which the scaler skips when they overflowed). Returns the detached loss and
+    logits.
     """
-    loss, logits = loss_fn(model, x, y)
+    with _autocast(x.device, amp):
+        loss, logits = loss_fn(model, x, y)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    if scaler is None:
+        loss.backward()
+    else:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
     if grad_clip is not None:
         nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+        scaler.update()
     return loss.detach(), logits.detach()
 
 
@@ -362,12 +436,14 @@ def train_epoch(
     batches: Callable[[torch.Generator], Iterable[Batch]] | None = None,
     loss_fn: LossFn | None = None,
     on_step: Callable[[int, torch.Tensor], None] | None = None,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> dict[str, float]:
     """Train one epoch (1-based ``epoch``; see the module doc for the hooks).
 
     Returns ``train_loss`` and ``train_acc`` (means over every target of the epoch's batches, as they were
     trained) and ``examples`` (how many inputs it trained on). ``data`` may be None when ``batches``
-    draws the batches.
+    draws the batches. It runs on the model's device (batches found elsewhere are copied there) with
+    ``config.amp``; ``scaler``: the run's GradScaler for fp16 (None: a fresh one for this epoch).
     """
     steps = _epoch_steps(config, data, batches is not None)
     total = steps * config.epochs
@@ -379,9 +455,13 @@ def train_epoch(
     if loss_fn is None:
         loss_fn = functools.partial(cross_entropy_loss, label_smoothing=config.label_smoothing)
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    device = model_device(model)
+    check_amp(config.amp, device)
+    if scaler is None and config.amp == "fp16":
+        scaler = torch.amp.GradScaler(device.type)
     model.train()
-    loss_sum = torch.zeros((), dtype=torch.float64)
-    correct = torch.zeros((), dtype=torch.int64)
+    loss_sum = torch.zeros((), dtype=_sum_dtype(device), device=device)  # on the device: no sync per step
+    correct = torch.zeros((), dtype=torch.int64, device=device)
     targets = examples = 0
     bar = _bar(steps, f"epoch {epoch}/{config.epochs}", progress)
     for i in range(steps):
@@ -394,9 +474,11 @@ def train_epoch(
             raise ValueError(f"batches gave {i} batches in epoch {epoch}; steps_per_epoch = {steps} needs "
                              "that many")  # fmt: skip
         xb, yb = batch  # e.g. (B, C, H, W) and (B,)
+        xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)  # no-op when there
         if xb.dim() == 4:
             xb = xb.contiguous(memory_format=memory_format)
-        loss, logits = train_step(model, optimizer, xb, yb, loss_fn=loss_fn, grad_clip=config.grad_clip)
+        loss, logits = train_step(model, optimizer, xb, yb, loss_fn=loss_fn, grad_clip=config.grad_clip,
+                                  amp=config.amp, scaler=scaler)  # fmt: skip
         loss_sum += loss.double() * yb.numel()
         correct += (logits.argmax(-1) == yb).sum()
         targets += yb.numel()
@@ -420,14 +502,16 @@ def evaluate(
     batch_size: int = 1000,
     channels_last: bool = False,
 ) -> dict[str, float]:
-    """Mean cross-entropy (no smoothing) and accuracy of ``model`` on (x, y), in eval mode."""
+    """Mean cross-entropy (no smoothing) and accuracy of ``model`` on (x, y), in eval mode, in float32,
+    on the model's device (batches of x and y found elsewhere are copied there)."""
     was_training = model.training
     model.eval()
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    loss_sum = torch.zeros((), dtype=torch.float64)
-    correct = torch.zeros((), dtype=torch.int64)
+    device = model_device(model)
+    loss_sum = torch.zeros((), dtype=_sum_dtype(device), device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
     for i in range(0, len(y), batch_size):
-        xb, yb = x[i : i + batch_size], y[i : i + batch_size]
+        xb, yb = x[i : i + batch_size].to(device, non_blocking=True), y[i : i + batch_size].to(device)
         if xb.dim() == 4:
             xb = xb.contiguous(memory_format=memory_format)
         logits = model(xb)  # (B, classes)
@@ -435,6 +519,10 @@ def evaluate(
         correct += (logits.argmax(1) == yb).sum()
     model.train(was_training)
     return {"loss": float(loss_sum) / len(y), "acc": int(correct) / len(y)}
+
+
+def _sum_dtype(device: torch.device) -> torch.dtype:
+    return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
 
 
 # ----------------------------------------------------------------------------- the run
@@ -506,7 +594,9 @@ def train(
     ``history`` (per epoch: epoch, train_loss, train_acc, the evaluation's metrics, lr at the epoch's
     last step, images_per_s (inputs per second, for any input), seconds, threads, and the extras),
     ``initial``, ``final`` (train_loss, train_acc and the metrics), ``parameters``, ``threads`` (of the
-    last session), ``channels_last``, ``seconds`` (all epochs), ``machine``, ``torch``.
+    last session), ``channels_last``, ``device`` (where it ran: ``cpu``, ``cuda:0``, ...), for CUDA
+    ``device_name`` (``torch.cuda.get_device_name``), ``seconds`` (all epochs), ``machine``, ``torch``.
+    ``result.model`` is on ``config.device``.
     ``train_loss`` is the optimized (smoothed) loss averaged over the epoch's batches as they were
     trained; ``test_loss`` is the plain cross-entropy. images_per_s and seconds are timings: the only
     history fields that differ between reruns.
@@ -516,23 +606,29 @@ def train(
     if batches is not None and config.steps_per_epoch is None:
         _epoch_steps(config, None, True)  # raises: the schedule needs the epoch's length
     out = Path(out) if out is not None else None
+    device = resolve_device(config.device)
+    check_amp(config.amp, device)
     with num_threads(config.threads):
         if out is not None and (out / RESULTS).exists():
-            finished = _load_finished(config, out, model)
+            finished = _load_finished(config, out, model, device)
             if finished is not None:
                 return finished
         if model is None:
             from gatepool.models import create_model
 
             torch.manual_seed(config.seed)
-            model = create_model(config.model, **config.model_kwargs)
+            model = create_model(config.model, **config.model_kwargs)  # on the CPU: the same init anywhere
+        model = model.to(device)
         data = load_data(config, data) if batches is None or eval_fn is None else None
         channels_last = cl = _use_channels_last(config, model, None if data is None else data.train_x)
+        if data is not None:
+            data = data_to_device(data, device)  # once: a batch is then an index_select on the device
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
         if eval_fn is None:
             eval_fn = functools.partial(_test_metrics, data=data, config=config, channels_last=cl)
         optimizer = make_optimizer(config, model)
+        scaler = torch.amp.GradScaler(device.type) if config.amp == "fp16" else None
         history: list[dict[str, Any]] = []
         initial: dict[str, Any] = {}
         metrics = TEST_METRICS  # the evaluation's fields, for record["final"]
@@ -540,10 +636,13 @@ def train(
         ckpt = _load_checkpoint(config, out)
         if ckpt is not None:
             model.load_state_dict(ckpt["model"])
-            optimizer.load_state_dict(ckpt["optimizer"])
+            optimizer.load_state_dict(ckpt["optimizer"])  # its state goes to the parameters' device
+            if scaler is not None and "scaler" in ckpt:
+                scaler.load_state_dict(ckpt["scaler"])
             history, initial, start = ckpt["history"], ckpt["initial"], ckpt["epoch"]
             metrics = ckpt.get("metrics", TEST_METRICS)  # checkpoints from before eval_fn: the test set's
             _warn_other_threads(ckpt.get("threads"), out, start, config.epochs)
+            _warn_other_device(ckpt.get("device", "cpu"), device, out, start, config.epochs)
             if verbose and start < config.epochs:
                 print(f"resuming {out} after epoch {start}/{config.epochs}", flush=True)
         elif on_epoch_end is not None:
@@ -555,7 +654,7 @@ def train(
                 break  # the last epoch met the stop condition (also when resuming after it)
             t0 = time.perf_counter()
             stats = train_epoch(model, optimizer, data, config, epoch, channels_last=cl, progress=bar,
-                                batches=batches, loss_fn=loss_fn)  # fmt: skip
+                                batches=batches, loss_fn=loss_fn, scaler=scaler)  # fmt: skip
             examples = stats.pop("examples")
             t_train = time.perf_counter() - t0
             row: dict[str, Any] = {"epoch": epoch, **stats}
@@ -581,11 +680,13 @@ def train(
                         "initial": initial,
                         "metrics": metrics,
                         "threads": torch.get_num_threads(),
+                        "device": str(device),
+                        **({"scaler": scaler.state_dict()} if scaler is not None else {}),
                     },
                     keep=out / PREVIOUS,
                 )
 
-        record = _record(config, model, history, initial, channels_last, metrics)
+        record = _record(config, model, history, initial, channels_last, metrics, device)
         if out is not None:
             weights = _safetensors_bytes(model)
             record["weights_sha256"] = hashlib.sha256(weights).hexdigest()
@@ -619,6 +720,7 @@ def _record(
     initial: dict[str, Any],
     channels_last: bool,
     metrics: list[str],
+    device: torch.device,
 ) -> dict[str, Any]:
     last = history[-1]
     return {
@@ -629,6 +731,7 @@ def _record(
         "parameters": sum(p.numel() for p in model.parameters()),
         "threads": torch.get_num_threads(),
         "channels_last": channels_last,
+        **device_info(device),  # device, and for CUDA device_name
         "seconds": sum(row["seconds"] for row in history),
         "machine": machine(),
         "torch": torch.__version__,
@@ -674,6 +777,12 @@ def _warn_other_threads(saved: int | None, out: Path | None, start: int, epochs:
         )
 
 
+def _warn_other_device(saved: str, now: torch.device, out: Path | None, start: int, epochs: int) -> None:
+    if saved != str(now) and start < epochs:
+        _warn(f"warning: {out} ran on {saved} and resumes on {now}: the results will not be bit-identical "
+              "to an uninterrupted run")  # fmt: skip
+
+
 def _load_checkpoint(config: TrainConfig, out: Path | None) -> dict[str, Any] | None:
     """The newest good checkpoint in ``out`` (``checkpoint.pt``, else ``checkpoint.prev.pt``), or None.
 
@@ -704,7 +813,9 @@ def _load_checkpoint(config: TrainConfig, out: Path | None) -> dict[str, Any] | 
     return None
 
 
-def _load_finished(config: TrainConfig, out: Path, model: nn.Module | None) -> TrainResult | None:
+def _load_finished(
+    config: TrainConfig, out: Path, model: nn.Module | None, device: torch.device
+) -> TrainResult | None:
     """The finished run in ``out``; None (said on stderr) when its files are damaged: rebuild them."""
     from safetensors.torch import load
 
@@ -723,7 +834,8 @@ def _load_finished(config: TrainConfig, out: Path, model: nn.Module | None) -> T
         from gatepool.models import create_model
 
         model = create_model(config.model, **config.model_kwargs)
-    model.load_state_dict(load(weights))
+    model = model.to(device)
+    model.load_state_dict(load(weights))  # CPU tensors, copied to the model's device
     if record["channels_last"]:
         model = model.to(memory_format=torch.channels_last)
     return TrainResult(model, record)

@@ -1,4 +1,5 @@
-"""What a number was measured on: one description, beside every result, benchmark and training record."""
+"""What a number was measured on: one description, beside every result, benchmark and training record;
+and the one resolver of ``device`` names (``auto`` | ``cpu`` | ``cuda`` | ``cuda:N`` | ``mps``)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,72 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
     }
+
+
+# ----------------------------------------------------------------------------- devices
+
+DEVICES = ("auto", "cpu", "cuda", "mps")  # and cuda:N for one GPU of several
+_ALLOWED = "auto, cpu, cuda, cuda:N or mps"
+
+
+def check_device(name: Any) -> str:
+    """``name`` (a string, a ``torch.device`` or None = auto) as a device string, checked without torch.
+
+    Only the spelling is checked here (the CLI's flag type); :func:`resolve_device` also checks that
+    the device is there.
+    """
+    text = "auto" if name is None else str(name)
+    base, sep, index = text.partition(":")
+    if base in DEVICES and (not sep or (base == "cuda" and index.isdigit())):
+        return text
+    raise ValueError(f"device must be one of {_ALLOWED}, got {name!r}")
+
+
+def resolve_device(name: Any = "auto"):
+    """The ``torch.device`` to run on: ``auto`` (or None) is CUDA when present, else MPS, else the CPU.
+
+    A bad name, or ``cuda``/``mps`` asked for where there is none, is a ValueError naming ``device``.
+    """
+    import torch
+
+    text = check_device(name)
+    cuda, mps = torch.cuda.is_available(), _mps_available()
+    if text == "auto":
+        if cuda:
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("mps") if mps else torch.device("cpu")
+    device = torch.device(text)
+    if device.type == "cuda":
+        if not cuda:
+            why = f"torch {torch.__version__} has no CUDA" if torch.version.cuda is None else "no GPU found"
+            raise ValueError(f"device {text!r} asked for, but CUDA is not available ({why}); "
+                             "use device 'cpu' or 'auto'")  # fmt: skip
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"device {text!r} asked for, but there are {count} CUDA devices (cuda:0 to "
+                             f"cuda:{count - 1})")  # fmt: skip
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    if device.type == "mps" and not mps:
+        raise ValueError(f"device {text!r} asked for, but MPS is not available here; use device 'cpu' or "
+                         "'auto'")  # fmt: skip
+    return device
+
+
+def _mps_available() -> bool:
+    import torch
+
+    mps = getattr(torch.backends, "mps", None)
+    return mps is not None and mps.is_available()
+
+
+def device_info(device: Any) -> dict[str, Any]:
+    """What a record says about its device: ``{"device": "cuda:0", "device_name": "NVIDIA H200"}``
+    (the name for CUDA only)."""
+    import torch
+
+    device = torch.device(device)
+    info: dict[str, Any] = {"device": str(device)}
+    if device.type == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(device)
+    return info

@@ -7,11 +7,15 @@
 ``theory`` holds the lecture's formulas (pure functions), ``rules`` applies them by module type
 (``register_rule(ModuleType, rule)`` adds one for any module), ``predict`` walks them through a model,
 ``measure`` records forward moments and activation-gradient moments with hooks, ``report`` and
-``figures`` show them.
+``figures`` show them. A model without a rule is traced by ``torch.fx`` (``graph``) and its
+call_function / call_method nodes follow ``functions`` (``register_function_rule(target, rule)``);
+``build_model("torchvision:resnet18")`` builds a model of torchvision or timm (``models``).
 """
 
 from gatepool.analysis.probe.figures import save_figures
+from gatepool.analysis.probe.functions import Call, Op, TensorIn, function_rule_for, register_function_rule
 from gatepool.analysis.probe.measure import measure
+from gatepool.analysis.probe.models import build_model
 from gatepool.analysis.probe.predict import INPUT, OUTPUT, Ideal, Prediction, predict
 from gatepool.analysis.probe.report import ParamRow, ProbeReport, Row, TensorStats
 from gatepool.analysis.probe.rules import (
@@ -27,12 +31,14 @@ from gatepool.analysis.probe.rules import (
     rule_for,
 )
 from gatepool.analysis.probe.theory import (
+    activation_moments,
     avg_pool_backward,
     avg_pool_forward,
     cross_entropy_grad,
     linear_backward,
     linear_forward,
     max_of_normals,
+    max_of_rectified_normals,
     max_pool_backward,
     max_pool_forward,
     norm_backward,
@@ -45,25 +51,32 @@ from gatepool.analysis.probe.theory import (
 __all__ = [
     "INPUT",
     "OUTPUT",
+    "Call",
     "Chain",
     "GradMoments",
     "Ideal",
     "Leaf",
     "Moments",
     "NoRule",
+    "Op",
     "ParamRow",
     "Prediction",
     "ProbeReport",
     "Residual",
     "Row",
     "Site",
+    "TensorIn",
     "TensorStats",
+    "activation_moments",
     "avg_pool_backward",
     "avg_pool_forward",
+    "build_model",
     "cross_entropy_grad",
+    "function_rule_for",
     "linear_backward",
     "linear_forward",
     "max_of_normals",
+    "max_of_rectified_normals",
     "max_pool_backward",
     "max_pool_forward",
     "measure",
@@ -71,6 +84,7 @@ __all__ = [
     "norm_backward",
     "padding_variance_map",
     "predict",
+    "register_function_rule",
     "register_rule",
     "relu_backward",
     "relu_moments",

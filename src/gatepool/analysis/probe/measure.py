@@ -203,6 +203,7 @@ def measure(
     loss_reduction: str = "sum",
     seed: int = 0,
     prediction: Prediction | bool = True,
+    border: str = "middle",
 ) -> ProbeReport:
     """Run ``model(inputs)`` once forward and once backward and measure every module on the way.
 
@@ -222,6 +223,9 @@ def measure(
         loss_reduction: "sum" (the lecture's) or "mean" over the batch, for ``backward="loss"``.
         prediction: a :func:`predict` result to set beside the measurement; True computes one for
             the input's measured mean and Var with the same backward seed; False: none.
+        border: the ``border`` of that prediction: "middle" (the lecture's rules, away from the
+            padding) or "average" (zero padding counted over the whole map, the figure a measurement
+            over the whole map should match; use it for small maps, a ResNet's 2×2 and 4×4 stages).
     """
     # -- arguments, checked before any computation --------------------------------------------------
     if not isinstance(model, nn.Module):
@@ -258,7 +262,7 @@ def measure(
         x0 = args[0].detach().double()
         stats = (float(x0.mean()), float(x0.var(unbiased=False))) if x0.numel() > 1 else (0.0, 1.0)
         prediction = predict(model, tuple(x0.shape), input_stats=stats, backward=backward,
-                             loss_reduction=loss_reduction)
+                             loss_reduction=loss_reduction, border=border)
     elif prediction is False:
         prediction = None
 

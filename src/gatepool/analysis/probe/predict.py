@@ -5,7 +5,11 @@
 
 ``predict(model, input_shape)`` asks :mod:`rules` for each module's rule, by module type (see there
 for the modules covered and for ``register_rule``): a leaf is one step, a chain or a residual walks the
-children the rule names. A module without a rule gets *no prediction* (``None``) with a note saying
+children the rule names. A module without a rule but with children (torchvision's ResNet, a user's
+block) is traced by ``torch.fx`` and walked node by node (:mod:`graph`, the function rules of
+:mod:`functions`); each module called in the graph gets the figures of its output node, a module called
+twice the two calls pooled by their sizes. Where torch.fx cannot trace it, the note says why and the
+module is opaque, as before. A module without a rule gets *no prediction* (``None``) with a note saying
 why, never a guess, and so does everything that depends on it — except a norm's output, which is known
 whatever its input (mean β, E[x²] = γ² + β²). Soft gates are "measured only": no closed form is
 claimed for them.
@@ -20,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from gatepool.analysis.probe import theory
+from gatepool.analysis.probe.graph import GraphWalk, Untraceable
 from gatepool.analysis.probe.rules import (
     Chain,
     GradMoments,
@@ -214,6 +219,88 @@ class _Opaque(_Node):
         return None
 
 
+class _Graph(_Node):
+    """A module without a rule, traced by torch.fx: the rules node by node (:class:`graph.GraphWalk`)."""
+
+    def __init__(self, name, rec, m: nn.Module, rows: dict[str, Ideal], shapes: dict, border: str) -> None:
+        super().__init__(name, rec)
+        self.m, self.rows = m, rows
+        self.prefix = "" if name == OUTPUT else f"{name}."
+        self.records: list[dict[str, Ideal]] = []  # the rows of each module call with a rule, in order
+
+        def make_step(sub: str, module: nn.Module, io) -> _Node:
+            full, local, scratch = self.prefix + sub, dict(shapes), {}
+            if io is not None:
+                local[full] = io  # this call's shapes (a module called twice may see two)
+            self.records.append(scratch)
+            return _build(module, full, scratch, local, border)
+
+        io = shapes.get(name)
+        self.walk = GraphWalk(m, io[0] if io and io[0] is not None else None, border, make_step)
+
+    def forward(self, x):
+        y = self.walk.forward(x)
+        self._fill()
+        reason = self.walk.reason.get(self.walk._out, "no prediction")
+        self.rec.note = "" if y is not None else f"no rule for {self.rec.kind}; traced by torch.fx: {reason}"
+        return self._set_fwd(y)
+
+    def backward(self, g):
+        self._set_bwd(g)
+        gi = self.walk.backward(g)
+        self._fill()
+        return gi
+
+    def _fill(self) -> None:
+        """Each module's row: its calls' figures pooled by their sizes."""
+        walk, calls = self.walk, {}
+        leaves = [n for n in walk.nodes if n.op == "call_module"]
+        for scratch, n in zip(self.records, leaves):
+            w = _numel(walk._shape(n))
+            for key, r in scratch.items():
+                calls.setdefault(key, []).append((r, w))
+        for sub, node in walk.calls:  # modules traced through: their output node
+            full = self.prefix + sub
+            if node.op == "call_module" and node.target == sub:  # a module with a rule: built above
+                continue
+            v, g = walk.value.get(node), walk.grad.get(node)
+            r = Ideal(full, type(self.m.get_submodule(sub)).__name__, walk._shape(node),
+                      None if v is None else v.mean, None if v is None else v.var,
+                      None if g is None else g.e2, None if g is None else g.zero,
+                      note="" if v is not None else walk.reason.get(node, "no prediction"))
+            calls.setdefault(full, []).append((r, _numel(walk._shape(node))))
+        for key, recs in calls.items():
+            self.rows[key] = _pool(key, recs)
+        for sub, c in self.m.named_modules():
+            if sub and self.prefix + sub not in self.rows:
+                self.rows[self.prefix + sub] = Ideal(self.prefix + sub, type(c).__name__,
+                                                     note="not called in the traced forward")
+
+
+def _numel(shape) -> float:
+    return float(math.prod(shape)) if shape else 1.0
+
+
+def _pool(name: str, recs: list[tuple[Ideal, float]]) -> Ideal:
+    """Several calls of one module as one row, as the measurement pools them: means and E[x²] by size."""
+    if len(recs) == 1:
+        return recs[0][0]
+    first = recs[0][0]
+    total = sum(w for _, w in recs)
+
+    def avg(values):
+        if any(v is None for v in values):
+            return None
+        return sum(w * v for (_, w), v in zip(recs, values)) / total
+
+    mean = avg([r.mean for r, _ in recs])
+    e2 = avg([r.e2 for r, _ in recs])
+    var = None if mean is None or e2 is None else max(e2 - mean * mean, 0.0)
+    note = next((r.note for r, _ in recs if r.note), "")
+    return Ideal(name, first.kind, first.shape, mean, var, avg([r.grad_e2 for r, _ in recs]),
+                 avg([r.grad_zero_share for r, _ in recs]), note=note)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Building the tree and walking it
 # ---------------------------------------------------------------------------------------------------
@@ -236,7 +323,10 @@ def _build(m: nn.Module, name: str, rows: dict[str, Ideal], shapes: dict, border
     if rule is None:
         rec.note = f"no rule for {type(m).__name__}"
         if next(m.children(), None) is not None:
-            rec.note += " (a container with its own forward)"
+            try:
+                return _Graph(name, rec, m, rows, shapes, border)
+            except Untraceable as e:
+                rec.note += f" (a container with its own forward; torch.fx cannot trace it: {e})"
     else:
         try:
             spec = rule(m, Site(io if io and None not in io else None, border))

@@ -5,10 +5,13 @@ Every rule assumes independent, zero-mean weights and inputs whose elements are 
 
     linear / conv   forward   Var(y)      = fan_in  · E[w²] · E[x²]          fan_in  = C_in  · k
                     backward  E[(∂L/∂x)²] = fan_out · E[w²] · E[(∂L/∂y)²]    fan_out = C_out · k
-    ReLU, x ~ N(µ, σ²), α = µ/σ
+    ReLU, x ~ N(µ, σ²), α = µ/σ   (x = a + ReLU(c), two normals: averaged over c, ``relu_of_sum``)
                     forward   E[p]  = µ Φ(α) + σ φ(α),   E[p²] = (µ² + σ²) Φ(α) + µ σ φ(α)
                               (N(0, 1): mean 1/√(2π), E[p²] = ½, variance ½ − 1/(2π))
                     backward  E[(∂L/∂x)²] = Φ(α) · E[g²]   (halves it for µ = 0)
+    GELU, SiLU, tanh, sigmoid, ReLU6, hard sigmoid / swish: f of x ~ N(µ, σ²), by quadrature
+                    forward   E[f(x)], E[f(x)²];   backward  E[(∂L/∂x)²] = E[f'(x)²] · E[g²]
+    max of ReLUs    max_j ReLU(x_j) = ReLU(max_j x_j): the largest of n N(µ, σ²), then rectified
     padding         each output sees only the taps that land on real inputs: Var factor = N / k
     avg pool of n   forward   Var = σ²/n;  backward  E[(∂L/∂x)²] = E[g²]/n²  (each input gets g/n)
     max pool of n   forward   the largest of n N(0, 1), density n φ(x) Φ(x)^(n−1) (n = 4: mean 1.03, Var 0.49)
@@ -76,9 +79,120 @@ def relu_moments(mean: float = 0.0, var: float = 1.0) -> tuple[float, float, flo
     return m, max(e2 - m * m, 0.0), e2, cdf
 
 
+@cache
+def relu_of_sum(mean: float, var: float, c_mean: float, c_var: float) -> tuple[float, float, float, float]:
+    """(mean, variance, E[p²], P(p > 0)) of ``p = ReLU(a + ReLU(c))``, a ~ N(mean, var), c ~ N(c_mean, c_var).
+
+    The ReLU after a residual add whose stream is itself a ReLU output (a ResNet's second block): the sum
+    is skewed, not normal. Given c the inner value is N(mean + ReLU(c), var), so each moment is
+    :func:`relu_moments` averaged over c: its mass Φ(−c_mean/σ_c) at ReLU(c) = 0 and a quadrature over c > 0.
+    """
+    if c_var <= 0 or var <= 0:
+        return relu_moments(mean + max(c_mean, 0.0), var + (0.0 if c_var <= 0 else c_var))
+    from scipy import integrate
+
+    sc = math.sqrt(c_var)
+    z0 = -c_mean / sc  # c > 0 where z > z0
+    at_zero = normal_cdf(z0)
+
+    def moments(z: float) -> tuple[float, float, float, float]:
+        return relu_moments(mean + c_mean + sc * z, var)
+
+    out = []
+    for i in (0, 2, 3):  # E[p], E[p²], P(p > 0)
+        def h(z: float, i: int = i) -> float:
+            return moments(z)[i] * normal_pdf(z)
+
+        inner = integrate.quad(h, z0, max(z0, 0.0) + 12.0, limit=200)[0]
+        out.append(at_zero * relu_moments(mean, var)[i] + inner)
+    m, e2, pos = out
+    return m, max(e2 - m * m, 0.0), e2, pos
+
+
 def relu_backward(g2: float, mean: float = 0.0, var: float = 1.0) -> float:
     """E[(∂L/∂x)²] = ``P(x > 0) · E[g²]``: the gate H(x) lets through the gradient of the positive inputs."""
     return relu_moments(mean, var)[3] * g2
+
+
+# ---------------------------------------------------------------------------------------------------
+# Smooth activations of a normal input, by quadrature
+# ---------------------------------------------------------------------------------------------------
+
+
+def _gelu(x: float) -> float:
+    return x * normal_cdf(x)
+
+
+def _gelu_d(x: float) -> float:
+    return normal_cdf(x) + x * normal_pdf(x)
+
+
+def _gelu_tanh(x: float) -> float:
+    return 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def _gelu_tanh_d(x: float) -> float:
+    u = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)
+    t = math.tanh(u)
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * math.sqrt(2.0 / math.pi) * (1.0 + 3 * 0.044715 * x * x)
+
+
+def _sigmoid(x: float) -> float:
+    return 0.5 * (1.0 + math.tanh(0.5 * x))  # no overflow for large |x|
+
+
+def _silu(x: float) -> float:
+    return x * _sigmoid(x)
+
+
+def _silu_d(x: float) -> float:
+    s = _sigmoid(x)
+    return s * (1.0 + x * (1.0 - s))
+
+
+def _hardsigmoid(x: float) -> float:
+    return min(max(x / 6.0 + 0.5, 0.0), 1.0)
+
+
+ACTIVATIONS = {  # name: (f, f')
+    "gelu": (_gelu, _gelu_d),
+    "gelu_tanh": (_gelu_tanh, _gelu_tanh_d),
+    "silu": (_silu, _silu_d),
+    "tanh": (math.tanh, lambda x: 1.0 - math.tanh(x) ** 2),
+    "sigmoid": (_sigmoid, lambda x: _sigmoid(x) * (1.0 - _sigmoid(x))),
+    "relu6": (lambda x: min(max(x, 0.0), 6.0), lambda x: float(0.0 < x < 6.0)),
+    "hardsigmoid": (_hardsigmoid, lambda x: float(-3.0 < x < 3.0) / 6.0),
+    "hardswish": (lambda x: x * _hardsigmoid(x), lambda x: _hardsigmoid(x) + x * float(-3.0 < x < 3.0) / 6.0),
+}
+
+
+@cache
+def activation_moments(name: str, mean: float = 0.0, var: float = 1.0) -> tuple[float, float, float]:
+    """(mean, variance, E[f'(x)²]) of ``f(x)``, ``x ~ N(mean, var)``, f one of :data:`ACTIVATIONS`.
+
+    ``E[h(x)] = ∫ h(µ + σz) φ(z) dz`` by ``scipy.integrate.quad``; E[f'²] is the backward factor
+    (``E[(∂L/∂x)²] = E[f'(x)²] · E[g²]``, g independent of x). ``activation_moments("tanh")`` is
+    (0, 0.3943, 0.4644).
+    """
+    if name not in ACTIVATIONS:
+        raise ValueError(f"name must be one of {sorted(ACTIVATIONS)}, got {name!r}")
+    if var < 0:
+        raise ValueError(f"var must be >= 0, got {var}")
+    f, d = ACTIVATIONS[name]
+    if var == 0:
+        return f(mean), 0.0, d(mean) ** 2
+    from scipy import integrate  # lazy, as in max_of_normals
+
+    sd = math.sqrt(var)
+
+    def e(h) -> float:
+        kinks = [(k - mean) / sd for k in (-3.0, 0.0, 3.0, 6.0) if -12.0 < (k - mean) / sd < 12.0]
+        return integrate.quad(lambda z: h(mean + sd * z) * normal_pdf(z), -12.0, 12.0, limit=200,
+                              points=kinks or None)[0]
+
+    m = e(f)
+    e2 = e(lambda x: f(x) ** 2)
+    return m, max(e2 - m * m, 0.0), e(lambda x: d(x) ** 2)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -103,6 +217,16 @@ def taps_per_output(length: int, k: int, p: int, s: int, d: int) -> torch.Tensor
     n_out = (length + 2 * p - d * (k - 1) - 1) // s + 1
     pos = torch.arange(n_out)[:, None] * s - p + torch.arange(k)[None, :] * d  # (n_out, k) input index
     return ((pos >= 0) & (pos < length)).sum(1).double()  # (n_out,)
+
+
+def tap_coverage(length: int, k: int, p: int, s: int, d: int) -> torch.Tensor:
+    """(k,) float64: for each of the k taps along one axis, the share of the outputs where it is real.
+
+    Its mean is ``taps_per_output(...).mean() / k``; ``tap_coverage(5, 3, 1, 1, 1)`` is [0.8, 1, 0.8].
+    """
+    n_out = (length + 2 * p - d * (k - 1) - 1) // s + 1
+    pos = torch.arange(n_out)[:, None] * s - p + torch.arange(k)[None, :] * d  # (n_out, k) input index
+    return ((pos >= 0) & (pos < length)).double().mean(0)  # (k,)
 
 
 def padding_variance_map(
@@ -171,6 +295,32 @@ def max_pool_forward(n: int, mean: float = 0.0, var: float = 1.0) -> tuple[float
     """(mean, variance) of the largest of n i.i.d. N(mean, var): ``mean + σ·m_n``, ``var · v_n``."""
     m, v = max_of_normals(n)
     return mean + math.sqrt(var) * m, var * v
+
+
+@cache
+def max_of_rectified_normals(n: int, mean: float = 0.0, var: float = 1.0) -> tuple[float, float]:
+    """(mean, variance) of ``max_j ReLU(x_j) = ReLU(max_j x_j)``, n i.i.d. ``x_j ~ N(mean, var)``.
+
+    A max pool after a ReLU: the largest of n normals, density ``n φ(z) Φ(z)^(n−1)``, rectified.
+    ``max_of_rectified_normals(1)`` is the ReLU of N(0, 1): (1/√(2π), ½ − 1/(2π)).
+    """
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    if var <= 0:
+        p = max(mean, 0.0)
+        return p, 0.0
+    from scipy import integrate, special
+
+    sd = math.sqrt(var)
+    z0 = -mean / sd  # max > 0 where z > z0
+
+    def density(z: float) -> float:
+        return n * normal_pdf(z) * special.ndtr(z) ** (n - 1)
+
+    hi = max(z0, 0.0) + 12.0
+    m = integrate.quad(lambda z: (mean + sd * z) * density(z), z0, hi, limit=200)[0]
+    e2 = integrate.quad(lambda z: (mean + sd * z) ** 2 * density(z), z0, hi, limit=200)[0]
+    return m, max(e2 - m * m, 0.0)
 
 
 def max_pool_backward(n: int, g2: float = 1.0, zero_share: float = 0.0) -> tuple[float, float]:

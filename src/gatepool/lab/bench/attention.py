@@ -1,8 +1,8 @@
 """``gatepool bench attention``: time and peak memory of our attention against torch's SDPA.
 
-Batch 1, 1 head, d = 64, float32, CPU, forward under ``torch.no_grad()``, t = 256, 1024, 4096 tokens
-(self-attention: t queries, t keys). Three ways, timed one round at a time (each way once per round, so
-background load hits all alike), median over rounds:
+Batch 1, 1 head, d = 64, float32 (on ``device``, see below), forward under ``torch.no_grad()``,
+t = 256, 1024, 4096 tokens (self-attention: t queries, t keys). Three ways, timed one round at a time
+(each way once per round, so background load hits all alike), median over rounds:
 
     torch SDPA                F.scaled_dot_product_attention, the baseline
     ours (fused)              gatepool.layers.attention.scaled_dot_product_attention (calls torch's kernel)
@@ -14,6 +14,9 @@ torch's allocations, and process RSS is blurred by the C allocator's caching). I
 by the exponent ``log(peak(t₂)/peak(t₁)) / log(t₂/t₁)`` between the two largest t: 2 means ∝ t².
 
 Targets: ours (fused) ≤ 1.2 × torch SDPA at every t; its memory exponent < 1.5 (not t²).
+
+``device`` (auto | cpu | cuda | mps): on a GPU the tensors live there, every timed call is followed
+by a synchronization, and peak memory is ``torch.cuda.max_memory_allocated`` during the call.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gatepool.utils.environment import machine
+from gatepool.utils.environment import device_info, machine, resolve_device
 
 TOKENS, QUICK_TOKENS = (256, 1024, 4096), (256, 1024)
 DIM = 64
@@ -44,9 +47,26 @@ def ways() -> dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any
     }
 
 
-def peak_bytes(fn: Callable[[], Any]) -> int:
+def sync(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a GPU runs asynchronously): before reading a clock."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def peak_bytes(fn: Callable[[], Any], device: torch.device | None = None) -> int:
     """Highest bytes held by torch's allocator during ``fn()`` (allocations made inside it)."""
     from torch.profiler import ProfilerActivity, profile
+
+    if device is not None and device.type == "cuda":
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        out = fn()
+        sync(device)
+        del out
+        return torch.cuda.max_memory_allocated(device) - before
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = fn()
@@ -61,8 +81,9 @@ def peak_bytes(fn: Callable[[], Any]) -> int:
     return peak
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+def run(quick: bool = False, device: Any = "auto") -> dict[str, Any]:
     """Measure; returns the record (``gatepool bench`` sets the threads, prints and saves it)."""
+    device = resolve_device(device)
     torch.manual_seed(0)
     tokens = QUICK_TOKENS if quick else TOKENS
     warmup, rounds = (1, 3) if quick else (3, 15)
@@ -70,15 +91,17 @@ def run(quick: bool = False) -> dict[str, Any]:
     results = []
     with torch.no_grad():
         for t in tokens:
-            q, k, v = (torch.randn(1, 1, t, DIM) for _ in range(3))
+            q, k, v = (torch.randn(1, 1, t, DIM).to(device) for _ in range(3))
             for fn in fns.values():
                 for _ in range(warmup):
                     fn(q, k, v)
+            sync(device)
             times: dict[str, list[float]] = {name: [] for name in fns}
             for _ in range(rounds):
                 for name, fn in fns.items():
                     t0 = time.perf_counter()
                     fn(q, k, v)
+                    sync(device)
                     times[name].append(time.perf_counter() - t0)
             base = statistics.median(times["torch SDPA"])
             for name, fn in fns.items():
@@ -89,7 +112,7 @@ def run(quick: bool = False) -> dict[str, Any]:
                     "median_ms": 1e3 * med,
                     "min_ms": 1e3 * min(times[name]),
                     "ratio_to_torch": med / base,
-                    "peak_mib": peak_bytes(lambda fn=fn, q=q, k=k, v=v: fn(q, k, v)) / 2**20,
+                    "peak_mib": peak_bytes(lambda fn=fn, q=q, k=k, v=v: fn(q, k, v), device) / 2**20,
                     "times_ms": [1e3 * s for s in times[name]],
                 })  # fmt: skip
 
@@ -105,6 +128,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     return {
         "bench": "attention",
         "machine": machine(),
+        **device_info(device),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "batch": 1,
@@ -134,7 +158,8 @@ def table(record: dict[str, Any]) -> str:
     lines = [
         f"attention bench: batch 1, 1 head, d = {record['dim']}, float32, forward (no grad), median of "
         f"{record['rounds']} rounds; torch {record['torch']}, {record['threads']} threads, "
-        f"{machine['cpu_count']} cpus ({machine['processor'] or machine['platform']})",
+        f"{machine['cpu_count']} cpus ({machine['processor'] or machine['platform']}), device "
+        f"{record.get('device', 'cpu')} {record.get('device_name', '')}".rstrip(),
         f"{'t':>6} {'way':<22} {'median ms':>10} {'min ms':>10} {'× torch':>8} {'peak MiB':>10}",
     ]
     for r in record["results"]:

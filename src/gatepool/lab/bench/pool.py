@@ -20,6 +20,11 @@ per-call time is reported, as a ratio to F.max_pool2d of the same geometry and m
 memory: the most bytes torch's allocator holds during one forward + backward (its profiler), beside.
 Targets (issue 11): tiled, both formats: soft ≤ 1.5×, soft-learned ≤ 1.7×, attention ≤ 2.0×;
 overlapping: soft ≤ 2.0×; peak memory of soft ≤ 2× that of F.max_pool2d (tiled, channels_last).
+
+``device`` (auto | cpu | cuda | mps): the input and the pools' weights live there (on CUDA the soft
+family runs the Triton kernels of ``gatepool.layers.triton_pool`` where triton is installed, else its
+pure-PyTorch paths); the Timer synchronizes the device, and peak memory on CUDA is
+``torch.cuda.max_memory_allocated``.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import torch.nn.functional as F
 from torch.utils.benchmark import Timer
 
 from gatepool.lab.bench.attention import peak_bytes
-from gatepool.utils.environment import machine
+from gatepool.utils.environment import device_info, machine, resolve_device
 
 CASES = {  # name: (shape, quick shape, kernel, stride, padding)
     "tiled": ((256, 32, 28, 28), (16, 32, 28, 28), 2, 2, 0),
@@ -49,8 +54,10 @@ MEMORY_TARGET = 2.0  # peak bytes of soft / F.max_pool2d, tiled, channels_last
 FORMATS = {"nchw": torch.contiguous_format, "channels_last": torch.channels_last}
 
 
-def ways(channels: int, k: int, s: int, p: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    """Every way to pool with window (k, s, p), by name."""
+def ways(
+    channels: int, k: int, s: int, p: int, device: torch.device | None = None
+) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """Every way to pool with window (k, s, p), by name (the learned gates' weights on ``device``)."""
     from gatepool.layers import GATES, GatedPool2d
     from gatepool.layers.soft_pool import soft_pool_tiled
     from gatepool.layers.windows import pool_geometry, soft_pool_unfold
@@ -67,7 +74,7 @@ def ways(channels: int, k: int, s: int, p: int) -> dict[str, Callable[[torch.Ten
         "F.avg_pool2d": lambda x: F.avg_pool2d(x, k, s, p),
     }
     for gate in GATES:
-        out[gate] = GatedPool2d(k, s, p, gate=gate, channels=channels)
+        out[gate] = GatedPool2d(k, s, p, gate=gate, channels=channels).to(device)
     out["soft (pure PyTorch)"] = pure_pytorch
     out["plain path"] = plain
     return out
@@ -94,22 +101,23 @@ def time_ways(
     return times
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+def run(quick: bool = False, device: Any = "auto") -> dict[str, Any]:
     """Measure; returns the record (``gatepool bench`` sets the threads, prints and saves it)."""
     from gatepool.layers import fused_pool
 
+    device = resolve_device(device)
     torch.manual_seed(0)
     rounds, number = (3, 1) if quick else (7, 3)
     results = []
     for case, (shape, quick_shape, k, s, p) in CASES.items():
         shape = quick_shape if quick else shape
-        fns = ways(shape[1], k, s, p)
-        x = torch.randn(shape)
+        fns = ways(shape[1], k, s, p, device)
+        x = torch.randn(shape).to(device)
         for fmt, memory_format in FORMATS.items():
             xf = x.contiguous(memory_format=memory_format)
             times = time_ways(fns, xf, rounds, number)
             base = statistics.median(times["F.max_pool2d"])
-            peaks = {name: _peak(fn, xf) for name, fn in fns.items()} if fmt == "channels_last" else {}
+            peaks = {n: _peak(fn, xf, device) for n, fn in fns.items()} if fmt == "channels_last" else {}
             for name, ts in times.items():
                 results.append(
                     {
@@ -130,9 +138,10 @@ def run(quick: bool = False) -> dict[str, Any]:
     return {
         "bench": "pool",
         "machine": machine(),
+        **device_info(device),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "fused_kernels": fused_pool.available(),
+        "fused_kernels": fused_pool.usable(torch.empty(0, device=device)),  # C on the CPU, Triton on CUDA
         "dtype": "float32",
         "rounds": rounds,
         "number": number,
@@ -142,10 +151,10 @@ def run(quick: bool = False) -> dict[str, Any]:
     }
 
 
-def _peak(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> int:
+def _peak(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, device: torch.device) -> int:
     x = x.detach().requires_grad_()
     grad = torch.ones_like(fn(x))
-    return peak_bytes(lambda: fn(x).backward(grad))
+    return peak_bytes(lambda: fn(x).backward(grad), device)
 
 
 def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -164,12 +173,19 @@ def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _device(record: dict[str, Any]) -> str:
+    """``cpu``, or ``cuda:0 (NVIDIA H200)`` (records from before devices: the CPU)."""
+    name = record.get("device_name")
+    return record.get("device", "cpu") + (f" ({name})" if name else "")
+
+
 def table(record: dict[str, Any]) -> str:
     m = record["machine"]
     lines = [
         f"pool bench: float32, forward + backward, median of {record['rounds']} rounds of {record['number']} "
         f"call(s); torch {record['torch']}, {record['threads']} threads, {m['cpu_count']} cpus "
-        f"({m['processor'] or m['platform']}); fused kernels: {'yes' if record['fused_kernels'] else 'no'}",
+        f"({m['processor'] or m['platform']}); device {_device(record)}; fused kernels: "
+        f"{'yes' if record['fused_kernels'] else 'no'}",
     ]
     for case in CASES:
         rows = [r for r in record["results"] if r["case"] == case]

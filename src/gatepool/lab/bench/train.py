@@ -24,6 +24,10 @@ whose input needs none):
     FLOP/image = 2 · (3 · Σ M_layer − M_stem)           (norms, ReLUs, pools, the optimizer: not counted)
 
     share = images/s · FLOP/image / (matmul FLOP/s)    targets: ours/reference ≥ 4, share ≥ 40%
+
+``device`` (auto | cpu | cuda | mps): the models and the matmul run there; ours holds the digits on
+the device (moved once, as the trainer does), the reference copies each batch from its DataLoader
+(``.to(device)``, as pytorch/examples does); every timing ends with a synchronization.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from gatepool.lab.bench.attention import sync
 
 TARGET_RATIO, TARGET_SHARE = 4.0, 0.40
 SETUPS = {
@@ -69,38 +75,44 @@ def count_macs(model: nn.Module, input_shape: tuple[int, ...]) -> tuple[int, int
     return sum(macs), macs[0]
 
 
-def matmul_flops(n: int, repeats: int) -> dict[str, float]:
-    """Median FLOP/s of an (n × n) @ (n × n) fp32 matmul."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    c = torch.empty(n, n)
+def matmul_flops(n: int, repeats: int, device: torch.device | None = None) -> dict[str, float]:
+    """Median FLOP/s of an (n × n) @ (n × n) fp32 matmul (on ``device``; None: the CPU)."""
+    device = device or torch.device("cpu")
+    a, b = torch.randn(n, n).to(device), torch.randn(n, n).to(device)
+    c = torch.empty(n, n, device=device)
     for _ in range(2):
         torch.mm(a, b, out=c)
+    sync(device)
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
         torch.mm(a, b, out=c)
+        sync(device)
         times.append(time.perf_counter() - t)
     s = statistics.median(times)
     return {"n": n, "seconds": s, "flops": 2 * n**3 / s}
 
 
-def _model(seed: int, channels_last: bool) -> nn.Module:
+def _model(seed: int, channels_last: bool, device: torch.device | None = None) -> nn.Module:
     from gatepool.models import create_model
 
     torch.manual_seed(seed)
-    model = create_model("residual_cnn", pool="max")
+    model = create_model("residual_cnn", pool="max").to(device)
     return model.to(memory_format=torch.channels_last) if channels_last else model
 
 
 class Ours:
     """The trainer's loop (:func:`gatepool.train.train_epoch`), one call = one pass over ``data``."""
 
-    def __init__(self, data, *, batch_size: int, channels_last: bool) -> None:
-        from gatepool.train import TrainConfig, make_optimizer
+    def __init__(
+        self, data, *, batch_size: int, channels_last: bool, device: torch.device | None = None
+    ) -> None:
+        from gatepool.train import TrainConfig, data_to_device, make_optimizer
 
-        self.data, self.channels_last = data, channels_last
+        device = device or torch.device("cpu")
+        self.data, self.channels_last = data_to_device(data, device), channels_last
         self.config = TrainConfig(batch_size=batch_size, epochs=1, channels_last=channels_last)
-        self.model = _model(0, channels_last)
+        self.model = _model(0, channels_last, device)
         self.optimizer = make_optimizer(self.config, self.model)
 
     def run(self) -> None:
@@ -117,16 +129,20 @@ class Reference:
     with it.
     """
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = 64) -> None:
+    def __init__(
+        self, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = 64, device: torch.device | None = None
+    ) -> None:
         from torch.utils.data import DataLoader, TensorDataset
 
+        self.device = device or torch.device("cpu")
         self.loader = DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=True)
-        self.model = _model(0, False)
+        self.model = _model(0, False, self.device)
         self.optimizer = torch.optim.Adadelta(self.model.parameters(), lr=1.0)
 
     def run(self) -> None:
         self.model.train()
         for data, target in self.loader:
+            data, target = data.to(self.device), target.to(self.device)
             self.optimizer.zero_grad()
             output = self.model(data)
             loss = F.cross_entropy(output, target)
@@ -134,34 +150,38 @@ class Reference:
             self.optimizer.step()
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+def run(quick: bool = False, device: Any = "auto") -> dict[str, Any]:
     """Run the benchmark; return the record (every number measured)."""
     from gatepool.train import TrainConfig, TrainData, load_data
-    from gatepool.utils.environment import machine
+    from gatepool.utils.environment import device_info, machine, resolve_device
 
+    device = resolve_device(device)
     images = 1024 if quick else 12800  # per repeat and way: 8 / 100 of our steps, 16 / 200 reference ones
     repeats = 2 if quick else 5
     full = load_data(TrainConfig(train_size=images, test_size=1))
     data = TrainData(full.train_x, full.train_y, full.test_x, full.test_y)
     warm = TrainData(full.train_x[:256], full.train_y[:256], full.test_x, full.test_y)
 
+    on = {"device": device}
     ways: dict[str, Any] = {
-        "ours": Ours(data, batch_size=128, channels_last=True),
-        "ours_nchw": Ours(data, batch_size=128, channels_last=False),
-        "ours_b64": Ours(data, batch_size=64, channels_last=True),
-        "reference": Reference(data.train_x, data.train_y, batch_size=64),
+        "ours": Ours(data, batch_size=128, channels_last=True, **on),
+        "ours_nchw": Ours(data, batch_size=128, channels_last=False, **on),
+        "ours_b64": Ours(data, batch_size=64, channels_last=True, **on),
+        "reference": Reference(data.train_x, data.train_y, batch_size=64, **on),
     }
-    Ours(warm, batch_size=128, channels_last=True).run()  # first-call costs (oneDNN primitives) paid here
-    Ours(warm, batch_size=128, channels_last=False).run()
-    Ours(warm, batch_size=64, channels_last=True).run()
-    Reference(warm.train_x, warm.train_y).run()
+    Ours(warm, batch_size=128, channels_last=True, **on).run()  # first-call costs (oneDNN, cuDNN) paid here
+    Ours(warm, batch_size=128, channels_last=False, **on).run()
+    Ours(warm, batch_size=64, channels_last=True, **on).run()
+    Reference(warm.train_x, warm.train_y, **on).run()
 
-    mm = matmul_flops(1024 if quick else 2048, 5 if quick else 10)
+    mm = matmul_flops(1024 if quick else 2048, 5 if quick else 10, device)
     seconds: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(repeats):
         for name, way in ways.items():
+            sync(device)
             t = time.perf_counter()
             way.run()
+            sync(device)
             seconds[name].append(time.perf_counter() - t)
 
     total_macs, stem_macs = count_macs(_model(0, False), tuple(data.train_x.shape[1:]))
@@ -186,6 +206,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         "name": "train",
         "quick": quick,
         "machine": machine(),
+        **device_info(device),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "model": "residual_cnn (pool=max)",
@@ -209,7 +230,8 @@ def table(record: dict[str, Any]) -> str:
     m = record["machine"]
     lines = [
         f"bench train{' (quick)' if record['quick'] else ''}: {m['processor']}, {m['cpu_count']} CPUs, "
-        f"torch {record['torch']}, {record['threads']} threads",
+        f"torch {record['torch']}, {record['threads']} threads, device {record.get('device', 'cpu')} "
+        f"{record.get('device_name', '')}".rstrip(),
         f"ResidualCNN: {record['macs_per_image'] / 1e6:.2f} M multiply-adds/image forward, "
         f"{record['flop_per_image'] / 1e6:.1f} MFLOP/image trained",
         f"matmul {record['matmul']['n']}² fp32: {record['matmul']['flops'] / 1e9:.1f} GFLOP/s",

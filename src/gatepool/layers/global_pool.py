@@ -1,0 +1,172 @@
+"""GlobalGatedPool1d/2d/3d: a gate over the whole map, the gated form of the global average pool.
+
+A global pool is one window that holds every position of a channel's map, v_1 … v_L (L = H·W):
+
+    out_c = Σ_j g_j · v_{c,j}
+
+    gate            g over the map                                        parameters
+    "max"           hardmax(v): one-hot at the largest                      —
+    "avg"           1/L: ``nn.AdaptiveAvgPool2d(1)``                        —
+    "soft"          softmax(v / τ), τ fixed (τ = 1 is SoftPool)             —
+    "soft-learned"  softmax(v / τ_c), one τ per channel, learned            log τ  (C,), starts at log τ₀
+    "attention"     softmax(s / τ), s_j = x_j · w; values v_j = V x_j       score w (1×C), value V (C×C)
+
+These are :mod:`gatepool.layers.gated_pool`'s gates with the window grown to the input's spatial size,
+whatever it is at each call (so the "conv" gate, whose weights are set by position in a fixed window,
+has no global form). The parameters have the names, shapes and start values of ``GatedPool{dim}d``'s:
+"attention" starts as soft pooling of a random score (V = I, w ~ N(0, 1/C)). It is not
+:class:`gatepool.layers.attention_pool.AttentionPoolLatent`, whose learned query attends over the tokens
+and returns ``(B, D)``; this layer is a drop-in for ``nn.AdaptiveAvgPool{dim}d(1)``: ``(N, C, *spatial)
+-> (N, C, 1, …, 1)``, or ``(N, C)`` with ``flatten=True`` (timm's ``FastAdaptiveAvgPool(flatten=True)``).
+
+The soft family runs the library's paths (the fused kernel where it can be built) over one window of L
+taps; "max" and "avg" are torch's ``F.adaptive_max_pool{dim}d`` / ``F.adaptive_avg_pool{dim}d(x, 1)``,
+in the input's dtype (so "avg" equals the global average pool it replaces, bit for bit).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gatepool.layers import fused_pool
+from gatepool.layers.gated_pool import GATES
+from gatepool.layers.soft_pool import soft_pool_windows
+from gatepool.layers.windows import (
+    check_temperature,
+    compute_dtype,
+    pool_geometry,
+    scale_scores,
+    softmax_pool_unfold,
+)
+
+GLOBAL_GATES = tuple(g for g in GATES if g != "conv")  # "conv" sets its gates by position in a fixed window
+
+__all__ = ["GLOBAL_GATES", "GlobalGatedPool1d", "GlobalGatedPool2d", "GlobalGatedPool3d", "GlobalGatedPoolNd"]
+
+_CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
+_CONV_FN = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_TORCH = {
+    "max": {1: F.adaptive_max_pool1d, 2: F.adaptive_max_pool2d, 3: F.adaptive_max_pool3d},
+    "avg": {1: F.adaptive_avg_pool1d, 2: F.adaptive_avg_pool2d, 3: F.adaptive_avg_pool3d},
+}
+
+
+class GlobalGatedPoolNd(nn.Module):
+    """A gate over the whole spatial extent in ``dim`` dimensions (use GlobalGatedPool1d / 2d / 3d).
+
+    Args:
+        gate: one of ``"max", "avg", "soft", "soft-learned", "attention"``.
+        channels: C; required by the gates with weights ("soft-learned", "attention").
+        temperature: τ > 0 of the soft gates (the start value for "soft-learned"); 1.0 for "max", "avg".
+        flatten: return ``(N, C)`` instead of ``(N, C, 1, …, 1)``.
+    """
+
+    dim: int = 2
+
+    def __init__(
+        self,
+        gate: str,
+        *,
+        channels: int | None = None,
+        temperature: float = 1.0,
+        flatten: bool = False,
+    ) -> None:
+        super().__init__()
+        if gate not in GLOBAL_GATES:
+            hint = " ('conv' weighs fixed window positions; a global window has none)" * (gate == "conv")
+            raise ValueError(f"gate={gate!r} has no global form{hint}; choose one of {list(GLOBAL_GATES)}")
+        bad_channels = isinstance(channels, bool) or not isinstance(channels, int) or channels < 1
+        if channels is not None and bad_channels:
+            raise ValueError(f"channels must be an int ≥ 1 (or None for max/avg/soft), got {channels!r}")
+        if gate in ("soft-learned", "attention") and channels is None:
+            raise ValueError(f"gate={gate!r} has weights: pass channels=C (an int ≥ 1)")
+        check_temperature(temperature)
+        if gate in ("max", "avg") and temperature != 1.0:
+            raise ValueError(f"gate={gate!r} has no temperature: it needs temperature=1.0, got {temperature}")
+        d = self.dim
+        self.gate = gate
+        self.channels = channels
+        self.fixed_temperature = float(temperature)
+        self.flatten = bool(flatten)
+        if gate == "soft-learned":
+            self.log_temperature = nn.Parameter(torch.full((channels,), float(temperature)).log())  # log τ_c
+        elif gate == "attention":
+            self.score = _CONV[d](channels, 1, 1, bias=False)  # s_j = x_j · w
+            self.value = _CONV[d](channels, channels, 1, bias=False)  # v_j = V x_j
+            nn.init.normal_(self.score.weight, 0.0, channels**-0.5)  # w ~ N(0, 1/C): Var(s) = Var(x)
+            with torch.no_grad():
+                self.value.weight.copy_(torch.eye(channels).view(channels, channels, *([1] * d)))  # V = I
+
+    @property
+    def temperature(self) -> torch.Tensor | float:
+        """τ: the per-channel tensor ``exp(log τ)`` of shape (C,) for "soft-learned", else the float."""
+        if self.gate == "soft-learned":
+            return self.log_temperature.exp()
+        return self.fixed_temperature
+
+    def extra_repr(self) -> str:
+        s = f"gate={self.gate!r}"
+        if self.channels is not None:
+            s += f", channels={self.channels}"
+        if self.gate in ("soft", "attention") and self.fixed_temperature != 1.0:
+            s += f", temperature={self.fixed_temperature}"
+        if self.flatten:
+            s += ", flatten=True"
+        return s
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """``(N, C, *spatial) -> (N, C, 1, …, 1)`` (``(N, C)`` with flatten); unbatched ``(C, *spatial)``."""
+        d = self.dim
+        if not isinstance(input, torch.Tensor) or input.dim() not in (d + 1, d + 2):
+            shape = tuple(input.shape) if isinstance(input, torch.Tensor) else type(input).__name__
+            raise ValueError(f"input must be {d + 2}-D (N, C, *spatial) or {d + 1}-D (C, *spatial), got "
+                             f"{shape}")
+        batched = input.dim() == d + 2
+        xb = input if batched else input.unsqueeze(0)  # (N, C, *spatial)
+        n, c = xb.shape[:2]
+        if self.channels is not None and c != self.channels:
+            raise ValueError(f"input has {c} channels; this pool was built for channels={self.channels}")
+        if self.gate in ("max", "avg"):  # torch's own, in the input's dtype: (N, C, 1, …, 1)
+            out = _TORCH[self.gate][d](xb, 1)
+            out = out.view(n, c) if self.flatten else out
+            return out if batched else out.squeeze(0)
+        x = xb.to(compute_dtype(xb.dtype))
+        if self.gate == "attention":
+            scores = _CONV_FN[d](x, self.score.weight.to(x.dtype)).flatten(2)  # (N, 1, L)
+            values = _CONV_FN[d](x, self.value.weight.to(x.dtype)).flatten(2)  # (N, C, L)
+        else:
+            scores, values = None, x.flatten(2)  # (N, C, L): the whole map is one window
+        length = values.shape[-1]
+        geo = pool_geometry(values, 1, length)  # one window of L taps, out (N, C, 1)
+        if self.gate == "attention":
+            if fused_pool.usable(values):
+                out = fused_pool.softmax_pool(values, scores, self.fixed_temperature, geo)
+            else:
+                out = softmax_pool_unfold(values, scale_scores(scores, self.fixed_temperature), geo)[0]
+        else:
+            tau = self.temperature  # a float, or (C,) = exp(log τ) > 0 for "soft-learned"
+            tau = tau.to(values.dtype) if isinstance(tau, torch.Tensor) else tau
+            out = soft_pool_windows(values, geo, tau)[0]
+        out = out.to(input.dtype)  # (N, C, 1)
+        out = out.view(n, c) if self.flatten else out.view(n, c, *([1] * d))
+        return out if batched else out.squeeze(0)
+
+
+class GlobalGatedPool1d(GlobalGatedPoolNd):
+    """A gate over the whole of ``(N, C, L)`` or ``(C, L)``; see :class:`GlobalGatedPoolNd`."""
+
+    dim = 1
+
+
+class GlobalGatedPool2d(GlobalGatedPoolNd):
+    """A gate over the whole of ``(N, C, H, W)`` or ``(C, H, W)``; see :class:`GlobalGatedPoolNd`."""
+
+    dim = 2
+
+
+class GlobalGatedPool3d(GlobalGatedPoolNd):
+    """A gate over the whole of ``(N, C, D, H, W)`` or ``(C, D, H, W)``; see :class:`GlobalGatedPoolNd`."""
+
+    dim = 3
