@@ -174,7 +174,7 @@ def toy(monkeypatch):
     ran = []
 
     @claims.experiment("toy", title="toy", order=1, setup={"n": 1, "seed": 0},
-                       claims=[claims.Claim("n", "n is n", 1, 0)])  # fmt: skip
+                       claims=[claims.Claim("n", "n is n", 1, 0, source="ours", ref="a test")])  # fmt: skip
     def toy_fn(ctx):
         ran.append(ctx["n"])
         ctx.check("n", ctx["n"])
@@ -278,7 +278,7 @@ def toy_device(monkeypatch):
     seen = []
 
     @claims.experiment("toy", title="toy", order=1, setup={"n": 1, "seed": 0},
-                       claims=[claims.Claim("n", "n is n", 1, 0)])  # fmt: skip
+                       claims=[claims.Claim("n", "n is n", 1, 0, source="ours", ref="a test")])  # fmt: skip
     def toy_fn(ctx):
         seen.append(ctx.device)
         ctx.check("n", ctx["n"])

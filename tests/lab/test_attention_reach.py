@@ -67,24 +67,45 @@ def test_reach_trains_both_nets_and_maps_reuse_the_attention_net(tmp_path):
         final = json.loads((tmp_path / "attention-reach" / run / "results.json").read_text())["final"]
         assert reach["data"]["test_acc"][model] == [pytest.approx(100 * final["test_acc"], abs=1e-3)]
 
-    maps = run_experiment("attention-maps", profile="quick", overrides=TINY, out=tmp_path, progress=False)
+    two_seeds = {**TINY, "seeds": "0,1"}
+    maps = run_experiment(
+        "attention-maps", profile="quick", overrides=two_seeds, out=tmp_path, progress=False
+    )
     assert maps["status"] == "complete", maps["error"]
-    assert sorted(p.name for p in (tmp_path / "attention-reach").iterdir() if p.is_dir()) == runs  # reused
-    # the shares recomputed here: the first test 7 through the explicit attention of the loaded net
+    after = sorted(p.name for p in (tmp_path / "attention-reach").iterdir() if p.is_dir())
+    assert set(runs) < set(after) and len(after) == 3  # seed 0's net reused, seed 1's trained
+    # the shares recomputed here: the first test 7 through the explicit attention of each loaded net
     from gatepool.lab.experiments.attention_reach import attention_net, first_test_digit
     from gatepool.lab.harness import Context, get
 
     exp = get("attention-maps")
-    ctx = Context(exp, "quick", exp.resolve_setup("quick", TINY), tmp_path / "attention-maps", progress=False)
-    model = attention_net(ctx)
+    ctx = Context(exp, "quick", exp.resolve_setup("quick", two_seeds), tmp_path / "attention-maps",
+                  progress=False)  # fmt: skip
     x, _ = first_test_digit(7)
-    with torch.no_grad():
-        _, g = explicit_attention(model, model.tokens(x))
+    shares, rows_down, dist = {}, [], []
+    for seed in (0, 1):
+        model = attention_net(ctx, seed)
+        with torch.no_grad():
+            _, g = explicit_attention(model, model.tokens(x))
+        for r, c in parse_queries(["2:6", "3:8", "10:3"]):
+            shares.setdefault((r, c), []).append(g[0, r * 12 + c].topk(3).values.sum().item())
+        tr, tc = divmod(int(g[0, 3 * 12 + 8].argmax()), 12)  # the corner query (3, 8)
+        rows_down.append(tr - 3)
+        dist.append(max(abs(tr - 3), abs(tc - 8)))
     claims = {c["id"]: c for c in maps["claims"]}
-    for r, c in parse_queries(["2:6", "3:8", "10:3"]):
-        share = g[0, r * 12 + c].topk(3).values.sum().item()
-        assert claims[f"top3-r{r}c{c}"]["measured"] == pytest.approx(share, abs=1e-5)
-    assert len(maps["figures"]) == 3 and all((tmp_path / f).stat().st_size > 1000 for f in maps["figures"])
+    for (r, c), values in shares.items():
+        claim = claims[f"top3-r{r}c{c}"]
+        assert claim["measured"] == pytest.approx(sum(values) / 2, abs=1e-5)
+        assert claim["tolerance"] == pytest.approx(
+            2 * abs(values[0] - values[1]) / math.sqrt(2) + 0.005, abs=1e-5
+        )
+    assert claims["corner-rows"]["measured"] == pytest.approx(sum(rows_down) / 2)
+    assert claims["reach"]["measured"] == min(dist)
+    assert len(maps["figures"]) == 4 and all((tmp_path / f).stat().st_size > 1000 for f in maps["figures"])
+
+    one_seed = run_experiment("attention-maps", profile="quick", overrides=TINY, out=tmp_path / "one",
+                              progress=False)  # fmt: skip
+    assert {c["id"]: c["verdict"] for c in one_seed["claims"]}["top3-r2c6"] == "not run"  # no spread to judge
 
 
 def test_lr_check_trains_every_rate_and_notes_the_best(tmp_path):
@@ -177,7 +198,26 @@ def test_vit_mnist_tiny(tmp_path):
     with torch.no_grad():
         mine = 100 * (model(test.test_x).argmax(1) == test.test_y).double().mean().item()
     assert r["acc"] == pytest.approx(mine, abs=1e-3)
+    assert claims["pos-neighbours"]["verdict"] == "not run"  # quick: a ViT of seconds has no positions yet
 
     bad = run_experiment("vit-mnist", profile="quick", overrides={"sizes": "100,200,300"}, out=tmp_path,
                          progress=False)
     assert bad["status"] == "error" and "budget_s" in bad["error"]
+
+
+def test_position_similarity_finds_a_grid_in_a_smooth_table():
+    from gatepool.lab.experiments.vit_mnist import position_similarity
+
+    side = 4
+    r, c = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+    angle = math.pi / side
+    smooth = torch.stack([torch.cos(r * angle), torch.sin(r * angle), torch.cos(c * angle),
+                          torch.sin(c * angle)], -1).reshape(side * side, 4)  # fmt: skip
+    sim, near, rest, share = position_similarity(smooth, side)
+    assert sim.shape == (16, 16) and torch.allclose(sim.diagonal(), torch.ones(16, dtype=torch.float64))
+    assert near > rest and share == 1.0
+    shuffled = smooth[torch.randperm(16, generator=torch.Generator().manual_seed(0))]  # the grid lost
+    _, near, rest, share = position_similarity(shuffled, side)
+    assert near - rest < 0.2 and share < 1.0
+    with pytest.raises(ValueError, match="grid"):
+        position_similarity(smooth[:15], side)

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from gatepool.lab.experiments.flashcards import normalize_over
+from gatepool.lab.experiments.flashcards import FAR, cross_attention_checks, normalize_over
 from gatepool.lab.harness import run_experiment
 
 MUST_HOLD = [
     "var-qk", "encoder-equivariant", "positions-break-equivariance", "causal-future-independent",
-    "unmasked-sees-future", "cross-attention-length", "cross-attention-context-order",
+    "unmasked-sees-future", "cross-attention-query-local", "cross-attention-follows-context",
+    "cross-attention-context-order",
     "layernorm-batch-independent", "batchnorm-train-batch-dependent", "batchnorm-eval-batch-independent",
     "norm-axes-batch", "norm-axes-layer", "norm-axes-instance", "norm-axes-group", "norm-axes-distinct",
     "residual-gradient-mlp",
@@ -82,3 +83,24 @@ def test_bad_setting_is_reported(tmp_path):
     rec = run_experiment("flashcards", overrides={"residual_blocks": "mlp,resnet"}, out=tmp_path,
                          progress=False)
     assert rec["status"] == "error" and "residual_blocks" in rec["error"]
+
+
+class _Ctx(dict):
+    """The settings cross_attention_checks reads."""
+
+
+def test_cross_attention_checks_catch_a_query_mixing_attention(monkeypatch):
+    from gatepool.layers.attention import MultiHeadAttention
+
+    ctx = _Ctx(dim=32, heads=4, context_tokens=10, seed=0)
+    x = torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(0))
+    local, follows, order = cross_attention_checks(ctx, x, torch.Generator().manual_seed(1))
+    assert local < 1e-5 and follows > FAR and order < 1e-5
+    forward = MultiHeadAttention.forward
+
+    def mixes_queries(self, q, *args, **kwargs):  # a wrong cross-attention: every query sees the others' mean
+        return forward(self, q + q.mean(1, keepdim=True), *args, **kwargs)
+
+    monkeypatch.setattr(MultiHeadAttention, "forward", mixes_queries)
+    local, _, _ = cross_attention_checks(ctx, x, torch.Generator().manual_seed(1))
+    assert local > FAR

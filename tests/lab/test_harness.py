@@ -26,20 +26,63 @@ def toy(monkeypatch):
         setup={"n": 4, "scale": 1.0, "seed": 0},
         quick={"n": 3},
         claims=[
-            Claim("sum", "n ones sum to n", 4, 0.5, "exact arithmetic", depends=("n",)),
-            Claim("never", "a claim the experiment does not reach", 1, 0.1),
+            Claim("sum", "n ones sum to n", 4, 0.5, "exact arithmetic", depends=("n",), source="lecture",
+                  ref="a toy passage"),
+            Claim("never", "a claim the experiment does not reach", 1, 0.1, source="ours", ref="a toy bar"),
         ],
     )
     def toy_sum(ctx):
         CALLS.append(dict(ctx.setup))
         ctx.check("sum", float(sum([ctx["scale"]] * ctx["n"])), theory=float(ctx["n"]) * ctx["scale"])
 
-    @experiment("toy-broken", title="breaks", order=2, setup={"k": 1}, claims=[Claim("x", "x", 1, 0)])
+    @experiment("toy-broken", title="breaks", order=2, setup={"k": 1},
+                claims=[Claim("x", "x", 1, 0, source="ours", ref="a toy bar")])  # fmt: skip
     def toy_broken(ctx):
         ctx.check("x", 1)
         raise RuntimeError("boom")
 
     return toy_sum
+
+
+def test_every_claim_says_where_its_bar_comes_from():
+    with pytest.raises(ValueError, match="source"):
+        Claim("a", "no source", 1, 0)
+    with pytest.raises(ValueError, match="ref"):
+        Claim("a", "a source without a pointer", 1, 0, source="lecture")
+    with pytest.raises(ValueError, match="source"):
+        Claim("a", "an unknown source", 1, 0, source="folklore", ref="x")
+    from gatepool.lab.experiments import registry
+
+    for exp in registry().values():
+        for c in exp.claims(exp.resolve_setup("full")):
+            assert c.source in ("lecture", "ours", "prediction") and c.ref, (exp.name, c.id)
+
+
+def test_records_carry_the_source_and_the_report_counts_them_apart(toy, tmp_path):
+    from gatepool.lab.report import headline, markdown, summary
+
+    rec = run_experiment("toy-sum", profile="full", out=tmp_path)
+    c = {c["id"]: c for c in rec["claims"]}
+    assert (c["sum"]["source"], c["sum"]["ref"], c["sum"]["bar"]) == ("lecture", "a toy passage", 4)
+    assert c["never"]["source"] == "ours" and c["never"]["lecture"] is None and c["never"]["bar"] == 1
+    assert summary([rec], "lecture") == {"ok": 1, "off": 0, "not run": 0}
+    assert summary([rec], "ours") == {"ok": 0, "off": 0, "not run": 1}
+    line = headline([rec], {"profile": "full"})
+    assert (
+        "the lecture's claims: 1 ok, 0 off, 0 not run" in line
+        and "our own checks: 0 ok, 0 off, 1 not run" in line
+    )
+    assert "(lecture: a toy passage)" in markdown([rec], {"profile": "full"})
+
+
+def test_a_tolerance_measured_in_the_run_replaces_the_declared_one(toy, tmp_path):
+    from gatepool.lab.harness import Context, get
+
+    ctx = Context(
+        get("toy-sum"), "full", get("toy-sum").resolve_setup("full"), tmp_path / "t", progress=False
+    )
+    assert ctx.check("sum", 4.4) == "ok"  # declared ±0.5
+    assert ctx.check("sum", 4.4, tolerance=0.2) == "off" and ctx.claims["sum"]["tolerance"] == 0.2
 
 
 def test_verdict_kinds():

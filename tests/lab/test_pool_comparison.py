@@ -48,6 +48,9 @@ def test_pool_comparison_claims_come_from_its_trainings(tmp_path):
     assert claims["spread"]["measured"] == pytest.approx(max(means) - min(means))
     seed_spread = statistics.fmean(max(a) - min(a) for a in acc.values())
     assert claims["seed-spread"]["measured"] == pytest.approx(seed_spread)
+    if seed_spread > 0:
+        ratio = (max(means) - min(means)) / seed_spread
+        assert claims["gates-within-seeds"]["measured"] == pytest.approx(ratio)
 
     taus = []
     for seed in (0, 1):
@@ -69,3 +72,21 @@ def test_pool_comparison_rerun_trains_nothing_again(tmp_path):
     again = run_experiment("pool-comparison", profile="quick", overrides=TINY, out=tmp_path, progress=False)
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # finished runs are read, not retrained
     assert [c["measured"] for c in again["claims"]] == [c["measured"] for c in first["claims"]]
+
+
+def test_the_null_ratio_and_the_push_turns():
+    from gatepool.lab.experiments.pool_comparison import null_ratio_percentile, push_turns, spread_ratio
+
+    assert spread_ratio({"a": [1.0, 2.0], "b": [2.0, 3.0]}) == pytest.approx(1.0)  # means 1.5, 2.5; ranges 1
+    # two gates, two seeds each: the gap between two means of 2 over the mean range of 2 has a wide null
+    wide, narrow = null_ratio_percentile(2, 2), null_ratio_percentile(6, 3)
+    assert wide > narrow > 1.0
+    # the percentile is the percentile: about 5% of draws with no gate effect exceed it
+    import numpy as np
+
+    x = np.random.default_rng(1).standard_normal((4000, 6, 3))
+    m = x.mean(-1)
+    r = (m.max(-1) - m.min(-1)) / (x.max(-1) - x.min(-1)).mean(-1)
+    assert 0.03 < (r > narrow).mean() < 0.07
+    assert push_turns([1.0, 1.02, 1.01]) and push_turns([1.0, 0.98, 0.99, 1.0])
+    assert not push_turns([1.0, 1.01, 1.02]) and not push_turns([1.0, 1.0, 1.0])

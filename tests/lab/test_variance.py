@@ -44,6 +44,7 @@ def test_padding_map_and_its_correction(tmp_path):
     assert all(x["verdict"] == "ok" for x in c.values()), c
     assert c["corner"]["measured"] / c["middle"]["measured"] == pytest.approx(4 / 9, abs=0.06)
     assert (tmp_path / "padding-map" / "padding-map.png").is_file()
+    assert c["corrected-corner"]["source"] == "ours"
     c5, _ = run("padding-map", tmp_path, kernel=5, batch=64)  # theory: corner 9/25 of the middle
     assert c5["corner"]["basis"] == "theory"
     assert c5["corner"]["expected"] / c5["middle"]["expected"] == pytest.approx(9 / 25, rel=1e-3)
@@ -87,3 +88,19 @@ def test_network_forward_and_backward(tmp_path):
     assert c["pool-zeros"]["measured"] == pytest.approx(0.75, abs=0.01)
     assert c["pool2-to-block1"]["measured"] == pytest.approx(0.25, abs=0.01)
     assert all(c[k]["verdict"] == "ok" for k in c if k.startswith("ideal"))
+
+
+def test_border_rescale_scales_each_output_by_its_missing_taps():
+    from gatepool.lab.experiments.conv_variance import BorderRescale
+
+    y = torch.ones(2, 3, 5, 5)
+    out = BorderRescale(3, 1)(y)  # corner: 4 of 9 taps, edge: 6, inside: 9
+    assert out[0, 0, 0, 0] == pytest.approx(1.5) and out[0, 0, 0, 2] == pytest.approx((9 / 6) ** 0.5)
+    assert out[0, 0, 2, 2] == pytest.approx(1.0) and out.shape == y.shape
+    # the variance of zero-padded convs' outputs (over many filters), rescaled, is flat over the map
+    x = torch.randn(256, 1, 6, 6, generator=torch.Generator().manual_seed(0))
+    w = torch.randn(256, 1, 3, 3, generator=torch.Generator().manual_seed(1))
+    y = torch.nn.functional.conv2d(x, w, padding=1)  # (256, 256, 6, 6)
+    plain, fixed = y.var((0, 1)), BorderRescale(3, 1)(y).var((0, 1))  # (6, 6)
+    assert plain[0, 0] / plain[2, 2] == pytest.approx(4 / 9, abs=0.06)
+    assert fixed[0, 0] / fixed[2, 2] == pytest.approx(1.0, abs=0.12)

@@ -26,6 +26,10 @@ from gatepool.utils.plotting import save_png
 
 PROFILES = ("quick", "full")
 VERDICTS = ("ok", "off", "not run")
+# Where a claim's bar comes from: the lecture's own number ("lecture", ``ref`` points to the passage);
+# a bar of ours ("ours", ``ref`` says why that bar); or our rule engine's prediction checked against
+# the lecture's arithmetic ("prediction", ``ref`` names the rule): a check of ours, not a reproduction.
+SOURCES = ("lecture", "ours", "prediction")
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,8 @@ class Claim:
     ``"equal"``: m == e (booleans, strings, counts).
     ``quick_tolerance`` widens the tolerance for the quick profile (smaller samples, shorter training);
     ``why`` says where the tolerance comes from. ``depends`` names the setup keys the lecture's value
-    assumes.
+    assumes. ``source`` (one of :data:`SOURCES`) and ``ref`` say where the bar comes from: the lecture,
+    with a pointer to the passage, or ours, with the reason for that bar.
     """
 
     id: str
@@ -48,10 +53,17 @@ class Claim:
     kind: str = "abs"
     quick_tolerance: float | None = None
     depends: tuple[str, ...] = ()
+    source: str = ""
+    ref: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in ("abs", "rel", "min", "max", "equal"):
             raise ValueError(f"Claim {self.id}: kind={self.kind!r} must be abs, rel, min, max or equal")
+        if self.source not in SOURCES or not self.ref:
+            raise ValueError(
+                f"Claim {self.id}: source={self.source!r} must be one of {SOURCES}, with a ref "
+                "(the lecture's passage, or the reason for our bar)"
+            )
 
 
 def verdict(kind: str, measured: Any, expected: Any, tol: float) -> str:
@@ -203,22 +215,34 @@ class Context:
         """
         return all(self.setup[k] == self._base[k] for k in keys)
 
-    def check(self, claim_id: str, measured: Any, *, theory: Any = None, note: str = "") -> str:
-        """Record the measurement for a declared claim and return its verdict."""
+    def check(
+        self,
+        claim_id: str,
+        measured: Any,
+        *,
+        theory: Any = None,
+        note: str = "",
+        tolerance: float | None = None,
+    ) -> str:
+        """Record the measurement for a declared claim and return its verdict.
+
+        ``tolerance`` replaces the declared one where the claim's ``why`` says it is measured in the run
+        (the spread over seeds, a fit's error).
+        """
         if claim_id not in self._specs:
             raise KeyError(f"{self.experiment.name}: claim {claim_id!r} is not declared")
         spec = self._specs[claim_id]
         tol = spec.quick_tolerance if (self.quick and spec.quick_tolerance is not None) else spec.tolerance
+        if tolerance is not None:
+            tol = float(tolerance)
         on_lecture = self.is_lecture(*spec.depends) and spec.lecture is not None
         expected = spec.lecture if on_lecture else theory
         measured = plain(measured)
         record = {
-            "id": claim_id,
-            "statement": spec.statement,
-            "lecture": plain(spec.lecture) if on_lecture else None,
+            **_header(spec, on_lecture),
             "measured": measured,
             "expected": plain(expected),
-            "basis": "lecture" if on_lecture else ("theory" if theory is not None else None),
+            "basis": spec.source if on_lecture else ("theory" if theory is not None else None),
             "tolerance": tol,
             "kind": spec.kind,
             "why": spec.why,
@@ -250,11 +274,26 @@ class Context:
         return rows
 
 
-def not_run_record(spec: Claim, on_lecture: bool = True) -> dict[str, Any]:
+def _header(spec: Claim, on_setup: bool) -> dict[str, Any]:
+    """A record's first fields: what is claimed, the bar and where it comes from.
+
+    ``bar`` is the value the claim holds the measurement to on the lecture's setup (None once ``--set``
+    moved it); ``lecture`` is that bar only when it is the lecture's own number.
+    """
+    bar = plain(spec.lecture) if on_setup else None
     return {
         "id": spec.id,
         "statement": spec.statement,
-        "lecture": plain(spec.lecture) if on_lecture else None,
+        "bar": bar,
+        "lecture": bar if spec.source == "lecture" else None,
+        "source": spec.source,
+        "ref": spec.ref,
+    }
+
+
+def not_run_record(spec: Claim, on_lecture: bool = True) -> dict[str, Any]:
+    return {
+        **_header(spec, on_lecture),
         "measured": None,
         "expected": None,
         "basis": None,

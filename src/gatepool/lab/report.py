@@ -1,4 +1,8 @@
-"""The report: for every claim, the lecture's value, our measurement and the verdict side by side.
+"""The report: for every claim, its bar and where the bar comes from, our measurement and the verdict.
+
+A bar is the lecture's own number (``lecture``), one of ours (``ours``, with the reason), or our rule
+engine's prediction held to the lecture's arithmetic (``prediction``: a check of ours, not a
+reproduction); the summary counts the three apart.
 
 ``table(records)`` is the plain-text table printed at the end of ``gatepool reproduce``;
 ``write_report(out, records)`` writes ``report.md``, a self-contained ``report.html`` (figures
@@ -34,13 +38,10 @@ def claim_rows(records: list[dict[str, Any]]) -> list[list[str]]:
     rows = []
     for rec in records:
         for c in rec.get("claims", []):
-            expected = c.get("expected")
-            basis = c.get("basis")
-            compare = (
-                fmt(c["lecture"])
-                if basis == "lecture"
-                else (f"{fmt(expected)} (theory)" if basis == "theory" else fmt(c["lecture"]))
-            )
+            if c.get("basis") == "theory":
+                compare = f"{fmt(c.get('expected'))} (theory)"
+            else:
+                compare = f"{fmt(c.get('bar'))} ({c.get('source') or '?'})"
             rows.append([rec["name"], c["id"], compare, fmt(c["measured"]), tolerance(c), c["verdict"]])
     return rows
 
@@ -55,7 +56,7 @@ def tolerance(c: dict[str, Any]) -> str:
     return {"equal": "exact", "rel": f"±{fmt(100 * tol)}%"}.get(kind, f"±{fmt(tol)}")
 
 
-HEADER = ["experiment", "claim", "lecture", "measured", "tolerance", "verdict"]
+HEADER = ["experiment", "claim", "bar (source)", "measured", "tolerance", "verdict"]
 
 
 def table(records: list[dict[str, Any]]) -> str:
@@ -70,12 +71,25 @@ def table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def summary(records: list[dict[str, Any]]) -> dict[str, int]:
+def summary(records: list[dict[str, Any]], source: str | None = None) -> dict[str, int]:
+    """Verdict counts over every claim, or over the claims whose bar comes from ``source``."""
     counts = {"ok": 0, "off": 0, "not run": 0}
     for rec in records:
         for c in rec.get("claims", []):
-            counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
+            if source is None or c.get("source") == source:
+                counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
     return counts
+
+
+SOURCE_NAMES = {
+    "lecture": "the lecture's claims",
+    "ours": "our own checks",
+    "prediction": "prediction checks",
+}
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return f"{counts['ok']} ok, {counts['off']} off, {counts['not run']} not run"
 
 
 def _md_cell(s: str) -> str:
@@ -84,10 +98,10 @@ def _md_cell(s: str) -> str:
 
 def headline(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     """One sentence: profile, verdict counts, machine, Python and torch, total time."""
-    counts = summary(records)
     env = meta.get("environment", {})
+    parts = "; ".join(f"{name}: {_counts(summary(records, src))}" for src, name in SOURCE_NAMES.items())
     return (
-        f"Profile {meta.get('profile')}: {counts['ok']} ok, {counts['off']} off, {counts['not run']} not run."
+        f"Profile {meta.get('profile')}: {parts}."
         f" Machine: {env.get('processor')} ({env.get('cpu_count')} cores, {env.get('torch_threads')} torch"
         f" threads), Python {env.get('python')}, torch {env.get('torch')}."
         f" Total {meta.get('seconds', 0):.0f} s."
@@ -117,8 +131,9 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             out.append("")
         for c in rec.get("claims", []):
             out.append(
-                f"- **{c['id']}** ({c['verdict']}): {c['statement']} Lecture {fmt(c['lecture'])}, "
-                f"measured {fmt(c['measured'])}. Tolerance: {c.get('why') or fmt(c['tolerance'])}"
+                f"- **{c['id']}** ({c['verdict']}): {c['statement']} Bar {fmt(c.get('bar'))} "
+                f"({c.get('source')}: {c.get('ref')}), measured {fmt(c['measured'])}. "
+                f"Tolerance: {c.get('why') or fmt(c['tolerance'])}"
                 + (f" Note: {c['note']}" if c.get("note") else "")
             )
         for n in rec.get("notes", []):
@@ -154,6 +169,7 @@ def html_page(records: list[dict[str, Any]], meta: dict[str, Any], out: Path) ->
             parts.append(f"<p><small>{esc(setup)} ({rec.get('seconds', 0):.1f} s)</small></p>")
         items = [
             f"<li><b>{esc(c['id'])}</b> ({esc(c['verdict'])}): {esc(c['statement'])} "
+            f"<small>[{esc(str(c.get('source')))}: {esc(str(c.get('ref')))}]</small> "
             f"<i>{esc(c.get('why') or '')}</i></li>"
             for c in rec.get("claims", [])
         ]

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gatepool.lab.claims import jsonable, not_run_record
+from gatepool.lab.claims import SOURCES, jsonable, not_run_record
 from gatepool.lab.experiments import registry
 from gatepool.lab.harness import environment, load_result, run_experiment
 from gatepool.lab.report import summary, table, write_report
@@ -94,6 +94,7 @@ def _reproduce(
         "profile": profile,
         "seconds": round(time.perf_counter() - t0, 1),
         "experiment_seconds": {r["name"]: r.get("seconds") for r in records},
+        "summary": {src: summary(records, src) for src in SOURCES},  # verdicts by where the bar comes from
         "environment": {**environment(), **device_info(resolve_device(device))},
     }
     paths = write_report(out, records, meta)

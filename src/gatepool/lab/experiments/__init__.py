@@ -13,7 +13,8 @@ from gatepool.lab.claims import Experiment, declared
 
 # Claim groups, in the lecture's order.
 GROUPS: list[str] = ["conv_variance", "pool_variance", "network", "soft_gate", "pool_comparison",
-                     "attention_reach", "sqrt_d", "attention_cost", "flashcards", "seq_demo", "vit_mnist"]
+                     "attention_reach", "sqrt_d", "attention_cost", "flashcards", "seq_demo", "vit_mnist",
+                     "init_rules", "conv_unrolled", "max_normals"]
 
 for _group in GROUPS:
     importlib.import_module(f"gatepool.lab.experiments.{_group}")

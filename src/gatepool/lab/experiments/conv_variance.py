@@ -19,6 +19,7 @@ from collections import OrderedDict
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from gatepool.analysis.probe import measure, padding_variance_map, relu_moments
 from gatepool.data import mnist_batch
@@ -29,13 +30,19 @@ from gatepool.utils.plotting import pyplot
 SETUP = {"batch": 512, "channels": 32, "kernel": 3, "size": 14, "groups": 8, "input": "gaussian", "seed": 0}
 QUICK = {"batch": 128}
 STEP = ("channels", "kernel", "groups", "input")  # what the lecture's values assume (not batch or seed)
+FORWARD_REF = "lecture, block 1's boxed step forward: 288 · (2/288) · ½ = 1 (measured there 0.97)"
+PADDING_REF = "lecture, the padding map of the same step: corner 0.44, edge 0.66, middle ≈ 1"
+BACKWARD_REF = "lecture, the same step backward: 2.01 after the conv, 1.01 after the ReLU"
 SEED_SPREAD = (
     "one init of 32 filters: the realized σ_W² moves σ² by up to ±6% between seeds (0.94–1.03 over seeds 0–3)"
 )
 
 
-def boxed_step(ctx: Context) -> tuple[nn.Sequential, torch.Tensor]:
-    """(GroupNorm → ReLU → conv, its input x): the step, He-initialized as in block 1."""
+def boxed_step(ctx: Context, fresh: bool = False) -> tuple[nn.Sequential, torch.Tensor]:
+    """(GroupNorm → ReLU → conv, its input x): the step, He-initialized as in block 1.
+
+    ``fresh``: the same step with an input it has not seen (another Gaussian draw, or test digits).
+    """
     c, k = ctx["channels"], ctx["kernel"]
     if k < 1 or k % 2 == 0:
         raise ValueError(f"--set kernel={k}: must be odd and ≥ 1 (padding k//2 keeps the map size)")
@@ -46,14 +53,33 @@ def boxed_step(ctx: Context) -> tuple[nn.Sequential, torch.Tensor]:
     nn.init.normal_(conv.weight, 0.0, (2.0 / (c * k * k)) ** 0.5)  # He: σ_W² = 2/fan_in
     step = nn.Sequential(OrderedDict(gn=nn.GroupNorm(ctx["groups"], c), relu=nn.ReLU(), conv=conv))
     if ctx["input"] == "gaussian":
-        x = torch.randn(ctx["batch"], c, ctx["size"], ctx["size"])  # (B, C, H, W)
+        gen = torch.Generator().manual_seed(ctx["seed"] + 1) if fresh else None
+        x = torch.randn(ctx["batch"], c, ctx["size"], ctx["size"], generator=gen)  # (B, C, H, W)
     elif ctx["input"] == "mnist":
         model = ResidualCNN(width=c, groups=ctx["groups"])
+        digits = mnist_batch(ctx["batch"], "test" if fresh else "train")[0]
         with torch.no_grad():
-            x = model.pool1(model.stem(mnist_batch(ctx["batch"])[0]))  # (B, C, 14, 14): block 1's input
+            x = model.pool1(model.stem(digits))  # (B, C, 14, 14): block 1's input
     else:
         raise ValueError(f"--set input={ctx['input']!r}: choose 'gaussian' or 'mnist'")
     return step, x
+
+
+class BorderRescale(nn.Module):
+    """Scale a ``k × k`` conv's output (padding ``p``) by (k²/N)^½, N = the taps that land on the input.
+
+    ``N`` per position is the conv of an all-ones input with an all-ones filter; a corner of a 3 × 3 conv
+    sees N = 4 of 9 taps, so its output is scaled by 1.5 and its variance by 9/4.
+    """
+
+    def __init__(self, kernel: int, padding: int):
+        super().__init__()
+        self.kernel, self.padding = kernel, padding
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:  # (B, C, H, W)
+        ones = y.new_ones((1, 1, *y.shape[-2:]))
+        taps = F.conv2d(ones, y.new_ones((1, 1, self.kernel, self.kernel)), padding=self.padding)  # (1,1,H,W)
+        return y * (self.kernel**2 / taps).sqrt()
 
 
 def interior(ctx: Context) -> torch.Tensor:
@@ -86,7 +112,7 @@ _relu_mean, _relu_var, _relu_e2, _ = relu_moments()
             1.00,
             0.01,
             "GroupNorm normalizes each group exactly (up to eps)",
-            depends=STEP,
+            depends=STEP, source="lecture", ref=FORWARD_REF,
         ),
         Claim(
             "relu-e2",
@@ -95,7 +121,7 @@ _relu_mean, _relu_var, _relu_e2, _ = relu_moments()
             0.01,
             "512·32·196 samples: s.e. < 0.001",
             quick_tolerance=0.02,
-            depends=STEP,
+            depends=STEP, source="lecture", ref=FORWARD_REF,
         ),
         Claim(
             "relu-mean",
@@ -104,7 +130,7 @@ _relu_mean, _relu_var, _relu_e2, _ = relu_moments()
             0.01,
             "the lecture prints two decimals",
             quick_tolerance=0.02,
-            depends=STEP,
+            depends=STEP, source="lecture", ref=FORWARD_REF,
         ),
         Claim(
             "relu-variance",
@@ -113,7 +139,7 @@ _relu_mean, _relu_var, _relu_e2, _ = relu_moments()
             0.01,
             "the lecture prints two decimals",
             quick_tolerance=0.02,
-            depends=STEP,
+            depends=STEP, source="lecture", ref=FORWARD_REF,
         ),
         Claim(
             "conv-variance",
@@ -121,7 +147,7 @@ _relu_mean, _relu_var, _relu_e2, _ = relu_moments()
             1.00,
             0.06,
             SEED_SPREAD,
-            depends=STEP,
+            depends=STEP, source="lecture", ref=FORWARD_REF,
         ),
     ],
 )
@@ -154,14 +180,21 @@ def conv_forward(ctx: Context) -> None:
     setup=SETUP,
     quick=QUICK,
     claims=[
-        Claim("middle", "σ²(ŷ) in the middle of the map", 1.00, 0.06, SEED_SPREAD, depends=STEP),
+        Claim(
+            "middle",
+            "σ²(ŷ) in the middle of the map",
+            1.00,
+            0.06,
+            SEED_SPREAD,
+            depends=STEP, source="lecture", ref=PADDING_REF,
+        ),
         Claim(
             "edge",
             "σ²(ŷ) on an edge: 6/9 ≈ 0.67 (lecture measured 0.66)",
             0.67,
             0.05,
             SEED_SPREAD + "; fewer positions average",
-            depends=STEP,
+            depends=STEP, source="lecture", ref=PADDING_REF,
         ),
         Claim(
             "corner",
@@ -170,23 +203,29 @@ def conv_forward(ctx: Context) -> None:
             0.05,
             SEED_SPREAD + "; 4 positions",
             quick_tolerance=0.08,
-            depends=STEP,
+            depends=STEP, source="lecture", ref=PADDING_REF,
         ),
         Claim(
             "corrected-corner",
-            "scaled by (k²/N)^½ (×1.5 at a corner) the corner matches the middle: corner/middle = 1",
+            "a conv whose outputs are scaled by (k²/N)^½ (×1.5 at a corner): "
+            "corner/middle = 1 on a new batch",
             1.0,
             0.12,
-            "ratio of two noisy means",
+            "ratio of two noisy means (the corner's 4 positions: ±6% seed spread on each, doubled)",
             depends=STEP,
+            source="ours",
+            ref="the lecture says the border's N/k² is corrected by rescaling; the bar 1 is what the "
+            "rescaling is for",
         ),
         Claim(
             "corrected-edge",
-            "scaled by (k²/N)^½ the edge matches the middle: edge/middle = 1",
+            "the same rescaled conv: edge/middle = 1 on a new batch",
             1.0,
             0.08,
-            "ratio of two noisy means",
+            "ratio of two noisy means (±6% seed spread on the middle, less on the 48 edge positions)",
             depends=STEP,
+            source="ours",
+            ref="as corrected-corner",
         ),
     ],
 )
@@ -205,9 +244,16 @@ def padding_map(ctx: Context) -> None:
     ctx.check("middle", mid_v, theory=ideal_mid)
     ctx.check("edge", measured[edge].mean().item(), theory=ideal_mid * share[edge].mean().item())
     ctx.check("corner", measured[corner].mean().item(), theory=ideal_mid * share[corner].mean().item())
-    corrected = measured / share  # scaling y by (k²/N)^½ scales σ² by k²/N
-    ctx.check("corrected-corner", corrected[corner].mean().item() / mid_v, theory=1.0)
-    ctx.check("corrected-edge", corrected[edge].mean().item() / mid_v, theory=1.0)
+    # The correction as a layer: the conv's outputs scaled by (k²/N)^½, measured on a batch it has not seen
+    corrected_step = nn.Sequential(
+        OrderedDict([*step.named_children(), ("rescale", BorderRescale(k, k // 2))])
+    )
+    fresh = boxed_step(ctx, fresh=True)[1]
+    corrected = measure(corrected_step, fresh, backward=None, maps=True)["rescale"].maps["var"]
+    ctx.check(
+        "corrected-corner", corrected[corner].mean().item() / corrected[inner].mean().item(), theory=1.0
+    )
+    ctx.check("corrected-edge", corrected[edge].mean().item() / corrected[inner].mean().item(), theory=1.0)
     ctx.data["map"] = measured
 
     fig, axes = pyplot().subplots(1, 3, figsize=(12, 3.8))
@@ -246,7 +292,7 @@ def padding_map(ctx: Context) -> None:
             2.00,
             0.12,
             SEED_SPREAD + " (of 2)",
-            depends=STEP,
+            depends=STEP, source="lecture", ref=BACKWARD_REF,
         ),
         Claim(
             "after-relu",
@@ -254,7 +300,7 @@ def padding_map(ctx: Context) -> None:
             1.00,
             0.06,
             SEED_SPREAD,
-            depends=STEP,
+            depends=STEP, source="lecture", ref=BACKWARD_REF,
         ),
     ],
 )

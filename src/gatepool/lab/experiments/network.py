@@ -53,9 +53,7 @@ def probe_seeds(ctx: Context, backward: str | None) -> list:
     for seed in ctx["seeds"]:
         torch.manual_seed(seed)
         model = ResidualCNN(pool=ctx["pool"])
-        reports.append(
-            measure(model, x, backward=backward, seed=seed, samples=20000 if backward is None else 0)
-        )
+        reports.append(measure(model, x, backward=backward, seed=seed, samples=20000))
     return reports
 
 
@@ -80,10 +78,12 @@ def _forward_claims(setup: dict) -> list[Claim]:
             f"the rules' ideal σ² after {s}",
             v,
             0.05,
-            "the rules use each init's actual weights: their mean over the seeds' inits, against the lecture's "
-            "arithmetic (an expectation over inits, rounded)",
+            "the rules use each init's actual weights: their mean over the seeds' inits, "
+            "against the lecture's arithmetic (an expectation over inits, rounded)",
             kind="rel",
             depends=("pool",),
+            source="prediction",
+            ref="our rules (probe.predict) held to the lecture's ideal column for Tuesday's CNN",
         )
         for s, v in LECTURE_IDEAL.items()
     ]
@@ -97,6 +97,8 @@ def _forward_claims(setup: dict) -> list[Claim]:
             kind="rel",
             quick_tolerance=0.4,
             depends=("pool",),
+            source="lecture",
+            ref="lecture, Tuesday's CNN forward on 512 digits, its measured column",
         )
         for s, v in LECTURE_MEASURED.items()
     ]
@@ -108,6 +110,8 @@ def _forward_claims(setup: dict) -> list[Claim]:
             0.05,
             "mean of three blocks and the seeds; the lecture says 'about'",
             depends=("pool",),
+            source="lecture",
+            ref="lecture, Tuesday's CNN forward: 'the ReLU keeps about 0.64, not ½'",
         ),
         Claim(
             "after-norm",
@@ -116,6 +120,8 @@ def _forward_claims(setup: dict) -> list[Claim]:
             0.01,
             "GroupNorm normalizes each group exactly (up to eps)",
             kind="max",
+            source="lecture",
+            ref="lecture, Tuesday's CNN forward: every branch and the head see σ² = 1 after their norm",
         ),
     ]
     return claims
@@ -198,11 +204,13 @@ def network_forward(ctx: Context) -> None:
     ax2.set(yscale="log", title=f"values (seed {ctx['seeds'][0]}): the spike at 0 after the ReLU")
     ax2.legend(fontsize=8)
     ctx.figure(fig, "network-forward.png")
+    ctx.figure(_histograms(first, "forward"), "network-forward-histograms.png")
 
 
 # ----------------------------------------------------------------------------- 7. network-backward
 
 LECTURE_BACK = {"block3": 13.3e-6, "block2": 16.7e-6, "pool2": 22.2e-6, "block1": 5.5e-6}
+BACK_REF = "lecture, Tuesday's CNN backward, E[g²] per stage (its measured column)"
 LECTURE_BACK_IDEAL = {"block3": 24.3e-6, "block2": 38.5e-6, "pool2": 90.3e-6, "block1": 22.6e-6}
 
 
@@ -219,6 +227,8 @@ def _backward_claims(setup: dict) -> list[Claim]:
                 "ratios of the rules' figures (averaged over the seeds' inits); the lecture rounds",
                 kind="rel",
                 depends=("pool",),
+                source="prediction",
+                ref="our rules (probe.predict) held to the ratios of the lecture's ideal backward column",
             )
         )
         claims.append(
@@ -231,6 +241,8 @@ def _backward_claims(setup: dict) -> list[Claim]:
                 kind="rel",
                 quick_tolerance=0.25,
                 depends=("pool",),
+                source="lecture",
+                ref=BACK_REF,
             )
         )
     for stage in LECTURE_BACK:
@@ -240,9 +252,12 @@ def _backward_claims(setup: dict) -> list[Claim]:
                 f"ideal E[g²] at {stage}'s output",
                 LECTURE_BACK_IDEAL[stage],
                 0.1,
-                "the rules with each init's actual weights, averaged over the seeds' inits; the lecture rounds",
+                "the rules with each init's actual weights, averaged over the seeds' inits; "
+                "the lecture rounds",
                 kind="rel",
                 depends=("pool",),
+                source="prediction",
+                ref="our rules (probe.predict) held to the lecture's ideal backward column",
             )
         )
         claims.append(
@@ -256,6 +271,8 @@ def _backward_claims(setup: dict) -> list[Claim]:
                 kind="rel",
                 quick_tolerance=0.5,
                 depends=("pool",),
+                source="lecture",
+                ref=BACK_REF,
             )
         )
     claims += [
@@ -266,6 +283,8 @@ def _backward_claims(setup: dict) -> list[Claim]:
             0.01,
             "exact up to ties, which smooth digits make possible",
             depends=("pool",),
+            source="lecture",
+            ref="lecture, Tuesday's CNN backward: the max pool zeroes three gradients in four",
         ),
         Claim(
             "weight-ratio",
@@ -274,6 +293,8 @@ def _backward_claims(setup: dict) -> list[Claim]:
             3.0,
             "the lecture's range 10–16",
             quick_tolerance=3.5,
+            source="lecture",
+            ref="lecture, Tuesday's CNN backward: ‖∂L/∂W‖/‖W‖ ≈ 10–16 in every block conv",
         ),
     ]
     return claims
@@ -329,3 +350,35 @@ def network_backward(ctx: Context) -> None:
     )
     ax.legend(fontsize=8)
     ctx.figure(fig, "network-backward.png")
+    ctx.figure(_histograms(first, "backward"), "network-backward-histograms.png")
+
+
+def _histograms(report, which: str):
+    """Per stage, the sampled values (forward) or gradients (backward) of seed 0's net.
+
+    Forward, over each the Gaussian the rules assume (the measured mean, the ideal σ²); backward, on a log
+    scale, with the share of exact zeros: the spike at 0 below each max pool.
+    """
+    import numpy as np
+
+    plt = pyplot()
+    stages = STAGES if which == "forward" else list(LECTURE_BACK)
+    fig, axes = plt.subplots(1, len(stages), figsize=(2.6 * len(stages), 2.6))
+    for ax, stage in zip(axes, stages):
+        row = report[stage]
+        s = (row.samples if which == "forward" else row.grad_samples).double().numpy()
+        ax.hist(s, bins=80, density=True, color="#47a", alpha=0.7)
+        if which == "forward":
+            var = row.ideal.var if row.ideal else row.forward.var
+            x = np.linspace(s.min(), s.max(), 200)
+            pdf = np.exp(-((x - row.forward.mean) ** 2) / (2 * var)) / np.sqrt(2 * np.pi * var)
+            ax.plot(x, pdf, color="C3", lw=1.2, label=f"N(μ, {var:.2f})")
+            ax.set_title(f"{stage}: σ² {row.forward.var:.2f}", fontsize=8)
+            ax.legend(fontsize=6)
+        else:
+            ax.set_yscale("log")
+            ax.set_title(f"{stage} out: g = 0 for {row.backward.zero_share:.0%}", fontsize=8)
+        ax.tick_params(labelsize=6)
+    fig.suptitle("seed 0: " + ("values per stage, the rules' Gaussian over them" if which == "forward"
+                               else "gradients per stage (unit-variance at the logits)"), fontsize=9)
+    return fig

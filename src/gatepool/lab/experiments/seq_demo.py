@@ -8,9 +8,9 @@ reaches ``target_acc``. Accuracy is that of greedy decoding on a held-out set (n
 
     token accuracy = mean over held-out sequences and positions of [ŷ_t = y_t]
 
-The quick profile trains a shorter schedule with smaller batches and a smaller held-out set (200
-sequences instead of 1,000), and answers to the same 99 % with a tolerance of 4 standard errors of that
-smaller estimate.
+``seq-demo`` runs the decoder, ``seq-demo-encdec`` the encoder–decoder; both are in the report. The quick
+profile trains a shorter schedule with smaller batches and a smaller held-out set (200 sequences instead
+of 1,000), and answers to the same 99 % with a tolerance of 4 standard errors of that smaller estimate.
 """
 
 from __future__ import annotations
@@ -40,12 +40,26 @@ def _claims(setup: dict) -> list[Claim]:
               f"({setup['eval_size']} held-out sequences of {setup['length']} digits)", 0.99, 0.0,
               f"full: the lecture's bar, no slack (its estimate has s.e. {_stderr(setup):.4f}); quick: "
               f"4 standard errors of the smaller held-out set ({4 * _stderr(quick_setup):.3f})", kind="min",
-              quick_tolerance=round(4 * _stderr(quick_setup), 3), depends=TRAINING),
+              quick_tolerance=round(4 * _stderr(quick_setup), 3), depends=TRAINING,
+            source="ours",
+            ref="the lecture shows a small transformer learning a sequence task without a number: "
+            "99% token accuracy is our bar for 'learns it'",
+        ),
         Claim("time", f"wall-clock seconds to reach {setup['target_acc']:.0%} token accuracy "
               f"(the {setup['arch']}, {setup['threads']} torch thread(s))", 120.0, 0.0,
               "the lecture's bound, no slack; wall clock on the machine at hand", kind="max",
-              depends=TRAINING),
+              depends=TRAINING,
+            source="ours",
+            ref="the lecture gives no time: two minutes on the machine at hand "
+            "is our bar for a demo a class can wait for",
+        ),
     ]
+
+
+@experiment("seq-demo-encdec", title="the encoder–decoder learns it too: the same task, the same bars",
+            order=20.5, setup={**SETUP, "arch": "encoder-decoder"}, quick=QUICK, claims=_claims)
+def seq_demo_encdec(ctx: Context) -> None:
+    seq_demo(ctx)
 
 
 @experiment("seq-demo", title="a decoder or an encoder–decoder learns a sequence task to 99% in < 2 minutes",
@@ -62,7 +76,7 @@ def seq_demo(ctx: Context) -> None:
         arch=ctx["arch"], task=ctx["task"], seed=ctx["seed"], length=ctx["length"], steps=ctx["steps"],
         batch_size=ctx["batch_size"], lr=ctx["lr"], warmup=ctx["warmup"], eval_every=ctx["eval_every"],
         eval_size=ctx["eval_size"], target_acc=ctx["target_acc"], dim=ctx["dim"], depth=ctx["depth"],
-        num_heads=ctx["heads"], threads=ctx["threads"], progress=ctx.progress,
+        num_heads=ctx["heads"], threads=ctx["threads"], progress=ctx.progress, device=ctx.device,
     )  # fmt: skip
     ctx.check("token-acc", r["final_token_acc"], note=f"sequence accuracy {r['final_seq_acc']:.4f} after "
               f"{r['steps_run']} steps; {r['params']:,} parameters")

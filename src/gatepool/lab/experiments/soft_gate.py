@@ -9,17 +9,39 @@ them is the closed form above, computed here in float64 numpy, independently of 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
 from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.utils.plotting import pyplot
 
-WINDOW = [3.44, 4.11, 8.44, 9.11]
+# The lecture's window: the strongest 2 × 2 window of Tuesday's top-edge map of the 7 (row 1, column 6).
+# It prints the window to two decimals (3.44, 4.11, 8.44, 9.11) and e^v to four or more significant digits
+# (31, 61, 4,647, 9,054; Σ 13,794), so its arithmetic ran on the unrounded window: v = ln e^v
+# (3.434, 4.111, 8.444, 9.111). Every number it prints rounds correctly from this window; from the
+# two-decimal display, ∂out/∂v₃ comes out 0.1985 instead of the printed .200. (The map itself is not
+# rebuilt: the lecture does not give the filter's weights.)
+LECTURE_EXP = [31.0, 61.0, 4647.0, 9054.0]
+LECTURE_EXP_SUM = 13794.0
+DISPLAYED_WINDOW = [3.44, 4.11, 8.44, 9.11]
+WINDOW = [round(math.log(e), 6) for e in LECTURE_EXP]
 TEMPERATURES = [0.01, 0.5, 1.0, 2.0, 100.0]
 LECTURE_OUT = {0.01: 9.11, 0.5: 8.97, 1.0: 8.85, 2.0: 8.45, 100.0: 6.34}
-TWO_DECIMALS = "the lecture prints two decimals (±0.005), plus float32 rounding"
-THREE_DECIMALS = "the lecture prints three decimals (±0.0005), plus float32 rounding"
+LECTURE_DIAL_GATES = {0.5: [None, None, 0.21, 0.79], 2.0: [0.03, 0.04, 0.39, 0.54]}
+WINDOW_REF = "lecture, the soft gate on the 7's strongest top-edge window (e^v = 31, 61, 4,647, 9,054)"
+DIAL_REF = "lecture, the temperature dial on the same window"
+GRADIENT_REF = "lecture, the soft gate's backward on the same window"
+
+
+def printed(decimals: int, scale: float = 10.0) -> float:
+    """Half a unit in the last printed decimal, plus float32 rounding of a value up to ``scale``."""
+    return 0.5 * 10.0**-decimals + 8 * float(np.finfo(np.float32).eps) * scale
+
+
+TWO_DECIMALS = "half a unit in the lecture's second decimal (±0.005), plus float32 rounding"
+THREE_DECIMALS = "half a unit in the lecture's third decimal (±0.0005), plus float32 rounding"
 
 
 def softmax_theory(v: np.ndarray, tau: float) -> tuple[np.ndarray, float, np.ndarray]:
@@ -50,28 +72,64 @@ def _gated(v: torch.Tensor, gate: str, tau: float = 1.0) -> tuple[torch.Tensor, 
 
 def _soft_gate_claims(setup: dict) -> list[Claim]:
     n = len(setup["window"])
+    on_window = setup["window"] == WINDOW
     lecture_gates = [0.002, 0.004, 0.337, 0.656]
     claims = [
+        Claim(
+            f"exp-{j + 1}",
+            f"the printed window's v_{j + 1} = {DISPLAYED_WINDOW[j]} "
+            f"gives the printed e^v = {LECTURE_EXP[j]:,.0f}",
+            LECTURE_EXP[j],
+            0.5 + LECTURE_EXP[j] * math.expm1(0.005),
+            "both are rounded: half a unit of e^v plus e^v · (e^0.005 − 1) for the window's two decimals",
+            source="lecture",
+            ref=WINDOW_REF,
+        )
+        for j in range(4)
+    ]
+    claims += [
+        Claim(
+            "exp-sum",
+            "Σ e^v over the window (v = ln of the printed e^v) is the printed 13,794",
+            LECTURE_EXP_SUM,
+            0.5 + 4 * 0.5,
+            "half a unit of the printed sum plus half a unit of each of the four printed e^v "
+            "it is built from",
+            depends=("window",),
+            source="lecture",
+            ref=WINDOW_REF,
+        ),
         Claim(
             "max-out",
             "max pool = V · hardmax(V) picks the largest value",
             9.11,
-            0.006,
+            printed(2),
             TWO_DECIMALS,
             depends=("window",),
+            source="lecture",
+            ref=WINDOW_REF,
         ),
         Claim(
-            "soft-out", "SoftPool (τ = 1) = V · softmax(V)", 8.85, 0.006, TWO_DECIMALS, depends=("window",)
+            "soft-out",
+            "SoftPool (τ = 1) = V · softmax(V)",
+            8.85,
+            printed(2),
+            TWO_DECIMALS,
+            depends=("window",),
+            source="lecture",
+            ref=WINDOW_REF,
         ),
     ]
     claims += [
         Claim(
             f"soft-gate-{j + 1}",
             f"SoftPool gate on v_{j + 1}",
-            lecture_gates[j] if n == 4 else None,
-            0.0011,
-            THREE_DECIMALS + " (.002 and .004 are 0.0023 and 0.0044 rounded)",
+            lecture_gates[j] if on_window and n == 4 else None,
+            printed(3, 1.0),
+            THREE_DECIMALS,
             depends=("window",),
+            source="lecture",
+            ref=WINDOW_REF,
         )
         for j in range(n)
     ]
@@ -87,6 +145,11 @@ def _soft_gate_claims(setup: dict) -> list[Claim]:
 )
 def soft_gate(ctx: Context) -> None:
     v = _window(ctx)
+    for j, shown in enumerate(DISPLAYED_WINDOW):
+        ctx.check(
+            f"exp-{j + 1}", math.exp(shown), note=f"ln {LECTURE_EXP[j]:,.0f} = {math.log(LECTURE_EXP[j]):.4f}"
+        )
+    ctx.check("exp-sum", float(torch.exp(v.double()).sum()), theory=float(np.exp(ctx["window"]).sum()))
     g_th, out_th, _ = softmax_theory(np.array(ctx["window"], dtype=np.float64), 1.0)
     out_max, gates_max, _ = _gated(v, "max")
     out_soft, gates_soft, _ = _gated(v, "soft", 1.0)
@@ -96,9 +159,32 @@ def soft_gate(ctx: Context) -> None:
         ctx.check(f"soft-gate-{j + 1}", g, theory=float(t))
     ctx.data.update(hard_gates=gates_max, soft_gates=gates_soft)
     ctx.note(
-        f"hardmax gates {[round(float(g), 4) for g in gates_max]}, "
-        f"softmax gates {[round(float(g), 4) for g in gates_soft]}"
+        f"window v = ln e^v = {[round(x, 3) for x in ctx['window']]}; hardmax gates "
+        f"{[round(float(g), 4) for g in gates_max]}, softmax gates {[round(float(g), 4) for g in gates_soft]}"
     )
+    ctx.figure(_gate_panel(), "gate-family.png")
+
+
+def _gate_panel():
+    """ReLU → SiLU beside hardmax → softmax: the same step made soft, as a gate times its input."""
+    plt = pyplot()
+    y = np.linspace(-4, 4, 401)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    ax1.plot(y, np.maximum(y, 0), label="ReLU = H(y) · y")
+    ax1.plot(y, y / (1 + np.exp(-y)), label="SiLU = σ(y) · y")
+    ax1.plot(y, (y > 0).astype(float), ls=":", color="C0", label="gate H(y)")
+    ax1.plot(y, 1 / (1 + np.exp(-y)), ls=":", color="C1", label="gate σ(y)")
+    ax1.set(xlabel="y", title="an activation is a gate times its input")
+    ax1.legend(fontsize=8)
+    window = np.array(WINDOW)
+    x = np.arange(len(window))
+    hard = (window == window.max()).astype(float)
+    soft = softmax_theory(window, 1.0)[0]
+    ax2.bar(x - 0.2, hard, width=0.4, label="hardmax(V): max pool")
+    ax2.bar(x + 0.2, soft, width=0.4, label="softmax(V): SoftPool")
+    ax2.set(xticks=x, xticklabels=[f"v={v:.2f}" for v in window], ylabel="gate", title="a pool is a gate too")
+    ax2.legend(fontsize=8)
+    return fig
 
 
 # ----------------------------------------------------------------------------- 9. temperature-dial
@@ -111,20 +197,40 @@ def _dial_claims(setup: dict) -> list[Claim]:
             f"out-tau{t:g}",
             f"V · softmax(V/τ) at τ = {t:g}",
             LECTURE_OUT.get(t) if on_window else None,
-            0.006,
+            printed(2),
             TWO_DECIMALS,
             depends=("window",),
+            source="lecture",
+            ref=DIAL_REF,
         )
         for t in setup["temperatures"]
+    ]
+    claims += [
+        Claim(
+            f"gate{j + 1}-tau{t:g}",
+            f"the gate on v_{j + 1} at τ = {t:g}",
+            gates[j] if on_window else None,
+            printed(2, 1.0),
+            TWO_DECIMALS,
+            depends=("window",),
+            source="lecture",
+            ref=DIAL_REF,
+        )
+        for t, gates in LECTURE_DIAL_GATES.items()
+        if t in setup["temperatures"]
+        for j in range(min(len(gates), len(setup["window"])))
+        if gates[j] is not None
     ]
     claims.append(
         Claim(
             "mean-limit",
             "τ → ∞ gives the mean (τ = 1e4 measured)",
             6.28 if on_window else None,
-            0.006,
+            printed(2),
             TWO_DECIMALS,
             depends=("window",),
+            source="lecture",
+            ref=DIAL_REF,
         )
     )
     claims.append(
@@ -132,9 +238,11 @@ def _dial_claims(setup: dict) -> list[Claim]:
             "max-limit",
             "τ → 0 gives the max (τ = 1e-4 measured)",
             9.11 if on_window else None,
-            0.006,
+            printed(2),
             TWO_DECIMALS,
             depends=("window",),
+            source="lecture",
+            ref=DIAL_REF,
         )
     )
     return claims
@@ -154,8 +262,12 @@ def temperature_dial(ctx: Context) -> None:
     for t in ctx["temperatures"]:
         if t <= 0:
             raise ValueError(f"--set temperatures: every τ must be > 0, got {t}")
-        out, _, _ = _gated(v, "soft", float(t))
-        ctx.check(f"out-tau{t:g}", out, theory=softmax_theory(window, float(t))[1])
+        out, gates, _ = _gated(v, "soft", float(t))
+        g_th, out_th, _ = softmax_theory(window, float(t))
+        ctx.check(f"out-tau{t:g}", out, theory=out_th)
+        for j, shown in enumerate(LECTURE_DIAL_GATES.get(t, ())):
+            if shown is not None and j < len(window):
+                ctx.check(f"gate{j + 1}-tau{t:g}", gates[j], theory=float(g_th[j]))
     ctx.check("mean-limit", _gated(v, "soft", 1e4)[0], theory=float(window.mean()))
     ctx.check("max-limit", _gated(v, "soft", 1e-4)[0], theory=float(window.max()))
 
@@ -198,6 +310,8 @@ def _gradient_claims(setup: dict) -> list[Claim]:
             1e-6,
             "exact: the winner passes the gradient, the rest get exact zeros",
             depends=("window",),
+            source="lecture",
+            ref=GRADIENT_REF,
         )
         for j in range(n)
     ]
@@ -206,9 +320,11 @@ def _gradient_claims(setup: dict) -> list[Claim]:
             f"soft-{j + 1}",
             f"SoftPool: ∂out/∂v_{j + 1} = g_j(1 + (v_j − out))",
             soft[j] if on_window else None,
-            0.0011,
+            printed(3, 1.0),
             THREE_DECIMALS,
             depends=("window",),
+            source="lecture",
+            ref=GRADIENT_REF,
         )
         for j in range(n)
     ]
@@ -226,7 +342,7 @@ def soft_gradient(ctx: Context) -> None:
     v = _window(ctx)
     window = np.array(ctx["window"], dtype=np.float64)
     _, _, grad_hard = _gated(v, "max")
-    _, _, grad_soft = _gated(v, "soft", 1.0)
+    out_soft, _, grad_soft = _gated(v, "soft", 1.0)
     hard_th = (window == window.max()).astype(float)
     soft_th = softmax_theory(window, 1.0)[2]
     for j in range(len(window)):
@@ -238,6 +354,17 @@ def soft_gradient(ctx: Context) -> None:
             note=f"closed form g_j(1 + (v_j − out)) = {soft_th[j]:.4f}",
         )
     ctx.note(f"Σ ∂out/∂v = {grad_soft.sum().item():.4f} for the soft gate (shift-equivariance makes it 1)")
+
+    plt = pyplot()
+    x = np.arange(len(window))
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.bar(x - 0.2, grad_hard.numpy(), width=0.4, label="max pool (hard)")
+    ax.bar(x + 0.2, grad_soft.numpy(), width=0.4, label="SoftPool (soft)")
+    ax.axhline(0, color="k", lw=0.8)
+    labels = [f"v={w:.2f}" + (" < out" if w < float(out_soft) else "") for w in window]
+    ax.set(xticks=x, xticklabels=labels, ylabel="∂out/∂v", title="inputs below the output are pushed down")
+    ax.legend(fontsize=8)
+    ctx.figure(fig, "soft-gradient.png")
 
 
 # ----------------------------------------------------------------------------- 11. gradient-share
@@ -253,6 +380,10 @@ def _share_claims(setup: dict) -> list[Claim]:
             0.25 if p == "max" else 1.0,
             0.01,
             "the share is exact up to ties and gradients that are exactly zero upstream (rare events)",
+            source="lecture" if p in ("max", "avg", "soft") else "ours",
+            ref="lecture, the gradient share: max pool reaches ¼ of its inputs, average and soft pooling all"
+            if p in ("max", "avg", "soft")
+            else "the lecture's 'a soft gate reaches every input', applied to our other gates",
         )
         for p in setup["pools"]
     ]

@@ -18,6 +18,7 @@ import torch
 from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.utils.plotting import pyplot
 
+SQRT_D_REF = "lecture, why divide by √d: its table of std(q·k) and the mean largest gate, unscaled and scaled"
 LECTURE = {  # d: (std of q·k, mean largest gate unscaled, scaled)
     1: (1.02, 0.063, 0.063),
     4: (2.04, 0.209, 0.065),
@@ -43,6 +44,8 @@ def _claims(setup: dict) -> list[Claim]:
                 kind="rel",
                 quick_tolerance=0.08,
                 depends=("tokens",),
+                source="lecture",
+                ref=SQRT_D_REF,
             ),
             Claim(
                 f"max-gate-d{d}",
@@ -52,6 +55,8 @@ def _claims(setup: dict) -> list[Claim]:
                 "500 queries: the standard error of the mean largest gate is ≤ 0.015",
                 quick_tolerance=0.06,
                 depends=("tokens",),
+                source="lecture",
+                ref=SQRT_D_REF,
             ),
             Claim(
                 f"max-gate-scaled-d{d}",
@@ -61,6 +66,8 @@ def _claims(setup: dict) -> list[Claim]:
                 "500 queries: the standard error of the scaled gate's mean is ~0.002",
                 quick_tolerance=0.02,
                 depends=("tokens",),
+                source="lecture",
+                ref=SQRT_D_REF,
             ),
         ]
     return claims

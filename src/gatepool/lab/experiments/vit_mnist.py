@@ -34,6 +34,7 @@ the 7×7 ViT is the stronger contestant (``--set vit_patch=4`` to see).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from typing import Any
@@ -67,12 +68,23 @@ def _claims(setup: dict[str, Any]) -> list[Claim]:
               "flashcards give no number: 'clear' = ≥ 2)", 2.0, 0.0,
               "≥ 2 points is ≥ 5 standard errors of the difference of two accuracies near 95% on 10,000 test "
               "digits; quick tests on 1,000 digits (SE of a difference ~1.7 points at 85%): ≥ 0 only",
-              kind="min", quick_tolerance=2.0, depends=("sizes", "budget_s", "test_size")),
+              kind="min", quick_tolerance=2.0, depends=("sizes", "budget_s", "test_size"), source="ours",
+              ref="the flashcards say a CNN beats a ViT on little data by a clear margin, without a number: "
+              "≥ 2 points is our bar for 'clear'"),
         Claim("gap-shrinks", f"the CNN's lead shrinks from {small} to {large} digits (gap at {small} − "
               f"gap at {large}, points; only with a lead at {small})", 0.0, 0.0,
               "a direction: any shrink counts (each gap has a standard error of 0.2-0.5 points on 10,000 "
               "test digits); needs two sizes, so quick leaves it not run", kind="min",
-              depends=("sizes", "budget_s", "test_size")),
+              depends=("sizes", "budget_s", "test_size"), source="lecture",
+              ref="flashcards: the CNN's lead over the ViT shrinks as the data grows"),
+        Claim("pos-neighbours", f"the ViT's learned position vectors after {large} digits: grid neighbours "
+              "are more alike than the rest (mean cosine similarity of 8-neighbours − of the others)",
+              0.0, 0.0,
+              "a direction: any margin counts (the note gives the share of patches whose most similar "
+              "patch is a neighbour); not run in quick", kind="min",
+              depends=("sizes", "budget_s", "vit_patch"),
+              source="lecture", ref="flashcards: a ViT learns where its patches sit; neighbours' position "
+              "vectors end up most alike, in two dimensions though the table is 1-D"),
     ]
 
 
@@ -87,12 +99,17 @@ def model_specs(setup: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }  # fmt: skip
 
 
-def images_per_second(spec: dict[str, Any], batch_size: int, steps: int, threads: int) -> float:
+def images_per_second(spec: dict[str, Any], batch_size: int, steps: int, threads: int, device: str = "cpu"
+                      ) -> float:  # fmt: skip
     """Training speed of a model on digits: the median over ``steps`` timed steps (after 2 warm-up steps) of
-    the trainer's own epoch loop (:func:`gatepool.train.train_epoch`, channels_last for conv nets)."""
+    the trainer's own epoch loop (:func:`gatepool.train.train_epoch`, channels_last for conv nets), on
+    ``device`` (the clock read after the device's queued work)."""
     from gatepool.data import mnist_batch
+    from gatepool.lab.bench.attention import sync
     from gatepool.models import create_model
     from gatepool.train import TrainConfig, TrainData, make_optimizer, train_epoch
+
+    where = torch.device(device)
 
     with num_threads(threads):
         x, y = mnist_batch((steps + 2) * batch_size)  # (N, 1, 28, 28), (N,)
@@ -100,13 +117,18 @@ def images_per_second(spec: dict[str, Any], batch_size: int, steps: int, threads
         config = TrainConfig(model=spec["model"], optimizer=spec["optimizer"], lr=spec["lr"],
                              weight_decay=spec["weight_decay"], batch_size=batch_size, epochs=1)  # fmt: skip
         torch.manual_seed(0)
-        model = create_model(spec["model"], **spec["model_kwargs"])
+        model = create_model(spec["model"], **spec["model_kwargs"]).to(where)
         channels_last = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())  # as "auto" decides
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
+
+        def tick(step, loss):
+            sync(where)
+            ends.append(time.perf_counter())
+
         ends = [time.perf_counter()]
         train_epoch(model, make_optimizer(config, model), data, config, 1, channels_last=channels_last,
-                    on_step=lambda step, loss: ends.append(time.perf_counter()))  # fmt: skip
+                    on_step=tick)  # fmt: skip
     times = [b - a for a, b in zip(ends, ends[1:])][2:]  # each step: its batch, update and bookkeeping
     return batch_size / statistics.median(times)
 
@@ -114,13 +136,13 @@ def images_per_second(spec: dict[str, Any], batch_size: int, steps: int, threads
 def measured_speeds(ctx: Context, specs: dict[str, dict[str, Any]], threads: int) -> dict[str, float]:
     """Images/s per model, from ``speed.json`` when it was measured for these models, else measured now."""
     path = ctx.out / "speed.json"
-    key = {"specs": specs, "batch_size": ctx["batch_size"], "threads": threads}
+    key = {"specs": specs, "batch_size": ctx["batch_size"], "threads": threads, "device": ctx.device}
     if path.is_file():
         saved = read_json(path)
         if saved.get("key") == json.loads(json.dumps(key)):
             ctx.note(f"speeds from {path.name} (delete it to measure again)")
             return saved["images_per_s"]
-    speeds = {name: images_per_second(spec, ctx["batch_size"], ctx["speed_steps"], threads)
+    speeds = {name: images_per_second(spec, ctx["batch_size"], ctx["speed_steps"], threads, ctx.device)
               for name, spec in specs.items()}  # fmt: skip
     atomic_write_json(path, {"key": key, "images_per_s": speeds})
     return speeds
@@ -172,7 +194,7 @@ def vit_mnist(ctx: Context) -> None:
             epochs = max(1, round(budget * speeds[name] / n))
             config = {**spec, "train_size": n, "test_size": ctx["monitor_size"], "epochs": epochs,
                       "batch_size": ctx["batch_size"], "schedule": "onecycle", "seed": ctx["seed"],
-                      "threads": threads}  # fmt: skip
+                      "threads": threads, "device": ctx.device}  # fmt: skip
             tasks.append({"config": config, "out": str(ctx.out / f"{name}-n{n}-e{epochs}-s{ctx['seed']}"),
                           "progress": ctx.progress and jobs == 1, "name": name, "n": n, "budget": budget})
     records = run_tasks(train_one, tasks, jobs)
@@ -205,6 +227,57 @@ def vit_mnist(ctx: Context) -> None:
     else:
         ctx.note("one training-set size: how the gap changes with data is not measured (gap-shrinks)")
     _figure(ctx, rows, specs)
+    vit = _load(next(t for t in tasks if t["name"] == "vit" and t["n"] == large))
+    table = _patch_positions(vit)
+    if ctx.quick:
+        ctx.note("quick: a ViT trained for seconds has not learned its positions (pos-neighbours not run)")
+    elif table is not None:
+        side = math.isqrt(table.shape[0])
+        sim, near, rest, share = position_similarity(table, side)
+        ctx.check("pos-neighbours", near - rest,
+                  note=f"neighbours {near:.3f}, others {rest:.3f}; for {share:.0%} of the patches the most "
+                       "similar one is a neighbour")  # fmt: skip
+        ctx.figure(_position_figure(sim, side), "vit-positions.png")
+
+
+def _patch_positions(vit: torch.nn.Module) -> torch.Tensor | None:
+    """The learned 1-D position vectors of the patches (N, D), CLS left out; None for other positions."""
+    from gatepool.layers.positional import LearnedPositionalEmbedding1d
+
+    if not isinstance(vit.pos_embedding, LearnedPositionalEmbedding1d):
+        return None
+    table = vit.pos_embedding.weight.detach().cpu()  # (1 + N, D): CLS first
+    return table[1:] if vit.cls_token is not None else table
+
+
+def position_similarity(table: torch.Tensor, side: int) -> tuple[torch.Tensor, float, float, float]:
+    """Cosine similarities (N, N) of position vectors ``table`` (N, D) of a side × side grid (row-major);
+    the mean similarity of grid neighbours (8-neighbourhood) and of all other pairs; and the share of
+    patches whose most similar other patch is a neighbour."""
+    n = table.shape[0]
+    if n != side * side:
+        raise ValueError(f"table has {n} positions, not a {side}×{side} grid")
+    unit = torch.nn.functional.normalize(table.double(), dim=1)
+    sim = unit @ unit.T  # (N, N)
+    rc = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij"), -1).reshape(n, 2)
+    apart = (rc[:, None] - rc[None]).abs().amax(-1)  # (N, N): Chebyshev distance on the grid
+    near, far = apart == 1, apart > 1
+    best = sim.masked_fill(torch.eye(n, dtype=torch.bool), -2).argmax(1)
+    share = near[torch.arange(n), best].double().mean().item()
+    return sim, sim[near].mean().item(), sim[far].mean().item(), share
+
+
+def _position_figure(sim: torch.Tensor, side: int):
+    """One small map per patch: its position vector's cosine similarity to every patch's, on the grid."""
+    plt = pyplot()
+    fig, axes = plt.subplots(side, side, figsize=(1.3 * side, 1.3 * side))
+    for i, ax in enumerate(axes.flat):
+        ax.imshow(sim[i].reshape(side, side).numpy(), vmin=-1, vmax=1, cmap="RdBu_r")
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle("ViT: similarity of learned position vectors\n(panel = patch, pixel = the other patch)",
+                 fontsize=8)  # fmt: skip
+    return fig
 
 
 def _load(task: dict[str, Any]) -> torch.nn.Module:
