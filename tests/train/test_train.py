@@ -310,3 +310,26 @@ def test_runs_saved_before_the_new_fields_load_and_resume(tmp_path):
     assert calls == []  # loaded, not retrained
     with pytest.raises(ValueError, match="grad_clip"):  # a missing field is its default, not anything
         train(TrainConfig(model_kwargs={"width": 8}, grad_clip=1.0, **TINY), out=tmp_path, verbose=False)
+
+
+@pytest.mark.slow
+def test_compile_trains_through_torch_compile_to_the_eager_result(tmp_path):
+    from torch._dynamo.utils import counters
+
+    def run(compile_: bool):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 32), torch.nn.ReLU(),
+                                    torch.nn.Linear(32, 10))  # fmt: skip
+        config = TrainConfig(model="mlp", epochs=1, train_size=512, test_size=128, batch_size=64,
+                             threads=1, compile=compile_, device="cpu")  # fmt: skip
+        return train(config, model=model, progress=False, verbose=False)
+
+    eager = run(False)
+    counters.clear()
+    compiled = run(True)
+    assert counters["stats"]["unique_graphs"] >= 1  # dynamo traced the training forward
+    assert compiled.record["config"]["compile"] is True
+    for a, b in zip(eager.model.parameters(), compiled.model.parameters()):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)  # inductor's fusions round a little otherwise
+    with pytest.raises(TypeError, match="compile"):
+        TrainConfig(compile="yes")

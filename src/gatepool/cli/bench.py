@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
             "--threads", type=int_at_least(1), default=None, help="torch threads (default: all cores)"
         )
         add_device(bp)
+        if name == "train":
+            bp.add_argument("--compile", action="store_true",
+                            help="add a row: the trainer's loop through torch.compile")  # fmt: skip
         bp.set_defaults(func=_run)
 
 
@@ -47,7 +50,8 @@ def _run(args: argparse.Namespace) -> int:
     where = device(args)
     module = importlib.import_module(f"gatepool.lab.bench.{args.bench}")
     with num_threads(args.threads):
-        record = module.run(quick=args.quick, device=where)
+        extra = {"compile": True} if getattr(args, "compile", False) else {}
+        record = module.run(quick=args.quick, device=where, **extra)
     print(json.dumps(record, indent=2, ensure_ascii=False) if args.json else module.table(record))
     if args.out:
         atomic_write_json(args.out, record)

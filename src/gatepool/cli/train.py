@@ -88,6 +88,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="auto (conv nets), true or false",
     )
     add_device(p, default=None, amp=True)  # None: TrainConfig's "auto"
+    p.add_argument("--compile", action="store_true", default=None,
+                   help="train through torch.compile(model) (the first steps pay the compile)")  # fmt: skip
     p.add_argument("--out", default=None, help="run folder: checkpoint, results.json, model.safetensors")
     p.add_argument("--wait", action="store_true", help="if another run writes to --out, wait for it to end")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no per-epoch lines")
@@ -99,7 +101,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 _FIELDS = [
     "model", "data", "data_dir", "train_size", "test_size", "epochs", "batch_size", "optimizer", "lr",
     "momentum", "weight_decay", "grad_clip", "schedule", "warmup", "label_smoothing", "seed", "threads",
-    "channels_last", "device", "amp",
+    "channels_last", "device", "amp", "compile",
 ]  # fmt: skip
 
 

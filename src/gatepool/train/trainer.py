@@ -147,6 +147,7 @@ class TrainConfig:
     channels_last: bool | str = "auto"  # "auto": on for models with a Conv2d
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps; "auto": CUDA, else MPS, else CPU
     amp: str | None = None  # None: float32; "bf16" or "fp16": autocast (fp16: CUDA only, GradScaler)
+    compile: bool = False  # train through torch.compile(model) (inductor); evaluation runs the module
 
     def __post_init__(self) -> None:
         _check_str(self, "model")
@@ -186,6 +187,8 @@ class TrainConfig:
         if not (isinstance(self.channels_last, bool) or self.channels_last == "auto"):
             raise ValueError(f"channels_last must be True, False or 'auto', got {self.channels_last!r}")
         self.device = check_device(self.device)
+        if not isinstance(self.compile, bool):
+            raise TypeError(f"compile must be True or False, got {self.compile!r}")
         if self.amp is not None and self.amp not in AMP:
             raise ValueError(f"amp must be None, 'bf16' or 'fp16', got {self.amp!r}")
 
@@ -628,6 +631,7 @@ def train(
         if eval_fn is None:
             eval_fn = functools.partial(_test_metrics, data=data, config=config, channels_last=cl)
         optimizer = make_optimizer(config, model)
+        step_model = torch.compile(model) if config.compile else model  # the same parameters, compiled
         scaler = torch.amp.GradScaler(device.type) if config.amp == "fp16" else None
         history: list[dict[str, Any]] = []
         initial: dict[str, Any] = {}
@@ -653,7 +657,7 @@ def train(
             if history and stop_fn is not None and stop_fn(history[-1]):
                 break  # the last epoch met the stop condition (also when resuming after it)
             t0 = time.perf_counter()
-            stats = train_epoch(model, optimizer, data, config, epoch, channels_last=cl, progress=bar,
+            stats = train_epoch(step_model, optimizer, data, config, epoch, channels_last=cl, progress=bar,
                                 batches=batches, loss_fn=loss_fn, scaler=scaler)  # fmt: skip
             examples = stats.pop("examples")
             t_train = time.perf_counter() - t0
