@@ -131,7 +131,7 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             out.append("")
         for c in rec.get("claims", []):
             out.append(
-                f"- **{c['id']}** ({c['verdict']}): {c['statement']} Bar {fmt(c.get('bar'))} "
+                f"- **{c['id']}** ({c['verdict']}): {c['statement'].rstrip('.')}. Bar {fmt(c.get('bar'))} "
                 f"({c.get('source')}: {c.get('ref')}), measured {fmt(c['measured'])}. "
                 f"Tolerance: {c.get('why') or fmt(c['tolerance'])}"
                 + (f" Note: {c['note']}" if c.get("note") else "")
