@@ -153,6 +153,14 @@ def test_reproduce_resumes_and_reports_not_run(toy, tmp_path):
     assert len(CALLS) == 2
     reproduce(profile="quick", out=tmp_path, only=["toy-sum"], force=True, progress=False)
     assert len(CALLS) == 3
+    # a record measured against claims declared otherwise (an older bar, say) is run again
+    path = tmp_path / "toy-sum" / "result.json"
+    rec = json.loads(path.read_text())
+    path.write_text(json.dumps({**rec, "claims_digest": "an-older-claim-set"}))
+    reproduce(profile="quick", out=tmp_path, only=["toy-sum"], progress=False)
+    assert len(CALLS) == 4
+    reproduce(profile="quick", out=tmp_path, only=["toy-sum"], progress=False)
+    assert len(CALLS) == 4  # the fresh record carries the current digest
 
 
 def test_cli_run_json_and_extra_options(toy, tmp_path, capsys):

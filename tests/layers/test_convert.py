@@ -170,6 +170,9 @@ def test_temperature_reaches_every_new_layer():
     convert(net, "soft", temperature=0.25, global_pool="soft")
     assert net[3].fixed_temperature == 0.25 and net[5].fixed_temperature == 0.25
     assert net[6].fixed_temperature == 0.25
+    net = _net()  # a gate without a temperature keeps torch's own pool; the global soft pool takes it
+    convert(net, "max", temperature=0.5, global_pool="soft")
+    assert type(net[3]) is nn.MaxPool2d and net[6].fixed_temperature == 0.5
 
 
 def test_count_include_pad_for_avg():
@@ -504,3 +507,25 @@ def test_gated_pool_is_not_matched_again():
     with pytest.warns(UserWarning, match="nothing to replace"):
         convert(net, "attention", global_pool="attention", example_input=X)
     assert type(net[3]) is SoftPool2d and type(net[6]) is GlobalGatedPool2d and net[6].gate == "soft"
+
+
+@pytest.mark.parametrize("learned", [False, True])
+def test_the_one_window_formula_off_the_cpu_is_the_fused_pool(learned):
+    """Off the CPU a global pool takes one softmax over its taps (the windowed GPU kernel would unroll
+    thousands of them); on the CPU it runs the fused kernel: both the same, values and gradients."""
+    from gatepool.layers.global_pool import one_window
+
+    torch.manual_seed(0)
+    pool = GlobalGatedPool2d("soft-learned" if learned else "soft", channels=6)
+    x = torch.randn(3, 6, 9, 9, dtype=torch.float64, requires_grad=True)
+    tau = pool.temperature if learned else 1.0
+    tau = tau.double() if isinstance(tau, torch.Tensor) else tau
+    ours = one_window(x.flatten(2), None, tau).view(3, 6, 1, 1)
+    fused = pool.double()(x)
+    torch.testing.assert_close(ours, fused)
+    g1, g2 = torch.autograd.grad(ours.sum(), x)[0], torch.autograd.grad(fused.sum(), x)[0]
+    torch.testing.assert_close(g1, g2)
+    scores = torch.randn(3, 1, 81, dtype=torch.float64)
+    v = x.detach().flatten(2)
+    expected = (torch.softmax(scores, -1) * v).sum(-1, keepdim=True)
+    torch.testing.assert_close(one_window(v, scores, 1.0), expected)

@@ -15,6 +15,9 @@ The experiment files (``gatepool.lab.experiments``) import this module; ``harnes
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -94,6 +97,12 @@ class Experiment:
     quick: dict[str, Any]  # what the quick profile changes
     claims: Callable[[dict[str, Any]], list[Claim]]  # the claims for a setup
     module: str = ""
+
+    def claims_digest(self, setup: dict[str, Any]) -> str:
+        """A hash of the claims declared for ``setup`` (ids, statements, bars, tolerances, sources): a
+        finished record whose digest differs was measured against other claims."""
+        specs = [dataclasses.asdict(c) for c in self.claims(setup)]
+        return hashlib.sha256(json.dumps(to_json(specs), sort_keys=True).encode()).hexdigest()[:16]
 
     def resolve_setup(
         self, profile: str, overrides: dict[str, str] | None = None, seed: int | None = None
@@ -214,6 +223,11 @@ class Context:
         tolerances it states (``Claim.quick_tolerance``).
         """
         return all(self.setup[k] == self._base[k] for k in keys)
+
+    def bar(self, claim_id: str) -> Any:
+        """The declared claim's bar on this setup (None once ``--set`` moved what it depends on)."""
+        spec = self._specs[claim_id]
+        return spec.lecture if self.is_lecture(*spec.depends) else None
 
     def check(
         self,

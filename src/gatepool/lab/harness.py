@@ -95,6 +95,7 @@ def run_experiment(
         "title": exp.title,
         "profile": profile,
         "setup": jsonable(setup),
+        "claims_digest": exp.claims_digest(setup),
         "seconds": round(seconds, 2),
         "figures": [
             str(Path(f).relative_to(Path(out))) if Path(f).is_relative_to(Path(out)) else f

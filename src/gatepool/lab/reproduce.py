@@ -1,7 +1,8 @@
 """``gatepool reproduce``: run every experiment (resuming), then write the report.
 
-An experiment whose ``<out>/<name>/result.json`` is complete for the same profile and setup is skipped,
-so a killed run picks up where it stopped (long trainings also resume from their own checkpoints).
+An experiment whose ``<out>/<name>/result.json`` is complete for the same profile, setup and declared
+claims (their digest) is skipped, so a killed run picks up where it stopped (long trainings also resume
+from their own checkpoints); a record measured against claims declared otherwise is run again.
 Experiments not run (``--only``) or broken still appear in the report, as ``not run`` or ``error``.
 One reproduction writes to ``out`` at a time (:class:`gatepool.utils.lock.RunLock`): a second one
 raises ``LockHeld`` naming the first, or with ``wait=True`` waits for it.
@@ -71,6 +72,7 @@ def _reproduce(
             and done.get("status") == "complete"
             and done.get("profile") == profile
             and done.get("setup") == jsonable(setup)
+            and done.get("claims_digest") == exp.claims_digest(setup)  # the same claims, not older ones
         ):
             if progress:
                 print(

@@ -141,6 +141,9 @@ def convert(
         )
     if "count_include_pad" in gate_kwargs and gate != "avg":
         raise ValueError(f"count_include_pad applies to gate='avg' only; gate={gate!r}")
+    if "temperature" in gate_kwargs and not {gate, global_pool} & set(GATES_WITH_TEMPERATURE):
+        raise ValueError(f"temperature applies to the gates {list(GATES_WITH_TEMPERATURE)}; neither "
+                         f"gate={gate!r} nor global_pool={global_pool!r} has one")  # fmt: skip
 
     sites, skipped = _find(model, gate, include, global_pool, gate_kwargs)
     if skipped:
@@ -268,7 +271,9 @@ def _pool_site(name: str, m: nn.Module, gate: str, gate_kwargs: dict) -> _Site:
                 raise ValueError(f"{_label(name)} ({m!r}) divides by divisor_override="
                                  f"{m.divisor_override}, which only gate='avg' takes; got gate={gate!r}")
             kwargs["divisor_override"] = m.divisor_override
-    kwargs.update(gate_kwargs)
+    # temperature= is for the gates that have one (the global pools' too); max and avg stay torch's own
+    kwargs.update({k: v for k, v in gate_kwargs.items()
+                   if k != "temperature" or gate in GATES_WITH_TEMPERATURE})  # fmt: skip
     window = (m.kernel_size, m.stride, m.padding)
     needs = gate in GATES_WITH_WEIGHTS
     create_pool(gate, *window, dim=d, channels=1 if needs else None, **kwargs)  # the checks, now

@@ -140,18 +140,32 @@ class GlobalGatedPoolNd(nn.Module):
             scores, values = None, x.flatten(2)  # (N, C, L): the whole map is one window
         length = values.shape[-1]
         geo = pool_geometry(values, 1, length)  # one window of L taps, out (N, C, 1)
-        if self.gate == "attention":
+        tau = self.fixed_temperature if self.gate == "attention" else self.temperature  # float or (C,)
+        tau = tau.to(values.dtype) if isinstance(tau, torch.Tensor) else tau
+        if values.device.type != "cpu":
+            # Off the CPU, one softmax over the L taps: the windowed GPU kernel unrolls its taps at compile
+            # time and gathers over them in the backward, which a window of thousands of taps must not do.
+            out = one_window(values, scores, tau)
+        elif self.gate == "attention":
             if fused_pool.usable(values):
-                out = fused_pool.softmax_pool(values, scores, self.fixed_temperature, geo)
+                out = fused_pool.softmax_pool(values, scores, tau, geo)
             else:
-                out = softmax_pool_unfold(values, scale_scores(scores, self.fixed_temperature), geo)[0]
+                out = softmax_pool_unfold(values, scale_scores(scores, tau), geo)[0]
         else:
-            tau = self.temperature  # a float, or (C,) = exp(log τ) > 0 for "soft-learned"
-            tau = tau.to(values.dtype) if isinstance(tau, torch.Tensor) else tau
             out = soft_pool_windows(values, geo, tau)[0]
         out = out.to(input.dtype)  # (N, C, 1)
         out = out.view(n, c) if self.flatten else out.view(n, c, *([1] * d))
         return out if batched else out.squeeze(0)
+
+
+def one_window(values: torch.Tensor, scores: torch.Tensor | None, tau: float | torch.Tensor) -> torch.Tensor:
+    """``Σ_j softmax(s/τ)_j v_j`` over the last axis, by autograd: ``(N, C, L) -> (N, C, 1)``.
+
+    ``scores`` None (s = v) or ``(N, 1, L)``; ``tau`` a float or ``(C,)``.
+    """
+    t = tau.view(1, -1, 1) if isinstance(tau, torch.Tensor) else tau
+    gate = torch.softmax((values if scores is None else scores) / t, dim=-1)  # (N, C or 1, L)
+    return (gate * values).sum(-1, keepdim=True)
 
 
 class GlobalGatedPool1d(GlobalGatedPoolNd):

@@ -491,7 +491,7 @@ def backward(
     per_channel = a.numel() > 1 and not shared
     block_p, block_c = _blocks(c)
     d = geo.dim
-    positions = values.numel() // c
+    positions = values.numel() // c if c else 0  # C = 0: nothing to pool, nothing to launch
     programs = _cdiv(positions, block_p)
     ga = values.new_zeros((programs, 1 if shared else c) if tau_grad else (1, 1), dtype=acc_dtype)  # ∂L/∂a
     if positions:

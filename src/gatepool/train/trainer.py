@@ -101,7 +101,7 @@ LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, t
 # Fields that say how to run, not what to compute: they may differ between a run and its resumption.
 # The bits depend on the thread count and the device, though: a resume with another count or device
 # warns, and every history row records the threads its epoch ran with (the checkpoint, the device).
-RUNTIME_FIELDS = ("threads", "data_dir", "device")
+RUNTIME_FIELDS = ("threads", "data_dir", "device", "compile")
 CHECKPOINT, RESULTS, WEIGHTS = "checkpoint.pt", "results.json", "model.safetensors"
 PREVIOUS = "checkpoint.prev.pt"  # the checkpoint before the newest one
 AMP = {"bf16": torch.bfloat16, "fp16": torch.float16}  # config.amp -> autocast dtype
@@ -482,7 +482,7 @@ def train_epoch(
             xb = xb.contiguous(memory_format=memory_format)
         loss, logits = train_step(model, optimizer, xb, yb, loss_fn=loss_fn, grad_clip=config.grad_clip,
                                   amp=config.amp, scaler=scaler)  # fmt: skip
-        loss_sum += loss.double() * yb.numel()
+        loss_sum += loss.detach().to(loss_sum.dtype) * yb.numel()  # float64 where the device has it
         correct += (logits.argmax(-1) == yb).sum()
         targets += yb.numel()
         examples += len(xb)
@@ -518,7 +518,7 @@ def evaluate(
         if xb.dim() == 4:
             xb = xb.contiguous(memory_format=memory_format)
         logits = model(xb)  # (B, classes)
-        loss_sum += F.cross_entropy(logits, yb, reduction="sum").double()
+        loss_sum += F.cross_entropy(logits, yb, reduction="sum").to(loss_sum.dtype)
         correct += (logits.argmax(1) == yb).sum()
     model.train(was_training)
     return {"loss": float(loss_sum) / len(y), "acc": int(correct) / len(y)}

@@ -190,7 +190,11 @@ def _shift(x: Moments, scale: float, c: float) -> Moments:
 def _mul_rule(call: Call) -> Op:
     """``a · b``: by a number, a scale; of two tensors, independent: ``E[(ab)²] = E[a²] · E[b²]``."""
     a, b = call.arg(0, "input"), call.arg(1, "other")
+    divides = call.target in (operator.truediv, torch.div, "div", "div_", operator.itruediv)
     if isinstance(a, TensorIn) and isinstance(b, TensorIn):
+        if divides:  # (x − μ) / σ, x / ‖x‖: a ratio of moments is no product of them
+            raise NoRule(f"{_name(call.target)} of two tensors: no rule")
+
         def forward(xs):
             x, y = need(xs[0], "both inputs' moments"), need(xs[1], "both inputs' moments")
             mean = x.mean * y.mean
@@ -207,7 +211,7 @@ def _mul_rule(call: Call) -> Op:
     tensor, c = (a, _number(b)) if isinstance(a, TensorIn) else (b, _number(a))
     if not isinstance(tensor, TensorIn) or c is None:
         raise NoRule(f"{_name(call.target)} of {type(a).__name__} and {type(b).__name__}: no rule")
-    if call.target in (operator.truediv, torch.div, "div", "div_", operator.itruediv):
+    if divides:
         if tensor is not a or c == 0:
             raise NoRule("division by a tensor: no rule")
         c = 1.0 / c

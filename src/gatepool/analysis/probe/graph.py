@@ -207,8 +207,9 @@ class GraphWalk:
                 if self.value[n] is None:
                     self.reason[n] = self.reason.get(src) or f"no prediction for {n.target}"
             elif n.op in ("call_function", "call_method"):
-                if self.info and self.info.get(n, ("other",))[0] != "tensor":
-                    continue  # x.size(0), a tuple: not a tensor node
+                if n in self.info and self.info[n][0] != "tensor":
+                    continue  # x.size(0), a tuple: not a tensor node (a node the shape pass never reached
+                    # is tried: its rule says what it lacks)
                 self.value[n] = self._apply(n)
             elif n.op == "output":
                 src = n.args[0]

@@ -91,7 +91,7 @@ CLAIMS = [
     Claim(
         "tau-push-turns",
         "the push on the learned τ changes sign during training: the share of learned-τ pools (each seed) "
-        "whose mean τ first rises and later falls, or the reverse (epoch-to-epoch changes)",
+        "whose mean τ moves one way to its farthest point and then back (per epoch)",
         1.0,
         0.0,
         "every pool of every seed: a direction, no slack",
@@ -139,9 +139,10 @@ def tau_series(record: dict[str, Any]) -> dict[str, list[float]]:
 
 
 def push_turns(series: list[float]) -> bool:
-    """Does the change from one epoch to the next change sign somewhere in ``series``?"""
-    steps = [b - a for a, b in zip(series, series[1:]) if b != a]
-    return any(x * y < 0 for x, y in zip(steps, steps[1:]))
+    """Does τ move one way and then back? From the start to its farthest point, then from there to the
+    end, in opposite directions (one wiggle in a drifting series does not count)."""
+    far = max(range(len(series)), key=lambda i: abs(series[i] - series[0]))
+    return (series[far] - series[0]) * (series[-1] - series[far]) < 0
 
 
 def spread_ratio(acc: dict[str, list[float]]) -> float:

@@ -19,9 +19,11 @@ from gatepool.utils.plotting import pyplot
 
 # The lecture's window: the strongest 2 × 2 window of Tuesday's top-edge map of the 7 (row 1, column 6).
 # It prints the window to two decimals (3.44, 4.11, 8.44, 9.11) and e^v to four or more significant digits
-# (31, 61, 4,647, 9,054; Σ 13,794), so its arithmetic ran on the unrounded window: v = ln e^v
-# (3.434, 4.111, 8.444, 9.111). Every number it prints rounds correctly from this window; from the
-# two-decimal display, ∂out/∂v₃ comes out 0.1985 instead of the printed .200. (The map itself is not
+# (31, 61, 4,647, 9,054; Σ 13,794), so its arithmetic ran on the unrounded window: we take v = ln e^v
+# (3.434, 4.111, 8.444, 9.111), on which every gate, output and gradient it prints rounds correctly; from
+# the two-decimal display, ∂out/∂v₃ comes out 0.1985 instead of the printed .200. The printed e^v are
+# rounded too: ln 31 = 3.434 would print as 3.43, and any v₁ in [3.435, 3.445) gives both 3.44 and 31;
+# v₁ and v₂ hold gates of .002 and .004, so that choice moves no printed digit. (The map itself is not
 # rebuilt: the lecture does not give the filter's weights.)
 LECTURE_EXP = [31.0, 61.0, 4647.0, 9054.0]
 LECTURE_EXP_SUM = 13794.0
@@ -90,7 +92,7 @@ def _soft_gate_claims(setup: dict) -> list[Claim]:
     claims += [
         Claim(
             "exp-sum",
-            "Σ e^v over the window (v = ln of the printed e^v) is the printed 13,794",
+            "arithmetic: Σ e^v over the window (v = ln of the printed e^v) is the printed 13,794",
             LECTURE_EXP_SUM,
             0.5 + 4 * 0.5,
             "half a unit of the printed sum plus half a unit of each of the four printed e^v "
