@@ -363,8 +363,9 @@ def soft_gradient(ctx: Context) -> None:
     ax.bar(x - 0.2, grad_hard.numpy(), width=0.4, label="max pool (hard)")
     ax.bar(x + 0.2, grad_soft.numpy(), width=0.4, label="SoftPool (soft)")
     ax.axhline(0, color="k", lw=0.8)
-    labels = [f"v={w:.2f}" + (" < out" if w < float(out_soft) else "") for w in window]
-    ax.set(xticks=x, xticklabels=labels, ylabel="∂out/∂v", title="inputs below the output are pushed down")
+    labels = [f"v={w:.2f}" + ("\n< out − 1" if w < float(out_soft) - 1 else "") for w in window]
+    ax.set(xticks=x, xticklabels=labels, ylabel="∂out/∂v",  # g_j(1 + v_j − out) < 0 below out − τ
+           title="τ = 1: inputs more than τ below the output are pushed down")
     ax.legend(fontsize=8)
     ctx.figure(fig, "soft-gradient.png")
 
