@@ -381,4 +381,5 @@ def _histograms(report, which: str):
         ax.tick_params(labelsize=6)
     fig.suptitle("seed 0: " + ("values per stage, the rules' Gaussian over them" if which == "forward"
                                else "gradients per stage (unit-variance at the logits)"), fontsize=9)
+    fig.subplots_adjust(top=0.78, wspace=0.3)  # the panels' titles below the figure's
     return fig
