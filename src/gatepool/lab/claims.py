@@ -249,8 +249,9 @@ class Context:
         tol = spec.quick_tolerance if (self.quick and spec.quick_tolerance is not None) else spec.tolerance
         if tolerance is not None:
             tol = float(tolerance)
-        on_lecture = self.is_lecture(*spec.depends) and spec.lecture is not None
-        expected = spec.lecture if on_lecture else theory
+        bar = self.bar(claim_id)
+        on_lecture = bar is not None
+        expected = bar if on_lecture else theory
         measured = plain(measured)
         record = {
             **_header(spec, on_lecture),
