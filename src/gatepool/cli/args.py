@@ -1,5 +1,5 @@
 """What every sub-command's arguments share: the one-line usage error, argparse types with ranges,
-the check of an output folder, and ``--device`` (``--amp``)."""
+the check of an output folder, ``--device`` (``--amp``) and ``--executor`` (``--address``, ...)."""
 
 from __future__ import annotations
 
@@ -105,6 +105,50 @@ def device(args: argparse.Namespace):
         return resolve_device(args.device)
     except ValueError as e:
         raise UsageError(f"--device {args.device}: {e}") from None
+
+
+def add_executor(parser: argparse.ArgumentParser) -> None:
+    """``--executor local|ray`` and Ray's ``--address``, ``--task-cpus``, ``--task-gpus``, ``--retries``."""
+    parser.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        default="local",
+        help="where the trainings of a sweep run: local (this machine's worker processes, --jobs; the "
+        "default) or ray (one Ray task each; needs pip install 'gatepool[ray]')",
+    )
+    ray = "with --executor ray:"
+    parser.add_argument("--address", default=None, metavar="ADDR",
+                        help=f"{ray} the cluster (host:6379, ray://host:10001 or auto); default: a local Ray")
+    parser.add_argument("--task-cpus", type=float_in(0), default=None, metavar="N",
+                        help=f"{ray} CPUs (= torch threads) per training (default 1)")
+    parser.add_argument("--task-gpus", type=float_in(0), default=None, metavar="N",
+                        help=f"{ray} GPUs per training, fractions allowed (default 0)")
+    parser.add_argument("--retries", type=int_at_least(0), default=None, metavar="N",
+                        help=f"{ray} how often a failed training runs again (default 2)")
+
+
+def executor(args: argparse.Namespace):
+    """The executor ``args`` ask for: None (local) or a RayExecutor; a UsageError naming the flag at fault."""
+    given = {flag: v for flag, v in (("--address", args.address), ("--task-cpus", args.task_cpus),
+                                     ("--task-gpus", args.task_gpus), ("--retries", args.retries))
+             if v is not None}  # fmt: skip
+    if args.executor == "local":
+        if given:
+            raise UsageError(f"{next(iter(given))} needs --executor ray")
+        return None
+    from gatepool.train.sweep import RayExecutor, import_ray
+
+    try:
+        import_ray()
+    except ImportError:
+        raise UsageError("--executor ray needs Ray (not installed): pip install 'gatepool[ray]'") from None
+    cpus = 1.0 if args.task_cpus is None else args.task_cpus
+    gpus = 0.0 if args.task_gpus is None else args.task_gpus
+    try:
+        return RayExecutor(address=args.address, num_cpus=cpus, num_gpus=gpus,
+                           retries=2 if args.retries is None else args.retries)
+    except ValueError as e:
+        raise UsageError(f"--task-cpus/--task-gpus: {e}") from None
 
 
 # Order here is the order in `gatepool --help`.

@@ -11,7 +11,7 @@ import contextlib
 import json
 import sys
 
-from gatepool.cli.args import UsageError, add_device, device, int_at_least, out_folder
+from gatepool.cli.args import UsageError, add_device, add_executor, device, executor, int_at_least, out_folder
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -64,6 +64,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         "(default: one per core, at most 4; 1 on a GPU)",
     )
     add_device(p)
+    add_executor(p)
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--wait", action="store_true", help="if another run writes to --out, wait for it to end")
 
@@ -129,6 +130,7 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     where = device(args)
+    runner = executor(args)
     sink = sys.stderr if args.json else sys.stdout
     with RunLock(out_folder(args.out), wait=args.wait), contextlib.redirect_stdout(sink):
         rec = run_experiment(
@@ -140,6 +142,7 @@ def _run(args: argparse.Namespace) -> int:
             jobs=args.jobs or default_jobs(where),
             progress=not args.quiet,
             device=str(where),
+            executor=runner,
         )
     if args.json:
         print(json.dumps(rec, indent=2, ensure_ascii=False))
@@ -156,6 +159,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     out = out_folder(args.out or f"runs/reproduce-{args.profile}")
     where = device(args)
+    runner = executor(args)
     try:
         records, _ = reproduce(
             profile=args.profile,
@@ -166,6 +170,7 @@ def _reproduce(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             wait=args.wait,
             device=str(where),
+            executor=runner,
         )
     except ValueError as e:
         raise UsageError(str(e)) from None

@@ -199,6 +199,7 @@ class Context:
     jobs: int = 1
     progress: bool = True
     device: str = "cpu"  # where the experiment's trainings run ("cpu", "cuda:0", ...; a string: picklable)
+    executor: Any = None  # how its trainings run: run_tasks(fn, tasks, ctx.jobs, ctx.executor); None: local
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)
     figures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

@@ -68,18 +68,22 @@ def run_experiment(
     jobs: int = 1,
     progress: bool = True,
     device: str = "auto",
+    executor: Any = None,
 ) -> dict[str, Any]:
     """Run one experiment and write its result record; returns the record.
 
     ``device`` (auto | cpu | cuda | cuda:N | mps) is resolved here and handed to the experiment as
     ``ctx.device``, a plain string such as ``"cuda:0"`` (picklable for sweep workers): the device its
     trainings run on (``TrainConfig(device=ctx.device)``). The record's environment names it.
+    ``executor`` (``ctx.executor``): where the sweeps' trainings run (``gatepool.train.sweep``; None: this
+    machine's process pool of ``jobs`` workers).
     """
     exp = get(name)
     setup = exp.resolve_setup(profile, overrides, seed)
     folder = Path(out) / name
     where = resolve_device(device)
-    ctx = Context(exp, profile, setup, folder, jobs=jobs, progress=progress, device=str(where))
+    ctx = Context(exp, profile, setup, folder, jobs=jobs, progress=progress, device=str(where),
+                  executor=executor)  # fmt: skip
     t0 = time.perf_counter()
     error = None
     try:

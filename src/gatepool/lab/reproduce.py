@@ -32,11 +32,13 @@ def reproduce(
     progress: bool = True,
     wait: bool = False,
     device: str = "auto",
+    executor: Any = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Path]]:
     """Run the experiments and write the report; returns (records, report paths).
 
     ``device``: where the experiments' trainings run (``ctx.device``; see :func:`run_experiment`). It is
-    how to run, not what: an experiment complete on another device is not run again.
+    how to run, not what: an experiment complete on another device is not run again. So is ``executor``
+    (``ctx.executor``: the trainings' process pool or Ray; see :func:`run_experiment`).
     """
     out = Path(out)
     reg = registry()
@@ -44,7 +46,7 @@ def reproduce(
     if unknown:
         raise ValueError(f"--only: unknown experiment(s) {unknown}; choose from {', '.join(reg)}")
     with RunLock(out, wait=wait):
-        return _reproduce(reg, profile, out, only, force, jobs, progress, device)
+        return _reproduce(reg, profile, out, only, force, jobs, progress, device, executor)
 
 
 def _reproduce(
@@ -56,6 +58,7 @@ def _reproduce(
     jobs: int,
     progress: bool,
     device: str,
+    executor: Any = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Path]]:
     t0 = time.perf_counter()
     records = []
@@ -83,7 +86,8 @@ def _reproduce(
             continue
         if progress:
             print(f"[{name}] {exp.title} ...", flush=True)
-        rec = run_experiment(name, profile=profile, out=out, jobs=jobs, progress=progress, device=device)
+        rec = run_experiment(name, profile=profile, out=out, jobs=jobs, progress=progress, device=device,
+                             executor=executor)  # fmt: skip
         if progress:
             counts = summary([rec])
             print(

@@ -16,6 +16,21 @@ CUDA context on the same GPU; that works, it is just not the default.
 
 On Linux a worker dies with the process that started it (``PR_SET_PDEATHSIG``): a sweep killed with
 ``kill -9`` leaves no training running on, writing into run folders that the next run resumes.
+
+Executors: where the calls run. ``run_tasks(fn, tasks, jobs, executor)`` with ``executor=None`` (or a
+:class:`LocalExecutor`) is the process pool above; a :class:`RayExecutor` submits every call as a Ray
+task with its share of a node (``num_cpus`` CPUs, and ``num_gpus`` when asked), on the cluster at
+``address`` or on a Ray instance it starts on this machine. The thread rule carries over: a Ray task
+runs ``fn`` on ``num_cpus`` torch threads, so a task with one CPU gets the bits of a worker of
+``--jobs <cores>`` here. The calls write their own files: a training writes its checkpoints and results
+into its run folder itself, so on a cluster the out folder must be one path that every node sees (a
+shared file system). That is deliberate: a checkpoint returned to the driver only at the end would be
+lost with a node that dies mid-training, and the retried task could not resume from its last epoch.
+
+Failures: a Ray task whose worker dies (killed, out of memory, a lost node) or whose call raises is
+retried ``retries`` times (it resumes from its checkpoint); one that still fails becomes a
+:class:`TaskFailed` in the results when ``run_tasks(..., failures="return")``, or, by default, a
+:class:`SweepError` naming every failed task after all the others have finished and saved their work.
 """
 
 from __future__ import annotations
@@ -27,6 +42,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from gatepool.utils.environment import resolve_device
@@ -69,17 +85,178 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
-def run_tasks(fn: Callable[[T], Any], tasks: Sequence[T], jobs: int = 1) -> list[Any]:
-    """Run ``fn`` over ``tasks``, in ``jobs`` worker processes when ``jobs > 1``."""
-    if jobs < 1:
-        raise ValueError(f"jobs must be ≥ 1, got {jobs}")
-    if jobs == 1:
-        return [fn(t) for t in tasks]
-    threads = max(1, (os.cpu_count() or 1) // jobs)  # from the jobs asked for, however many tasks remain
-    if len(tasks) <= 1:  # one left (a resumed sweep): here, but with a worker's threads, for a worker's bits
-        with num_threads(threads):
-            return [fn(t) for t in tasks]
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=ctx, initializer=_init_worker,
-                             initargs=(threads, os.getpid())) as pool:
-        return list(pool.map(fn, tasks))
+@dataclass(frozen=True)
+class TaskFailed:
+    """A call that failed for good: its place in the task list, the task, the error and the attempts."""
+
+    index: int
+    task: Any
+    error: str
+    attempts: int
+
+    def __str__(self) -> str:
+        return f"task {self.index} failed after {self.attempts} attempt(s): {self.error}"
+
+
+class SweepError(RuntimeError):
+    """Some calls failed for good (after their retries); ``failures`` lists them."""
+
+    def __init__(self, failures: list[TaskFailed], total: int) -> None:
+        self.failures = failures
+        lines = "; ".join(str(f) for f in failures[:5]) + (" ..." if len(failures) > 5 else "")
+        super().__init__(f"{len(failures)} of {total} tasks failed: {lines}")
+
+
+@dataclass(frozen=True)
+class LocalExecutor:
+    """Today's pool: ``jobs`` spawned processes on this machine, ``cpu_count // jobs`` threads each."""
+
+    jobs: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or self.jobs < 1:
+            raise ValueError(f"jobs must be an integer >= 1, got {self.jobs!r}")
+
+    def map(self, fn: Callable[[T], Any], tasks: Sequence[T], failures: str = "raise") -> list[Any]:
+        if self.jobs == 1:
+            return [_call_local(fn, i, t, failures) for i, t in enumerate(tasks)]
+        threads = max(1, (os.cpu_count() or 1) // self.jobs)  # from the jobs asked for, however many remain
+        if len(tasks) <= 1:  # one left (a resumed sweep): here, but with a worker's threads, for its bits
+            with num_threads(threads):
+                return [_call_local(fn, i, t, failures) for i, t in enumerate(tasks)]
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(min(self.jobs, len(tasks)), mp_context=ctx, initializer=_init_worker,
+                                 initargs=(threads, os.getpid())) as pool:  # fmt: skip
+            if failures == "raise":
+                return list(pool.map(fn, tasks))  # the first error, as raised, once the others end
+            futures = [pool.submit(fn, t) for t in tasks]
+            return [_result_or_failure(f, i, t) for i, (f, t) in enumerate(zip(futures, tasks))]
+
+
+def _call_local(fn: Callable[[T], Any], index: int, task: T, failures: str) -> Any:
+    if failures == "raise":
+        return fn(task)
+    try:
+        return fn(task)
+    except Exception as e:  # reported in the results, not dropped
+        return TaskFailed(index, task, f"{type(e).__name__}: {e}", 1)
+
+
+def _result_or_failure(future: Any, index: int, task: Any) -> Any:
+    try:
+        return future.result()
+    except Exception as e:  # a worker that died (BrokenProcessPool) fails every task still in it
+        return TaskFailed(index, task, f"{type(e).__name__}: {e}", 1)
+
+
+@dataclass(frozen=True)
+class RayExecutor:
+    """Each call a Ray task with ``num_cpus`` CPUs (its torch threads) and ``num_gpus`` GPUs.
+
+    ``address``: a running cluster (``ray://host:10001``, ``host:6379`` or ``auto``); None starts a
+    local Ray instance on this machine (its CPUs: ``local_cpus``, default all cores; no dashboard).
+    ``retries``: how many times a failed task runs again (a dead worker or
+    an exception alike). Ray stays up for the rest of the process (an experiment after another reuses it).
+    """
+
+    address: str | None = None
+    num_cpus: float = 1
+    num_gpus: float = 0
+    retries: int = 2
+    local_cpus: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, low in (("num_cpus", 0.0), ("num_gpus", 0.0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < low:
+                raise ValueError(f"{name} must be a number >= {low:g}, got {v!r}")
+        if self.num_cpus == 0 and self.num_gpus == 0:
+            raise ValueError("num_cpus and num_gpus cannot both be 0: a task needs a CPU or a GPU")
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise ValueError(f"retries must be an integer >= 0, got {self.retries!r}")
+        if self.local_cpus is not None and (not isinstance(self.local_cpus, int) or self.local_cpus < 1):
+            raise ValueError(f"local_cpus must be an integer >= 1 or None, got {self.local_cpus!r}")
+
+    @property
+    def threads(self) -> int:
+        """Torch threads of each task: its CPUs (at least one)."""
+        return max(1, int(self.num_cpus))
+
+    def start(self) -> Any:
+        """Connect to ``address`` or start a local instance (once per process); returns the ray module."""
+        ray = import_ray()
+        if not ray.is_initialized():
+            if self.address is None:
+                ray.init(num_cpus=self.local_cpus, include_dashboard=False, configure_logging=False)
+            else:
+                ray.init(address=self.address, configure_logging=False)
+        return ray
+
+    def map(self, fn: Callable[[T], Any], tasks: Sequence[T], failures: str = "raise") -> list[Any]:
+        if not tasks:
+            return []
+        ray = self.start()
+        remote = ray.remote(_call_with_threads).options(
+            num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_retries=self.retries, retry_exceptions=True
+        )
+        refs = [remote.remote(fn, t, self.threads) for t in tasks]
+        results: list[Any] = []
+        for i, (ref, task) in enumerate(zip(refs, tasks)):
+            try:
+                results.append(ray.get(ref))
+            except Exception as e:  # RayTaskError (fn raised) or WorkerCrashedError, after the retries
+                results.append(TaskFailed(i, task, _ray_error(e), self.retries + 1))
+        failed = [r for r in results if isinstance(r, TaskFailed)]
+        if failed and failures == "raise":
+            raise SweepError(failed, len(tasks))
+        return results
+
+
+def _call_with_threads(fn: Callable[[T], Any], task: T, threads: int) -> Any:
+    """A Ray task's body: ``fn(task)`` on ``threads`` torch threads."""
+    with num_threads(threads):
+        return fn(task)
+
+
+def _ray_error(e: Exception) -> str:
+    cause = getattr(e, "cause", None)  # RayTaskError carries the exception fn raised
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {cause}"
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or an ImportError that names the extra to install."""
+    try:
+        import ray
+    except ImportError:
+        raise ImportError("the Ray executor needs Ray: pip install 'gatepool[ray]'") from None
+    return ray
+
+
+Executor = LocalExecutor | RayExecutor
+
+
+def run_tasks(
+    fn: Callable[[T], Any],
+    tasks: Sequence[T],
+    jobs: int = 1,
+    executor: Executor | None = None,
+    *,
+    failures: str = "raise",
+) -> list[Any]:
+    """Run ``fn`` over ``tasks`` through ``executor`` (None: ``LocalExecutor(jobs)``); results in task order.
+
+    ``failures``: ``"raise"`` (the local pool raises the first error, Ray a :class:`SweepError` naming
+    them all, each once every other task has ended) or ``"return"`` (a :class:`TaskFailed` in the failed
+    task's place).
+    """
+    if failures not in ("raise", "return"):
+        raise ValueError(f"failures must be 'raise' or 'return', got {failures!r}")
+    if executor is None:
+        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+            raise ValueError(f"jobs must be ≥ 1, got {jobs}")
+        executor = LocalExecutor(jobs)
+    if not isinstance(executor, (LocalExecutor, RayExecutor)):
+        raise TypeError(f"executor must be None, a LocalExecutor or a RayExecutor, got {executor!r}")
+    return executor.map(fn, list(tasks), failures)

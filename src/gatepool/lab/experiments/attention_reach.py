@@ -108,10 +108,11 @@ def train_one(task: dict[str, Any]) -> dict[str, Any]:
     return result.record
 
 
-def run_trainings(tasks: list[dict[str, Any]], jobs: int) -> list[dict[str, Any]]:
-    """Every task's results record: the unfinished ones trained (in ``jobs`` workers), then all loaded."""
+def run_trainings(tasks: list[dict[str, Any]], jobs: int, executor: Any = None) -> list[dict[str, Any]]:
+    """Every task's results record: the unfinished ones trained (in ``jobs`` workers, or through
+    ``executor``), then all loaded."""
     pending = [t for t in tasks if not (Path(t["out"]) / "results.json").is_file()]
-    run_tasks(train_one, pending, jobs)
+    run_tasks(train_one, pending, jobs, executor)
     return [train_one({**t, "progress": False}) for t in tasks]  # finished: loaded, not trained
 
 
@@ -220,7 +221,7 @@ def attention_reach(ctx: Context) -> None:
                           "shared": True})  # fmt: skip
     for t in tasks:
         t.update(out=str(run_folder(ctx.out, t["config"])), progress=ctx.progress and ctx.jobs == 1)
-    records = run_trainings(tasks, ctx.jobs)
+    records = run_trainings(tasks, ctx.jobs, ctx.executor)
 
     acc: dict[str, list[float]] = {m: [] for m in LR_KEY}
     shared: dict[str, float] = {}
@@ -268,7 +269,7 @@ def _lr_check(ctx: Context) -> None:
              for m in LR_KEY for lr in LR_GRID]  # fmt: skip
     for t in tasks:
         t["out"] = str(run_folder(ctx.out / "lr-check", t["config"]))
-    records = run_trainings(tasks, ctx.jobs)
+    records = run_trainings(tasks, ctx.jobs, ctx.executor)
     rows = [(t["config"]["model"], t["config"]["lr"], 100 * r["final"]["test_acc"])
             for t, r in zip(tasks, records)]
     ctx.data["lr_check"] = [{"model": m, "lr": lr, "test_acc": a, "epochs": epochs} for m, lr, a in rows]
@@ -544,7 +545,8 @@ def shuffle(ctx: Context) -> None:
         tasks.append({"config": mlp, "out": out, "pixel_seed": pixel_seed})
     for t in tasks:
         t.update(out=str(t["out"]), progress=ctx.progress and ctx.jobs == 1)
-    records = run_trainings(tasks[:2], ctx.jobs) + run_trainings(tasks[2:], 1)  # MLPs: seconds, no worker
+    records = run_trainings(tasks[:2], ctx.jobs, ctx.executor)
+    records += run_trainings(tasks[2:], 1)  # the MLPs: seconds, no worker
 
     # attention: token shuffles
     model = attention_net(ctx)  # finished above: loaded

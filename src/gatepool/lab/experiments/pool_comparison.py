@@ -204,7 +204,7 @@ def pool_comparison(ctx: Context) -> None:
                     "seed": seed,
                 }
             )
-    records = run_tasks(train_one, tasks, ctx.jobs)
+    records = run_tasks(train_one, tasks, ctx.jobs, ctx.executor)
 
     acc: dict[str, list[float]] = {p: [] for p in ctx["pools"]}
     for task, rec in zip(tasks, records):

@@ -197,7 +197,7 @@ def vit_mnist(ctx: Context) -> None:
                       "threads": threads, "device": ctx.device}  # fmt: skip
             tasks.append({"config": config, "out": str(ctx.out / f"{name}-n{n}-e{epochs}-s{ctx['seed']}"),
                           "progress": ctx.progress and jobs == 1, "name": name, "n": n, "budget": budget})
-    records = run_tasks(train_one, tasks, jobs)
+    records = run_tasks(train_one, tasks, jobs, ctx.executor)
 
     test = load_data(TrainConfig(train_size=1, test_size=ctx["test_size"]))
     rows = []
