@@ -6,13 +6,16 @@ Writes ``OUT/checkpoint.pt`` after every epoch (keeping the one before as ``chec
 with a SHA-256), ``OUT/results.json`` (the exact configuration, the per-epoch history, the final
 metrics) and ``OUT/model.safetensors`` at the end. Running the same command again resumes an
 interrupted run from its last good epoch, or, for a finished run, prints the saved results without
-training. ``--device auto|cpu|cuda|mps`` (auto: CUDA, else MPS, else CPU) and ``--amp bf16|fp16``
+training. Under ``torchrun --nproc-per-node N -m gatepool train ...`` one training runs data-parallel
+over N processes (``gatepool.train.distributed``): rank 0 holds the lock on ``--out``, writes and prints.
+``--device auto|cpu|cuda|mps`` (auto: CUDA, else MPS, else CPU) and ``--amp bf16|fp16``
 (mixed precision: bf16 on CUDA or the CPU, fp16 on CUDA only; anything else exits 2 in one line).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import os
@@ -107,7 +110,7 @@ _FIELDS = [
 
 def _run(args: argparse.Namespace) -> int:
     from gatepool.data import DataError  # lazy: `gatepool --help` must not import torch
-    from gatepool.train import TrainConfig, train
+    from gatepool.train import TrainConfig, distributed, train
     from gatepool.utils.lock import RunLock
 
     given = {name: getattr(args, name) for name in _FIELDS if getattr(args, name) is not None}
@@ -116,18 +119,22 @@ def _run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as e:  # the flags' own types check most of it already
         raise UsageError(str(e)) from None
     progress, verbose = not args.quiet, not (args.quiet or args.json)
+    main = distributed.from_env().main  # under torchrun: rank 0 locks --out and prints, the others train
     try:
         _check(config, args)
         if args.out is None:
             result = train(config, progress=progress, verbose=verbose)
         else:
-            with RunLock(out_folder(args.out), wait=args.wait):
+            lock = RunLock(out_folder(args.out), wait=args.wait) if main else contextlib.nullcontext()
+            with lock:
                 result = train(config, out=args.out, progress=progress, verbose=verbose)
     except ValueError as e:  # e.g. --out holds a run of another configuration
         raise UsageError(str(e)) from None
     except DataError as e:  # a missing or corrupt data file: the message names it and how to get it
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if not main:
+        return 0
     if args.json:
         print(json.dumps(result.record, indent=2))
     elif args.quiet:

@@ -43,6 +43,10 @@ units, on the CPU; MPS runs without it. Checkpoints are read onto the CPU (``map
 and copied into the model wherever it lives, so a run saved on a GPU resumes on a CPU and the other
 way round (with a warning: the bits differ between devices; they are reproducible on the CPU only).
 
+Processes: under ``torchrun --nproc-per-node N`` (``WORLD_SIZE`` > 1) one training runs data-parallel
+over the N ranks, each on its slice of every global batch, with the single process's updates up to
+float32 reduction order (``gatepool.train.distributed``; rank 0 writes the files).
+
 Usage::
 
     from gatepool.train import TrainConfig, train
@@ -81,6 +85,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gatepool.train import distributed
 from gatepool.train.schedule import DEFAULT_WARMUP, SCHEDULES, get_lr
 from gatepool.utils.environment import check_device, device_info, machine, resolve_device
 from gatepool.utils.io import (
@@ -401,21 +406,24 @@ def train_step(
     grad_clip: float | None = None,
     amp: str | None = None,
     scaler: torch.amp.GradScaler | None = None,
+    loss_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One update: loss → zero_grad → backward → clip the global gradient norm → step.
 
     ``amp`` (``bf16`` | ``fp16``): the forward pass and loss under ``torch.autocast`` on x's device;
     ``scaler`` (for fp16): the loss is scaled for the backward pass and the gradients unscaled before
-    clipping and the step (which the scaler skips when they overflowed). Returns the detached loss and
-    logits.
+    clipping and the step (which the scaler skips when they overflowed). ``loss_scale``: the backward
+    pass differentiates ``loss · loss_scale`` (a rank's share under DDP; see distributed.py). Returns the
+    detached (unscaled) loss and logits.
     """
     with _autocast(x.device, amp):
         loss, logits = loss_fn(model, x, y)
     optimizer.zero_grad(set_to_none=True)
+    scaled = loss if loss_scale == 1.0 else loss * loss_scale
     if scaler is None:
-        loss.backward()
+        scaled.backward()
     else:
-        scaler.scale(loss).backward()
+        scaler.scale(scaled).backward()
         scaler.unscale_(optimizer)
     if grad_clip is not None:
         nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -440,6 +448,7 @@ def train_epoch(
     loss_fn: LossFn | None = None,
     on_step: Callable[[int, torch.Tensor], None] | None = None,
     scaler: torch.amp.GradScaler | None = None,
+    ranks: distributed.Ranks | None = None,
 ) -> dict[str, float]:
     """Train one epoch (1-based ``epoch``; see the module doc for the hooks).
 
@@ -447,7 +456,10 @@ def train_epoch(
     trained) and ``examples`` (how many inputs it trained on). ``data`` may be None when ``batches``
     draws the batches. It runs on the model's device (batches found elsewhere are copied there) with
     ``config.amp``; ``scaler``: the run's GradScaler for fp16 (None: a fresh one for this epoch).
+    ``ranks`` (DDP, ``model`` wrapped): this rank trains on its slice of every batch, and the returned
+    metrics and ``examples`` are summed over all ranks (``gatepool.train.distributed``).
     """
+    ranks = ranks or distributed.Ranks()
     steps = _epoch_steps(config, data, batches is not None)
     total = steps * config.epochs
     s = epoch_seed(config.seed, epoch)
@@ -476,12 +488,12 @@ def train_epoch(
         if batch is None:
             raise ValueError(f"batches gave {i} batches in epoch {epoch}; steps_per_epoch = {steps} needs "
                              "that many")  # fmt: skip
-        xb, yb = batch  # e.g. (B, C, H, W) and (B,)
+        xb, yb, share = distributed.shard(*batch, ranks)  # e.g. (B, C, H, W) and (B,); a rank's rows of them
         xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)  # no-op when there
         if xb.dim() == 4:
             xb = xb.contiguous(memory_format=memory_format)
         loss, logits = train_step(model, optimizer, xb, yb, loss_fn=loss_fn, grad_clip=config.grad_clip,
-                                  amp=config.amp, scaler=scaler)  # fmt: skip
+                                  amp=config.amp, scaler=scaler, loss_scale=share)  # fmt: skip
         loss_sum += loss.detach().to(loss_sum.dtype) * yb.numel()  # float64 where the device has it
         correct += (logits.argmax(-1) == yb).sum()
         targets += yb.numel()
@@ -492,8 +504,9 @@ def train_epoch(
             bar.update(1)
     if bar is not None:
         bar.close()
-    return {"train_loss": float(loss_sum) / targets, "train_acc": int(correct) / targets,
-            "examples": examples}  # fmt: skip
+    loss_total, right, targets, examples = distributed.all_sum([float(loss_sum), int(correct), targets,
+                                                                 examples], device, ranks)  # fmt: skip
+    return {"train_loss": loss_total / targets, "train_acc": int(right) / targets, "examples": int(examples)}
 
 
 @torch.no_grad()
@@ -609,13 +622,17 @@ def train(
     if batches is not None and config.steps_per_epoch is None:
         _epoch_steps(config, None, True)  # raises: the schedule needs the epoch's length
     out = Path(out) if out is not None else None
-    device = resolve_device(config.device)
+    ranks = distributed.from_env()  # rank 0 of 1, unless torchrun started this process
+    device = distributed.rank_device(resolve_device(config.device), ranks)
     check_amp(config.amp, device)
-    with num_threads(config.threads):
-        if out is not None and (out / RESULTS).exists():
-            finished = _load_finished(config, out, model, device)
-            if finished is not None:
-                return finished
+    progress, verbose = progress and ranks.main, verbose and ranks.main  # rank 0 speaks
+    with num_threads(config.threads), distributed.process_group(device, ranks):
+        finished = None
+        with distributed.main_first(ranks):  # rank 0 reads (and repairs) the folder before the others
+            if out is not None and (out / RESULTS).exists():
+                finished = _load_finished(config, out, model, device)
+        if finished is not None:
+            return finished
         if model is None:
             from gatepool.models import create_model
 
@@ -630,14 +647,18 @@ def train(
             model = model.to(memory_format=torch.channels_last)
         if eval_fn is None:
             eval_fn = functools.partial(_test_metrics, data=data, config=config, channels_last=cl)
+        if batches is None:
+            distributed.check_batches(len(data.train_y), config.batch_size, ranks)
         optimizer = make_optimizer(config, model)
-        step_model = torch.compile(model) if config.compile else model  # the same parameters, compiled
+        step_model = distributed.wrap(model, device, ranks)  # DDP under torchrun; the same parameters
+        step_model = torch.compile(step_model) if config.compile else step_model
         scaler = torch.amp.GradScaler(device.type) if config.amp == "fp16" else None
         history: list[dict[str, Any]] = []
         initial: dict[str, Any] = {}
         metrics = TEST_METRICS  # the evaluation's fields, for record["final"]
         start = 0
-        ckpt = _load_checkpoint(config, out)
+        with distributed.main_first(ranks):  # every rank resumes from the checkpoint rank 0 settled on
+            ckpt = _load_checkpoint(config, out)
         if ckpt is not None:
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])  # its state goes to the parameters' device
@@ -658,7 +679,7 @@ def train(
                 break  # the last epoch met the stop condition (also when resuming after it)
             t0 = time.perf_counter()
             stats = train_epoch(step_model, optimizer, data, config, epoch, channels_last=cl, progress=bar,
-                                batches=batches, loss_fn=loss_fn, scaler=scaler)  # fmt: skip
+                                batches=batches, loss_fn=loss_fn, scaler=scaler, ranks=ranks)  # fmt: skip
             examples = stats.pop("examples")
             t_train = time.perf_counter() - t0
             row: dict[str, Any] = {"epoch": epoch, **stats}
@@ -672,7 +693,7 @@ def train(
             history.append(row)
             if verbose:
                 print(_summary(row, config.epochs, metrics), flush=True)
-            if out is not None:
+            if out is not None and ranks.main:
                 atomic_torch_save(
                     out / CHECKPOINT,
                     {
@@ -691,7 +712,9 @@ def train(
                 )
 
         record = _record(config, model, history, initial, channels_last, metrics, device)
-        if out is not None:
+        if ranks.parallel:
+            record["processes"] = ranks.world  # data-parallel: images_per_s and the metrics are global
+        if out is not None and ranks.main:
             weights = _safetensors_bytes(model)
             record["weights_sha256"] = hashlib.sha256(weights).hexdigest()
             atomic_write_bytes(out / WEIGHTS, weights)
