@@ -121,7 +121,7 @@ def parse_grid(raw: dict[str, Any]) -> Grid:
     model = raw.get("model", "residual_cnn")
     if model not in list_models():
         raise ValueError(f"model {model!r} is unknown; choose one of {', '.join(list_models())}")
-    gates = _list(raw, "gates" if "gates" in raw else "pools", str, default=None)
+    gates = _list(raw, "pools" if "pools" in raw else "gates", str, default=None)
     seeds = _list(raw, "seeds", int, default=[0])
     if any(s < 0 for s in seeds):
         raise ValueError(f"seeds must be integers >= 0, got {seeds}")
@@ -153,14 +153,15 @@ def parse_grid(raw: dict[str, Any]) -> Grid:
 
 
 def _list(raw: dict[str, Any], key: str, kind: type, *, default: list | None) -> list:
+    what = {str: "names", int: "integers"}[kind]
     if key not in raw:
         if default is None:
-            raise ValueError(f"{key} is missing: a list of {kind.__name__}s")
+            raise ValueError(f"{key} is missing: a list of {what}")
         return list(default)
     v = raw[key]
     v = v if isinstance(v, list) else [v]
     if not v or any(isinstance(x, bool) or not isinstance(x, kind) for x in v):
-        raise ValueError(f"{key} must be a non-empty list of {kind.__name__}s, got {raw[key]!r}")
+        raise ValueError(f"{key} must be a non-empty list of {what}, got {raw[key]!r}")
     if len(set(map(str, v))) != len(v):
         raise ValueError(f"{key} lists a value twice: {v}")
     return list(v)
