@@ -1,4 +1,5 @@
 # Two commands do all the set-up on a fresh machine: `make reproduce` and `make test`.
+# The dev set-up installs the ray extra too (about 80 MB): `make test` runs the Ray executor's tests.
 # Both create .venv if missing, install torch pinned (never a bare `torch`: on a machine without
 # one pip would resolve a multi-GB CUDA build), then the package; the second run is quick.
 PYTHON ?= python3
@@ -22,7 +23,7 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,ray]"  # ray: the Ray executor's tests (tests/train/test_executor_ray.py)
 	@touch $(STAMP)
 
 reproduce: $(STAMP)

@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import math
+import re
 import sys
 
 import pytest
@@ -136,3 +137,14 @@ def test_the_local_pool_reports_failures_too():
         assert res[1].index == 1 and res[1].error == "ValueError: bad task"
         with pytest.raises(ValueError, match="bad task"):  # the default: raised, as before executors
             run_tasks(boom, [0, 1, 2], jobs)
+
+
+def test_the_readmes_grid_is_a_valid_grid():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```toml\n(.*?)```", readme, flags=re.S)
+    assert len(blocks) == 1
+    tomllib = pytest.importorskip("tomllib", reason="TOML needs Python >= 3.11")
+    grid = parse_grid(tomllib.loads(blocks[0]))
+    assert len(grid.points()) == 5 * 3 * 2 * 2
