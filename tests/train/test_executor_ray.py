@@ -131,3 +131,22 @@ def test_a_killed_task_is_retried_and_a_lost_one_reported(tmp_path):
 def call(pair):
     fn, arg = pair
     return fn(arg)
+
+
+def test_run_and_reproduce_hand_the_executor_to_the_experiments_sweeps(tmp_path, monkeypatch):
+    from gatepool.lab.experiments import attention_reach, pool_comparison, vit_mnist
+
+    seen = []
+
+    def fake_run_tasks(fn, tasks, jobs=1, executor=None, **kw):
+        seen.append(executor)
+        raise RuntimeError("stop here")
+
+    for module in (pool_comparison, attention_reach, vit_mnist):
+        monkeypatch.setattr(module, "run_tasks", fake_run_tasks)
+    argv = ["--executor", "ray", "--address", "auto", "--task-cpus", "2", "--retries", "5", "--quiet"]
+    assert main(["run", "pool-comparison", "--out", str(tmp_path / "a"), *argv]) == 1  # the experiment broke
+    assert main(["reproduce", "--only", "attention-reach", "--out", str(tmp_path / "b"), *argv]) == 1
+    assert seen == [RayExecutor(address="auto", num_cpus=2.0, num_gpus=0.0, retries=5)] * 2
+    record = json.loads((tmp_path / "a" / "pool-comparison" / "result.json").read_text())
+    assert record["status"] == "error" and "stop here" in record["error"]
