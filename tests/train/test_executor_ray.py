@@ -144,7 +144,7 @@ def test_run_and_reproduce_hand_the_executor_to_the_experiments_sweeps(tmp_path,
 
     for module in (pool_comparison, attention_reach, vit_mnist):
         monkeypatch.setattr(module, "run_tasks", fake_run_tasks)
-    argv = ["--executor", "ray", "--address", "auto", "--task-cpus", "2", "--retries", "5", "--quiet"]
+    argv = ["--executor", "ray", "--address", "auto", "--cpus-per-task", "2", "--retries", "5", "--quiet"]
     assert main(["run", "pool-comparison", "--out", str(tmp_path / "a"), *argv]) == 1  # the experiment broke
     assert main(["reproduce", "--only", "attention-reach", "--out", str(tmp_path / "b"), *argv]) == 1
     assert seen == [RayExecutor(address="auto", num_cpus=2.0, num_gpus=0.0, retries=5)] * 2

@@ -148,3 +148,26 @@ def test_the_readmes_grid_is_a_valid_grid():
     tomllib = pytest.importorskip("tomllib", reason="TOML needs Python >= 3.11")
     grid = parse_grid(tomllib.loads(blocks[0]))
     assert len(grid.points()) == 5 * 3 * 2 * 2
+
+
+def test_no_experiment_setting_is_taken_for_an_executor_flag():
+    """``gatepool run NAME --KEY VALUE``: argparse takes a prefix of a flag for the flag (``--task`` once
+    matched ``--task-cpus``), so no setting may be a prefix of the executor's flags."""
+    import argparse
+
+    from gatepool.cli.args import add_executor
+    from gatepool.lab.experiments import registry
+
+    parser = argparse.ArgumentParser()
+    add_executor(parser)
+    flags = [s for a in parser._actions for s in a.option_strings if s.startswith("--") and s != "--help"]
+    keys = {k for e in registry().values() for k in (*e.setup, *(e.quick or {}))}
+    clashes = [(k, f) for k in keys for f in flags if f.startswith("--" + k.replace("_", "-"))]
+    assert not clashes
+
+
+def test_run_takes_a_short_setting_for_a_setting_not_an_abbreviated_flag():
+    from gatepool.cli import build_parser
+
+    args, extra = build_parser().parse_known_args(["run", "sqrt-d", "--d", "4", "--task", "sort"])
+    assert extra == ["--d", "4", "--task", "sort"] and args.device == "auto"

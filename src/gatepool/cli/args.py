@@ -108,7 +108,10 @@ def device(args: argparse.Namespace):
 
 
 def add_executor(parser: argparse.ArgumentParser) -> None:
-    """``--executor local|ray`` and Ray's ``--address``, ``--task-cpus``, ``--task-gpus``, ``--retries``."""
+    """``--executor local|ray``, and for Ray: ``--address``, ``--cpus-per-task``, ``--gpus-per-task``,
+    ``--retries``. No experiment setting's name may start one of them (``gatepool run NAME --KEY V``:
+    argparse would take ``--task`` for a prefix of ``--task-cpus``).
+    """
     parser.add_argument(
         "--executor",
         choices=["local", "ray"],
@@ -119,9 +122,9 @@ def add_executor(parser: argparse.ArgumentParser) -> None:
     ray = "with --executor ray:"
     parser.add_argument("--address", default=None, metavar="ADDR",
                         help=f"{ray} the cluster (host:6379, ray://host:10001 or auto); default: a local Ray")
-    parser.add_argument("--task-cpus", type=float_in(0), default=None, metavar="N",
+    parser.add_argument("--cpus-per-task", type=float_in(0), default=None, metavar="N",
                         help=f"{ray} CPUs (= torch threads) per training (default 1)")
-    parser.add_argument("--task-gpus", type=float_in(0), default=None, metavar="N",
+    parser.add_argument("--gpus-per-task", type=float_in(0), default=None, metavar="N",
                         help=f"{ray} GPUs per training, fractions allowed (default 0)")
     parser.add_argument("--retries", type=int_at_least(0), default=None, metavar="N",
                         help=f"{ray} how often a failed training runs again (default 2)")
@@ -129,8 +132,8 @@ def add_executor(parser: argparse.ArgumentParser) -> None:
 
 def executor(args: argparse.Namespace):
     """The executor ``args`` ask for: None (local) or a RayExecutor; a UsageError naming the flag at fault."""
-    given = {flag: v for flag, v in (("--address", args.address), ("--task-cpus", args.task_cpus),
-                                     ("--task-gpus", args.task_gpus), ("--retries", args.retries))
+    given = {flag: v for flag, v in (("--address", args.address), ("--cpus-per-task", args.cpus_per_task),
+                                     ("--gpus-per-task", args.gpus_per_task), ("--retries", args.retries))
              if v is not None}  # fmt: skip
     if args.executor == "local":
         if given:
@@ -142,13 +145,13 @@ def executor(args: argparse.Namespace):
         import_ray()
     except ImportError:
         raise UsageError("--executor ray needs Ray (not installed): pip install 'gatepool[ray]'") from None
-    cpus = 1.0 if args.task_cpus is None else args.task_cpus
-    gpus = 0.0 if args.task_gpus is None else args.task_gpus
+    cpus = 1.0 if args.cpus_per_task is None else args.cpus_per_task
+    gpus = 0.0 if args.gpus_per_task is None else args.gpus_per_task
     try:
         return RayExecutor(address=args.address, num_cpus=cpus, num_gpus=gpus,
                            retries=2 if args.retries is None else args.retries)
     except ValueError as e:
-        raise UsageError(f"--task-cpus/--task-gpus: {e}") from None
+        raise UsageError(f"--cpus-per-task/--gpus-per-task: {e}") from None
 
 
 # Order here is the order in `gatepool --help`.

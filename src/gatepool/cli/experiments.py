@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_list)
 
-    p = sub.add_parser("run", help="run one experiment (`gatepool list` names them)")
+    # allow_abbrev=False: `--KEY VALUE` is a setting, never taken for a flag it abbreviates (--d: --device)
+    p = sub.add_parser("run", help="run one experiment (`gatepool list` names them)", allow_abbrev=False)
     p.add_argument("name")
     _common(p)
     p.add_argument(

@@ -43,7 +43,7 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.jobs is not None and args.executor != "local":
-        raise UsageError("--jobs is for --executor local; with ray, --task-cpus sets each training's share")
+        raise UsageError("--jobs is for --executor local; with ray, --cpus-per-task sets a training's share")
     out = out_folder(args.out or grid.out or f"runs/sweep-{Path(args.grid).stem}")
     where = device(args)
     runner = executor(args)

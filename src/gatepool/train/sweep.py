@@ -31,6 +31,8 @@ Failures: a Ray task whose worker dies (killed, out of memory, a lost node) or w
 retried ``retries`` times (it resumes from its checkpoint); one that still fails becomes a
 :class:`TaskFailed` in the results when ``run_tasks(..., failures="return")``, or, by default, a
 :class:`SweepError` naming every failed task after all the others have finished and saved their work.
+A local Ray instance ends with the process that started it, as the pool's workers do (checked by hand:
+after ``kill -9`` of the driver its two sleeping tasks' workers were gone within 20 s).
 """
 
 from __future__ import annotations
