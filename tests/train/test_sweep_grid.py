@@ -131,12 +131,12 @@ def boom(x):
 
 @pytest.mark.slow
 def test_the_local_pool_reports_failures_too():
-    for jobs in (1, 2):
+    for jobs in (1, 2):  # in this process, and in 2 workers
         res = run_tasks(boom, [0, 1, 2], jobs, failures="return")
         assert res[0] == 0 and res[2] == 2 and isinstance(res[1], TaskFailed), jobs
         assert res[1].index == 1 and res[1].error == "ValueError: bad task"
-        with pytest.raises(ValueError, match="bad task"):  # the default: raised, as before executors
-            run_tasks(boom, [0, 1, 2], jobs)
+    with pytest.raises(ValueError, match="bad task"):  # the default: raised, as before executors
+        run_tasks(boom, [0, 1, 2], 1)
 
 
 def test_the_readmes_grid_is_a_valid_grid():
