@@ -17,7 +17,7 @@ import pytest
 from gatepool.cli import main
 from gatepool.lab.experiments.soft_gate import WINDOW, printed
 from gatepool.lab.experiments.sqrt_d import LECTURE as SQRT_D_LECTURE
-from gatepool.lab.report import html_page, markdown, summary, table, write_pages
+from gatepool.lab.report import html_page, markdown, summary, table
 from gatepool.lab.report.compare import compare_rows, load_run, tally
 from gatepool.lab.report.dials import explorer_readout, normals, sqrt_d_dial, tau_dial
 from gatepool.lab.report.sections import OTHER, SECTIONS, group, section_of
@@ -98,8 +98,8 @@ def test_a_claim_row_shows_statement_bar_value_tolerance_reason_and_verdict(run)
     page = html_page(records, meta, QUICK)
     c = claim(records, "soft-gate", "soft-out")
     row = page.split("data-id='soft-out'>")[1].split("</tr>")[0]
-    for text in ["SoftPool (τ = 1) = V · softmax(V)", "8.85", "lecture", "8.851", "±0.00", html.escape(c["why"]),
-                 c["verdict"]]:
+    for text in ["SoftPool (τ = 1) = V · softmax(V)", "8.85", "lecture", "8.851", "±0.00",
+                 html.escape(c["why"]), c["verdict"]]:
         assert text in row, text
 
 
@@ -198,7 +198,8 @@ def test_report_rebuilds_the_pages_and_leaves_results_alone(tmp_path, capsys):
     assert (run_dir / "report.md").is_file()
 
 
-@pytest.mark.parametrize("content, says", [(None, "has no results.json"), ("{not json", "not readable as JSON"),
+@pytest.mark.parametrize("content, says", [(None, "has no results.json"),
+                                           ("{not json", "not readable as JSON"),
                                            ('{"meta": {}}', "not a results file")])
 def test_report_refuses_in_one_line(tmp_path, capsys, content, says):
     if content is not None:
