@@ -190,9 +190,11 @@ def test_report_rebuilds_the_pages_and_leaves_results_alone(tmp_path, capsys):
     shutil.copytree(QUICK, run_dir)
     (run_dir / "report.html").unlink()
     before = (run_dir / "results.json").read_bytes()
+    inode = (run_dir / "results.json").stat().st_ino  # an atomic rewrite, even of the same bytes, changes it
     assert main(["report", str(run_dir)]) == 0
     assert "Profile quick" in capsys.readouterr().out
     assert (run_dir / "results.json").read_bytes() == before
+    assert (run_dir / "results.json").stat().st_ino == inode
     page = (run_dir / "report.html").read_text(encoding="utf-8")
     assert page.count("data:image/png;base64,") == 21 and "is missing from" not in page
     assert (run_dir / "report.md").is_file()
