@@ -28,14 +28,15 @@ import pytest
 LAPTOP = (1366, 900)
 
 
-def find_browser() -> str | None:
+def find_browser() -> tuple[str | None, str]:
+    """(the browser's path, or None and why not)."""
     env = os.environ.get("GATEPOOL_CHROMIUM")
     if env:
-        return env if Path(env).is_file() else None
+        return (env, "") if Path(env).is_file() else (None, f"GATEPOOL_CHROMIUM={env} is not a file")
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if shutil.which(name):
-            return shutil.which(name)
-    return None
+            return shutil.which(name), ""
+    return None, "no Chromium on PATH (apt-get install chromium, or set GATEPOOL_CHROMIUM)"
 
 
 class CDPError(RuntimeError):
@@ -181,9 +182,9 @@ class Chromium:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    exe = find_browser()
+    exe, why = find_browser()
     if exe is None:
-        pytest.skip("no Chromium (apt-get install chromium, or set GATEPOOL_CHROMIUM)")
+        pytest.skip(why)
     tmp = tmp_path_factory.mktemp("chromium")
     b = Chromium(exe, tmp / "profile", tmp / "chromium.log")
     yield b

@@ -198,7 +198,11 @@ def test_committed_reports_open_cleanly(browser, profile, tmp_path):
     assert browser.errors() == []
     shot = browser.screenshot(tmp_path / f"report-{profile}.png")
     assert png_size(shot) == (1366, 900)
+    browser.center("[data-widget='tau']")
+    dial = browser.screenshot(tmp_path / f"report-{profile}-tau-dial.png")
+    assert png_size(dial) == (1366, 900)
     dest = os.environ.get("GATEPOOL_SCREENSHOTS")
     if dest:
         Path(dest).mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(shot, Path(dest) / f"report-{profile}.png")
+        for png in (shot, dial) if profile == "quick" else (shot,):  # the README shows one dial
+            shutil.copyfile(png, Path(dest) / png.name)

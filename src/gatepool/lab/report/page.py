@@ -85,8 +85,9 @@ def summary_html(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return (
         f"<section id='summary'><p class='meta'>Profile <b>{esc(str(meta.get('profile')))}</b>, "
         f"{sum(len(r.get('claims', [])) for r in records)} claims in {len(records)} experiments, "
-        f"{meta.get('seconds', 0):.0f} s in all. Machine: {esc(machine)}. Every experiment states its "
-        f"setup and seeds.</p><div class='cards'>"
+        f"{sum(r.get('seconds') or 0 for r in records):.0f} s of experiments (the last invocation, which "
+        f"resumes finished ones: {meta.get('seconds', 0):.0f} s). Machine: {esc(machine)}. Every experiment "
+        f"states its setup and seeds.</p><div class='cards'>"
         f"<div class='card' id='lecture-counts'><h3>The lecture's claims</h3>{_counts_html(lecture)}</div>"
         f"<div class='card' id='own-counts'><h3>The project's own checks</h3>{_counts_html(own)}"
         f"<div class='why'>{'; '.join(lines)}</div></div></div>"
