@@ -206,3 +206,19 @@ def test_committed_reports_open_cleanly(browser, profile, tmp_path):
         Path(dest).mkdir(parents=True, exist_ok=True)
         for png in (shot, dial) if profile == "quick" else (shot,):  # the README shows one dial
             shutil.copyfile(png, Path(dest) / png.name)
+
+
+def test_compare_page_filters_to_what_changed(browser, tmp_path):
+    from gatepool.cli import main
+
+    out = tmp_path / "compare.html"
+    assert main(["compare", str(RESULTS / "quick"), str(RESULTS / "full"), "--out", str(out)]) == 0
+    browser.open(out)
+    x, y = browser.center("#only-changed")
+    browser.mouse(x, y, "mousePressed")
+    browser.mouse(x, y, "mouseReleased")
+    shown = browser.evaluate("[...document.querySelectorAll('tr.claim')].filter(tr => tr.offsetParent)"
+                             ".map(tr => tr.dataset.change)")
+    total = browser.evaluate("document.querySelectorAll('tr.claim').length")
+    assert shown and all(shown) and len(shown) < total
+    assert browser.errors() == []
