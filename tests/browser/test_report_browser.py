@@ -42,7 +42,7 @@ def explorer_rows(image: list[list[float]], grid=(12, 12)) -> list[list[float]]:
     """Synthetic gate rows in the explorer's schema: a query looks near itself and at the ink."""
     gh, gw = grid
     img = np.asarray(image)
-    ink = img[: 2 * gh, : 2 * gw].reshape(gh, 2, gw, 2).mean((1, 3)).reshape(-1)  # (t,) ink per token
+    ink = img[2 : 2 + 2 * gh, 2 : 2 + 2 * gw].reshape(gh, 2, gw, 2).mean((1, 3)).reshape(-1)  # (t,) ink
     r, c = np.divmod(np.arange(gh * gw), gw)
     logits = -((r[:, None] - r[None]) ** 2 + (c[:, None] - c[None]) ** 2) / 6.0 + 3.0 * ink[None]
     rows = np.exp(logits - logits.max(1, keepdims=True))

@@ -205,6 +205,14 @@
     heat.width = gw; heat.height = gh;
     const grid = el.querySelector(".tokens");
     grid.style.gridTemplateColumns = "repeat(" + gw + ", 1fr)";
+    // tokens tile the image's centre, floor(H / grid) pixels each: for the conv stem (5×5 conv, 2×2 pool)
+    // token (r, c) sits over pixels [2r + 2, 2r + 4), the centre of the 6×6 patch it sees
+    const box = el.querySelector(".explorer").clientWidth, px = box / w;
+    const cell = Math.floor(h / gh), off = (h - cell * gh) / 2;
+    for (const layer of [heat, grid]) {
+      Object.assign(layer.style, { left: off * px + "px", top: off * px + "px", width: cell * gw * px + "px",
+                                   height: cell * gh * px + "px" });
+    }
     const readout = el.querySelector("#explorer-readout");
     function show(r, c) {
       const row = ex.rows[r * gw + c], mx = Math.max(...row);

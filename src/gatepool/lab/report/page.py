@@ -235,8 +235,9 @@ def explorer_widget(rec: dict[str, Any]) -> str:
     return (
         head.format(attr=" data-widget='explorer'")
         + f"<p class='why'>Test digit (label {esc(str(ex.get('label')))}), {esc(str(ex.get('model')))}, seed "
-        f"{esc(str(ex.get('seed')))}. Hover a token of the {gh} × {gw} grid: red shows that query's gate "
-        "over every key token (its row of softmax(QKᵀ/√d)).</p>"
+        f"{esc(str(ex.get('seed')))}. Hover a token of the {gh} × {gw} grid (each drawn over the centre of "
+        "the patch it sees): red shows that query's gate over every key token, its row of "
+        "softmax(QKᵀ/√d).</p>"
         "<div class='explorer'><canvas class='digit'></canvas><canvas class='heat'></canvas>"
         "<div class='tokens'></div></div><p class='readout' id='explorer-readout'></p>"
         f"{_json_script(cfg)}</div>"
