@@ -23,9 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from gatepool.analysis.probe.theory import padding_variance_map
-from gatepool.lab.experiments.soft_gate import softmax_theory
-
 TAU_RANGE = (0.01, 100.0)  # the τ slider's ends (log scale)
 SQRT_D_CHOICES = (1, 4, 16, 64, 256)
 KERNELS = (1, 3, 5, 7)
@@ -33,6 +30,8 @@ KERNELS = (1, 3, 5, 7)
 
 def tau_dial(window: list[float], tau: float) -> dict[str, Any]:
     """Gates and output of ``softmax(v/τ) · v`` on ``window``; its limits max and mean."""
+    from gatepool.lab.experiments.soft_gate import softmax_theory  # lazy: the page needs no torch
+
     if not tau > 0:
         raise ValueError(f"tau={tau}: must be > 0")
     v = np.asarray(window, dtype=np.float64)
@@ -78,6 +77,8 @@ def sqrt_d_dial(d: int, *, seed: int = 0, queries: int = 200, tokens: int = 144)
 
 def padding_map(size: int, kernel: int, padding: int) -> list[list[float]]:
     """(H_out, W_out) share of a k×k kernel's taps on a ``size``×``size`` map padded by ``padding``."""
+    from gatepool.analysis.probe.theory import padding_variance_map  # lazy: the page needs no torch
+
     return padding_variance_map(size, size, kernel, padding).tolist()
 
 

@@ -186,13 +186,14 @@ def tau_widget(rec: dict[str, Any]) -> str:
 
 
 def sqrt_d_widget(rec: dict[str, Any]) -> str:
-    from gatepool.lab.experiments.sqrt_d import LECTURE
-
     tokens = rec.get("setup", {}).get("tokens", 144)
     options = "".join(f"<option value='{d}'{' selected' if d == 64 else ''}>{d}</option>"
                       for d in SQRT_D_CHOICES)
+    bars = {c["id"]: c.get("lecture") for c in rec.get("claims", [])}  # the record's own lecture values
+    lecture = {str(d): [bars.get(f"std-d{d}"), bars.get(f"max-gate-d{d}"), bars.get(f"max-gate-scaled-d{d}")]
+               for d in SQRT_D_CHOICES}
     cfg = {"queries": 200, "tokens": tokens,
-           "lecture": {str(d): list(v) for d, v in LECTURE.items()} if tokens == 144 else {}}
+           "lecture": {d: v for d, v in lecture.items() if None not in v}}
     return (
         "<div class='widget' data-widget='sqrtd'><h4>The √d dial</h4>"
         f"<p class='why'>Sampled in this page: 200 queries, each against {tokens} keys, entries N(0, 1) "
