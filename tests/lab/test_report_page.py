@@ -119,6 +119,7 @@ def test_shipped_model_badge_and_missing_explorer(run, tmp_path):
     assert "conv_attention_s0 (sha256 abababababab…)" in page
     assert "data-widget='explorer'" in page and "no saved gate rows" not in page
     assert page.count("is missing from") == sum(len(r["figures"]) for r in records)
+    assert "(From a shipped model: conv_attention seed 0.)" in markdown(records, meta)
 
 
 def test_no_string_in_a_record_can_break_out_of_the_page(run):

@@ -137,6 +137,7 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                 f"({c.get('source')}: {c.get('ref')}), measured {fmt(c['measured'])}. "
                 f"Tolerance: {c.get('why') or fmt(c['tolerance'])}"
                 + (f" Note: {c['note']}" if c.get("note") else "")
+                + (f" (From a shipped model: {c['shipped_model']}.)" if c.get("shipped_model") else "")
             )
         for n in rec.get("notes", []):
             out.append(f"- {n}")
