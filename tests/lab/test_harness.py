@@ -138,7 +138,7 @@ def test_reproduce_resumes_and_reports_not_run(toy, tmp_path):
     assert all(c["verdict"] == "not run" for c in by_name["toy-broken"]["claims"])
     md = paths["markdown"].read_text()
     assert "toy-sum" in md and "not run" in md
-    assert "<table>" in paths["html"].read_text()
+    assert "<table class='claims'>" in paths["html"].read_text()
     results = json.loads(paths["results"].read_text())
     assert [r["name"] for r in results["experiments"]] == ["toy-sum", "toy-broken"]
     # second run: toy-sum is complete for this profile and setup, so it is skipped

@@ -1,22 +1,17 @@
-"""The report: for every claim, its bar and where the bar comes from, our measurement and the verdict.
+"""The report as text: for every claim, its bar and where the bar comes from, our measurement and the verdict.
 
 A bar is the lecture's own number (``lecture``), one of ours (``ours``, with the reason), or our rule
 engine's prediction held to the lecture's arithmetic (``prediction``: a check of ours, not a
 reproduction); the summary counts the three apart.
 
 ``table(records)`` is the plain-text table printed at the end of ``gatepool reproduce``;
-``write_report(out, records)`` writes ``report.md``, a self-contained ``report.html`` (figures
-embedded as base64 PNGs) and ``results.json`` into ``out``.
+``markdown(records, meta)`` is ``report.md``.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 from pathlib import Path
 from typing import Any
-
-from gatepool.utils.io import atomic_write_json, atomic_write_text
 
 
 def fmt(x: Any) -> str:
@@ -85,10 +80,12 @@ SOURCE_NAMES = {
     "lecture": "the lecture's claims",
     "ours": "our own checks",
     "prediction": "prediction checks",
+    "beyond": "beyond the lecture",
 }
 
 
-def _counts(counts: dict[str, int]) -> str:
+def counts_text(counts: dict[str, int]) -> str:
+    """'3 ok, 1 off, 0 not run'."""
     return f"{counts['ok']} ok, {counts['off']} off, {counts['not run']} not run"
 
 
@@ -99,7 +96,12 @@ def _md_cell(s: str) -> str:
 def headline(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     """One sentence: profile, verdict counts, machine, Python and torch, total time."""
     env = meta.get("environment", {})
-    parts = "; ".join(f"{name}: {_counts(summary(records, src))}" for src, name in SOURCE_NAMES.items())
+    present = {c.get("source") for rec in records for c in rec.get("claims", [])}
+    parts = "; ".join(
+        f"{name}: {counts_text(summary(records, src))}"
+        for src, name in SOURCE_NAMES.items()
+        if src in ("lecture", "ours", "prediction") or src in present  # "beyond" only where a claim has it
+    )
     return (
         f"Profile {meta.get('profile')}: {parts}."
         f" Machine: {env.get('processor')} ({env.get('cpu_count')} cores, {env.get('torch_threads')} torch"
@@ -135,61 +137,10 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                 f"({c.get('source')}: {c.get('ref')}), measured {fmt(c['measured'])}. "
                 f"Tolerance: {c.get('why') or fmt(c['tolerance'])}"
                 + (f" Note: {c['note']}" if c.get("note") else "")
+                + (f" (From a shipped model: {c['shipped_model']}.)" if c.get("shipped_model") else "")
             )
         for n in rec.get("notes", []):
             out.append(f"- {n}")
         for f in rec.get("figures", []):
             out += ["", f"![{Path(f).stem}]({f})"]
     return "\n".join(out) + "\n"
-
-
-def html_page(records: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> str:
-    esc = html.escape
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>gatepool report</title><style>",
-        "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}",
-        "table{border-collapse:collapse;font-size:14px}td,th{border:1px solid #ccc;padding:3px 8px}",
-        ".ok{background:#e6f4e6}.off{background:#fbe3e3}.notrun{background:#eee}img{max-width:100%}",
-        "</style></head><body><h1>gatepool: the lecture reproduced</h1>",
-        f"<p>{esc(headline(records, meta))}</p>",
-        "<table><tr>" + "".join(f"<th>{h}</th>" for h in HEADER) + "</tr>",
-    ]
-    for row in claim_rows(records):
-        cls = row[-1].replace(" ", "")
-        parts.append(f"<tr class='{cls}'>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>")
-    parts.append("</table>")
-    for rec in records:
-        parts.append(f"<h2>{esc(rec['name'])}: {esc(rec.get('title', ''))}</h2>")
-        if rec.get("status") != "complete":
-            parts.append(
-                f"<p><b>{esc(str(rec.get('status', 'not run')))}</b> {esc(str(rec.get('error') or ''))}</p>"
-            )
-        if "setup" in rec:
-            setup = ", ".join(f"{k}={fmt(v)}" for k, v in rec["setup"].items())
-            parts.append(f"<p><small>{esc(setup)} ({rec.get('seconds', 0):.1f} s)</small></p>")
-        items = [
-            f"<li><b>{esc(c['id'])}</b> ({esc(c['verdict'])}): {esc(c['statement'])} "
-            f"<small>[{esc(str(c.get('source')))}: {esc(str(c.get('ref')))}]</small> "
-            f"<i>{esc(c.get('why') or '')}</i></li>"
-            for c in rec.get("claims", [])
-        ]
-        items += [f"<li>{esc(n)}</li>" for n in rec.get("notes", [])]
-        parts.append("<ul>" + "".join(items) + "</ul>")
-        for f in rec.get("figures", []):
-            path = out / f
-            if path.is_file():
-                b64 = base64.b64encode(path.read_bytes()).decode("ascii")
-                parts.append(f"<p><img alt='{esc(path.stem)}' src='data:image/png;base64,{b64}'></p>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
-
-
-def write_report(out: str | Path, records: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Path]:
-    """Write results.json, report.md and report.html into ``out``; returns their paths."""
-    out = Path(out)
-    paths = {
-        "results": atomic_write_json(out / "results.json", {"meta": meta, "experiments": records}),
-        "markdown": atomic_write_text(out / "report.md", markdown(records, meta)),
-        "html": atomic_write_text(out / "report.html", html_page(records, meta, out)),
-    }
-    return paths
