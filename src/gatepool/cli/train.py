@@ -58,7 +58,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="JSON",
         help="extra model keyword arguments as JSON, e.g. '{\"width\": 64}'",
     )
-    p.add_argument("--data", default=None, help="mnist or fashion-mnist")
+    p.add_argument(
+        "--data",
+        default=None,
+        help="mnist, fashion-mnist, or a generated 60×60 set (made on first use): translated-mnist, "
+        "cluttered-mnist, distractor-mnist",
+    )
     p.add_argument(
         "--data-dir",
         default=None,
@@ -153,7 +158,7 @@ def _model_kwargs(args: argparse.Namespace) -> dict:
 
 def _check(config, args: argparse.Namespace) -> None:
     """What the flags' types cannot see, each error naming its flag: names, folders, sizes."""
-    from gatepool.data import DATASETS, split_size
+    from gatepool.data import dataset_names, split_size
     from gatepool.models import create_model, list_models
     from gatepool.train import check_amp
 
@@ -163,8 +168,8 @@ def _check(config, args: argparse.Namespace) -> None:
     except ValueError as e:
         raise UsageError(f"--amp {config.amp}: {e}") from None
 
-    if config.data not in DATASETS:
-        raise UsageError(f"--data {config.data!r} is unknown; choose one of {', '.join(DATASETS)}")
+    if config.data not in dataset_names():
+        raise UsageError(f"--data {config.data!r} is unknown; choose one of {', '.join(dataset_names())}")
     if config.data_dir is not None and not os.path.isdir(config.data_dir):
         raise UsageError(f"--data-dir {config.data_dir}: no such folder")
     if config.model not in list_models():

@@ -252,10 +252,10 @@ class TrainData(NamedTuple):
 def load_data(config: TrainConfig, data: TrainData | None = None) -> TrainData:
     """The normalized train and test tensors of ``config.data`` (or ``data``), cut to the subsets."""
     if data is None:
-        from gatepool.data import DATASETS, load_dataset
+        from gatepool.data import dataset_names, load_dataset
 
-        if config.data not in DATASETS:
-            known = sorted(DATASETS)
+        if config.data not in dataset_names():
+            known = sorted(dataset_names())
             raise ValueError(f"data must be one of {known} (or pass train(data=...)), got {config.data!r}")
         train_ds = load_dataset(config.data, "train", data_dir=config.data_dir)
         test_ds = load_dataset(config.data, "test", data_dir=config.data_dir)
