@@ -8,6 +8,11 @@
     head  GroupNorm → ReLU → mean over the 49 positions → Linear(32, 10)    (B, 10)
           Linear W ~ N(0, 1/32), bias 0 (the lecture's backward figures assume E[w²] = 1/32)
 
+``blocks`` sets the stages: one 2×2 pool, then that many blocks, per entry. The lecture's net is (1, 2)
+for 28×28; ``residual_cnn_canvas`` is (1, 1, 2) for a 60×60 canvas, one more pool stage:
+60 → 30 → 15 → 7 (the last pool drops the 15th row and column, as torch's floor mode does), so the head
+again sees 7×7.
+
 Each block is pre-activation, ``x + conv2(relu(gn2(conv1(relu(gn1(x))))))``, 3×3 convs without bias,
 He init W ~ N(0, 2/(C·9)) = N(0, 2/288), so a unit-variance ReLU input gives a unit-variance conv output:
 ``Var(y) = fan_in · E[w²] · E[x²] = 288 · 2/288 · ½ = 1``.
@@ -64,7 +69,7 @@ class ResidualCNN(nn.Sequential):
     Args:
         pool: gate name for both 2×2 stride-2 pools (see ``gatepool.layers.create_pool``).
         width: channels everywhere (32).
-        blocks: residual blocks at 14×14 and at 7×7 ((1, 2)).
+        blocks: residual blocks after each pool ((1, 2): one at 14×14, two at 7×7); one pool per entry.
         groups: GroupNorm groups (8).
         in_channels, num_classes: 1 and 10 for MNIST.
         pool_kwargs: extra keyword arguments for the pool (e.g. ``temperature``).
@@ -85,8 +90,8 @@ class ResidualCNN(nn.Sequential):
             raise ValueError(f"groups must be >= 1, got {groups}")
         if width <= 0 or width % groups != 0:
             raise ValueError(f"width must be a positive multiple of groups={groups}, got {width}")
-        if len(blocks) != 2 or min(blocks) < 0:
-            raise ValueError(f"blocks must be two non-negative counts (at 14×14, at 7×7), got {blocks}")
+        if len(blocks) < 1 or min(blocks) < 0:
+            raise ValueError(f"blocks must be one count ≥ 0 per pool stage, like (1, 2); got {blocks}")
         pool_kwargs = dict(pool_kwargs or {})
         stem = nn.Conv2d(in_channels, width, 5, padding=2)
         nn.init.normal_(stem.weight, 0.0, (1.0 / (in_channels * 25)) ** 0.5)  # N(0, 1/25)
@@ -118,4 +123,11 @@ class ResidualCNN(nn.Sequential):
 @register_model("residual_cnn")
 def residual_cnn(**kwargs) -> ResidualCNN:
     """Tuesday's CNN (see :class:`ResidualCNN`)."""
+    return ResidualCNN(**kwargs)
+
+
+@register_model("residual_cnn_canvas")
+def residual_cnn_canvas(**kwargs) -> ResidualCNN:
+    """Tuesday's CNN with one more pool stage for a 60×60 canvas: blocks (1, 1, 2), 60 → 30 → 15 → 7."""
+    kwargs.setdefault("blocks", (1, 1, 2))
     return ResidualCNN(**kwargs)
