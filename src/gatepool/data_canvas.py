@@ -331,6 +331,7 @@ def loudest_not_digit(name: str, split: str = "test", n: int = 2000, window: int
     """
     recipe = _recipe(name)
     digits = _source(split).images.numpy()
+    n = min(n, len(digits))
     full = generate_split(recipe, digits, split, n)  # (n, S, S)
     alone = generate_split(CanvasRecipe(recipe.name, "translated", recipe.seed, recipe.canvas,
                                         dim=recipe.dim), digits, split, n)

@@ -42,6 +42,9 @@ def _info(args: argparse.Namespace) -> int:
             print(error if error.startswith(name) else f"{name}: {error}")
             continue
         recipe = f" — {mine[0]['recipe']}" if mine[0].get("recipe") else ""
+        if recipe and all(r["path"] is None for r in mine):  # a generated set not made yet: one line
+            print(f"{name}: {mine[0]['error']}{recipe}")
+            continue
         print(f"{name}: loaded from {mine[0]['folder']} ({mine[0]['rule']}){recipe}")
         for r in mine:
             state = "verified" if r["verified"] else (r["error"] or "not verified")
