@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from gatepool import data, data_canvas
-from gatepool.data import DataError, Dataset, load_dataset
-from gatepool.data_canvas import GENERATED, CanvasRecipe, generate, generate_split
+from gatepool import data_canvas
+from gatepool.data import DataError, Dataset
+from gatepool.data import load_dataset as load_idx
+from gatepool.data_canvas import GENERATED, CanvasRecipe, generate, generate_split, info_all
+from gatepool.data_canvas import load_by_name as load_dataset
 
 # SHA-256 of generate_split(recipe, first 64 MNIST test digits, "test"): a changed recipe or generator
 # changes every result measured on the set, so it must show up here (then bump CanvasRecipe.version).
@@ -22,7 +24,7 @@ PINNED = {
 
 @pytest.fixture(scope="module")
 def digits():
-    ds = load_dataset("mnist", "test")
+    ds = load_idx("mnist", "test")
     return ds.images.numpy()[:64], ds.labels.numpy()[:64]
 
 
@@ -76,7 +78,7 @@ def test_distractor_dims_the_digit_and_adds_bright_bars(digits):
 @pytest.fixture
 def small_source(monkeypatch, tmp_path):
     """Generation from 40/20 MNIST digits into a temporary cache (the real one has 70,000)."""
-    full = {s: load_dataset("mnist", s) for s in ("train", "test")}
+    full = {s: load_idx("mnist", s) for s in ("train", "test")}
 
     def source(split, data_dir=None):
         ds = full[split]
@@ -92,7 +94,7 @@ def small_source(monkeypatch, tmp_path):
 
 
 def test_generated_on_first_use_with_manifest(small_source):
-    ds = load_dataset("cluttered-mnist", "test")  # through gatepool.data, by name
+    ds = load_dataset("cluttered-mnist", "test")  # by name, as the trainer loads
     where = small_source / "cluttered-mnist"
     assert ds.source == where and ds.images.shape == (20, 60, 60) and ds.labels.dtype == torch.int64
     manifest = json.loads((where / "manifest.json").read_text())
@@ -102,7 +104,7 @@ def test_generated_on_first_use_with_manifest(small_source):
     x = train.images.double() / 255
     assert (ds.mean, ds.std) == pytest.approx((x.mean().item(), x.std(correction=0).item()))
     assert torch.equal(train.labels, load_dataset("mnist", "train").labels[:40])
-    rows = [r for r in data.info() if r["dataset"] == "cluttered-mnist"]
+    rows = [r for r in info_all() if r["dataset"] == "cluttered-mnist"]
     assert len(rows) == 4 and all(r["verified"] for r in rows)
 
 
@@ -115,7 +117,7 @@ def test_corrupt_file_names_it_and_the_fix(small_source):
     with pytest.raises(DataError, match=r"train-images-idx3-ubyte: SHA-256.*delete .*translated-mnist.*"
                        r"gatepool data generate translated-mnist --force"):
         load_dataset("translated-mnist", "train")
-    row = next(r for r in data.info() if r["file"] == "train-images-idx3-ubyte"
+    row = next(r for r in info_all() if r["file"] == "train-images-idx3-ubyte"
                and r["dataset"] == "translated-mnist")
     assert not row["verified"] and "SHA-256 mismatch" in row["error"]
     generate("translated-mnist", force=True)
@@ -137,8 +139,10 @@ def test_interrupted_or_other_recipe_is_made_again(small_source, monkeypatch):
 def test_trainer_and_names(small_source):
     from gatepool.train.trainer import TrainConfig, load_data
 
-    assert {"translated-mnist", "cluttered-mnist", "distractor-mnist"} <= set(data.dataset_names())
-    assert data.split_size("cluttered-mnist", "test") == 10000  # the real split's size, not generated
+    assert {"translated-mnist", "cluttered-mnist", "distractor-mnist"} <= set(data_canvas.dataset_names())
+    assert data_canvas.split_size_by_name("cluttered-mnist", "test") == 10000  # the real split's size
+    assert data_canvas.split_size_by_name("mnist", "test") == 10000
+    assert len(load_dataset("mnist", "test")) == 10000  # the IDX sets by the same name lookup
     d = load_data(TrainConfig(data="translated-mnist", train_size=16, test_size=8))
     assert d.train_x.shape == (16, 1, 60, 60) and d.test_x.shape == (8, 1, 60, 60)
     with pytest.raises(ValueError, match="translated-mnist"):

@@ -14,10 +14,6 @@ Where a data set is loaded from (:func:`locate`; ``gatepool data info`` shows it
     2. cache: ``~/.cache/gatepool`` (where ``gatepool data fetch`` puts files),
     3. Debian package: ``/usr/share/datasets`` (``dataset-fashion-mnist`` installs ``fashion-mnist/``).
 Each file is ``<file>.gz`` or the raw ``<file>``.
-
-Generated sets (``translated-mnist``, ``cluttered-mnist``, ``distractor-mnist``: MNIST's digits on a
-60×60 canvas) are made from the shipped MNIST on first use and verified the same way; see
-:mod:`gatepool.data_canvas`. :func:`dataset_names` lists every name :func:`load_dataset` accepts.
 """
 
 from __future__ import annotations
@@ -277,12 +273,6 @@ def find_file(name: str, file: str, data_dir: str | os.PathLike | None = None) -
 
 def split_size(name: str, split: str, data_dir: str | os.PathLike | None = None) -> int:
     """Number of examples in a split, from its labels file's header (cheap; :func:`load_dataset` verifies)."""
-    if _generated(name):
-        from gatepool.data_canvas import SPLIT_SIZES
-
-        if split not in SPLIT_SIZES:
-            raise ValueError(f"split={split!r} is unknown; choose 'train' or 'test'")
-        return SPLIT_SIZES[split]
     spec = _spec(name)
     if split not in spec.files:
         raise ValueError(f"split={split!r} is unknown; choose 'train' or 'test'")
@@ -307,22 +297,9 @@ def _hint(name: str, data_dir: str | os.PathLike | None) -> str:
     return _how_to_get(name, _explicit(data_dir))
 
 
-def dataset_names() -> list[str]:
-    """Every name :func:`load_dataset` accepts: the IDX sets, then the generated ones."""
-    from gatepool.data_canvas import GENERATED
-
-    return [*DATASETS, *GENERATED]
-
-
-def _generated(name: str) -> bool:
-    from gatepool.data_canvas import GENERATED
-
-    return name in GENERATED
-
-
 def _spec(name: str) -> DatasetSpec:
     if name not in DATASETS:
-        raise ValueError(f"dataset={name!r} is unknown; choose one of {sorted(dataset_names())}")
+        raise ValueError(f"dataset={name!r} is unknown; choose one of {sorted(DATASETS)}")
     return DATASETS[name]
 
 
@@ -353,15 +330,10 @@ class Dataset:
 def load_dataset(
     name: str = "mnist", split: str = "train", data_dir: str | os.PathLike | None = None
 ) -> Dataset:
-    """Load and verify one split of ``name`` (one of :func:`dataset_names`), ``split`` "train" or "test".
+    """Load and verify one split of ``name`` ("mnist" or "fashion-mnist"), ``split`` "train" or "test".
 
     A process keeps the last few loads (the same files are verified once); treat the tensors as read-only.
-    A generated set (:mod:`gatepool.data_canvas`) is made on first use.
     """
-    if _generated(name):
-        from gatepool.data_canvas import load
-
-        return load(name, split, data_dir)
     spec = _spec(name)
     if split not in spec.files:
         raise ValueError(f"split={split!r} is unknown; choose 'train' or 'test'")
@@ -441,9 +413,7 @@ def info(data_dir: str | os.PathLike | None = None) -> list[dict]:
                 except DataError as e:
                     row["error"] = str(e)
             rows.append(row)
-    from gatepool.data_canvas import info as generated_info
-
-    return rows + generated_info(data_dir)
+    return rows
 
 
 def fetch(name: str, dest: str | os.PathLike | None = None, *, timeout: float = 30.0) -> Path:

@@ -29,6 +29,10 @@ when given. The first load generates the set (a few seconds); every load verifie
 manifest, and a missing or damaged file is a :class:`~gatepool.data.DataError` naming it and the fix
 (delete the folder, or ``gatepool data generate NAME --force``). A manifest from another recipe or seed
 is made again. ``gatepool data info`` lists the sets and their state.
+
+By name, every data set (layered above :mod:`gatepool.data`, which knows only the IDX sets):
+:func:`dataset_names`, :func:`load_by_name` (``TrainConfig(data="cluttered-mnist")`` loads through it),
+:func:`split_size_by_name` and :func:`info_all`.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gatepool import data as idx_sets
 from gatepool.data import DataError, Dataset, _explicit, read_idx
 from gatepool.utils.environment import cache_dir
 from gatepool.utils.io import atomic_write_bytes, atomic_write_json, read_json
@@ -242,9 +247,7 @@ def generate(name: str, data_dir: str | os.PathLike | None = None, *, force: boo
 
 def _source(split: str, data_dir: str | os.PathLike | None = None) -> Dataset:
     """The MNIST split the canvases are made from (a seam for tests)."""
-    from gatepool.data import load_dataset
-
-    return load_dataset(SOURCE, split, data_dir=data_dir)
+    return idx_sets.load_dataset(SOURCE, split, data_dir=data_dir)
 
 
 def _read_manifest(where: Path) -> dict[str, Any] | None:
@@ -343,3 +346,34 @@ def loudest_not_digit(name: str, split: str = "test", n: int = 2000, window: int
 
     ink = tiles(alone) > 0
     return float((tiles(full) > tiles(alone))[ink].mean())
+
+
+# ----------------------------------------------------------------------------- every data set by name
+
+
+def dataset_names() -> list[str]:
+    """Every name :func:`load_by_name` accepts: the IDX sets, then the generated ones."""
+    return [*idx_sets.DATASETS, *GENERATED]
+
+
+def load_by_name(name: str, split: str = "train", data_dir: str | os.PathLike | None = None) -> Dataset:
+    """One split of any data set: :func:`gatepool.data.load_dataset` or, for a generated one, :func:`load`."""
+    if name in GENERATED:
+        return load(name, split, data_dir)
+    if name not in idx_sets.DATASETS:
+        raise ValueError(f"dataset={name!r} is unknown; choose one of {dataset_names()}")
+    return idx_sets.load_dataset(name, split, data_dir)
+
+
+def split_size_by_name(name: str, split: str, data_dir: str | os.PathLike | None = None) -> int:
+    """Examples in a split, without loading it (a generated set has MNIST's sizes, made or not)."""
+    if name in GENERATED:
+        if split not in SPLIT_SIZES:
+            raise ValueError(f"split={split!r} is unknown; choose 'train' or 'test'")
+        return SPLIT_SIZES[split]
+    return idx_sets.split_size(name, split, data_dir)
+
+
+def info_all(data_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+    """:func:`gatepool.data.info`'s rows, then the generated sets' (:func:`info`)."""
+    return idx_sets.info(data_dir) + info(data_dir)

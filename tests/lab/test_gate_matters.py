@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gatepool import data_canvas
-from gatepool.data import Dataset, load_dataset
+from gatepool.data import Dataset, load_dataset  # the IDX sets (MNIST)
 from gatepool.lab.claims import Context
 from gatepool.lab.experiments import gate_matters as gm
 from gatepool.lab.experiments import registry

@@ -28,9 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from gatepool.data import info, search_roots
+    from gatepool.data import search_roots
+    from gatepool.data_canvas import info_all
 
-    rows = info(args.data_dir)
+    rows = info_all(args.data_dir)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

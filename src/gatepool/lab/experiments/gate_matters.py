@@ -153,14 +153,14 @@ def _config(ctx: Context, net: str, data: str, pool: str, seed: int) -> dict[str
 
 def _available(ctx: Context) -> list[str]:
     """Load (and so generate, once, here rather than in racing workers) every data set; skip missing ones."""
-    from gatepool.data import DataError, load_dataset
-    from gatepool.data_canvas import GENERATED, loudest_not_digit
+    from gatepool.data import DataError
+    from gatepool.data_canvas import GENERATED, load_by_name, loudest_not_digit
 
     ok = []
     for data in dict.fromkeys(ctx["datasets"] + ctx["deep_datasets"]):
         try:
-            test = load_dataset(data, "test")
-            load_dataset(data, "train")
+            test = load_by_name(data, "test")
+            load_by_name(data, "train")
         except DataError as e:
             ctx.note(f"{data}: not available, its trainings are not run ({e})")
             continue
@@ -332,12 +332,12 @@ def _t_half(a: list[float], confidence: float) -> float:
 
 def picture_grid(datasets: list[str], n: int = 8) -> Any:
     """A row of the first ``n`` test images of each data set (uint8, as generated)."""
-    from gatepool.data import load_dataset
+    from gatepool.data_canvas import load_by_name
 
     plt = pyplot()
     fig, axes = plt.subplots(len(datasets), n, figsize=(n * 0.9, len(datasets) * 1.0), squeeze=False)
     for r, data in enumerate(datasets):
-        images = load_dataset(data, "test").images[:n]
+        images = load_by_name(data, "test").images[:n]
         for c in range(n):
             ax = axes[r, c]
             ax.imshow(images[c].numpy(), cmap="gray", vmin=0, vmax=255)
@@ -390,13 +390,13 @@ def routed_weight(maps: list[torch.Tensor]) -> torch.Tensor:
 
 def attention_figure(run: str, n: int = 6) -> Any:
     """Where the attention gate's weight goes on the first ``n`` cluttered test digits."""
-    from gatepool.data import load_dataset
+    from gatepool.data_canvas import load_by_name
     from gatepool.train import TrainConfig, train
     from gatepool.utils.io import read_json
 
     config = TrainConfig.from_dict(read_json(f"{run}/results.json")["config"])
     model = train(config, out=run, progress=False, verbose=False).model.cpu()  # finished: loads
-    test = load_dataset(config.data, "test")
+    test = load_by_name(config.data, "test")
     x = (test.images[:n].unsqueeze(1).float() / 255 - test.mean) / test.std  # (n, 1, 60, 60)
     maps = gate_maps(model, x)
     routed = routed_weight(maps)
