@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gatepool import data_canvas
-from gatepool.data import DataError, Dataset
+from gatepool.data import DataError
 from gatepool.data import load_dataset as load_idx
 from gatepool.data_canvas import GENERATED, CanvasRecipe, generate, generate_split, info_all
 from gatepool.data_canvas import load_by_name as load_dataset
@@ -76,21 +76,9 @@ def test_distractor_dims_the_digit_and_adds_bright_bars(digits):
 
 
 @pytest.fixture
-def small_source(monkeypatch, tmp_path):
+def small_source(small_canvas):
     """Generation from 40/20 MNIST digits into a temporary cache (the real one has 70,000)."""
-    full = {s: load_idx("mnist", s) for s in ("train", "test")}
-
-    def source(split, data_dir=None):
-        ds = full[split]
-        n = 40 if split == "train" else 20
-        return Dataset("mnist", split, ds.images[:n], ds.labels[:n], ds.mean, ds.std, ds.source)
-
-    monkeypatch.setattr(data_canvas, "_source", source)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.delenv("GATEPOOL_DATA", raising=False)
-    data_canvas._load.cache_clear()
-    yield tmp_path / "gatepool"
-    data_canvas._load.cache_clear()
+    return small_canvas(40, 20)
 
 
 def test_generated_on_first_use_with_manifest(small_source):

@@ -5,8 +5,6 @@ import json
 import pytest
 import torch
 
-from gatepool import data_canvas
-from gatepool.data import Dataset, load_dataset  # the IDX sets (MNIST)
 from gatepool.lab.claims import Context
 from gatepool.lab.experiments import gate_matters as gm
 from gatepool.lab.experiments import registry
@@ -93,24 +91,6 @@ def test_gate_maps_are_the_attention_weights():
     assert all(not p.return_weights for p in net.modules() if getattr(p, "gate", None) == "attention")
 
 
-@pytest.fixture
-def small_canvas(monkeypatch, tmp_path):
-    """The generated sets made from 256/128 MNIST digits in a temporary cache."""
-    full = {s: load_dataset("mnist", s) for s in ("train", "test")}
-
-    def source(split, data_dir=None):
-        ds = full[split]
-        n = 256 if split == "train" else 128
-        return Dataset("mnist", split, ds.images[:n], ds.labels[:n], ds.mean, ds.std, ds.source)
-
-    monkeypatch.setattr(data_canvas, "_source", source)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.delenv("GATEPOOL_DATA", raising=False)
-    data_canvas._load.cache_clear()
-    yield
-    data_canvas._load.cache_clear()
-
-
 TINY = {"pools": "max,attention,soft-learned", "seeds": "0,1", "datasets": "cluttered-mnist",
         "deep_datasets": "cluttered-mnist", "epochs": "1", "train_size": "64", "test_size": "32",
         "batch_size": "32", "examples": "2"}
@@ -118,6 +98,7 @@ TINY = {"pools": "max,attention,soft-learned", "seeds": "0,1", "datasets": "clut
 
 @pytest.mark.slow
 def test_tiny_run_from_its_trainings(tmp_path, small_canvas):
+    small_canvas(256, 128)
     with num_threads(1):
         rec = run_experiment("gate-matters", profile="full", overrides=TINY, out=tmp_path / "out",
                              progress=False)
@@ -159,6 +140,7 @@ def test_cli_one_line_without_beyond(tmp_path, capsys):
 
 
 def test_data_info_lists_the_generated_sets(small_canvas, capsys):
+    small_canvas(256, 128)
     from gatepool.cli import main
 
     assert main(["data", "generate", "translated-mnist"]) == 0

@@ -63,6 +63,33 @@ def _preact_block_rule(block: PreActBlock, site: Site) -> Residual:
 register_rule(PreActBlock, _preact_block_rule)
 
 
+def stem_conv(in_channels: int, width: int, kernel_size: int) -> nn.Conv2d:
+    """Conv2d(in, width, k, padding=k//2) with W ~ N(0, 1/(in·k²)) (N(0, 1/25) for MNIST's 5×5), bias 0."""
+    stem = nn.Conv2d(in_channels, width, kernel_size, padding=kernel_size // 2)
+    nn.init.normal_(stem.weight, 0.0, (1.0 / (in_channels * kernel_size**2)) ** 0.5)
+    nn.init.zeros_(stem.bias)
+    return stem
+
+
+def gap_head(width: int, groups: int, num_classes: int) -> nn.Sequential:
+    """GroupNorm → ReLU → mean over positions → Linear(width, num_classes)     (B, C, H, W) -> (B, classes)
+
+    The Linear has W ~ N(0, 1/width) (N(0, 1/32): the lecture's ideal backward) and bias 0.
+    """
+    head = nn.Sequential(
+        OrderedDict(
+            norm=nn.GroupNorm(groups, width),
+            relu=nn.ReLU(),
+            pool=nn.AdaptiveAvgPool2d(1),
+            flatten=nn.Flatten(),
+            fc=nn.Linear(width, num_classes),
+        )
+    )
+    nn.init.normal_(head.fc.weight, 0.0, (1.0 / width) ** 0.5)
+    nn.init.zeros_(head.fc.bias)
+    return head
+
+
 class ResidualCNN(nn.Sequential):
     """Tuesday's CNN; its children are named stem, pool1, block1, pool2, block2, block3, head.
 
@@ -93,29 +120,14 @@ class ResidualCNN(nn.Sequential):
         if len(blocks) < 1 or min(blocks) < 0:
             raise ValueError(f"blocks must be one count ≥ 0 per pool stage, like (1, 2); got {blocks}")
         pool_kwargs = dict(pool_kwargs or {})
-        stem = nn.Conv2d(in_channels, width, 5, padding=2)
-        nn.init.normal_(stem.weight, 0.0, (1.0 / (in_channels * 25)) ** 0.5)  # N(0, 1/25)
-        nn.init.zeros_(stem.bias)
-
-        layers: list[tuple[str, nn.Module]] = [("stem", stem)]
+        layers: list[tuple[str, nn.Module]] = [("stem", stem_conv(in_channels, width, 5))]
         n = 0
         for stage, count in enumerate(blocks, start=1):
             layers.append((f"pool{stage}", create_pool(pool, 2, channels=width, **pool_kwargs)))
             for _ in range(count):
                 n += 1
                 layers.append((f"block{n}", PreActBlock(width, groups=groups)))
-        head = nn.Sequential(
-            OrderedDict(
-                norm=nn.GroupNorm(groups, width),
-                relu=nn.ReLU(),
-                pool=nn.AdaptiveAvgPool2d(1),
-                flatten=nn.Flatten(),
-                fc=nn.Linear(width, num_classes),
-            )
-        )
-        nn.init.normal_(head.fc.weight, 0.0, (1.0 / width) ** 0.5)  # N(0, 1/32): the lecture's ideal backward
-        nn.init.zeros_(head.fc.bias)
-        layers.append(("head", head))
+        layers.append(("head", gap_head(width, groups, num_classes)))
         super().__init__(OrderedDict(layers))
         self.pool_name = pool
 

@@ -28,7 +28,7 @@ import torch.nn as nn
 
 from gatepool.layers import create_pool
 from gatepool.models.registry import register_model
-from gatepool.models.residual_cnn import PreActBlock
+from gatepool.models.residual_cnn import PreActBlock, gap_head, stem_conv
 
 
 class PreActProjBlock(nn.Module):
@@ -85,10 +85,7 @@ class ResNetGate(nn.Sequential):
         if any(d < 1 for d in depths):
             raise ValueError(f"depths must be ≥ 1 block per stage, got {depths}")
         pool_kwargs = dict(pool_kwargs or {})
-        stem = nn.Conv2d(in_channels, widths[0], 3, padding=1)
-        nn.init.normal_(stem.weight, 0.0, (1.0 / (in_channels * 9)) ** 0.5)
-        nn.init.zeros_(stem.bias)
-        layers: list[tuple[str, nn.Module]] = [("stem", stem)]
+        layers: list[tuple[str, nn.Module]] = [("stem", stem_conv(in_channels, widths[0], 3))]
         c = widths[0]
         for i, (w, d) in enumerate(zip(widths, depths), start=1):
             stage: list[tuple[str, nn.Module]] = [("pool", create_pool(pool, 2, channels=c, **pool_kwargs))]
@@ -97,18 +94,7 @@ class ResNetGate(nn.Sequential):
                 stage.append((f"block{j + 1}", block))
                 c = w
             layers.append((f"stage{i}", nn.Sequential(OrderedDict(stage))))
-        head = nn.Sequential(
-            OrderedDict(
-                norm=nn.GroupNorm(groups, c),
-                relu=nn.ReLU(),
-                pool=nn.AdaptiveAvgPool2d(1),
-                flatten=nn.Flatten(),
-                fc=nn.Linear(c, num_classes),
-            )
-        )
-        nn.init.normal_(head.fc.weight, 0.0, (1.0 / c) ** 0.5)
-        nn.init.zeros_(head.fc.bias)
-        layers.append(("head", head))
+        layers.append(("head", gap_head(c, groups, num_classes)))
         super().__init__(OrderedDict(layers))
         self.pool_name = pool
 

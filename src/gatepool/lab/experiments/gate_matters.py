@@ -65,6 +65,7 @@ import torch
 import torch.nn as nn
 
 from gatepool.lab.claims import Claim, Context, experiment
+from gatepool.lab.experiments.pool_comparison import train_one  # records τ of nested pools too
 from gatepool.lab.stats import bonferroni, welch_difference
 from gatepool.train.sweep import run_tasks
 from gatepool.utils.plotting import pyplot
@@ -119,25 +120,6 @@ def _claims(setup: dict[str, Any]) -> list[Claim]:
         )
         for net, data in cells(setup)
     ]
-
-
-def record_temperatures(model: nn.Module, epoch: int) -> dict[str, Any]:
-    """The learned τ of every soft-learned pool, at any depth (per channel), for the history."""
-    return {
-        f"tau_{name}": module.temperature.detach().tolist()
-        for name, module in model.named_modules()
-        if getattr(module, "gate", None) == "soft-learned"
-    }
-
-
-def train_one(task: dict[str, Any]) -> dict[str, Any]:
-    """One training (a worker's unit): returns its results record."""
-    from gatepool.train import TrainConfig, train
-
-    config = TrainConfig.from_dict(task["config"])
-    result = train(config, out=task["out"], progress=task["progress"], verbose=task["progress"],
-                   on_epoch_end=record_temperatures)
-    return result.record
 
 
 def _config(ctx: Context, net: str, data: str, pool: str, seed: int) -> dict[str, Any]:
