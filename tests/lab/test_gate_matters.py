@@ -124,6 +124,12 @@ def test_tiny_run_from_its_trainings(tmp_path, small_canvas):
                      for p in ("attention", "soft-learned"))
         assert claims[f"same-{net}-cluttered-mnist"]["measured"] == differ
     assert len(rec["data"]["tau_final"]["cluttered-mnist"]) == 2 * 3 * 32  # 2 seeds × 3 pools × 32 channels
+    stamps = {p: p.stat().st_mtime_ns for p in folder.glob("*/*/results.json")}
+    with num_threads(1):  # resumed: every training is finished, none runs again
+        again = run_experiment("gate-matters", profile="full", overrides=TINY, out=tmp_path / "out",
+                               progress=False)
+    assert again["data"]["test_acc"] == rec["data"]["test_acc"]
+    assert {p: p.stat().st_mtime_ns for p in folder.glob("*/*/results.json")} == stamps and len(stamps) == 12
     names = {f.split("/")[-1] for f in rec["figures"]}
     assert names == {"gate-matters-datasets.png", "gate-matters-accuracy.png", "gate-matters-tau.png",
                      "gate-matters-attention.png"}
