@@ -43,6 +43,9 @@ def test_full_profile_fits_its_budget():
     assert len(quick["seeds"]) == 1
     with pytest.raises(ValueError, match="deep_datasets"):
         gm.model_for("resnet", "fashion-mnist")
+    with pytest.raises(ValueError, match="datasets: 'kmnist' is unknown"):
+        gm.model_for("cnn", "kmnist")
+    assert gm.model_for("cnn", "mnist") == "residual_cnn"  # 28×28 sets get the lecture's net
 
 
 def _context(tmp_path, seeds):

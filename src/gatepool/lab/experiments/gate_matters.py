@@ -82,12 +82,17 @@ BUDGET_S = 2.5 * 3600  # the full profile's wall-clock goal on 2 cores
 
 
 def model_for(net: str, dataset: str) -> str:
-    """The registry name of ``net`` sized for ``dataset``'s canvas."""
+    """The registry name of ``net`` sized for ``dataset``'s canvas (60×60 generated, or 28×28)."""
+    from gatepool.data_canvas import GENERATED, dataset_names
+
+    if dataset not in dataset_names():
+        raise ValueError(f"datasets: {dataset!r} is unknown; choose from {dataset_names()}")
     if net == "resnet":
-        if dataset == "fashion-mnist":
-            raise ValueError("deep_datasets: resnet_gate is sized for the 60×60 sets, not fashion-mnist")
+        if dataset not in GENERATED:
+            raise ValueError(f"deep_datasets: resnet_gate is sized for the 60×60 sets {list(GENERATED)}, "
+                             f"not {dataset}")
         return DEEP_MODEL
-    return MNIST_MODEL if dataset == "fashion-mnist" else CANVAS_MODEL
+    return CANVAS_MODEL if dataset in GENERATED else MNIST_MODEL
 
 
 def cells(setup: dict[str, Any]) -> list[tuple[str, str]]:
@@ -194,8 +199,8 @@ def _available(ctx: Context) -> list[str]:
     claims=_claims,
 )
 def gate_matters(ctx: Context) -> None:
-    for data in ctx["deep_datasets"]:
-        model_for("resnet", data)  # a bad setup fails before any training
+    for net, data in cells(ctx.setup):
+        model_for(net, data)  # a bad setup fails before any training
     available = _available(ctx)
     tasks = [
         {
