@@ -55,7 +55,8 @@ def test_every_claim_says_where_its_bar_comes_from():
 
     for exp in registry().values():
         for c in exp.claims(exp.resolve_setup("full")):
-            assert c.source in ("lecture", "ours", "prediction") and c.ref, (exp.name, c.id)
+            assert c.source in ("lecture", "ours", "prediction", "beyond") and c.ref, (exp.name, c.id)
+            assert (c.source == "beyond") == exp.beyond, (exp.name, c.id)  # extensions' claims only
 
 
 def test_records_carry_the_source_and_the_report_counts_them_apart(toy, tmp_path):

@@ -73,4 +73,4 @@ def test_arguments():
     with pytest.raises(ValueError, match="width"):
         ResidualCNN(width=30)
     with pytest.raises(ValueError, match="blocks"):
-        ResidualCNN(blocks=(1,))
+        ResidualCNN(blocks=(1, -1))

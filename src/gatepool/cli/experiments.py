@@ -47,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="run only these experiments")
     p.add_argument("--force", action="store_true", help="rerun experiments that are already complete")
     p.add_argument("--strict", action="store_true", help="exit 1 if any claim is off")
+    p.add_argument(
+        "--beyond", action="store_true", help="also run the experiments beyond the lecture (gate-matters)"
+    )
     p.set_defaults(func=_reproduce)
 
 
@@ -94,7 +97,7 @@ def _list(args: argparse.Namespace) -> int:
         return 0
     for name, exp in reg.items():
         ids = [c.id for c in exp.claims(exp.setup)]
-        print(f"{name:<18} {exp.title}")
+        print(f"{name:<18} {exp.title}{'  [beyond: reproduce --beyond]' if exp.beyond else ''}")
         print(f"{'':<18} claims: {', '.join(ids)}")
     return 0
 
@@ -172,6 +175,7 @@ def _reproduce(args: argparse.Namespace) -> int:
             wait=args.wait,
             device=str(where),
             executor=runner,
+            beyond=args.beyond,
         )
     except ValueError as e:
         raise UsageError(str(e)) from None

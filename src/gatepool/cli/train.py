@@ -61,7 +61,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="JSON",
         help="extra model keyword arguments as JSON, e.g. '{\"width\": 64}'",
     )
-    p.add_argument("--data", default=None, help="mnist or fashion-mnist")
+    p.add_argument(
+        "--data",
+        default=None,
+        help="mnist, fashion-mnist, or a generated 60×60 set (made on first use): translated-mnist, "
+        "cluttered-mnist, distractor-mnist",
+    )
     p.add_argument(
         "--data-dir",
         default=None,
@@ -160,7 +165,7 @@ def _model_kwargs(args: argparse.Namespace) -> dict:
 
 def _check(config, args: argparse.Namespace) -> None:
     """What the flags' types cannot see, each error naming its flag: names, folders, sizes."""
-    from gatepool.data import DATASETS, split_size
+    from gatepool.data_canvas import dataset_names, split_size_by_name
     from gatepool.models import create_model, list_models
     from gatepool.train import check_amp
 
@@ -170,8 +175,8 @@ def _check(config, args: argparse.Namespace) -> None:
     except ValueError as e:
         raise UsageError(f"--amp {config.amp}: {e}") from None
 
-    if config.data not in DATASETS:
-        raise UsageError(f"--data {config.data!r} is unknown; choose one of {', '.join(DATASETS)}")
+    if config.data not in dataset_names():
+        raise UsageError(f"--data {config.data!r} is unknown; choose one of {', '.join(dataset_names())}")
     if config.data_dir is not None and not os.path.isdir(config.data_dir):
         raise UsageError(f"--data-dir {config.data_dir}: no such folder")
     if config.model not in list_models():
@@ -186,7 +191,7 @@ def _check(config, args: argparse.Namespace) -> None:
             else ""
         )
         raise UsageError(f"{flag}: {e}{takes}") from None
-    sizes = {split: split_size(config.data, split, config.data_dir) for split in ("train", "test")}
+    sizes = {split: split_size_by_name(config.data, split, config.data_dir) for split in ("train", "test")}
     for flag, size, split in [
         ("--train-size", config.train_size, "train"),
         ("--test-size", config.test_size, "test"),

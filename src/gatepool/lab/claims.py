@@ -31,8 +31,10 @@ PROFILES = ("quick", "full")
 VERDICTS = ("ok", "off", "not run")
 # Where a claim's bar comes from: the lecture's own number ("lecture", ``ref`` points to the passage);
 # a bar of ours ("ours", ``ref`` says why that bar); or our rule engine's prediction checked against
-# the lecture's arithmetic ("prediction", ``ref`` names the rule): a check of ours, not a reproduction.
-SOURCES = ("lecture", "ours", "prediction")
+# the lecture's arithmetic ("prediction", ``ref`` names the rule): a check of ours, not a reproduction;
+# or a question beyond the lecture ("beyond", ``ref`` says what is asked): no bar of the lecture's, the
+# answer as measured (only ``gatepool reproduce --beyond`` runs these experiments).
+SOURCES = ("lecture", "ours", "prediction", "beyond")
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class Experiment:
     quick: dict[str, Any]  # what the quick profile changes
     claims: Callable[[dict[str, Any]], list[Claim]]  # the claims for a setup
     module: str = ""
+    beyond: bool = False  # a question beyond the lecture: run by ``reproduce --beyond`` (or ``run``) only
 
     def claims_digest(self, setup: dict[str, Any]) -> str:
         """A hash of the claims declared for ``setup`` (ids, statements, bars, tolerances, sources): a
@@ -137,8 +140,10 @@ def experiment(
     setup: dict[str, Any],
     quick: dict[str, Any] | None = None,
     claims: Sequence[Claim] | Callable[[dict[str, Any]], list[Claim]] = (),
+    beyond: bool = False,
 ) -> Callable[[Callable[[Context], None]], Callable[[Context], None]]:
-    """Register ``fn(ctx)`` as experiment ``name`` (``order`` = its place in the lecture)."""
+    """Register ``fn(ctx)`` as experiment ``name`` (``order`` = its place in the lecture; ``beyond``: an
+    extension past the lecture, left out of a plain ``gatepool reproduce``)."""
     quick = dict(quick or {})
     unknown = set(quick) - set(setup)
     if unknown:
@@ -148,7 +153,9 @@ def experiment(
     def deco(fn: Callable[[Context], None]) -> Callable[[Context], None]:
         if name in _REGISTRY and _REGISTRY[name].fn.__qualname__ != fn.__qualname__:
             raise ValueError(f"experiment {name!r} is registered twice")
-        _REGISTRY[name] = Experiment(name, fn, title, order, dict(setup), quick, claim_fn, fn.__module__)
+        _REGISTRY[name] = Experiment(
+            name, fn, title, order, dict(setup), quick, claim_fn, fn.__module__, beyond=beyond
+        )
         return fn
 
     return deco

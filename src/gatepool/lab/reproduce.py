@@ -4,6 +4,8 @@ An experiment whose ``<out>/<name>/result.json`` is complete for the same profil
 claims (their digest) is skipped, so a killed run picks up where it stopped (long trainings also resume
 from their own checkpoints); a record measured against claims declared otherwise is run again.
 Experiments not run (``--only``) or broken still appear in the report, as ``not run`` or ``error``.
+Experiments beyond the lecture (``Experiment.beyond``, e.g. ``gate-matters``) run only with
+``beyond=True`` (``gatepool reproduce --beyond``); without it they are not in the report at all.
 One reproduction writes to ``out`` at a time (:class:`gatepool.utils.lock.RunLock`): a second one
 raises ``LockHeld`` naming the first, or with ``wait=True`` waits for it.
 """
@@ -33,15 +35,21 @@ def reproduce(
     wait: bool = False,
     device: str = "auto",
     executor: Any = None,
+    beyond: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, Path]]:
     """Run the experiments and write the report; returns (records, report paths).
+
+    ``beyond``: also run the experiments beyond the lecture (after the lecture's).
 
     ``device``: where the experiments' trainings run (``ctx.device``; see :func:`run_experiment`). It is
     how to run, not what: an experiment complete on another device is not run again. So is ``executor``
     (``ctx.executor``: the trainings' process pool or Ray; see :func:`run_experiment`).
     """
     out = Path(out)
-    reg = registry()
+    reg = registry(beyond=beyond)
+    extensions = sorted(set(only or []) & (set(registry()) - set(reg)))
+    if extensions:
+        raise ValueError(f"--only {' '.join(extensions)}: beyond the lecture; add --beyond to run it")
     unknown = sorted(set(only or []) - set(reg))
     if unknown:
         raise ValueError(f"--only: unknown experiment(s) {unknown}; choose from {', '.join(reg)}")

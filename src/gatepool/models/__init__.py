@@ -4,7 +4,9 @@ Importing this package imports every model file, and each registers its construc
 """
 
 from gatepool.models.registry import create_model, list_models, register_model  # noqa: I001  (first)
-from gatepool.models import conv_attention, residual_cnn, seq, vit  # noqa: F401  (register their models)
+from gatepool.models import conv_attention, residual_cnn, resnet_gate, seq, vit  # noqa: F401  (register)
 from gatepool.models.residual_cnn import PreActBlock, ResidualCNN
+from gatepool.models.resnet_gate import PreActProjBlock, ResNetGate
 
-__all__ = ["PreActBlock", "ResidualCNN", "create_model", "list_models", "register_model"]
+__all__ = ["PreActBlock", "PreActProjBlock", "ResNetGate", "ResidualCNN", "create_model", "list_models",
+           "register_model"]

@@ -8,6 +8,11 @@
     head  GroupNorm → ReLU → mean over the 49 positions → Linear(32, 10)    (B, 10)
           Linear W ~ N(0, 1/32), bias 0 (the lecture's backward figures assume E[w²] = 1/32)
 
+``blocks`` sets the stages: one 2×2 pool, then that many blocks, per entry. The lecture's net is (1, 2)
+for 28×28; ``residual_cnn_canvas`` is (1, 1, 2) for a 60×60 canvas, one more pool stage:
+60 → 30 → 15 → 7 (the last pool drops the 15th row and column, as torch's floor mode does), so the head
+again sees 7×7.
+
 Each block is pre-activation, ``x + conv2(relu(gn2(conv1(relu(gn1(x))))))``, 3×3 convs without bias,
 He init W ~ N(0, 2/(C·9)) = N(0, 2/288), so a unit-variance ReLU input gives a unit-variance conv output:
 ``Var(y) = fan_in · E[w²] · E[x²] = 288 · 2/288 · ½ = 1``.
@@ -58,13 +63,40 @@ def _preact_block_rule(block: PreActBlock, site: Site) -> Residual:
 register_rule(PreActBlock, _preact_block_rule)
 
 
+def stem_conv(in_channels: int, width: int, kernel_size: int) -> nn.Conv2d:
+    """Conv2d(in, width, k, padding=k//2) with W ~ N(0, 1/(in·k²)) (N(0, 1/25) for MNIST's 5×5), bias 0."""
+    stem = nn.Conv2d(in_channels, width, kernel_size, padding=kernel_size // 2)
+    nn.init.normal_(stem.weight, 0.0, (1.0 / (in_channels * kernel_size**2)) ** 0.5)
+    nn.init.zeros_(stem.bias)
+    return stem
+
+
+def gap_head(width: int, groups: int, num_classes: int) -> nn.Sequential:
+    """GroupNorm → ReLU → mean over positions → Linear(width, num_classes)     (B, C, H, W) -> (B, classes)
+
+    The Linear has W ~ N(0, 1/width) (N(0, 1/32): the lecture's ideal backward) and bias 0.
+    """
+    head = nn.Sequential(
+        OrderedDict(
+            norm=nn.GroupNorm(groups, width),
+            relu=nn.ReLU(),
+            pool=nn.AdaptiveAvgPool2d(1),
+            flatten=nn.Flatten(),
+            fc=nn.Linear(width, num_classes),
+        )
+    )
+    nn.init.normal_(head.fc.weight, 0.0, (1.0 / width) ** 0.5)
+    nn.init.zeros_(head.fc.bias)
+    return head
+
+
 class ResidualCNN(nn.Sequential):
     """Tuesday's CNN; its children are named stem, pool1, block1, pool2, block2, block3, head.
 
     Args:
         pool: gate name for both 2×2 stride-2 pools (see ``gatepool.layers.create_pool``).
         width: channels everywhere (32).
-        blocks: residual blocks at 14×14 and at 7×7 ((1, 2)).
+        blocks: residual blocks after each pool ((1, 2): one at 14×14, two at 7×7); one pool per entry.
         groups: GroupNorm groups (8).
         in_channels, num_classes: 1 and 10 for MNIST.
         pool_kwargs: extra keyword arguments for the pool (e.g. ``temperature``).
@@ -85,32 +117,17 @@ class ResidualCNN(nn.Sequential):
             raise ValueError(f"groups must be >= 1, got {groups}")
         if width <= 0 or width % groups != 0:
             raise ValueError(f"width must be a positive multiple of groups={groups}, got {width}")
-        if len(blocks) != 2 or min(blocks) < 0:
-            raise ValueError(f"blocks must be two non-negative counts (at 14×14, at 7×7), got {blocks}")
+        if len(blocks) < 1 or min(blocks) < 0:
+            raise ValueError(f"blocks must be one count ≥ 0 per pool stage, like (1, 2); got {blocks}")
         pool_kwargs = dict(pool_kwargs or {})
-        stem = nn.Conv2d(in_channels, width, 5, padding=2)
-        nn.init.normal_(stem.weight, 0.0, (1.0 / (in_channels * 25)) ** 0.5)  # N(0, 1/25)
-        nn.init.zeros_(stem.bias)
-
-        layers: list[tuple[str, nn.Module]] = [("stem", stem)]
+        layers: list[tuple[str, nn.Module]] = [("stem", stem_conv(in_channels, width, 5))]
         n = 0
         for stage, count in enumerate(blocks, start=1):
             layers.append((f"pool{stage}", create_pool(pool, 2, channels=width, **pool_kwargs)))
             for _ in range(count):
                 n += 1
                 layers.append((f"block{n}", PreActBlock(width, groups=groups)))
-        head = nn.Sequential(
-            OrderedDict(
-                norm=nn.GroupNorm(groups, width),
-                relu=nn.ReLU(),
-                pool=nn.AdaptiveAvgPool2d(1),
-                flatten=nn.Flatten(),
-                fc=nn.Linear(width, num_classes),
-            )
-        )
-        nn.init.normal_(head.fc.weight, 0.0, (1.0 / width) ** 0.5)  # N(0, 1/32): the lecture's ideal backward
-        nn.init.zeros_(head.fc.bias)
-        layers.append(("head", head))
+        layers.append(("head", gap_head(width, groups, num_classes)))
         super().__init__(OrderedDict(layers))
         self.pool_name = pool
 
@@ -118,4 +135,11 @@ class ResidualCNN(nn.Sequential):
 @register_model("residual_cnn")
 def residual_cnn(**kwargs) -> ResidualCNN:
     """Tuesday's CNN (see :class:`ResidualCNN`)."""
+    return ResidualCNN(**kwargs)
+
+
+@register_model("residual_cnn_canvas")
+def residual_cnn_canvas(**kwargs) -> ResidualCNN:
+    """Tuesday's CNN with one more pool stage for a 60×60 canvas: blocks (1, 1, 2), 60 → 30 → 15 → 7."""
+    kwargs.setdefault("blocks", (1, 1, 2))
     return ResidualCNN(**kwargs)

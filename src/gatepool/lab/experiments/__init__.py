@@ -14,15 +14,17 @@ from gatepool.lab.claims import Experiment, declared
 # Claim groups, in the lecture's order.
 GROUPS: list[str] = ["conv_variance", "pool_variance", "network", "soft_gate", "pool_comparison",
                      "attention_reach", "sqrt_d", "attention_cost", "flashcards", "seq_demo", "vit_mnist",
-                     "init_rules", "conv_unrolled", "max_normals"]
+                     "init_rules", "conv_unrolled", "max_normals",
+                     "gate_matters"]  # beyond the lecture (``Experiment.beyond``): `reproduce --beyond`
 
 for _group in GROUPS:
     importlib.import_module(f"gatepool.lab.experiments.{_group}")
 
 
-def registry() -> dict[str, Experiment]:
-    """Every declared experiment, in the lecture's order."""
-    return dict(sorted(declared().items(), key=lambda kv: (kv[1].order, kv[0])))
+def registry(beyond: bool = True) -> dict[str, Experiment]:
+    """Every declared experiment, in the lecture's order; ``beyond=False`` leaves out the extensions."""
+    items = sorted(declared().items(), key=lambda kv: (kv[1].order, kv[0]))
+    return {name: exp for name, exp in items if beyond or not exp.beyond}
 
 
 __all__ = ["GROUPS", "registry"]

@@ -25,10 +25,10 @@ POOLS = ["max", "avg", "soft", "soft-learned", "attention", "conv"]
 
 
 def record_temperatures(model: nn.Module, epoch: int) -> dict[str, Any]:
-    """The learned τ of every pool that has one (per channel), for the history."""
+    """The learned τ of every pool that has one (per channel, at any depth), for the history."""
     return {
         f"tau_{name}": module.temperature.detach().tolist()
-        for name, module in model.named_children()
+        for name, module in model.named_modules()
         if getattr(module, "gate", None) == "soft-learned"
     }
 

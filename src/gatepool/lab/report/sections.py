@@ -1,7 +1,7 @@
 """The lecture's sections: which experiment the report's page files under which heading (one place).
 
 The page's side navigation follows the lecture: convolution, pooling, the network's signal, the soft gate,
-attention, normalisation and the flashcards, transformers. An experiment missing here lands under
+attention, normalisation and the flashcards, transformers; then what goes beyond the lecture. An experiment missing here lands under
 ``OTHER`` (``tests/lab/test_report_page.py`` checks that every registered experiment has a section).
 """
 
@@ -21,6 +21,7 @@ SECTIONS: list[tuple[str, str, tuple[str, ...]]] = [
     ("attention", "Attention", ("attention-reach", "sqrt-d", "attention-maps", "shuffle", "attention-cost")),
     ("flashcards", "Normalisation and the flashcards", ("batchnorm", "flashcards")),
     ("transformers", "Transformers", ("vit-mnist", "seq-demo", "seq-demo-encdec")),
+    ("beyond", "Beyond the lecture", ("gate-matters",)),  # `reproduce --beyond`
 ]
 OTHER = ("other", "Other experiments")
 

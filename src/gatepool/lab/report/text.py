@@ -80,7 +80,7 @@ SOURCE_NAMES = {
     "lecture": "the lecture's claims",
     "ours": "our own checks",
     "prediction": "prediction checks",
-    "beyond": "beyond the lecture",
+    "beyond": "beyond the lecture ('off': the gates differ)",
 }
 
 

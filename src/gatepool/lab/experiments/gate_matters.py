@@ -1,0 +1,469 @@
+"""Beyond the lecture: does the gate matter when the loudest value in a window is not the relevant one?
+
+On MNIST every gate lands within a few hundredths of a point (pool-comparison), and the lecture says why:
+every gate finds the digit's strokes. Here the six gates train on questions where that fails
+(:mod:`gatepool.data_canvas`: translated-, cluttered- and distractor-mnist on a 60×60 canvas) and on
+Fashion-MNIST as it is, each gate in *every* pool of the net:
+
+    nets       residual_cnn_canvas (Tuesday's CNN + one pool stage: 60 → 30 → 15 → 7) on the 60×60 sets,
+               residual_cnn (the lecture's, 28×28) on Fashion-MNIST, and resnet_gate (four gate pools,
+               7 blocks, widths 16 → 128) on ``deep_datasets``
+    per cell   pools × seeds trainings, the same budget and the same learning-rate rule for every gate:
+               the lecture's pool-comparison recipe untouched (Adam, peak lr 3e-3, one-cycle, batch 128),
+               chosen once for all gates, data sets and nets, never per result
+    statistic  test accuracy (%) per seed; per gate g ≠ max: mean(acc_g) − mean(acc_max) with Welch's
+               95% interval (:mod:`gatepool.lab.stats`)
+    verdict    per (net, data set): "the gates differ" when some gate's interval at 1 − 0.05/5 excludes 0
+               (Bonferroni over the five comparisons: family-wise 95%); else "no difference detected",
+               and the intervals say how large a difference the seeds rule out
+
+The claims (source "beyond") state the null — no gate differs from max pool — so ``ok`` there means the
+gate did not matter and ``off`` means it did: a finding either way, not a failure. With one seed (the
+quick profile) there is no interval and the claims are ``not run``.
+
+Every training is a ``gatepool.train`` run in ``<out>/<net>-<data>/<pool>-s<seed>/`` (checkpoint every
+epoch), all of them through the same parallel workers (``run_tasks``), so a killed run resumes.
+
+Sizing the full profile (≤ 2.5 h wall on 2 cores, 2 one-thread workers = 18,000 worker-seconds).
+``python -m gatepool.lab.experiments.gate_matters --measure`` times training steps of the three nets in
+turn (1 thread, batch 64, Adam, channels_last; median of 3 rounds; the harmonic mean over the six gates).
+On 2026-12-02, on the 2-core development machine **under load** (load average ≈ 6: four other sessions
+busy), torch 2.13.0, seed 0, it gave images/s:
+
+    residual_cnn         1,052  (28×28, Fashion-MNIST)     relative cost 1
+    residual_cnn_canvas    223  (60×60)                    4.7× the lecture's CNN
+    resnet_gate            330  (60×60)                    3.2×
+
+The load changes the rates (an earlier timing of the same steps, one net after another, at load ≈ 3:
+1,440 / 340 / 640), so the budget
+takes the *relative* costs measured together and one reference rate for the lecture's CNN: 1,400 images/s
+per one-thread worker (``gatepool.train.sweep.default_jobs`` records about 1,900 on the quiet machine;
+1,400 keeps a quarter in reserve): RATES = 1,400 / 297 / 440. A training costs
+epochs · (train_size + test_size/3) image-passes (an evaluation pass is about a third of a training
+step); with train_size 10,000, test_size 4,000 and 5 epochs (56,667 passes):
+
+    canvas CNN   3 sets × 6 gates × 3 seeds = 54 × 191 s = 10,300 worker-s
+    resnet_gate  2 sets × 6 gates × 3 seeds = 36 × 129 s =  4,640 worker-s
+    Fashion      1 set  × 6 gates × 3 seeds = 18 ×  40 s =    730 worker-s
+    total 15,670 worker-s / 2 workers ≈ 2.2 h (13% under 2.5 h at the reserved rates)
+
+:func:`estimate_seconds` computes this from the setup (a test keeps the full setup within 2.5 h). The
+budget allows 3 seeds, not 5; the 10,000 training and 4,000 test digits are the same random subsets for
+every gate and seed (``subset_seed`` 0). Does the budget learn the tasks? Single trainings with max
+pools, seed 0, 5 epochs, 4,000 test digits (``gatepool train --model M --pool max --data D --train-size
+N --test-size 4000 --epochs 5 --threads 1 --seed 0``, 2026-12-02, under load): cluttered-mnist, canvas CNN
+93.8% (N = 12,000), ResNetGate 93.7% (N = 10,000); distractor-mnist (N = 10,000), canvas CNN 28.9%,
+ResNetGate 27.4%, learning only from epoch 4 on: with max pools distractor-mnist is far from learned at
+this budget. train_size went from 12,000 to 10,000 for the time budget after the first of these runs;
+nothing was changed after the others, and no other gate was tried.
+Quick profile: cluttered- and distractor-mnist, canvas CNN, one seed, 512 images × 2 epochs: a smoke run of
+the whole pipeline (accuracies near chance, no intervals, claims not run), ≤ 90 s on 2 quiet cores.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from gatepool.lab.claims import Claim, Context, experiment
+from gatepool.lab.experiments.pool_comparison import train_one  # records τ of nested pools too
+from gatepool.lab.stats import bonferroni, welch_difference
+from gatepool.train.sweep import run_tasks
+from gatepool.utils.plotting import pyplot
+
+POOLS = ["max", "avg", "soft", "soft-learned", "attention", "conv"]
+DATASETS = ["cluttered-mnist", "distractor-mnist", "translated-mnist", "fashion-mnist"]
+NETS = {"cnn": "the canvas ResidualCNN", "resnet": "ResNetGate"}
+CANVAS_MODEL, MNIST_MODEL, DEEP_MODEL = "residual_cnn_canvas", "residual_cnn", "resnet_gate"
+# Training images/s of one 1-thread worker: relative costs measured under load, times a reference 1,400
+# for the lecture's CNN (see the module docstring).
+RATES = {CANVAS_MODEL: 297.0, DEEP_MODEL: 440.0, MNIST_MODEL: 1400.0}
+EVAL_COST = 1 / 3  # an evaluation pass, in training passes
+BUDGET_S = 2.5 * 3600  # the full profile's wall-clock goal on 2 cores
+
+
+def model_for(net: str, dataset: str) -> str:
+    """The registry name of ``net`` sized for ``dataset``'s canvas (60×60 generated, or 28×28)."""
+    from gatepool.data_canvas import GENERATED, dataset_names
+
+    if dataset not in dataset_names():
+        raise ValueError(f"datasets: {dataset!r} is unknown; choose from {dataset_names()}")
+    if net == "resnet":
+        if dataset not in GENERATED:
+            raise ValueError(f"deep_datasets: resnet_gate is sized for the 60×60 sets {list(GENERATED)}, "
+                             f"not {dataset}")
+        return DEEP_MODEL
+    return CANVAS_MODEL if dataset in GENERATED else MNIST_MODEL
+
+
+def cells(setup: dict[str, Any]) -> list[tuple[str, str]]:
+    """The (net, data set) pairs of a setup, in the order they run."""
+    return [("cnn", d) for d in setup["datasets"]] + [("resnet", d) for d in setup["deep_datasets"]]
+
+
+def estimate_seconds(setup: dict[str, Any], rates: dict[str, float] = RATES, jobs: int = 2) -> float:
+    """Predicted wall seconds of a setup's trainings on ``jobs`` one-thread workers at ``rates``."""
+    passes = setup["epochs"] * (setup["train_size"] + EVAL_COST * setup["test_size"])
+    worker_s = sum(passes / rates[model_for(net, d)] for net, d in cells(setup)) * len(setup["pools"])
+    return worker_s * len(setup["seeds"]) / jobs
+
+
+def _claims(setup: dict[str, Any]) -> list[Claim]:
+    k = len(setup["pools"]) - 1
+    return [
+        Claim(
+            f"same-{net}-{data}",
+            f"{NETS[net]} on {data}: no gate's test accuracy differs from max pool's "
+            f"(Welch intervals at family-wise {setup['confidence']:.0%}; measured: gates that differ)",
+            0,
+            0.0,
+            f"a count; each of the {k} intervals at {bonferroni(setup['confidence'], max(k, 1)):.2%} "
+            "(Bonferroni); needs two seeds",
+            kind="equal",
+            source="beyond",
+            ref="beyond the lecture, which says the gate cannot matter on MNIST and a learned score needs a "
+            "harder question: this is that question. 'ok': the gate did not matter; 'off': it did",
+        )
+        for net, data in cells(setup)
+    ]
+
+
+def _config(ctx: Context, net: str, data: str, pool: str, seed: int) -> dict[str, Any]:
+    return {
+        "model": model_for(net, data),
+        "model_kwargs": {"pool": pool},
+        "data": data,
+        "epochs": ctx["epochs"],
+        "train_size": ctx["train_size"],
+        "test_size": ctx["test_size"],
+        "batch_size": ctx["batch_size"],
+        "optimizer": ctx["optimizer"],
+        "lr": ctx["lr"],
+        "schedule": ctx["schedule"],
+        "seed": seed,
+        "device": ctx.device,
+    }
+
+
+def _available(ctx: Context) -> list[str]:
+    """Load (and so generate, once, here rather than in racing workers) every data set; skip missing ones."""
+    from gatepool.data import DataError
+    from gatepool.data_canvas import GENERATED, load_by_name, loudest_not_digit
+
+    ok = []
+    for data in dict.fromkeys(ctx["datasets"] + ctx["deep_datasets"]):
+        try:
+            test = load_by_name(data, "test")
+            load_by_name(data, "train")
+        except DataError as e:
+            ctx.note(f"{data}: not available, its trainings are not run ({e})")
+            continue
+        ok.append(data)
+        ctx.data.setdefault("sources", {})[data] = str(test.source)
+        if data in GENERATED:
+            share = loudest_not_digit(data)
+            ctx.data.setdefault("loudest_not_digit", {})[data] = share
+            ctx.note(f"{data}: in {share:.0%} of the 8×8 tiles holding digit ink the loudest pixel is not "
+                     "the digit's (2,000 test canvases)")
+    return ok
+
+
+@experiment(
+    "gate-matters",
+    title="beyond the lecture: does the gate matter on harder questions?",
+    order=100,
+    beyond=True,
+    setup={
+        "pools": POOLS,
+        "seeds": [0, 1, 2],
+        "datasets": DATASETS,
+        "deep_datasets": ["cluttered-mnist", "distractor-mnist"],
+        "epochs": 5,
+        "train_size": 10000,
+        "test_size": 4000,
+        "batch_size": 128,
+        "optimizer": "adam",
+        "lr": 3e-3,
+        "schedule": "onecycle",
+        "confidence": 0.95,
+        "examples": 6,
+    },
+    quick={
+        "seeds": [0],
+        "datasets": ["cluttered-mnist", "distractor-mnist"],
+        "deep_datasets": [],
+        "epochs": 2,
+        "train_size": 512,
+        "test_size": 256,
+        "batch_size": 64,
+    },
+    claims=_claims,
+)
+def gate_matters(ctx: Context) -> None:
+    for net, data in cells(ctx.setup):
+        model_for(net, data)  # a bad setup fails before any training
+    available = _available(ctx)
+    tasks = [
+        {
+            "config": _config(ctx, net, data, pool, seed),
+            "out": str(ctx.out / f"{net}-{data}" / f"{pool}-s{seed}"),
+            "progress": ctx.progress and ctx.jobs == 1,
+            "cell": (net, data),
+            "pool": pool,
+            "seed": seed,
+        }
+        for net, data in cells(ctx.setup)
+        if data in available
+        for pool in ctx["pools"]
+        for seed in ctx["seeds"]
+    ]
+    records = run_tasks(train_one, tasks, ctx.jobs, ctx.executor)
+
+    acc: dict[str, dict[str, list[float]]] = {}  # "net/data" -> pool -> accuracy per seed (%)
+    taus: dict[str, list[float]] = {}  # data -> every final τ of the canvas CNN's soft-learned pools
+    for task, rec in zip(tasks, records):
+        key = "/".join(task["cell"])
+        acc.setdefault(key, {}).setdefault(task["pool"], []).append(100 * rec["final"]["test_acc"])
+        if task["pool"] == "soft-learned" and task["cell"][0] == "cnn":
+            last = rec["history"][-1]
+            taus.setdefault(task["cell"][1], []).extend(
+                t for k, v in last.items() if k.startswith("tau_") for t in v)
+    ctx.data["test_acc"] = acc
+    ctx.data["tau_final"] = taus
+    ctx.data["differences"] = {key: _judge(ctx, key, per_pool) for key, per_pool in acc.items()}
+    _figures(ctx, acc, taus, available)
+
+
+def _judge(ctx: Context, key: str, per_pool: dict[str, list[float]]) -> dict[str, Any]:
+    """Notes, differences to max pool with their intervals, and the cell's claim."""
+    net, data = key.split("/")
+    claim = f"same-{net}-{data}"
+    for pool, a in per_pool.items():
+        sd = f" ± {statistics.stdev(a):.2f}" if len(a) > 1 else ""
+        ctx.note(f"{key}: {pool:<13} {statistics.fmean(a):.2f}{sd} % over seeds {ctx['seeds']}")
+    if "max" not in per_pool or len(ctx["seeds"]) < 2:
+        ctx.check(claim, None, note="one seed (or no max pool): no interval, no verdict")
+        return {}
+    others = [p for p in per_pool if p != "max"]
+    family = bonferroni(ctx["confidence"], len(others))
+    out, differ = {}, []
+    for pool in others:
+        d = welch_difference(per_pool[pool], per_pool["max"], ctx["confidence"])
+        fw = welch_difference(per_pool[pool], per_pool["max"], family)
+        out[pool] = {"diff": d.diff, "low": d.low, "high": d.high, "df": d.df, "family_low": fw.low,
+                     "family_high": fw.high, "differs": fw.differs}
+        ctx.note(f"{key}: {pool} − max = {d.diff:+.2f} points, 95% [{d.low:+.2f}, {d.high:+.2f}], "
+                 f"family-wise [{fw.low:+.2f}, {fw.high:+.2f}]")
+        if fw.differs:
+            differ.append(pool)
+    verdict = f"the gates differ ({', '.join(differ)} vs max)" if differ else "no difference detected"
+    ctx.note(f"{key}: {verdict} at family-wise {ctx['confidence']:.0%}")
+    ctx.check(claim, len(differ), note=verdict)
+    return out
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def _figures(ctx: Context, acc: dict[str, dict[str, list[float]]], taus: dict[str, list[float]],
+             available: list[str]) -> None:
+    plt = pyplot()
+    if available:
+        ctx.figure(picture_grid(available), "gate-matters-datasets.png")
+    if acc:
+        _accuracy_figure(ctx, plt, acc)
+    if taus:
+        fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(taus), 3.2))
+        ax.boxplot(list(taus.values()), showfliers=True)
+        ax.set_xticks(range(1, len(taus) + 1), list(taus), fontsize=8)
+        ax.axhline(1.0, color="k", lw=0.8, ls=":")
+        ax.set(ylabel="learned τ per channel",
+               title=f"soft-learned, canvas CNN, every pool and seed, after {ctx['epochs']} epochs")
+        ctx.figure(fig, "gate-matters-tau.png")
+    where = ctx.out / "cnn-cluttered-mnist" / f"attention-s{ctx['seeds'][0]}"
+    if (where / "results.json").is_file():
+        ctx.figure(attention_figure(str(where), ctx["examples"]), "gate-matters-attention.png")
+
+
+def _accuracy_figure(ctx: Context, plt: Any, acc: dict[str, dict[str, list[float]]]) -> None:
+    keys = list(acc)
+    fig, axes = plt.subplots(2, len(keys), figsize=(3.4 * len(keys), 5.6), squeeze=False)
+    for col, key in enumerate(keys):
+        per_pool = acc[key]
+        top, bottom = axes[0, col], axes[1, col]
+        for i, (pool, a) in enumerate(per_pool.items()):
+            m = statistics.fmean(a)
+            half = _t_half(a, ctx["confidence"])
+            top.errorbar(i, m, yerr=half, fmt="o", color="C0", capsize=3)
+            top.scatter([i] * len(a), a, s=10, facecolors="none", edgecolors="k", zorder=3)
+            if pool != "max" and "max" in per_pool and len(a) > 1 and len(per_pool["max"]) > 1:
+                d = welch_difference(a, per_pool["max"], ctx["confidence"])
+                bottom.errorbar(i, d.diff, yerr=[[d.diff - d.low], [d.high - d.diff]], fmt="o",
+                                color="C3" if d.differs else "C0", capsize=3)
+            elif pool != "max" and "max" in per_pool:
+                bottom.scatter(i, statistics.fmean(a) - statistics.fmean(per_pool["max"]), color="C0")
+        for ax in (top, bottom):
+            ax.set_xticks(range(len(per_pool)), list(per_pool), rotation=45, fontsize=7)
+        bottom.axhline(0, color="k", lw=0.8)
+        top.set_title(key, fontsize=9)
+        top.set_ylabel("test accuracy (%)" if col == 0 else "")
+        bottom.set_ylabel("gate − max (points)" if col == 0 else "")
+    seeds = len(ctx["seeds"])
+    what = f"{ctx['confidence']:.0%} intervals over {seeds} seeds" if seeds > 1 else "one seed: no intervals"
+    fig.suptitle(f"{ctx['epochs']} epochs on {ctx['train_size']} images; {what}", fontsize=10)
+    fig.tight_layout()
+    ctx.figure(fig, "gate-matters-accuracy.png")
+
+
+def _t_half(a: list[float], confidence: float) -> float:
+    """Half-width of the t interval of a mean (0 for one value)."""
+    if len(a) < 2:
+        return 0.0
+    from scipy import stats
+
+    return float(stats.t.ppf(0.5 + confidence / 2, len(a) - 1) * statistics.stdev(a) / math.sqrt(len(a)))
+
+
+def picture_grid(datasets: list[str], n: int = 8) -> Any:
+    """A row of the first ``n`` test images of each data set (uint8, as generated)."""
+    from gatepool.data_canvas import load_by_name
+
+    plt = pyplot()
+    fig, axes = plt.subplots(len(datasets), n, figsize=(n * 0.9, len(datasets) * 1.0), squeeze=False)
+    for r, data in enumerate(datasets):
+        images = load_by_name(data, "test").images[:n]
+        for c in range(n):
+            ax = axes[r, c]
+            ax.imshow(images[c].numpy(), cmap="gray", vmin=0, vmax=255)
+            ax.set_xticks([])
+            ax.set_yticks([])
+        axes[r, 0].set_ylabel(data, rotation=0, ha="right", va="center", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def gate_maps(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """Per attention pool in forward order: each input position's gate weight, (N, H, W) at that pool's
+    input resolution (2×2 stride-2 windows: position (2i + a, 2j + b) gets window (i, j)'s weight k = 2a + b).
+    """
+    maps: list[torch.Tensor] = []
+
+    def hook(module: nn.Module, _inp: Any, out: Any) -> Any:
+        y, w = out  # w: (N, C, Ho, Wo, 4), the same for every channel
+        n, _, ho, wo, _ = w.shape
+        m = w[:, 0].reshape(n, ho, wo, 2, 2).permute(0, 1, 3, 2, 4).reshape(n, 2 * ho, 2 * wo)
+        maps.append(m.detach())
+        return y
+
+    pools = [m for m in model.modules() if getattr(m, "gate", None) == "attention"]
+    handles = [p.register_forward_hook(hook) for p in pools]
+    for p in pools:
+        p.return_weights = True
+    try:
+        with torch.no_grad():
+            model.eval()(x)
+    finally:
+        for p in pools:
+            p.return_weights = False
+        for h in handles:
+            h.remove()
+    return maps
+
+
+def routed_weight(maps: list[torch.Tensor]) -> torch.Tensor:
+    """(N, H, W) at the first pool's resolution: the product of every pool's gate weight over the input
+    positions it covers (each map repeated up to the input grid): how much of the composed window each
+    input position gets, were the layers between the pools the identity."""
+    out = maps[0]
+    for m in maps[1:]:
+        scale = out.shape[-1] // m.shape[-1]
+        up = m.repeat_interleave(scale, -2).repeat_interleave(scale, -1)  # (N, h·s, w·s)
+        out = out[:, : up.shape[-2], : up.shape[-1]] * up
+    return out
+
+
+def attention_figure(run: str, n: int = 6) -> Any:
+    """Where the attention gate's weight goes on the first ``n`` cluttered test digits."""
+    from gatepool.data_canvas import load_by_name
+    from gatepool.train import TrainConfig, train
+    from gatepool.utils.io import read_json
+
+    config = TrainConfig.from_dict(read_json(f"{run}/results.json")["config"])
+    model = train(config, out=run, progress=False, verbose=False).model.cpu()  # finished: loads
+    test = load_by_name(config.data, "test")
+    x = (test.images[:n].unsqueeze(1).float() / 255 - test.mean) / test.std  # (n, 1, 60, 60)
+    maps = gate_maps(model, x)
+    routed = routed_weight(maps)
+    plt = pyplot()
+    fig, axes = plt.subplots(3, n, figsize=(1.5 * n, 4.8), squeeze=False)
+    for c in range(n):
+        axes[0, c].imshow(test.images[c].numpy(), cmap="gray")
+        axes[1, c].imshow(maps[0][c].numpy(), cmap="magma", vmin=0, vmax=1)
+        axes[2, c].imshow(test.images[c].numpy(), cmap="gray")
+        h, w = routed.shape[-2:]
+        axes[2, c].imshow(routed[c].numpy(), cmap="magma", alpha=0.6, extent=(0, w, h, 0))
+        for r in range(3):
+            axes[r, c].set_xticks([])
+            axes[r, c].set_yticks([])
+    for r, label in enumerate(["input", "pool1 gate", f"all {len(maps)} gates"]):
+        axes[r, 0].set_ylabel(label, fontsize=8)
+    fig.suptitle(f"attention gate, canvas CNN, seed {config.seed}: weight per input position", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------- sizing
+
+
+def measure_rates(rounds: int = 3, steps: int = 4, batch: int = 64) -> dict[str, dict[str, float]]:
+    """Training images/s of one 1-thread worker, per model (at its data sets' input size) and gate.
+
+    The three models take turns within each round (so background load hits them alike); each timing is
+    ``steps`` Adam steps on a batch of ``batch`` random inputs in channels_last after one warm-up step;
+    the median over ``rounds`` is kept. Data sets of one size cost the same (the 60×60 sets alike).
+    """
+    import time
+
+    from gatepool.models import create_model
+    from gatepool.utils.threads import num_threads
+
+    shapes = {MNIST_MODEL: 28, CANVAS_MODEL: 60, DEEP_MODEL: 60}
+    rates: dict[str, dict[str, float]] = {m: {} for m in shapes}
+    with num_threads(1):
+        for pool in POOLS:
+            runs = {}
+            for model, size in shapes.items():
+                torch.manual_seed(0)
+                net = create_model(model, pool=pool).to(memory_format=torch.channels_last)
+                opt = torch.optim.Adam(net.parameters(), 1e-3)
+                x = torch.randn(batch, 1, size, size).contiguous(memory_format=torch.channels_last)
+                runs[model] = (net, opt, x, torch.randint(0, 10, (batch,)))
+            times: dict[str, list[float]] = {m: [] for m in shapes}
+            for r in range(rounds + 1):
+                for model, (net, opt, x, y) in runs.items():
+                    t0 = time.perf_counter()
+                    for _ in range(1 if r == 0 else steps):  # round 0: the warm-up step
+                        opt.zero_grad()
+                        torch.nn.functional.cross_entropy(net(x), y).backward()
+                        opt.step()
+                    if r:
+                        times[model].append(steps * batch / (time.perf_counter() - t0))
+            for model in shapes:
+                rates[model][pool] = statistics.median(times[model])
+    return rates
+
+
+def harmonic(values: list[float]) -> float:
+    """The rate at which a mix of equal amounts of work at ``values`` runs."""
+    return len(values) / sum(1 / v for v in values)
+
+
+if __name__ == "__main__" and "--measure" in sys.argv:  # python -m gatepool.lab.experiments.gate_matters
+    for model, per_pool in measure_rates().items():
+        row = "  ".join(f"{p} {r:.0f}" for p, r in per_pool.items())
+        print(f"{model:<20} harmonic mean {harmonic(list(per_pool.values())):5.0f} images/s  ({row})")
