@@ -104,6 +104,7 @@ def run_experiment(
         "claims": ctx.claim_records(),
         "notes": ctx.notes,
         "data": plain(ctx.data),
+        "pretrained": dict(sorted(ctx.pretrained.items())),  # shipped models used: name -> SHA-256
         "status": "error" if error else "complete",
         "error": error,
         "environment": {**environment(), **device_info(where)},

@@ -1,4 +1,5 @@
-"""Models by name: ``create_model("residual_cnn", pool="soft")``, ``list_models()``.
+"""Models by name: ``create_model("residual_cnn", pool="soft")``, ``list_models()``; with
+``pretrained=True`` the shipped lecture weights (``gatepool.models.pretrained``).
 
 A model file registers its constructor with ``@register_model("name")``. Importing this module
 imports the ``gatepool.models`` package first, whose ``__init__`` imports every model file, so every
@@ -38,6 +39,16 @@ def model_entrypoint(name: str) -> Callable[..., nn.Module]:
     return _MODELS[name]
 
 
-def create_model(name: str, **kwargs) -> nn.Module:
-    """Build the model registered as ``name`` with keyword arguments ``kwargs``."""
+def create_model(name: str, pretrained: bool | str = False, **kwargs) -> nn.Module:
+    """Build the model registered as ``name`` with keyword arguments ``kwargs``.
+
+    ``pretrained=True`` loads the shipped lecture weights for that model and kwargs (their SHA-256
+    verified first; see :mod:`gatepool.models.pretrained`); a string names the shipped weights
+    (``"conv_attention-s1"``). No shipped weights for the combination: a ValueError listing what ships.
+    """
+    if pretrained is not False:
+        from gatepool.models.pretrained import load_pretrained
+
+        model_entrypoint(name)  # an unknown name: the registry's error first
+        return load_pretrained(name, pretrained, kwargs)
     return model_entrypoint(name)(**kwargs)
