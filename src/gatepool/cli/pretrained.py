@@ -47,7 +47,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from gatepool.models.pretrained.build import build
+    from gatepool.lab.pretrained import build
 
     out_folder(args.out)
     if args.dest is not None:

@@ -276,7 +276,7 @@ class Context:
     def shipped(self, model: str, which: bool | str = True, **kwargs: Any) -> Any:
         """A shipped lecture model (``create_model(model, pretrained=which, **kwargs)``, hash verified), in
         eval mode on the CPU; its name and SHA-256 go into the record's ``pretrained``."""
-        from gatepool.models.pretrained import load_pretrained
+        from gatepool.models.registry import load_pretrained
 
         net = load_pretrained(model, which, kwargs)
         card = net.pretrained_card

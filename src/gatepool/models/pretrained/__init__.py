@@ -3,8 +3,9 @@
 This folder holds, per shipped model, ``<name>.safetensors`` (float32 weights) and ``<name>.json`` (its
 card: model name and kwargs, experiment, data, seed, epochs and steps, train and test sizes, the test
 accuracy measured on the test set after loading the shipped file, the file's SHA-256, torch, machine and
-the command that built it). ``gatepool pretrained build`` writes them (``build.py``: each model trained
-with the full profile's setup of its experiment); ``gatepool pretrained list`` shows the cards.
+the command that built it). ``gatepool pretrained build`` writes them (``gatepool.lab.pretrained``: each
+model trained with the full profile's setup of its experiment); ``gatepool pretrained list`` shows the
+cards.
 
 Loading is:
 
@@ -12,6 +13,8 @@ Loading is:
              (several: the card marked ``default``, e.g. seed 0; or ``pretrained="<weights name>"``)
     bytes  = <name>.safetensors;  SHA-256(bytes) == card["sha256"]  (else CorruptFileError, nothing loaded)
     model  = create_model(card["model"], **card["model_kwargs"]);  model.load_state_dict(bytes, strict)
+
+(the last step is ``gatepool.models.registry.load_pretrained``, beside the constructors it calls).
 """
 
 from __future__ import annotations
@@ -20,11 +23,9 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-import torch.nn as nn
-
 from gatepool.utils.io import CorruptFileError, read_json
 
-__all__ = ["BUILD_COMMAND", "PRETRAINED_DIR", "cards", "find_card", "load_pretrained", "weights_path"]
+__all__ = ["BUILD_COMMAND", "PRETRAINED_DIR", "cards", "find_card", "verified_bytes", "weights_path"]
 
 PRETRAINED_DIR = Path(__file__).resolve().parent
 BUILD_COMMAND = "gatepool pretrained build --out runs/pretrained --jobs 2"
@@ -102,19 +103,3 @@ def verified_bytes(card: dict[str, Any], root: str | Path | None = None) -> byte
         raise CorruptFileError(f"{path}: SHA-256 {digest[:16]}… does not match its card's "
                                f"{card['sha256'][:16]}… (a damaged or replaced file); {_FIX}")  # fmt: skip
     return data
-
-
-def load_pretrained(name: str, which: bool | str = True, kwargs: dict[str, Any] | None = None,
-                    root: str | Path | None = None) -> nn.Module:  # fmt: skip
-    """``create_model(name, **card kwargs)`` with the shipped weights loaded (hash verified first); the card
-    is attached as ``model.pretrained_card``."""
-    from safetensors.torch import load
-
-    from gatepool.models.registry import model_entrypoint
-
-    card = find_card(name, kwargs, which, root)
-    state = load(verified_bytes(card, root))  # CPU tensors
-    model = model_entrypoint(card["model"])(**card["model_kwargs"])
-    model.load_state_dict(state)  # strict: a file of another architecture is an error
-    model.pretrained_card = card
-    return model

@@ -63,9 +63,9 @@ def shipped_specs() -> list[dict[str, Any]]:
                 name=vit_mnist.SHIPPED[(who, n)], experiment="vit-mnist", kind="train",
                 config=vit_mnist.train_config(vm, who, n, epochs), test_size=vm["test_size"],
                 default=who == "vit" and n == max(vm["sizes"]),
-                note=f"vit-mnist's {who.upper()} on {n} digits, trained for {epochs} epochs: the epochs the "
-                "full run's wall-clock budget gave it on 2 quiet cores (results/full), fixed here so that "
-                "a busy machine trains the same steps"))  # fmt: skip
+                note=f"vit-mnist's {dict(vit='ViT', cnn='CNN')[who]} on {n} digits, trained for {epochs} "
+                "epochs: the epochs the full run's wall-clock budget gave it on 2 quiet cores (results/full),"
+                " fixed here so that a busy machine trains the same steps"))  # fmt: skip
     ar = setups["attention-reach"]
     for model in ("conv_attention", "conv_stem"):
         for seed in ar["seeds"]:
@@ -170,7 +170,8 @@ def build(out: str | Path, dest: str | Path | None = None, *, jobs: int = 2, onl
           command: str = "", log=print) -> list[dict[str, Any]]:  # fmt: skip
     """Train (or resume, or load) every shipped model in ``<out>/<name>/``, then write the weights and
     cards to ``dest`` (default: the package's folder). Returns the cards written."""
-    from gatepool.models.pretrained import PRETRAINED_DIR, load_pretrained
+    from gatepool.models.pretrained import PRETRAINED_DIR
+    from gatepool.models.registry import load_pretrained
     from gatepool.train.sweep import run_tasks
 
     specs = shipped_specs()
