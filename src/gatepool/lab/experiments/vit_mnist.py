@@ -287,7 +287,10 @@ def _shipped_gaps(ctx: Context, shipped: dict[tuple[str, int], torch.nn.Module]
     from gatepool.train import TrainConfig, evaluate, load_data
 
     test = load_data(TrainConfig(train_size=1, test_size=SETUP["test_size"]))
-    acc = {k: 100 * evaluate(m, test.test_x, test.test_y)["acc"] for k, m in shipped.items()}
+    acc = {}
+    for k, m in shipped.items():  # channels_last, as the trainer has conv nets: about 1.5× faster on a CPU
+        acc[k] = 100 * evaluate(m.to(memory_format=torch.channels_last), test.test_x, test.test_y,
+                                channels_last=True)["acc"]  # fmt: skip
     sizes = sorted({n for _, n in shipped})
     for n in sizes:
         cnn, vit = (f"{acc[(who, n)]:.2f}% ({FULL_RUN_EPOCHS[(who, n)]} epochs)" for who in ("cnn", "vit"))
