@@ -211,6 +211,7 @@ class Context:
     figures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=dict)
+    pretrained: dict[str, str] = field(default_factory=dict)  # shipped models used: name -> SHA-256
 
     def __post_init__(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -245,11 +246,13 @@ class Context:
         theory: Any = None,
         note: str = "",
         tolerance: float | None = None,
+        shipped_model: str | None = None,
     ) -> str:
         """Record the measurement for a declared claim and return its verdict.
 
         ``tolerance`` replaces the declared one where the claim's ``why`` says it is measured in the run
-        (the spread over seeds, a fit's error).
+        (the spread over seeds, a fit's error). ``shipped_model`` names the shipped model(s) the
+        measurement comes from (loaded with :meth:`shipped`) rather than a training in this run.
         """
         if claim_id not in self._specs:
             raise KeyError(f"{self.experiment.name}: claim {claim_id!r} is not declared")
@@ -273,8 +276,20 @@ class Context:
         }
         if note:
             record["note"] = note
+        if shipped_model is not None:
+            record["shipped_model"] = shipped_model
         self.claims[claim_id] = record
         return record["verdict"]
+
+    def shipped(self, model: str, which: bool | str = True, **kwargs: Any) -> Any:
+        """A shipped lecture model (``create_model(model, pretrained=which, **kwargs)``, hash verified), in
+        eval mode on the CPU; its name and SHA-256 go into the record's ``pretrained``."""
+        from gatepool.models.registry import load_pretrained
+
+        net = load_pretrained(model, which, kwargs)
+        card = net.pretrained_card
+        self.pretrained[card["name"]] = card["sha256"]
+        return net.eval()
 
     def figure(self, fig: Any, filename: str) -> Path:
         """Save a matplotlib figure as ``<out>/<filename>`` (PNG) and list it in the record."""

@@ -53,9 +53,22 @@ def load_result(out: Path, name: str) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        return read_json(path)
+        record = read_json(path)
     except (OSError, ValueError):
         return None  # a torn or foreign file: the experiment runs again
+    return record if shipped_unchanged(record) else None  # judged from other shipped weights: again
+
+
+def shipped_unchanged(record: dict[str, Any]) -> bool:
+    """Whether every shipped model the record was judged from (``pretrained``: name -> SHA-256) still
+    ships with that hash."""
+    used = record.get("pretrained") or {}
+    if not used:
+        return True
+    from gatepool.models.pretrained import cards
+
+    now = {name: card["sha256"] for name, card in cards().items()}
+    return all(now.get(name) == digest for name, digest in used.items())
 
 
 def run_experiment(
@@ -108,6 +121,7 @@ def run_experiment(
         "claims": ctx.claim_records(),
         "notes": ctx.notes,
         "data": plain(ctx.data),
+        "pretrained": dict(sorted(ctx.pretrained.items())),  # shipped models used: name -> SHA-256
         "status": "error" if error else "complete",
         "error": error,
         "environment": {**environment(), **device_info(where)},

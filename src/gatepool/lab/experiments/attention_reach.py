@@ -56,7 +56,8 @@ TRAIN = {  # the lecture's setup for the attention net and its stem-only twin
     "lr_stem": 0.3, "lr_attention": 0.03, "weight_decay": 1e-4, "schedule": "onecycle", "d": 16,
 }  # fmt: skip
 TRAIN_QUICK = {"train_size": 2000, "test_size": 1000, "epochs": 4}
-QUICK_NOT_RUN = "; not judged in quick (4 epochs on 2,000 digits: both nets near 45%, far from converged)"
+QUICK_SHIPPED = ("; quick (4 epochs on 2,000 digits leave both nets near 45%, far from converged) judges the "
+                 "shipped nets instead: the full profile's trainings of seeds 0, 1, 2 (gatepool pretrained)")
 ACC_WHY = (
     "about 3 standard errors of a mean over 3 seeds: the seeds' std is 0.6 (stem) and 1.2 (attention) "
     "points, and 2,000 test digits add a binomial 0.7 points at 90%"
@@ -127,6 +128,22 @@ def attention_net(ctx: Context, seed: int | None = None) -> nn.Module:
     return result.model.cpu().eval()  # the maps and the shuffle read it on the CPU
 
 
+def shipped_name(model: str, seed: int) -> str:
+    """The shipped weights of ``model`` ("conv_stem" or "conv_attention") trained with the full setup."""
+    return f"{model}-s{seed}"
+
+
+def shipped_nets(ctx: Context, models: tuple[str, ...] = tuple(LR_KEY)
+                 ) -> dict[str, dict[int, nn.Module]] | None:  # fmt: skip
+    """In the quick profile on its own setup (no ``--set`` on the training or the seeds): the shipped nets
+    (the full profile's trainings, ``gatepool pretrained``) of every full-profile seed, by model and seed,
+    in eval mode. Otherwise None: the run's own trainings answer."""
+    if not ctx.quick or not ctx.is_lecture(*TRAIN, "seeds"):
+        return None
+    seeds = ctx.experiment.setup["seeds"]
+    return {m: {s: ctx.shipped(m, shipped_name(m, s)) for s in seeds} for m in models}
+
+
 def first_test_digit(label: int) -> tuple[torch.Tensor, int]:
     """The first MNIST test digit with ``label``: ((1, 1, 28, 28) normalized, its index in the test set)."""
     from gatepool.data import load_dataset
@@ -172,17 +189,17 @@ def _reach_claims(setup: dict[str, Any]) -> list[Claim]:
     k, p = setup["rf_kernel"], setup["rf_pixels"]
     return [
         Claim("stem-acc", "conv stem alone, no attention: test accuracy (%, mean over seeds)", 58.0, 3.0,
-              ACC_WHY + QUICK_NOT_RUN, depends=acc,
+              ACC_WHY + QUICK_SHIPPED, depends=acc,
             source="lecture",
             ref="lecture, one attention layer reaches the whole digit: the stem alone 58%",
         ),
         Claim("attention-acc", "stem + one attention layer (d = 16): test accuracy (%, mean over seeds)",
-              90.0, 3.0, ACC_WHY + QUICK_NOT_RUN, depends=acc,
+              90.0, 3.0, ACC_WHY + QUICK_SHIPPED, depends=acc,
             source="lecture",
             ref="lecture, the same: stem + one attention layer 90%",
         ),
         Claim("lift", "one attention layer lifts test accuracy by about 30 points", 30.0, 5.0,
-              "'about 30': ±5 points, more than the two accuracies' seed spread combined" + QUICK_NOT_RUN,
+              "'about 30': ±5 points, more than the two accuracies' seed spread combined" + QUICK_SHIPPED,
               depends=acc,
             source="lecture",
             ref="lecture, the same: 'about +30 points'",
@@ -247,19 +264,54 @@ def attention_reach(ctx: Context) -> None:
     if shared:
         untuned = (f"; at one shared lr {ctx['shared_lr']:g}: stem {shared['conv_stem']:.1f} %, attention "
                    f"{shared['conv_attention']:.1f} %")
+    nets = shipped_nets(ctx)
     if ctx.quick:
-        ctx.note("quick: accuracies of unconverged nets are reported above, not judged (stem-acc, "
-                 "attention-acc and lift are not run)")
+        ctx.note("quick: the accuracies above are of unconverged nets, not judged")
+    if nets is not None:
+        _judge_shipped(ctx, nets)
+    elif ctx.quick:
+        ctx.note("quick with --set on the training: no shipped nets answer it (stem-acc, attention-acc and "
+                 "lift are not run)")
     else:
-        ctx.check("stem-acc", mean["conv_stem"], note=f"peak lr {ctx['lr_stem']:g}{untuned}")
-        ctx.check("attention-acc", mean["conv_attention"], note=f"peak lr {ctx['lr_attention']:g}{untuned}")
-        ctx.check("lift", mean["conv_attention"] - mean["conv_stem"],
-                  note=f"each at its own tuned lr{untuned}")
+        _check_accuracies(ctx, mean, untuned)
     ctx.data["test_acc"] = acc
     ctx.data["shared_lr_test_acc"] = shared
     ctx.data["seconds"] = {m: [r["seconds"] for t, r in zip(tasks, records) if t["config"]["model"] == m
                                and not t["shared"]] for m in LR_KEY}  # fmt: skip
     _reach_figure(ctx, tasks, records)
+
+
+def _check_accuracies(ctx: Context, mean: dict[str, float], extra: str = "",
+                      shipped: dict[str, str] | None = None) -> None:  # fmt: skip
+    """stem-acc, attention-acc and lift from the mean test accuracy (%) of each model over its seeds."""
+    shipped = shipped or {}
+    both = ", ".join(shipped.values()) if shipped else None
+    ctx.check("stem-acc", mean["conv_stem"], note=f"peak lr {ctx.setup[LR_KEY['conv_stem']]:g}{extra}",
+              shipped_model=shipped.get("conv_stem"))
+    ctx.check("attention-acc", mean["conv_attention"], shipped_model=shipped.get("conv_attention"),
+              note=f"peak lr {ctx.setup[LR_KEY['conv_attention']]:g}{extra}")
+    ctx.check("lift", mean["conv_attention"] - mean["conv_stem"], note=f"each at its own tuned lr{extra}",
+              shipped_model=both)
+
+
+def _judge_shipped(ctx: Context, nets: dict[str, dict[int, nn.Module]]) -> None:
+    """The three accuracy claims from the shipped nets, each tested on the full profile's test digits."""
+    from gatepool.train import TrainConfig, evaluate, load_data
+
+    full = ctx.experiment.setup
+    test = load_data(TrainConfig(train_size=1, test_size=full["test_size"]))  # the trainings' test subset
+    acc = {m: {s: 100 * evaluate(net, test.test_x, test.test_y)["acc"] for s, net in by_seed.items()}
+           for m, by_seed in nets.items()}  # fmt: skip
+    for m, by_seed in acc.items():
+        ctx.note(f"shipped {m} (full profile: {full['epochs']} epochs on {full['train_size']} digits, "
+                 f"peak lr {full[LR_KEY[m]]:g}): test accuracy on {full['test_size']} digits "
+                 + ", ".join(f"seed {s} {a:.2f}" for s, a in by_seed.items()) + " %")  # fmt: skip
+    mean = {m: statistics.fmean(a.values()) for m, a in acc.items()}
+    names = {m: ", ".join(shipped_name(m, s) for s in a) for m, a in acc.items()}
+    extra = (f"; shipped nets (full profile, seeds {list(acc['conv_stem'])}), tested on {full['test_size']} "
+             "digits")
+    _check_accuracies(ctx, mean, extra, names)
+    ctx.data["shipped_test_acc"] = {m: list(a.values()) for m, a in acc.items()}
 
 
 def _lr_check(ctx: Context) -> None:
@@ -305,8 +357,9 @@ CORNER = (3, 8)  # the lecture's corner query: it "looks 7 rows down, p̂ = .97"
 LECTURE_CORNER_ROWS, LECTURE_CORNER_GATE = 7, 0.97
 MAPS_REF = "lecture, where one query looks: the first test 7's gate rows for three queries"
 SEED_TOL = ("twice the std over the seeds' nets (measured in this run; the lecture shows one net), plus half "
-            "a unit of the printed digit; not judged with one seed (quick), nor when the bar lies inside a "
-            "spread wider than half the bar (such a spread can refute the bar, not confirm it)")
+            "a unit of the printed digit; not judged with one seed, nor when the bar lies inside a spread "
+            "wider than half the bar (such a spread can refute the bar, not confirm it); quick reads the "
+            "shipped nets of the full profile's seeds 0, 1, 2 (gatepool pretrained)")
 MAP_SETUP = {**TRAIN, "seeds": [0, 1, 2], "digit": 7, "queries": ["2:6", "3:8", "10:3"], "corner": "3:8",
              "k": 3, "tokens": 144}  # fmt: skip
 MAP_QUICK = {**TRAIN_QUICK, "seeds": [0]}
@@ -364,7 +417,7 @@ def _seed_mean(values: list[float], half_unit: float) -> tuple[float | None, flo
 
 
 def check_over_seeds(ctx: Context, claim_id: str, values: list[float], half_unit: float, note: str,
-                     least: float = 0.0) -> None:  # fmt: skip
+                     least: float = 0.0, shipped_model: str | None = None) -> None:  # fmt: skip
     """The mean over the seeds' nets against the claim's bar, within 2 std (+ half a printed unit, at
     least ``least``). A spread that wide can refute the bar but not confirm it: when the bar lies inside
     a tolerance wider than half the bar, the claim is not judged (the note says why)."""
@@ -373,9 +426,10 @@ def check_over_seeds(ctx: Context, claim_id: str, values: list[float], half_unit
     bar = ctx.bar(claim_id)
     if mean is not None and bar is not None and abs(mean - bar) <= tol and tol > 0.5 * abs(bar):
         ctx.check(claim_id, None, note=f"not judged: mean {mean:.3f}, but the seeds' nets disagree (2 std + "
-                  f"half a unit = {tol:.3f}, more than half the bar); {note}")  # fmt: skip
+                  f"half a unit = {tol:.3f}, more than half the bar); {note}",
+                  shipped_model=shipped_model)  # fmt: skip
         return
-    ctx.check(claim_id, mean, tolerance=tol, note=note)
+    ctx.check(claim_id, mean, tolerance=tol, note=note, shipped_model=shipped_model)
 
 
 @experiment("attention-maps", title="where one query looks: the gate rows of trained attention nets",
@@ -385,9 +439,17 @@ def attention_maps(ctx: Context) -> None:
 
     x, index = first_test_digit(ctx["digit"])
     corner = parse_queries([ctx["corner"]])[0]
+    shipped = shipped_nets(ctx, ("conv_attention",))
+    if shipped is not None:  # quick on its own setup: the full profile's nets, shipped
+        nets = shipped["conv_attention"]
+        ctx.note(f"quick: the maps of the shipped conv_attention nets (the full profile's trainings of seeds "
+                 f"{list(nets)}), not of this run's 4-epoch nets")  # fmt: skip
+    else:
+        nets = {seed: attention_net(ctx, seed) for seed in ctx["seeds"]}
+    seeds = list(nets)
+    names = ", ".join(shipped_name("conv_attention", s) for s in seeds) if shipped is not None else None
     rows, shares, corner_rows, corner_gates, corner_dist = [], {}, [], [], []
-    for seed in ctx["seeds"]:
-        model = attention_net(ctx, seed)
+    for seed, model in nets.items():
         grid = model.grid
         queries = parse_queries(ctx["queries"], grid)
         if ctx["tokens"] != grid[0] * grid[1]:
@@ -403,7 +465,7 @@ def attention_maps(ctx: Context) -> None:
         for r, c in queries:
             q = r * grid[1] + c
             info = top_k_share(gates[q], ctx["k"])
-            if seed == ctx["seeds"][0]:  # the first seed's maps, drawn
+            if seed == seeds[0]:  # the first seed's maps, drawn
                 path = ctx.out / f"attention-map-r{r}c{c}.png"
                 plot_attention_map(gates[q], strengths, (r, c), path, k=ctx["k"], image=x[0, 0],
                                    title=f"test digit #{index}: query token ({r}, {c}), seed {seed}")
@@ -413,8 +475,11 @@ def attention_maps(ctx: Context) -> None:
             rows.append({"seed": seed, "query": [r, c], "share": info["share"], "top": top,
                          "gates": info["gates"],
                          "untrained_share": top_k_share(gates0[q], ctx["k"])["share"]})
-        if seed == ctx["seeds"][0]:
+        if seed == seeds[0]:
             ctx.figure(_gate_matrix(gates, grid, index, seed), "attention-gate-matrix.png")
+            ctx.data["explorer"] = explorer_data(gates, grid, index, ctx["digit"], seed,
+                                                 f"shipped conv_attention seed {seed}" if shipped is not None
+                                                 else "trained in this run")  # fmt: skip
         g = gates[corner[0] * grid[1] + corner[1]]
         tr, tc = divmod(int(g.argmax()), grid[1])
         corner_rows.append(tr - corner[0])
@@ -424,15 +489,29 @@ def attention_maps(ctx: Context) -> None:
     apart = math.ceil(rf / stride)  # tokens this far apart see disjoint patches
     for (r, c), values in shares.items():
         check_over_seeds(ctx, f"top{ctx['k']}-r{r}c{c}", values, 0.005,
-                         f"seeds {ctx['seeds']}: {', '.join(f'{v:.3f}' for v in values)}; even split "
-                         f"{ctx['k'] / ctx['tokens']:.3f}")  # fmt: skip
-    check_over_seeds(ctx, "corner-rows", corner_rows, 0.0, f"per seed {corner_rows} rows down", least=0.5)
+                         f"seeds {seeds}: {', '.join(f'{v:.3f}' for v in values)}; even split "
+                         f"{ctx['k'] / ctx['tokens']:.3f}", shipped_model=names)  # fmt: skip
+    check_over_seeds(ctx, "corner-rows", corner_rows, 0.0, f"per seed {corner_rows} rows down", least=0.5,
+                     shipped_model=names)
     check_over_seeds(ctx, "corner-gate", corner_gates, 0.005,
-                     "per seed " + ", ".join(f"{v:.3f}" for v in corner_gates))
-    ctx.check("reach", min(corner_dist), theory=apart,
+                     "per seed " + ", ".join(f"{v:.3f}" for v in corner_gates), shipped_model=names)
+    ctx.check("reach", min(corner_dist), theory=apart, shipped_model=names,
               note=f"per seed {corner_dist} tokens from the query; patches are {rf} pixels, stride {stride}: "
                    f"≥ {apart} tokens apart they do not overlap")  # fmt: skip
     ctx.data["queries"] = rows
+
+
+def explorer_data(gates: torch.Tensor, grid: tuple[int, int], index: int, label: int, seed: int, model: str
+                  ) -> dict[str, Any]:  # fmt: skip
+    """What the report's attention explorer draws: test digit ``index`` (28×28, pixels in [0, 1]) and the
+    whole gate G (T, T) of the net's one attention head, row q = query token q's softmax over the T keys,
+    rounded to 4 decimals."""
+    from gatepool.data import load_dataset
+
+    image = load_dataset("mnist", "test").images[index].double() / 255.0  # (28, 28) raw pixels
+    return {"image": [[round(v, 4) for v in row] for row in image.tolist()], "grid": list(grid),
+            "rows": [[round(v, 4) for v in row] for row in gates.double().tolist()], "label": int(label),
+            "seed": int(seed), "model": model}  # fmt: skip
 
 
 def _gate_matrix(gates: torch.Tensor, grid: tuple[int, int], index: int, seed: int):
