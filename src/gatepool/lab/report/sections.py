@@ -1,8 +1,9 @@
 """The lecture's sections: which experiment the report's page files under which heading (one place).
 
 The page's side navigation follows the lecture: convolution, pooling, the network's signal, the soft gate,
-attention, normalisation and the flashcards, transformers; then what goes beyond the lecture. An experiment missing here lands under
-``OTHER`` (``tests/lab/test_report_page.py`` checks that every registered experiment has a section).
+attention, normalisation and the flashcards, transformers; then what goes beyond the lecture. An
+experiment missing here lands under ``OTHER`` (``tests/lab/test_report_page.py`` checks that every
+registered experiment has a section).
 """
 
 from __future__ import annotations
