@@ -217,8 +217,8 @@ def test_the_specs_are_the_experiments_own_trainings(tmp_path, monkeypatch):
         caught.extend(tasks)
         raise Caught  # stop before any training
 
-    monkeypatch.setattr(pool_comparison, "run_tasks", lambda fn, tasks, jobs: catch(tasks))
-    monkeypatch.setattr(attention_reach, "run_trainings", lambda tasks, jobs: catch(tasks))
+    monkeypatch.setattr(pool_comparison, "run_tasks", lambda fn, tasks, jobs, executor=None: catch(tasks))
+    monkeypatch.setattr(attention_reach, "run_trainings", lambda tasks, jobs, executor=None: catch(tasks))
     for name in ("pool-comparison", "attention-reach"):
         exp = get(name)
         with pytest.raises(Caught):
