@@ -93,7 +93,7 @@ def test_attention_maps_quick_reads_the_shipped_nets_and_saves_the_explorer(tmp_
     ex = rec["data"]["explorer"]
     assert set(ex) == {"image", "grid", "rows", "label", "seed", "model"}
     assert ex["grid"] == [12, 12] and ex["label"] == 7 and ex["seed"] == 0
-    assert ex["model"] == "shipped conv_attention seed 0"
+    assert (ex["model"], ex["seed"]) == ("shipped conv_attention", 0)
     raw = load_dataset("mnist", "test").images[index].double() / 255
     assert torch.tensor(ex["image"], dtype=torch.float64).sub(raw).abs().max() <= 5e-5
     rows = torch.tensor(ex["rows"], dtype=torch.float64)  # (144, 144)

@@ -478,7 +478,7 @@ def attention_maps(ctx: Context) -> None:
         if seed == seeds[0]:
             ctx.figure(_gate_matrix(gates, grid, index, seed), "attention-gate-matrix.png")
             ctx.data["explorer"] = explorer_data(gates, grid, index, ctx["digit"], seed,
-                                                 f"shipped conv_attention seed {seed}" if shipped is not None
+                                                 "shipped conv_attention" if shipped is not None
                                                  else "trained in this run")  # fmt: skip
         g = gates[corner[0] * grid[1] + corner[1]]
         tr, tc = divmod(int(g.argmax()), grid[1])
