@@ -238,3 +238,27 @@ def test_cli_lists_the_cards_and_refuses_unknown_names(tmp_path, capsys):
     assert main(["pretrained", "build", "--out", str(tmp_path), "--only", "nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gatepool pretrained: error: --only: unknown names ['nope']")
+
+
+def test_build_ships_only_the_weights_a_run_recorded(tmp_path, monkeypatch):
+    """A finished run folder whose weights no longer match its results.json is trained again (the trainer
+    rebuilds it from its checkpoint), and never copied into the package with a fresh, matching hash."""
+    from gatepool.lab import pretrained
+
+    spec = next(s for s in pretrained.shipped_specs() if s["name"] == "conv_stem-s0")
+    folder = tmp_path / "runs" / spec["name"]
+    folder.mkdir(parents=True)
+    weights = save({"w": torch.zeros(3)})
+    (folder / "model.safetensors").write_bytes(weights)
+    (folder / "results.json").write_text(json.dumps({"weights_sha256": hashlib.sha256(weights).hexdigest()}))
+    assert pretrained._finished(folder)
+    (folder / "model.safetensors").write_bytes(weights[:-1] + bytes([weights[-1] ^ 1]))  # one flipped bit
+    assert not pretrained._finished(folder)
+
+    trained = []
+    monkeypatch.setattr(pretrained, "shipped_specs", lambda: [spec])
+    monkeypatch.setattr("gatepool.train.sweep.run_tasks", lambda fn, tasks, jobs: trained.extend(tasks))
+    with pytest.raises(CorruptFileError, match="delete .* and build again"):
+        pretrained.build(tmp_path / "runs", tmp_path / "dest", jobs=1, log=lambda *_: None)
+    assert [t["spec"]["name"] for t in trained] == ["conv_stem-s0"]  # sent back to the trainer
+    assert not list((tmp_path / "dest").glob("*"))  # nothing shipped

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from gatepool.utils.io import atomic_write_bytes, atomic_write_json, read_json
+from gatepool.utils.io import CorruptFileError, atomic_write_bytes, atomic_write_json, read_json
 
 MAX_TOTAL_BYTES = 5 * 1024 * 1024  # the issue's bound on everything shipped
 
@@ -184,13 +184,16 @@ def build(out: str | Path, dest: str | Path | None = None, *, jobs: int = 2, onl
     out, dest = Path(out), Path(dest) if dest is not None else PRETRAINED_DIR
     dest.mkdir(parents=True, exist_ok=True)
     tasks = [{"spec": s, "out": str(out / s["name"])} for s in specs]
-    pending = [t for t in tasks if not (Path(t["out"]) / "results.json").is_file()]
+    pending = [t for t in tasks if not _finished(Path(t["out"]))]  # the trainer rebuilds damaged weights
     log(f"{len(tasks)} models, {len(pending)} to train in {jobs} worker(s): "
         + ", ".join(t["spec"]["name"] for t in pending))  # fmt: skip
     run_tasks(train_spec, pending, jobs)
     written = []
     for task in tasks:
         spec, folder = task["spec"], Path(task["out"])
+        if not _finished(folder):
+            raise CorruptFileError(f"{folder / 'model.safetensors'}: missing or not the weights its "
+                                   f"results.json names (SHA-256); delete {folder} and build again")
         record = read_json(folder / "results.json")
         data = (folder / "model.safetensors").read_bytes()
         atomic_write_bytes(dest / f"{spec['name']}.safetensors", data)
@@ -209,3 +212,13 @@ def build(out: str | Path, dest: str | Path | None = None, *, jobs: int = 2, onl
     if total > MAX_TOTAL_BYTES:
         log("warning: over the bound")
     return written
+
+
+def _finished(folder: Path) -> bool:
+    """A finished training whose weights are the ones its results.json records (by SHA-256)."""
+    try:
+        record = read_json(folder / "results.json")
+        data = (folder / "model.safetensors").read_bytes()
+    except (OSError, ValueError):
+        return False
+    return hashlib.sha256(data).hexdigest() == record.get("weights_sha256")
