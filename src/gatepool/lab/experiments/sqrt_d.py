@@ -42,8 +42,8 @@ def _claims(setup: dict) -> list[Claim]:
                 "relative: the lecture's own sample sits up to 2% from √d; ours has each query shared by its "
                 "144 keys, so its relative standard error is √((1/d + 1/t)/(2·queries)): 3.2% at d = 1, "
                 "1.6% at d = 4, under 1% from d = 16 (500 queries; 5% at d = 1 with the quick profile's "
-                "200): at d = 1 the bar is only 1.3 standard errors wide (1.6 in quick), so a seed can miss it "
-                "by chance",
+                "200): at d = 1 the bar is only 1.3 standard errors wide (1.6 in quick), so a seed can "
+                "miss it by chance",
                 kind="rel",
                 quick_tolerance=0.08,
                 depends=("tokens",),
