@@ -33,7 +33,8 @@ def test_reproduce_runs_it_only_with_beyond(tmp_path):
     assert "beyond the lecture" in paths["markdown"].read_text()
 
 
-def test_full_profile_fits_its_budget():
+def test_full_profile_estimate_at_reserved_rates_stays_within_budget():
+    # an estimate at the reserved RATES (measured under load), not a timing of the run itself
     exp = get("gate-matters")
     full, quick = exp.resolve_setup("full"), exp.resolve_setup("quick")
     assert gm.estimate_seconds(full) <= gm.BUDGET_S
@@ -69,6 +70,28 @@ def test_verdict_counts_gates_whose_family_interval_excludes_zero(tmp_path):
     assert ctx.claims["same-cnn-distractor-mnist"]["verdict"] == "ok"
 
 
+def test_zero_spread_is_not_judged_and_stores_no_infinity(tmp_path):
+    # nets collapsed to one class: every seed the same accuracy, a different one per gate
+    ctx = _context(tmp_path, [0, 1, 2])
+    collapsed = {p: [11.35] * 3 for p in gm.POOLS} | {"soft": [9.8] * 3}
+    out = gm._judge(ctx, "cnn/distractor-mnist", collapsed)
+    claim = ctx.claims["same-cnn-distractor-mnist"]
+    assert claim["verdict"] == "not run" and claim["measured"] is None
+    assert "unable to decide" in claim["note"] and "soft" in claim["note"] and "zero spread" in claim["note"]
+    assert out["soft"]["differs"] is None and out["soft"]["low"] is None and out["soft"]["df"] is None
+    json.dumps(out, allow_nan=False)  # standard JSON: no Infinity / NaN
+    from gatepool.utils.plotting import pyplot
+
+    gm._accuracy_figure(ctx, pyplot(), {"cnn/distractor-mnist": collapsed})  # draws without an interval
+    assert ctx.figures[-1].endswith("gate-matters-accuracy.png")
+    # one gate differs with a real interval: the claim is off even if others are not judged
+    mixed = dict(collapsed, conv=[20.0, 20.4, 19.8])
+    out = gm._judge(ctx, "cnn/cluttered-mnist", mixed)
+    claim = ctx.claims["same-cnn-cluttered-mnist"]
+    assert claim["verdict"] == "off" and claim["measured"] == 1 and out["conv"]["differs"] is True
+    json.dumps(out, allow_nan=False)
+
+
 def test_one_seed_is_not_run(tmp_path):
     ctx = _context(tmp_path, [0])
     gm._judge(ctx, "cnn/cluttered-mnist", {p: [50.0] for p in gm.POOLS})
@@ -92,6 +115,25 @@ def test_gate_maps_are_the_attention_weights():
     assert routed.shape == (3, 56, 56)
     torch.testing.assert_close(routed.reshape(3, 7, 8, 7, 8).sum((2, 4)), torch.ones(3, 7, 7))
     assert all(not p.return_weights for p in net.modules() if getattr(p, "gate", None) == "attention")
+
+
+def test_routed_weight_of_four_pools_is_the_brute_force_composition():
+    # resnet_gate on 60×60: gate maps 60, 30, 14, 6 (odd maps 15 and 7 lose a row in a 2×2 stride-2 pool)
+    torch.manual_seed(0)
+    from gatepool import create_model
+
+    maps = gm.gate_maps(create_model(gm.model_for("resnet", "cluttered-mnist"), pool="attention"),
+                        torch.randn(2, 1, 60, 60))
+    assert [m.shape[-1] for m in maps] == [60, 30, 14, 6]
+    routed = gm.routed_weight(maps)
+    assert routed.shape == (2, 48, 48)  # the last map covers 6 · 2³ rows and columns
+    r = torch.arange(48)
+    brute = torch.ones(2, 48, 48)
+    for i, m in enumerate(maps):  # input position (r, c) sits under entry (r // 2^i, c // 2^i) of map i
+        brute = brute * m[:, r[:, None] // 2**i, r[None, :] // 2**i]
+    torch.testing.assert_close(routed, brute)
+    # nested softmaxes: every 16×16 composed window (the last pool's 2×2 at input scale) sums to 1
+    torch.testing.assert_close(routed.reshape(2, 3, 16, 3, 16).sum((2, 4)), torch.ones(2, 3, 3))
 
 
 TINY = {"pools": "max,attention,soft-learned", "seeds": "0,1", "datasets": "cluttered-mnist",
@@ -123,7 +165,7 @@ def test_tiny_run_from_its_trainings(tmp_path, small_canvas):
     claims = {c["id"]: c for c in rec["claims"]}
     for net in ("cnn", "resnet"):
         per_pool = acc[f"{net}/cluttered-mnist"]
-        differ = sum(welch_difference(per_pool[p], per_pool["max"], 0.975).differs
+        differ = sum(bool(welch_difference(per_pool[p], per_pool["max"], 0.975).differs)
                      for p in ("attention", "soft-learned"))
         assert claims[f"same-{net}-cluttered-mnist"]["measured"] == differ
     assert len(rec["data"]["tau_final"]["cluttered-mnist"]) == 2 * 3 * 32  # 2 seeds × 3 pools × 32 channels

@@ -3,6 +3,7 @@ Python side, ``gatepool report`` and ``gatepool compare`` (tests/browser drives 
 
 from __future__ import annotations
 
+import base64
 import copy
 import html
 import json
@@ -135,6 +136,45 @@ def test_no_string_in_a_record_can_break_out_of_the_page(run):
     maps["notes"].append("<img src=x onerror=alert(1)>")
     page = html_page(records, meta, QUICK)
     assert "</script><b>x" not in page and "<img src=x" not in page
+
+
+def test_beyond_claims_get_their_own_card_only_when_present(run):
+    meta, records = run
+    records = copy.deepcopy(records)
+    assert not any(c.get("source") == "beyond" for r in records for c in r["claims"])
+    page = html_page(records, meta, QUICK)
+    assert "id='beyond-counts'" not in page and "Beyond the lecture" not in page
+    own_before = page.split("id='own-counts'")[1].split("<div class='why'>")[0]
+    beyond = {"name": "gate-matters", "title": "beyond", "status": "complete", "figures": [], "claims": [
+        {"id": f"same-cnn-{d}", "statement": "no gate differs", "source": "beyond", "kind": "equal",
+         "tolerance": 0.0, "measured": m, "bar": 0, "verdict": v}
+        for d, m, v in (("cluttered-mnist", 2, "off"), ("distractor-mnist", None, "not run"))]}
+    page = html_page(records + [beyond], meta, QUICK)
+    card = page.split("id='beyond-counts'")[1].split("</div></div>")[0]
+    assert "<h3>Beyond the lecture</h3>" in card and "'off' here means the gates differ" in card
+    assert re.findall(r"data-count='([^']*)'>(\d+)<", card) == [("ok", "0"), ("off", "1"), ("not run", "1")]
+    own = page.split("id='own-counts'")[1].split("<div class='why'>")[0]
+    assert own == own_before  # the own-checks card does not count them
+    lecture = page.split("id='lecture-counts'")[1].split("</div>")[0]
+    assert re.findall(r"data-count='([^']*)'>(\d+)<", lecture) == [
+        (v, str(n)) for v, n in summary(records, "lecture").items()]
+    assert "beyond the lecture" not in page.split("id='own-counts'")[1].split("</div></div>")[0]
+
+
+def test_a_figure_path_outside_the_run_is_refused(run, tmp_path):
+    meta, records = run
+    out = tmp_path / "run"
+    (out / "exp").mkdir(parents=True)
+    png = b"\x89PNG\r\n\x1a\n" + b"0" * 16
+    (out / "exp" / "ok.png").write_bytes(png)
+    (tmp_path / "secret.png").write_bytes(b"SECRET" * 8)
+    rec = {"name": "he-init", "title": "t", "status": "complete", "claims": [],
+           "figures": ["exp/ok.png", "../secret.png", "exp/../../secret.png", str(tmp_path / "secret.png")]}
+    page = html_page([rec], meta, out)
+    secret = base64.b64encode(b"SECRET" * 8).decode("ascii")[:16]
+    assert secret not in page
+    assert page.count("data:image/png;base64,") == 1 and base64.b64encode(png).decode("ascii") in page
+    assert page.count("is missing from") == 3
 
 
 # ------------------------------------------------------------------------------------------------ dials

@@ -32,12 +32,19 @@ def test_hand_computed_case():
     assert not d.differs  # the interval holds 0
 
 
-def test_differs_and_degenerate():
-    assert welch_difference([10.0, 10.1, 9.9], [1.0, 1.1, 0.9]).differs
-    same = welch_difference([1.0, 1.0], [1.0, 1.0])
-    assert (same.low, same.high, same.df) == (0.0, 0.0, math.inf) and not same.differs
-    point = welch_difference([2.0, 2.0], [1.0, 1.0])
-    assert point.differs and point.low == point.high == 1.0
+def test_differs_and_zero_spread_is_not_judged():
+    d = welch_difference([10.0, 10.1, 9.9], [1.0, 1.1, 0.9])
+    assert d.judged and d.differs is True
+    for a, b in (([1.0, 1.0], [1.0, 1.0]), ([2.0, 2.0, 2.0], [1.0, 1.0, 1.0])):  # both variances 0
+        z = welch_difference(a, b)
+        assert not z.judged and z.differs is None and z.se == 0.0
+        assert (z.low, z.high, z.df) == (None, None, None)  # no point interval, no infinite ν
+        assert z.diff == sum(a) / len(a) - sum(b) / len(b)
+        assert not math.isfinite(stats.ttest_ind(a, b, equal_var=False).statistic)  # scipy: t is ±inf/nan
+    one = welch_difference([2.0, 2.0, 2.0], [1.0, 1.2, 0.8])  # one variance 0: still an interval
+    ref = stats.ttest_ind([2.0, 2.0, 2.0], [1.0, 1.2, 0.8], equal_var=False)
+    assert one.judged and (one.low, one.high) == pytest.approx(tuple(ref.confidence_interval(0.95)))
+    assert math.isfinite(one.df)
 
 
 def test_bonferroni():

@@ -8,7 +8,10 @@ For samples a (n_a values) and b (n_b values), with sample variances s²_a, s²_
     CI  = d ± t_{ν, 1 − α/2} · se                                     (t: Student's t quantile)
 
 which is ``scipy.stats.ttest_ind(a, b, equal_var=False).confidence_interval(1 − α)``. With both
-variances 0 (every seed the same number) the interval is the point d and ν is infinite.
+variances 0 (every seed of each sample the same number, e.g. nets collapsed to one class) se is 0 and
+the t statistic is undefined: the seeds carry no information on the spread, so the comparison is *not
+judged* (``low``, ``high`` and ``df`` are None, ``judged`` is False, ``differs`` is None), never an
+interval of width 0 that would call any nonzero difference significant.
 
 ``differs`` reads an interval: the two means differ at that confidence when it excludes 0. Comparing
 k gates with one reference at family-wise confidence 1 − α takes each interval at 1 − α/k (Bonferroni;
@@ -27,20 +30,27 @@ from scipy import stats as _scipy_stats
 
 @dataclass(frozen=True)
 class Difference:
-    """``mean(a) − mean(b)`` with its Welch interval at ``confidence``."""
+    """``mean(a) − mean(b)`` with its Welch interval at ``confidence`` (None where se = 0: not judged)."""
 
     diff: float
-    low: float
-    high: float
+    low: float | None
+    high: float | None
     se: float
-    df: float
+    df: float | None
     confidence: float
     n_a: int
     n_b: int
 
     @property
-    def differs(self) -> bool:
-        """True when the interval excludes 0."""
+    def judged(self) -> bool:
+        """False when both samples have zero variance: no interval, no verdict."""
+        return self.low is not None and self.high is not None
+
+    @property
+    def differs(self) -> bool | None:
+        """True when the interval excludes 0; None when the comparison is not judged."""
+        if self.low is None or self.high is None:
+            return None
         return self.low > 0 or self.high < 0
 
 
@@ -62,7 +72,7 @@ def welch_difference(a: Sequence[float], b: Sequence[float], confidence: float =
     diff = float(xa.mean() - xb.mean())
     se = math.sqrt(va + vb)
     if se == 0.0:
-        return Difference(diff, diff, diff, 0.0, math.inf, float(confidence), len(xa), len(xb))
+        return Difference(diff, None, None, 0.0, None, float(confidence), len(xa), len(xb))  # not judged
     df = (va + vb) ** 2 / (va**2 / (len(xa) - 1) + vb**2 / (len(xb) - 1))
     half = float(_scipy_stats.t.ppf(0.5 + confidence / 2, df)) * se
     return Difference(diff, diff - half, diff + half, se, float(df), float(confidence), len(xa), len(xb))

@@ -1,7 +1,8 @@
 """The report as one self-contained page: ``report.html`` (CSS, JavaScript and figures inline; no network,
 opens from disk).
 
-    summary (the lecture's claims ok / off / not run; the project's own checks apart)
+    summary (the lecture's claims ok / off / not run; the project's own checks apart; the extensions'
+             "beyond the lecture" claims in a card of their own, only when the run has any)
     a filter (all | off | not run | off or not run) and a side navigation by the lecture's sections
     per experiment: each claim's statement, bar (the lecture's value, or ours, with its source), our value,
     the tolerance and its reason, the verdict; notes; figures; and four interactive figures
@@ -49,11 +50,15 @@ def slug(name: str) -> str:
 # ----------------------------------------------------------------------------------------------- summary
 
 
+APART = ("lecture", "beyond")  # sources with a card of their own
+
+
 def own_sources(records: list[dict[str, Any]]) -> list[str]:
-    """The sources of the project's own checks (every source but the lecture's), in a stable order."""
+    """The sources of the project's own checks (every source but the lecture's and the extensions'
+    "beyond"), in a stable order."""
     seen = {c.get("source") for rec in records for c in rec.get("claims", [])}
-    known = [s for s in SOURCE_NAMES if s != "lecture"]
-    return known + sorted(s for s in seen - set(known) - {"lecture"} if s)
+    known = [s for s in SOURCE_NAMES if s not in APART]
+    return known + sorted(s for s in seen - set(known) - set(APART) if s)
 
 
 def _counts_html(counts: dict[str, int]) -> str:
@@ -78,6 +83,13 @@ def summary_html(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"{env.get('processor')} ({env.get('cpu_count')} cores, {env.get('torch_threads')} torch threads), "
         f"Python {env.get('python')}, torch {env.get('torch')}, device {env.get('device', 'cpu')}"
     )
+    beyond = summary(records, "beyond")
+    beyond_card = (
+        f"<div class='card' id='beyond-counts'><h3>Beyond the lecture</h3>{_counts_html(beyond)}"
+        "<div class='why'>Each claim states that no gate differs from max pool: 'off' here means the gates "
+        "differ (a finding, not a failure).</div></div>"
+        if sum(beyond.values()) else ""
+    )
     radios = "".join(
         f"<label><input type='radio' name='show' value='{v}'{' checked' if v == 'all' else ''}> {t}</label>"
         for v, t in FILTERS
@@ -90,7 +102,7 @@ def summary_html(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"states its setup and seeds.</p><div class='cards'>"
         f"<div class='card' id='lecture-counts'><h3>The lecture's claims</h3>{_counts_html(lecture)}</div>"
         f"<div class='card' id='own-counts'><h3>The project's own checks</h3>{_counts_html(own)}"
-        f"<div class='why'>{'; '.join(lines)}</div></div></div>"
+        f"<div class='why'>{'; '.join(lines)}</div></div>{beyond_card}</div>"
         f"<div id='filter'>Show: {radios}</div></section>"
     )
 
@@ -125,8 +137,10 @@ def claim_row(c: dict[str, Any]) -> str:
 
 
 def figure_html(out: Path, f: str) -> str:
-    path = out / f
-    if not path.is_file():
+    """A figure of the record embedded as a data URL; one whose path leaves ``out`` (an untrusted
+    results.json naming "../../etc/passwd") is refused and shown as missing."""
+    path = (out / f).resolve()
+    if not path.is_relative_to(out.resolve()) or not path.is_file():
         return (
             f"<p class='note'>figure {esc(f)} is missing from {esc(str(out))}; "
             f"`gatepool reproduce --force --only …` draws it again</p>"
