@@ -66,6 +66,11 @@ def test_ray_sweep_equals_local_and_reruns_skip_or_resume(tmp_path, capsys):
     for name in a:
         assert a[name]["threads"] == b[name]["threads"] == 1
         assert a[name]["weights_sha256"] == b[name]["weights_sha256"], name  # bit-identical weights
+        # the device asked for: resolved on the driver for the local pool, in the task under Ray
+        assert (a[name]["config"]["device"], b[name]["config"]["device"]) == ("cpu", "auto")
+        assert a[name]["device"] == b[name]["device"] == "cpu"  # where it ran
+        for rec in (a[name], b[name]):
+            del rec["config"]["device"]
         assert without_timing(a[name]) == without_timing(b[name]), name
     table_a = [{k: v for k, v in r.items() if k not in ("out", "seconds")}
                for r in json.loads((local / "results.json").read_text())["rows"]]  # fmt: skip

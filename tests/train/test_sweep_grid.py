@@ -63,11 +63,27 @@ def test_a_grid_expands_to_its_product_with_named_folders(tmp_path):
         ({"gates": ["max"], "model_settings": {"width": []}}, r"width: an empty list"),
         ({"seeds": [0]}, r"gates is missing"),
         ({"gates": ["max"], "model": "resnet"}, r"model 'resnet' is unknown"),
+        ({"gates": ["max"], "train": {"device": "cpu"}}, r"train.device: .*use the command's --device"),
     ],
 )
 def test_a_bad_grid_names_the_key(raw, message):
     with pytest.raises(ValueError, match=message):
         parse_grid(raw)
+
+
+def test_a_grid_takes_the_generated_data_sets_by_name():
+    grid = parse_grid({"gates": ["max"], "datasets": ["mnist", "cluttered-mnist", "distractor-mnist"],
+                       "model_settings": {"width": 8}})  # parsed only: no 60×60 training here
+    assert [run_name(p) for p in grid.points()] == ["mnist/max-s0", "cluttered-mnist/max-s0",
+                                                    "distractor-mnist/max-s0"]  # fmt: skip
+
+
+def test_a_grid_device_is_refused_in_one_line_naming_the_flag(tmp_path, capsys):
+    path = tmp_path / "grid.toml"
+    path.write_text('gates = ["max"]\n[train]\ndevice = "cpu"\n')
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "train.device" in err and "--device" in err, err
 
 
 def test_the_cli_refuses_a_bad_grid_or_flags_in_one_line(tmp_path, capsys, monkeypatch):
@@ -97,7 +113,21 @@ def test_intervals_are_students_t_over_the_seeds():
     # t(0.975, 2) = 4.302653 (a t table); s = 0.02
     assert by_gate["max"]["test_acc_mean"] == pytest.approx(0.92)
     assert by_gate["max"]["test_acc_ci95"] == pytest.approx(4.302653 * 0.02 / math.sqrt(3), rel=1e-6)
-    assert by_gate["soft"]["n"] == 1 and math.isnan(by_gate["soft"]["test_acc_ci95"])  # failed: not counted
+    assert by_gate["soft"]["n"] == 1 and by_gate["soft"]["test_acc_ci95"] is None  # failed: not counted
+
+
+def refuse(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def test_results_json_is_strict_json_null_where_there_is_no_number(tmp_path, monkeypatch):
+    monkeypatch.setattr(grid_mod, "train_one", fake_train)  # soft fails: no mean; max has one seed
+    grid = parse_grid({"gates": ["max", "soft"], "seeds": [0], "model_settings": {"width": 8}})
+    grid_mod.run_grid(grid, tmp_path)
+    result = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)  # NaN: ValueError
+    by_gate = {s["gate"]: s for s in result["summary"]}
+    assert by_gate["max"]["test_acc_ci95"] is None and by_gate["max"]["test_acc_mean"] == pytest.approx(0.9)
+    assert by_gate["soft"]["n"] == 0 and by_gate["soft"]["test_acc_mean"] is None
 
 
 def fake_train(task):

@@ -79,7 +79,9 @@ def add_device(parser: argparse.ArgumentParser, *, default: str | None = "auto",
         type=_device_name,
         default=default,
         metavar="DEVICE",
-        help="auto (CUDA when present, else MPS, else the CPU; the default), cpu, cuda, cuda:N or mps",
+        help="auto (CUDA when present, else MPS, else the CPU; the default), cpu, cuda, cuda:N or mps; "
+        "with --executor ray each task resolves it where it runs (cuda: one GPU per task unless "
+        "--gpus-per-task says otherwise; cuda:N is refused)",
     )
     if amp:
         parser.add_argument(
@@ -107,6 +109,14 @@ def device(args: argparse.Namespace):
         raise UsageError(f"--device {args.device}: {e}") from None
 
 
+def task_device(args: argparse.Namespace) -> str:
+    """The device name the trainings get: with ``--executor local`` :func:`device` resolved here (a
+    UsageError if it is not here); with ``--executor ray`` the name as given (``auto``, ``cpu``,
+    ``cuda``), which each Ray task resolves where it runs: Ray shows a task only the GPUs it reserved
+    (none with ``--gpus-per-task 0``), and the driver may have no GPU at all. :func:`executor` checks it."""
+    return args.device if args.executor == "ray" else str(device(args))
+
+
 def add_executor(parser: argparse.ArgumentParser) -> None:
     """``--executor local|ray``, and for Ray: ``--address``, ``--cpus-per-task``, ``--gpus-per-task``,
     ``--retries``. No experiment setting's name may start one of them (``gatepool run NAME --KEY V``:
@@ -125,7 +135,8 @@ def add_executor(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpus-per-task", type=float_in(0), default=None, metavar="N",
                         help=f"{ray} CPUs (= torch threads) per training (default 1)")
     parser.add_argument("--gpus-per-task", type=float_in(0), default=None, metavar="N",
-                        help=f"{ray} GPUs per training, fractions allowed (default 0)")
+                        help=f"{ray} GPUs per training, fractions allowed (default 1 with --device cuda, "
+                        "else 0; 0 with --device cuda is refused)")
     parser.add_argument("--retries", type=int_at_least(0), default=None, metavar="N",
                         help=f"{ray} how often a failed training runs again (default 2)")
 
@@ -145,13 +156,27 @@ def executor(args: argparse.Namespace):
         import_ray()
     except ImportError:
         raise UsageError("--executor ray needs Ray (not installed): pip install 'gatepool[ray]'") from None
+    cuda = str(getattr(args, "device", "auto")).startswith("cuda")
+    if cuda and ":" in args.device:
+        raise UsageError(f"--device {args.device} with --executor ray: a Ray task sees only the GPUs it "
+                         "reserved, numbered from 0; use --device cuda (or auto)")  # fmt: skip
+    if cuda and args.gpus_per_task == 0:
+        raise UsageError(f"--device {args.device} with --gpus-per-task 0: Ray hides every GPU from a task "
+                         "that reserved none; give --gpus-per-task > 0 (the default is 1) or --device "
+                         "auto/cpu")  # fmt: skip
     cpus = 1.0 if args.cpus_per_task is None else args.cpus_per_task
-    gpus = 0.0 if args.gpus_per_task is None else args.gpus_per_task
+    gpus = args.gpus_per_task if args.gpus_per_task is not None else (1.0 if cuda else 0.0)
     try:
-        return RayExecutor(address=args.address, num_cpus=cpus, num_gpus=gpus,
-                           retries=2 if args.retries is None else args.retries)
+        runner = RayExecutor(address=args.address, num_cpus=cpus, num_gpus=gpus,
+                             retries=2 if args.retries is None else args.retries)
     except ValueError as e:
         raise UsageError(f"--cpus-per-task/--gpus-per-task: {e}") from None
+    try:
+        runner.start()  # here, so that a bad --address is one line, not a traceback mid-run
+    except (OSError, RuntimeError, ValueError) as e:  # ConnectionError is an OSError
+        where = f"--address {args.address}" if args.address is not None else "a local Ray instance"
+        raise UsageError(f"{where}: cannot start or reach Ray ({type(e).__name__}: {e})") from None
+    return runner
 
 
 # Order here is the order in `gatepool --help`.

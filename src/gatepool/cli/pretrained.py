@@ -58,8 +58,6 @@ def _build(args: argparse.Namespace) -> int:
     try:
         build(args.out, args.dest, jobs=args.jobs, only=only, command=command.strip() or
               f"gatepool pretrained build --out {args.out} --jobs {args.jobs}")  # fmt: skip
-    except ValueError as e:
-        if str(e).startswith("--only"):
-            raise UsageError(str(e)) from None
-        raise
+    except ValueError as e:  # --only names, or --out holding trainings of another configuration
+        raise UsageError(str(e)) from None
     return 0

@@ -14,7 +14,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gatepool.cli.args import UsageError, add_device, add_executor, device, executor, int_at_least, out_folder
+from gatepool.cli.args import (
+    UsageError,
+    add_device,
+    add_executor,
+    executor,
+    int_at_least,
+    out_folder,
+    task_device,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,18 +53,18 @@ def _run(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.executor != "local":
         raise UsageError("--jobs is for --executor local; with ray, --cpus-per-task sets a training's share")
     out = out_folder(args.out or grid.out or f"runs/sweep-{Path(args.grid).stem}")
-    where = device(args)
+    where = task_device(args)  # with Ray: resolved in each task, where it runs
     runner = executor(args)
+    jobs = args.jobs or (1 if runner else default_jobs(where))  # Ray: a task per training, no jobs
     with RunLock(out, wait=args.wait):
-        result = run_grid(grid, out, jobs=args.jobs or default_jobs(where), executor=runner,
-                          device=str(where), progress=not args.quiet)  # fmt: skip
+        result = run_grid(grid, out, jobs=jobs, executor=runner, device=where, progress=not args.quiet)
     failed = [r for r in result["rows"] if r["status"] != "ok"]
     if not args.quiet:
         for s in result["summary"]:
             settings = " ".join(f"{k}={v}" for k, v in s["settings"].items())
             ci = "" if s["n"] < 2 else f" ± {100 * s['test_acc_ci95']:.2f}"
-            print(f"{s['dataset']:<14} {s['gate']:<13} {settings} test accuracy "
-                  f"{100 * s['test_acc_mean']:.2f}{ci} % (n={s['n']})")  # fmt: skip
+            acc = "-" if s["n"] == 0 else f"{100 * s['test_acc_mean']:.2f}{ci} %"  # no seed finished
+            print(f"{s['dataset']:<14} {s['gate']:<13} {settings} test accuracy {acc} (n={s['n']})")
         print(f"wrote {out}/results.csv, results.json, accuracy.png")
     for r in failed:
         print(f"failed: {r['out']}: {r['error']}", file=sys.stderr)

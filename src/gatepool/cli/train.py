@@ -124,7 +124,10 @@ def _run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as e:  # the flags' own types check most of it already
         raise UsageError(str(e)) from None
     progress, verbose = not args.quiet, not (args.quiet or args.json)
-    main = distributed.from_env().main  # under torchrun: rank 0 locks --out and prints, the others train
+    try:
+        main = distributed.from_env().main  # under torchrun: rank 0 locks --out and prints, the others train
+    except ValueError as e:  # a malformed RANK / WORLD_SIZE / LOCAL_RANK: the message names them
+        raise UsageError(f"the torchrun environment: {e}") from None
     try:
         _check(config, args)
         if args.out is None:

@@ -16,7 +16,8 @@ from typing import Any
 
 from gatepool.lab.claims import Context, Experiment, jsonable, plain
 from gatepool.lab.experiments import registry
-from gatepool.utils.environment import device_info, machine, resolve_device
+from gatepool.train.sweep import device_for
+from gatepool.utils.environment import machine
 from gatepool.utils.io import DiskFullError, atomic_write_json, read_json
 
 
@@ -85,7 +86,8 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Run one experiment and write its result record; returns the record.
 
-    ``device`` (auto | cpu | cuda | cuda:N | mps) is resolved here and handed to the experiment as
+    ``device`` (auto | cpu | cuda | cuda:N | mps) is resolved here (with a Ray ``executor``: in each task,
+    :func:`gatepool.train.sweep.device_for`) and handed to the experiment as
     ``ctx.device``, a plain string such as ``"cuda:0"`` (picklable for sweep workers): the device its
     trainings run on (``TrainConfig(device=ctx.device)``). The record's environment names it.
     ``executor`` (``ctx.executor``): where the sweeps' trainings run (``gatepool.train.sweep``; None: this
@@ -94,8 +96,8 @@ def run_experiment(
     exp = get(name)
     setup = exp.resolve_setup(profile, overrides, seed)
     folder = Path(out) / name
-    where = resolve_device(device)
-    ctx = Context(exp, profile, setup, folder, jobs=jobs, progress=progress, device=str(where),
+    where, device_record = device_for(device, executor)  # with Ray: resolved in each task
+    ctx = Context(exp, profile, setup, folder, jobs=jobs, progress=progress, device=where,
                   executor=executor)  # fmt: skip
     t0 = time.perf_counter()
     error = None
@@ -124,7 +126,7 @@ def run_experiment(
         "pretrained": dict(sorted(ctx.pretrained.items())),  # shipped models used: name -> SHA-256
         "status": "error" if error else "complete",
         "error": error,
-        "environment": {**environment(), **device_info(where)},
+        "environment": {**environment(), **device_record},
     }
     atomic_write_json(result_path(Path(out), name), record)
     return record

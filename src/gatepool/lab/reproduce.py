@@ -20,7 +20,7 @@ from gatepool.lab.claims import SOURCES, jsonable, not_run_record
 from gatepool.lab.experiments import registry
 from gatepool.lab.harness import environment, load_result, run_experiment
 from gatepool.lab.report import summary, table, write_report
-from gatepool.utils.environment import device_info, resolve_device
+from gatepool.train.sweep import device_for
 from gatepool.utils.lock import RunLock
 
 
@@ -109,7 +109,7 @@ def _reproduce(
         "seconds": round(time.perf_counter() - t0, 1),
         "experiment_seconds": {r["name"]: r.get("seconds") for r in records},
         "summary": {src: summary(records, src) for src in SOURCES},  # verdicts by where the bar comes from
-        "environment": {**environment(), **device_info(resolve_device(device))},
+        "environment": {**environment(), **device_for(device, executor)[1]},
     }
     paths = write_report(out, records, meta)
     if progress:

@@ -12,7 +12,10 @@ memory and the same epoch order from the seed), is split over the N ranks:
     L_r      = loss_fn(f, x_r, y_r) · (n_r · N / B)               # scaled so that DDP's mean over ranks
     ∇θ       = (1/N) Σ_r ∇L_r = ∇ (1/B) Σ_b loss_b                #   is the global batch's mean gradient
 
-so the update is the single process's on the same global batch, up to float32 reduction order. The
+so the update is the single process's on the same global batch, up to float32 reduction order, for a
+model without stochastic layers: every rank reseeds the same RNG, so dropout would draw the same masks on
+every rank (not one process's masks over the whole batch); the package's models have dropout 0 by
+default. The
 epoch's train loss and accuracy are summed over the ranks (the global ones); every rank evaluates the
 whole test set with the same weights (the same numbers everywhere, no gather). Rank 0 alone prints and
 writes checkpoints and results (atomically, as always); at the start rank 0 reads (and, if damaged,
@@ -124,7 +127,8 @@ def shard(x: torch.Tensor, y: torch.Tensor, ranks: Ranks) -> tuple[torch.Tensor,
 
 
 def all_sum(values: list[float | int], device: torch.device, ranks: Ranks) -> list[float]:
-    """The sums over the ranks of ``values`` (float64 on the CPU, float32 where a device lacks it)."""
+    """The sums over the ranks of ``values``, all-reduced as one float64 tensor on ``device`` (no fallback:
+    a device without float64 raises)."""
     if not ranks.parallel:
         return [float(v) for v in values]
     t = torch.tensor(values, dtype=torch.float64, device=device)

@@ -5,21 +5,22 @@ A grid file (TOML, or the same keys as JSON)::
     model    = "residual_cnn"            # registry name (gatepool.list_models())
     gates    = ["max", "avg", "soft"]    # the model's ``pool`` argument ("pools" is the same key)
     seeds    = [0, 1, 2]
-    datasets = ["mnist", "fashion-mnist"]  # any name gatepool.data knows
+    datasets = ["mnist", "fashion-mnist"]  # any name gatepool.data_canvas.dataset_names() knows
 
     [model_settings]                     # model keyword arguments; a list is an axis of the grid
     width = [16, 32]
 
     [train]                              # TrainConfig fields; a list is an axis (betas: a list of pairs)
     epochs = 2
-    train_size = 5000
+    train_size = 5000                    # not device: that is the command's --device
 
 expands to one training per point of the product (here 3 × 3 × 2 × 2 = 36), each a ``gatepool.train``
 run in its own folder ``<out>/<dataset>/<gate>[-key=value...]-s<seed>/`` (checkpoint every epoch, then
 results.json), run through :func:`gatepool.train.sweep.run_tasks` (the local process pool or Ray). A
 rerun skips finished trainings and resumes started ones. The results: ``results.csv`` and
 ``results.json`` (one row per training, failed ones included with their error, and per gate and setting
-the mean test accuracy over seeds with its 95% interval, mean ± t₀.₉₇₅,ₙ₋₁ · s/√n), and
+the mean test accuracy over seeds with its 95% interval, mean ± t₀.₉₇₅,ₙ₋₁ · s/√n; null where it has no
+value: the interval of one seed, the mean of none), and
 ``accuracy.png`` (that mean and interval per gate, a panel per data set).
 """
 
@@ -107,7 +108,7 @@ def load_grid(path: str | Path) -> Grid:
 
 def parse_grid(raw: dict[str, Any]) -> Grid:
     """A grid from its keys (see the module doc), checked: every training's config is built once here."""
-    from gatepool.data import DATASETS
+    from gatepool.data_canvas import dataset_names
     from gatepool.models import create_model, list_models
     from gatepool.train.trainer import TrainConfig
 
@@ -127,12 +128,14 @@ def parse_grid(raw: dict[str, Any]) -> Grid:
         raise ValueError(f"seeds must be integers >= 0, got {seeds}")
     datasets = _list(raw, "datasets", str, default=["mnist"])
     for d in datasets:
-        if d not in DATASETS:
-            raise ValueError(f"datasets: {d!r} is unknown; choose from {', '.join(DATASETS)}")
+        if d not in dataset_names():
+            raise ValueError(f"datasets: {d!r} is unknown; choose from {', '.join(dataset_names())}")
     model_settings = {k: _axis(v, k) for k, v in _table(raw, "model_settings").items()}
     if "pool" in model_settings:
         raise ValueError("model_settings.pool: the gates key sets the pool")
     train = {k: _axis(v, k, pairs=(k == "betas")) for k, v in _table(raw, "train").items()}
+    if "device" in train:  # the command's --device sets it for every training
+        raise ValueError("train.device: the device is not a grid setting; use the command's --device")
     known = {f.name for f in fields(TrainConfig)} - set(GRID_FIELDS)
     bad = sorted(set(train) - known)
     if bad:
@@ -265,8 +268,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for (data, settings, gate), acc in groups.items():
         n = len(acc)
-        mean = statistics.fmean(acc) if n else math.nan
-        half = math.nan  # an interval needs two seeds
+        mean = statistics.fmean(acc) if n else None  # None (JSON null), not NaN: no seed finished
+        half = None  # an interval needs two seeds
         if n > 1:
             half = float(student_t.ppf(0.975, n - 1)) * statistics.stdev(acc) / math.sqrt(n)
         out.append({"dataset": data, "settings": json.loads(settings), "gate": gate, "n": n,
@@ -303,8 +306,8 @@ def figure(summary: Sequence[dict[str, Any]], path: Path) -> None:
             pts = [s for s in summary if s["dataset"] == data and json.dumps(s["settings"], sort_keys=True)
                    == setting]  # fmt: skip
             xs = [gates.index(s["gate"]) + (j - (len(settings) - 1) / 2) * width for s in pts]
-            ys = [100 * s["test_acc_mean"] for s in pts]
-            err = [0.0 if math.isnan(s["test_acc_ci95"]) else 100 * s["test_acc_ci95"] for s in pts]
+            ys = [math.nan if s["test_acc_mean"] is None else 100 * s["test_acc_mean"] for s in pts]
+            err = [0.0 if s["test_acc_ci95"] is None else 100 * s["test_acc_ci95"] for s in pts]
             label = ", ".join(f"{k}={_short(v)}" for k, v in json.loads(setting).items()) or None
             ax.errorbar(xs, ys, yerr=err, fmt="o", capsize=3, color=f"C{j}", label=label)
         ax.set_xticks(range(len(gates)), gates)

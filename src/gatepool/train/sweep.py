@@ -239,6 +239,23 @@ def import_ray() -> Any:
 Executor = LocalExecutor | RayExecutor
 
 
+def device_for(device: Any, executor: Any) -> tuple[str, dict[str, Any]]:
+    """The device name the calls of ``executor`` get, and what a record says of it.
+
+    The local pool (``executor`` None or a :class:`LocalExecutor`): ``device`` resolved here, e.g.
+    ``("cuda:0", {"device": "cuda:0", "device_name": ...})``. A :class:`RayExecutor`: the name as given
+    (``auto``, ``cpu``, ``cuda``), which each task resolves where it runs: Ray shows a task only the GPUs
+    it reserved (none with ``num_gpus=0``: ``auto`` is then the CPU), and the driver may have no GPU.
+    """
+    from gatepool.utils.environment import check_device, device_info
+
+    if isinstance(executor, RayExecutor):
+        name = check_device(device)
+        return name, {"device": f"{name} (resolved in each Ray task)"}
+    where = resolve_device(device)
+    return str(where), device_info(where)
+
+
 def run_tasks(
     fn: Callable[[T], Any],
     tasks: Sequence[T],
@@ -249,9 +266,10 @@ def run_tasks(
 ) -> list[Any]:
     """Run ``fn`` over ``tasks`` through ``executor`` (None: ``LocalExecutor(jobs)``); results in task order.
 
-    ``failures``: ``"raise"`` (the local pool raises the first error, Ray a :class:`SweepError` naming
-    them all, each once every other task has ended) or ``"return"`` (a :class:`TaskFailed` in the failed
-    task's place).
+    ``failures``: ``"raise"`` or ``"return"`` (a :class:`TaskFailed` in the failed task's place, every
+    task run). With ``"raise"``: ``jobs=1`` raises the first error as it happens, and the tasks after it do
+    not run; ``jobs > 1`` raises the first error (in task order) once the pool's other tasks have ended;
+    Ray raises a :class:`SweepError` naming every failed task once every other task has ended.
     """
     if failures not in ("raise", "return"):
         raise ValueError(f"failures must be 'raise' or 'return', got {failures!r}")
