@@ -69,19 +69,23 @@ def out_folder(path: str | Path, flag: str = "--out") -> Path:
     return path
 
 
-def add_device(parser: argparse.ArgumentParser, *, default: str | None = "auto", amp: bool = False) -> None:
-    """``--device auto|cpu|cuda|cuda:N|mps`` (and with ``amp``, ``--amp bf16|fp16``) on ``parser``.
+def add_device(
+    parser: argparse.ArgumentParser, *, default: str | None = "auto", amp: bool = False, ray: bool = False
+) -> None:
+    """``--device auto|cpu|cuda|cuda:N|mps`` (and with ``amp``, ``--amp bf16|fp16``) on ``parser``;
+    ``ray``: the command also has ``--executor`` (:func:`add_executor`), and the help says what Ray does.
 
     The flag's type checks the spelling; :func:`device` checks that the device is there.
     """
+    ray_help = ("; with --executor ray each task resolves it where it runs (cuda: one GPU per task unless "
+                "--gpus-per-task says otherwise; cuda:N is refused)")
     parser.add_argument(
         "--device",
         type=_device_name,
         default=default,
         metavar="DEVICE",
-        help="auto (CUDA when present, else MPS, else the CPU; the default), cpu, cuda, cuda:N or mps; "
-        "with --executor ray each task resolves it where it runs (cuda: one GPU per task unless "
-        "--gpus-per-task says otherwise; cuda:N is refused)",
+        help="auto (CUDA when present, else MPS, else the CPU; the default), cpu, cuda, cuda:N or mps"
+        + (ray_help if ray else ""),
     )
     if amp:
         parser.add_argument(
@@ -119,8 +123,8 @@ def task_device(args: argparse.Namespace) -> str:
 
 def add_executor(parser: argparse.ArgumentParser) -> None:
     """``--executor local|ray``, and for Ray: ``--address``, ``--cpus-per-task``, ``--gpus-per-task``,
-    ``--retries``. No experiment setting's name may start one of them (``gatepool run NAME --KEY V``:
-    argparse would take ``--task`` for a prefix of ``--task-cpus``).
+    ``--retries`` (beside ``add_device(parser, ray=True)``). No experiment setting's name may start one of
+    them (``gatepool run NAME --KEY V``: argparse would take ``--task`` for a prefix of ``--task-cpus``).
     """
     parser.add_argument(
         "--executor",

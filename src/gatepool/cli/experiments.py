@@ -76,7 +76,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="parallel worker processes for independent trainings, 1 torch thread each "
         "(default: one per core, at most 4; 1 on a GPU)",
     )
-    add_device(p)
+    add_device(p, ray=True)
     add_executor(p)
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--wait", action="store_true", help="if another run writes to --out, wait for it to end")

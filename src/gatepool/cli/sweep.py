@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="results folder (default: the grid's out, else runs/sweep-NAME)")
     p.add_argument("--jobs", type=int_at_least(1), default=None,
                    help="with --executor local: worker processes (default: one per core, at most 4)")
-    add_device(p)
+    add_device(p, ray=True)
     add_executor(p)
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--wait", action="store_true", help="if another run writes to --out, wait for it to end")

@@ -76,7 +76,10 @@ import torch
 import torch.nn as nn
 
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.experiments.pool_comparison import train_one  # records τ of nested pools too
+from gatepool.lab.experiments.pool_comparison import (  # train_one records τ of nested pools too
+    train_one,
+    training_config,
+)
 from gatepool.lab.stats import bonferroni, welch_difference
 from gatepool.train.sweep import run_tasks
 from gatepool.utils.plotting import pyplot
@@ -136,23 +139,6 @@ def _claims(setup: dict[str, Any]) -> list[Claim]:
         )
         for net, data in cells(setup)
     ]
-
-
-def _config(ctx: Context, net: str, data: str, pool: str, seed: int) -> dict[str, Any]:
-    return {
-        "model": model_for(net, data),
-        "model_kwargs": {"pool": pool},
-        "data": data,
-        "epochs": ctx["epochs"],
-        "train_size": ctx["train_size"],
-        "test_size": ctx["test_size"],
-        "batch_size": ctx["batch_size"],
-        "optimizer": ctx["optimizer"],
-        "lr": ctx["lr"],
-        "schedule": ctx["schedule"],
-        "seed": seed,
-        "device": ctx.device,
-    }
 
 
 def _available(ctx: Context) -> list[str]:
@@ -215,7 +201,7 @@ def gate_matters(ctx: Context) -> None:
     available = _available(ctx)
     tasks = [
         {
-            "config": _config(ctx, net, data, pool, seed),
+            "config": training_config(ctx, model_for(net, data), pool, seed, data=data),
             "out": str(ctx.out / f"{net}-{data}" / f"{pool}-s{seed}"),
             "progress": ctx.progress and ctx.jobs == 1,
             "cell": (net, data),

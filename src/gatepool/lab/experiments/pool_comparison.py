@@ -48,6 +48,14 @@ def train_one(task: dict[str, Any]) -> dict[str, Any]:
     return result.record
 
 
+def training_config(ctx: Context, model: str, pool: str, seed: int, **extra: Any) -> dict[str, Any]:
+    """A TrainConfig (as a dict, for a worker) of ``model`` with ``pool`` in every pool, trained by the
+    experiment's own budget and recipe (its setup's epochs, sizes, batch, optimizer, lr and schedule)."""
+    keys = ("epochs", "train_size", "test_size", "batch_size", "optimizer", "lr", "schedule")
+    return {"model": model, "model_kwargs": {"pool": pool}, **{k: ctx[k] for k in keys}, "seed": seed,
+            "device": ctx.device, **extra}
+
+
 COMPARISON_REF = ("lecture, every gate trains Tuesday's CNN alike: 'all six within 0.3 points of each other, "
                   "about the spread between seeds'")
 TAU_REF = "lecture, the learned temperatures start at τ = 1 and end between 0.89 and 1.12 per channel"
@@ -182,22 +190,9 @@ def pool_comparison(ctx: Context) -> None:
     tasks = []
     for pool in ctx["pools"]:
         for seed in ctx["seeds"]:
-            config = {
-                "model": "residual_cnn",
-                "model_kwargs": {"pool": pool},
-                "epochs": ctx["epochs"],
-                "train_size": ctx["train_size"],
-                "test_size": ctx["test_size"],
-                "batch_size": ctx["batch_size"],
-                "optimizer": ctx["optimizer"],
-                "lr": ctx["lr"],
-                "schedule": ctx["schedule"],
-                "seed": seed,
-                "device": ctx.device,
-            }
             tasks.append(
                 {
-                    "config": config,
+                    "config": training_config(ctx, "residual_cnn", pool, seed),
                     "out": str(ctx.out / f"{pool}-s{seed}"),
                     "progress": ctx.progress and ctx.jobs == 1,
                     "pool": pool,
