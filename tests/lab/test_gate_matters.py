@@ -21,6 +21,10 @@ def test_registered_beyond_the_lecture():
     ids = [c.id for c in exp.claims(exp.setup)]
     assert ids == [f"same-cnn-{d}" for d in gm.DATASETS] + [
         "same-resnet-cluttered-mnist", "same-resnet-distractor-mnist"]
+    nets = {c.id: c.statement.split(" on ")[0] for c in exp.claims(exp.setup)}  # the net each claim names
+    assert nets["same-cnn-fashion-mnist"] == "the lecture's ResidualCNN"  # 28×28: not the canvas net
+    assert nets["same-cnn-cluttered-mnist"] == "the canvas ResidualCNN"
+    assert nets["same-resnet-distractor-mnist"] == "ResNetGate"
 
 
 def test_reproduce_runs_it_only_with_beyond(tmp_path):

@@ -1,7 +1,8 @@
 """``gatepool report RUN_DIR | compare A B``: rebuild a run's pages; two runs' claims side by side.
 
 ``gatepool report RUN_DIR`` rewrites ``report.html`` and ``report.md`` from ``RUN_DIR/results.json`` and
-the figures beside it, running nothing. ``gatepool compare A B [--out FILE]`` prints both runs' claims
+the figures beside it, running nothing; ``--only NAME ...`` puts only those experiments on the pages.
+``gatepool compare A B [--out FILE]`` prints both runs' claims
 side by side (A and B: run folders or their results.json) and, with ``--out``, writes the same as a page.
 """
 
@@ -16,6 +17,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="rebuild report.html and report.md from RUN_DIR/results.json")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a folder written by `gatepool reproduce`")
     p.add_argument("--wait", action="store_true", help="if a run writes to RUN_DIR, wait for it to end")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                   help="the pages show only these experiments (e.g. a `reproduce --beyond --only "
+                   "gate-matters` run without the lecture's not-run claims); results.json is kept whole")
     p.set_defaults(func=_report)
 
     p = sub.add_parser("compare", help="two runs' claims side by side, with what changed")
@@ -34,6 +38,12 @@ def _report(args: argparse.Namespace) -> int:
         meta, records, file = load_run(args.run_dir)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.only:
+        names = [r["name"] for r in records]
+        unknown = [n for n in args.only if n not in names]
+        if unknown:
+            raise UsageError(f"--only: {', '.join(unknown)} not in {file}; it has {', '.join(names)}")
+        records = [r for r in records if r["name"] in args.only]
     with RunLock(file.parent, wait=args.wait):
         paths = write_pages(file.parent, records, meta)
     print(headline(records, meta))

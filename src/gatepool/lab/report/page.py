@@ -25,7 +25,7 @@ from typing import Any
 
 from gatepool.lab.report.dials import KERNELS, SQRT_D_CHOICES, TAU_RANGE
 from gatepool.lab.report.sections import group
-from gatepool.lab.report.text import SOURCE_NAMES, counts_text, fmt, summary, tolerance
+from gatepool.lab.report.text import SOURCE_NAMES, counts_text, fmt, summary, title, tolerance
 
 esc = html.escape
 VERDICT_CLASS = {"ok": "ok", "off": "off", "not run": "notrun"}
@@ -90,6 +90,17 @@ def summary_html(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "differ (a finding, not a failure).</div></div>"
         if sum(beyond.values()) else ""
     )
+    # a card only where its claims are in the report (``gatepool report --only gate-matters`` has none of
+    # the lecture's)
+    lecture_card = (
+        f"<div class='card' id='lecture-counts'><h3>The lecture's claims</h3>{_counts_html(lecture)}</div>"
+        if sum(lecture.values()) else ""
+    )
+    own_card = (
+        f"<div class='card' id='own-counts'><h3>The project's own checks</h3>{_counts_html(own)}"
+        f"<div class='why'>{'; '.join(lines)}</div></div>"
+        if sum(own.values()) else ""
+    )
     radios = "".join(
         f"<label><input type='radio' name='show' value='{v}'{' checked' if v == 'all' else ''}> {t}</label>"
         for v, t in FILTERS
@@ -100,9 +111,7 @@ def summary_html(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"{sum(r.get('seconds') or 0 for r in records):.0f} s of experiments (the last invocation, which "
         f"resumes finished ones: {meta.get('seconds', 0):.0f} s). Machine: {esc(machine)}. Every experiment "
         f"states its setup and seeds.</p><div class='cards'>"
-        f"<div class='card' id='lecture-counts'><h3>The lecture's claims</h3>{_counts_html(lecture)}</div>"
-        f"<div class='card' id='own-counts'><h3>The project's own checks</h3>{_counts_html(own)}"
-        f"<div class='why'>{'; '.join(lines)}</div></div>{beyond_card}</div>"
+        f"{lecture_card}{own_card}{beyond_card}</div>"
         f"<div id='filter'>Show: {radios}</div></section>"
     )
 
@@ -290,12 +299,12 @@ def html_page(records: list[dict[str, Any]], meta: dict[str, Any], out: str | Pa
                     f"<h2 class='section'>{esc(heading)}</h2>")
         body += [experiment_html(rec, out) for rec in recs]
         body.append("</section>")
-    title = f"gatepool: the lecture reproduced ({meta.get('profile')} profile)"
+    name = title(records, meta)
     return "\n".join([
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         "<meta name='viewport' content='width=device-width, initial-scale=1'>",
-        f"<link rel='icon' href='data:,'><title>{esc(title)}</title>",
+        f"<link rel='icon' href='data:,'><title>{esc(name)}</title>",
         f"<style>{asset('page.css')}</style></head>",
-        "<body>", nav_html(grouped), "<main>", f"<h1>{esc(title)}</h1>", summary_html(records, meta),
+        "<body>", nav_html(grouped), "<main>", f"<h1>{esc(name)}</h1>", summary_html(records, meta),
         *body, "</main>", f"<script>{asset('page.js')}</script>", "</body></html>",
     ])

@@ -93,6 +93,13 @@ def _md_cell(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
+def title(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """The pages' title: the lecture reproduced, or beyond the lecture when every claim is "beyond"."""
+    sources = {c.get("source") for rec in records for c in rec.get("claims", [])}
+    what = "beyond the lecture" if sources == {"beyond"} else "the lecture reproduced"
+    return f"gatepool: {what} ({meta.get('profile')} profile)"
+
+
 def headline(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     """One sentence: profile, verdict counts, machine, Python and torch, total time."""
     env = meta.get("environment", {})
@@ -100,7 +107,7 @@ def headline(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     parts = "; ".join(
         f"{name}: {counts_text(summary(records, src))}"
         for src, name in SOURCE_NAMES.items()
-        if src in ("lecture", "ours", "prediction") or src in present  # "beyond" only where a claim has it
+        if src in present  # e.g. "beyond" only where a claim has it (a report of --only beyond experiments)
     )
     return (
         f"Profile {meta.get('profile')}: {parts}."
@@ -112,7 +119,7 @@ def headline(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 
 def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     out = [
-        "# gatepool: the lecture reproduced",
+        f"# {title(records, meta)}",
         "",
         headline(records, meta),
         "",
