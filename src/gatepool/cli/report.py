@@ -2,8 +2,8 @@
 
 ``gatepool report RUN_DIR`` rewrites ``report.html`` and ``report.md`` from ``RUN_DIR/results.json`` and
 the figures beside it, running nothing; ``--only NAME ...`` puts only those experiments on the pages.
-``gatepool compare A B [--out FILE]`` prints both runs' claims
-side by side (A and B: run folders or their results.json) and, with ``--out``, writes the same as a page.
+``gatepool compare A B [--out FILE]`` prints both runs' claims side by side (A and B: run folders or their
+results.json) and, with ``--out``, writes the same as a page.
 """
 
 from __future__ import annotations
