@@ -251,19 +251,21 @@ def test_report_only_shows_the_named_experiments_and_keeps_results_whole(tmp_pat
     run_dir = tmp_path / "run"
     shutil.copytree(QUICK, run_dir)
     data = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))
-    data["experiments"].append({"name": "gate-matters", "title": "beyond", "status": "complete", "figures": [],
-                                "claims": [{"id": "same-cnn-cluttered-mnist", "statement": "no gate differs",
-                                            "source": "beyond", "kind": "equal", "tolerance": 0.0,
-                                            "measured": 2, "bar": 0, "verdict": "off"}]})
+    beyond = {"id": "same-cnn-cluttered-mnist", "statement": "no gate differs", "source": "beyond",
+             "kind": "equal", "tolerance": 0.0, "measured": 2, "bar": 0, "verdict": "off"}
+    data["experiments"].append({"name": "gate-matters", "title": "beyond", "status": "complete",
+                                "figures": [], "claims": [beyond]})
     (run_dir / "results.json").write_text(json.dumps(data), encoding="utf-8")
     before = (run_dir / "results.json").read_bytes()
     assert main(["report", str(run_dir), "--only", "gate-matters"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("Profile quick: beyond the lecture ('off': the gates differ): 0 ok, 1 off, 0 not run.")
+    assert out.startswith(
+        "Profile quick: beyond the lecture ('off': the gates differ): 0 ok, 1 off, 0 not run.")
     assert (run_dir / "results.json").read_bytes() == before
     page = (run_dir / "report.html").read_text(encoding="utf-8")
     assert "<h1>gatepool: beyond the lecture (quick profile)</h1>" in page
-    assert "id='beyond-counts'" in page and "id='lecture-counts'" not in page and "id='own-counts'" not in page
+    assert "id='beyond-counts'" in page
+    assert "id='lecture-counts'" not in page and "id='own-counts'" not in page
     assert "1 claims in 1 experiments" in page and "conv-forward" not in page
     md = (run_dir / "report.md").read_text(encoding="utf-8")
     assert md.startswith("# gatepool: beyond the lecture (quick profile)") and "conv-forward" not in md
