@@ -8,6 +8,7 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gatepool.utils.environment import check_device  # no torch: `gatepool --help` stays instant
 
@@ -113,12 +114,17 @@ def device(args: argparse.Namespace):
         raise UsageError(f"--device {args.device}: {e}") from None
 
 
-def task_device(args: argparse.Namespace) -> str:
-    """The device name the trainings get: with ``--executor local`` :func:`device` resolved here (a
-    UsageError if it is not here); with ``--executor ray`` the name as given (``auto``, ``cpu``,
-    ``cuda``), which each Ray task resolves where it runs: Ray shows a task only the GPUs it reserved
-    (none with ``--gpus-per-task 0``), and the driver may have no GPU at all. :func:`executor` checks it."""
-    return args.device if args.executor == "ray" else str(device(args))
+def task_device(args: argparse.Namespace, runner: Any) -> str:
+    """The device name the trainings get from ``runner`` (:func:`executor`'s), by the library's one rule
+    (:func:`gatepool.train.sweep.device_for`): the local pool gets ``--device`` resolved here (a
+    UsageError naming --device if it is not here); Ray gets the name as given (``auto``, ``cpu``,
+    ``cuda``), which each task resolves where it runs (:func:`executor` has checked it)."""
+    from gatepool.train.sweep import device_for
+
+    try:
+        return device_for(args.device, runner)[0]
+    except ValueError as e:
+        raise UsageError(f"--device {args.device}: {e}") from None
 
 
 def add_executor(parser: argparse.ArgumentParser) -> None:

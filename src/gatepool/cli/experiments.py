@@ -142,8 +142,8 @@ def _run(args: argparse.Namespace) -> int:
         get(args.name).resolve_setup(args.profile, overrides, args.seed)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    where = task_device(args)  # with Ray: resolved in each task, where it runs
     runner = executor(args)
+    where = task_device(args, runner)  # with Ray: resolved in each task, where it runs
     sink = sys.stderr if args.json else sys.stdout
     with RunLock(out_folder(args.out), wait=args.wait), contextlib.redirect_stdout(sink):
         rec = run_experiment(
@@ -170,8 +170,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     from gatepool.train.sweep import default_jobs
 
     out = out_folder(args.out or f"runs/reproduce-{args.profile}")
-    where = task_device(args)  # with Ray: resolved in each task, where it runs
     runner = executor(args)
+    where = task_device(args, runner)  # with Ray: resolved in each task, where it runs
     try:
         records, _ = reproduce(
             profile=args.profile,

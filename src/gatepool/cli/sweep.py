@@ -53,8 +53,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.executor != "local":
         raise UsageError("--jobs is for --executor local; with ray, --cpus-per-task sets a training's share")
     out = out_folder(args.out or grid.out or f"runs/sweep-{Path(args.grid).stem}")
-    where = task_device(args)  # with Ray: resolved in each task, where it runs
     runner = executor(args)
+    where = task_device(args, runner)  # with Ray: resolved in each task, where it runs
     jobs = args.jobs or (1 if runner else default_jobs(where))  # Ray: a task per training, no jobs
     with RunLock(out, wait=args.wait):
         result = run_grid(grid, out, jobs=jobs, executor=runner, device=where, progress=not args.quiet)
