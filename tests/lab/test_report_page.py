@@ -252,7 +252,7 @@ def test_report_only_shows_the_named_experiments_and_keeps_results_whole(tmp_pat
     shutil.copytree(QUICK, run_dir)
     data = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))
     beyond = {"id": "same-cnn-cluttered-mnist", "statement": "no gate differs", "source": "beyond",
-             "kind": "equal", "tolerance": 0.0, "measured": 2, "bar": 0, "verdict": "off"}
+              "kind": "equal", "tolerance": 0.0, "measured": 2, "bar": 0, "verdict": "off"}
     data["experiments"].append({"name": "gate-matters", "title": "beyond", "status": "complete",
                                 "figures": [], "claims": [beyond]})
     (run_dir / "results.json").write_text(json.dumps(data), encoding="utf-8")
