@@ -15,7 +15,8 @@ from gatepool.lab.claims import Experiment, declared
 GROUPS: list[str] = ["conv_variance", "pool_variance", "network", "soft_gate", "pool_comparison",
                      "attention_reach", "sqrt_d", "attention_cost", "flashcards", "seq_demo", "vit_mnist",
                      "init_rules", "conv_unrolled", "max_normals",
-                     "gate_matters"]  # beyond the lecture (``Experiment.beyond``): `reproduce --beyond`
+                     # beyond the lecture (``Experiment.beyond``): `reproduce --beyond`
+                     "gate_matters", "distractor_study"]
 
 for _group in GROUPS:
     importlib.import_module(f"gatepool.lab.experiments.{_group}")

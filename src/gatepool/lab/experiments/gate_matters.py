@@ -355,20 +355,21 @@ def picture_grid(datasets: list[str], n: int = 8) -> Any:
     return fig
 
 
-def gate_maps(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
-    """Per attention pool in forward order: each input position's gate weight, (N, H, W) at that pool's
-    input resolution (2×2 stride-2 windows: position (2i + a, 2j + b) gets window (i, j)'s weight k = 2a + b).
+def gate_maps(model: nn.Module, x: torch.Tensor, gate: str = "attention") -> list[torch.Tensor]:
+    """Per ``gate`` pool in forward order: each input position's gate weight, (N, H, W) at that pool's
+    input resolution (2×2 stride-2 windows: position (2i + a, 2j + b) gets window (i, j)'s weight k = 2a + b),
+    averaged over the channels (the attention gate's weights are the same for every channel).
     """
     maps: list[torch.Tensor] = []
 
     def hook(module: nn.Module, _inp: Any, out: Any) -> Any:
         y, w = out  # w: (N, C, Ho, Wo, 4), the same for every channel
         n, _, ho, wo, _ = w.shape
-        m = w[:, 0].reshape(n, ho, wo, 2, 2).permute(0, 1, 3, 2, 4).reshape(n, 2 * ho, 2 * wo)
+        m = w.mean(1).reshape(n, ho, wo, 2, 2).permute(0, 1, 3, 2, 4).reshape(n, 2 * ho, 2 * wo)
         maps.append(m.detach())
         return y
 
-    pools = [m for m in model.modules() if getattr(m, "gate", None) == "attention"]
+    pools = [m for m in model.modules() if getattr(m, "gate", None) == gate]
     handles = [p.register_forward_hook(hook) for p in pools]
     for p in pools:
         p.return_weights = True
