@@ -54,16 +54,8 @@ Usage::
     result.model            # the trained nn.Module
     result.record["final"]  # {"train_loss", "train_acc", "test_loss", "test_acc"}
 
-Files in ``out``: ``checkpoint.pt`` (after every epoch; the one before it is kept as
-``checkpoint.prev.pt``), then ``model.safetensors`` and ``results.json`` (the exact config, the history,
-the final metrics, the weights' SHA-256, machine and torch version). A finished run called again loads
-and returns them without training.
-
-Damage is found, not loaded: a checkpoint carries its SHA-256 (``gatepool.utils.io.load_checked``). One
-that fails it is renamed ``*.corrupt`` and the run resumes from the other one (an epoch earlier: the
-same bits in the end, since an epoch depends only on (seed, epoch)), or starts over when neither is good;
-it says which on stderr. Weights that do not match results.json's digest, or a results.json that does
-not parse, are rebuilt from the last checkpoint the same way.
+The run's files (checkpoints, resume, finished runs, damage) are ``checkpoint.py``'s; the config and its
+checks ``config.py``'s; the data and the epoch's batches ``batches.py``'s.
 """
 
 from __future__ import annotations
@@ -71,267 +63,48 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from gatepool.train import distributed
-from gatepool.train.schedule import DEFAULT_WARMUP, SCHEDULES, get_lr
-from gatepool.utils.environment import check_device, device_info, machine, resolve_device
-from gatepool.utils.io import (
-    CorruptFileError,
-    atomic_torch_save,
-    atomic_write_bytes,
-    atomic_write_json,
-    json_copy,
-    load_checked,
-    read_json,
+from gatepool.train.batches import (
+    Batch,
+    TrainData,
+    _epoch_steps,
+    data_batches,
+    data_to_device,
+    epoch_seed,
+    load_data,
+    model_device,
 )
+from gatepool.train.checkpoint import (
+    CHECKPOINT,
+    PREVIOUS,
+    RESULTS,
+    WEIGHTS,
+    TrainResult,
+    _load_checkpoint,
+    _load_finished,
+    _record,
+    _safetensors_bytes,
+    _warn_other_device,
+    _warn_other_threads,
+)
+from gatepool.train.config import AMP, TrainConfig, check_amp
+from gatepool.train.schedule import get_lr
+from gatepool.utils.environment import resolve_device
+from gatepool.utils.io import atomic_torch_save, atomic_write_bytes, atomic_write_json, json_copy
 from gatepool.utils.threads import num_threads
 
-OPTIMIZERS = ("adam", "adamw", "sgd")
-DEFAULT_LR = {"adam": 3e-3, "adamw": 3e-3, "sgd": 0.1}  # peak learning rates (lr=None)
-Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets)
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-# Fields that say how to run, not what to compute: they may differ between a run and its resumption.
-# The bits depend on the thread count and the device, though: a resume with another count or device
-# warns, and every history row records the threads its epoch ran with (the checkpoint, the device).
-RUNTIME_FIELDS = ("threads", "data_dir", "device", "compile")
-CHECKPOINT, RESULTS, WEIGHTS = "checkpoint.pt", "results.json", "model.safetensors"
-PREVIOUS = "checkpoint.prev.pt"  # the checkpoint before the newest one
-AMP = {"bf16": torch.bfloat16, "fp16": torch.float16}  # config.amp -> autocast dtype
-
-
-# ----------------------------------------------------------------------------- configuration
-
-
-@dataclass
-class TrainConfig:
-    """Everything that decides a training run; stored verbatim in checkpoints and results.json.
-
-    ``lr=None`` and ``warmup=None`` resolve to the optimizer's and the schedule's defaults at
-    construction, so the stored config states the numbers used. Subsets (``train_size``,
-    ``test_size``) are the first n of ``randperm(N)`` seeded by ``subset_seed``: random, deterministic,
-    independent of ``seed``, and nested (the 1k subset lies inside the 4k one). Fields added later
-    (``steps_per_epoch``, ``betas``, ``grad_clip``) default to what the trainer did before them, so a run
-    saved before they existed still loads (a missing field compares as its default).
-    """
-
-    model: str = "residual_cnn"  # registry name (gatepool.list_models())
-    model_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"pool": "soft"}
-    data: str = "mnist"  # gatepool.data_canvas.dataset_names() (a label only when train(data=...) is given)
-    data_dir: str | None = None  # None: gatepool.data's search order
-    train_size: int | None = None  # None: all 60,000
-    test_size: int | None = None  # None: all 10,000
-    subset_seed: int = 0
-    epochs: int = 6
-    batch_size: int = 128
-    steps_per_epoch: int | None = None  # None: one pass over the training set; needed with train(batches=)
-    eval_batch_size: int = 1000
-    optimizer: str = "adam"  # adam | adamw | sgd
-    lr: float | None = None  # peak learning rate; None: DEFAULT_LR[optimizer]
-    momentum: float = 0.9  # SGD only
-    betas: tuple[float, float] = (0.9, 0.999)  # Adam and AdamW only (torch's default)
-    weight_decay: float = 0.0
-    grad_clip: float | None = None  # clip the gradients' global L2 norm to this; None: no clipping
-    schedule: str = "onecycle"  # onecycle | cosine | constant
-    warmup: float | None = None  # share of all steps; None: DEFAULT_WARMUP[schedule]
-    label_smoothing: float = 0.0
-    seed: int = 0  # weights, batch order, dropout
-    threads: int | None = None  # None: torch's default (all cores); the bits depend on it
-    channels_last: bool | str = "auto"  # "auto": on for models with a Conv2d
-    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps; "auto": CUDA, else MPS, else CPU
-    amp: str | None = None  # None: float32; "bf16" or "fp16": autocast (fp16: CUDA only, GradScaler)
-    compile: bool = False  # train through torch.compile(model) (inductor); evaluation runs the module
-
-    def __post_init__(self) -> None:
-        _check_str(self, "model")
-        if not isinstance(self.model_kwargs, dict):
-            raise TypeError(f"model_kwargs must be a dict, got {type(self.model_kwargs).__name__}")
-        self.model_kwargs = dict(self.model_kwargs)
-        _check_str(self, "data")
-        if self.data_dir is not None:
-            self.data_dir = str(self.data_dir)
-        for name in ("train_size", "test_size", "threads", "steps_per_epoch"):
-            _check_int(self, name, 1, optional=True)
-        _check_int(self, "subset_seed", 0)
-        _check_int(self, "seed", 0)
-        _check_int(self, "epochs", 1)
-        _check_int(self, "batch_size", 1)
-        _check_int(self, "eval_batch_size", 1)
-        _check_choice(self, "optimizer", OPTIMIZERS)
-        _check_choice(self, "schedule", SCHEDULES)
-        if self.lr is None:
-            self.lr = DEFAULT_LR[self.optimizer]
-        if self.warmup is None:
-            self.warmup = DEFAULT_WARMUP[self.schedule]
-        _check_float(self, "lr", 0.0, math.inf, low_open=True)
-        _check_float(self, "momentum", 0.0, 1.0)
-        betas = self.betas
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
-        for i, b in enumerate(betas):
-            if isinstance(b, bool) or not isinstance(b, (int, float, np.floating)) or not 0.0 <= b < 1.0:
-                raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r} (betas[{i}])")
-        self.betas = (float(betas[0]), float(betas[1]))
-        _check_float(self, "weight_decay", 0.0, math.inf)
-        if self.grad_clip is not None:
-            _check_float(self, "grad_clip", 0.0, math.inf, low_open=True)
-        _check_float(self, "warmup", 0.0, 1.0)
-        _check_float(self, "label_smoothing", 0.0, 1.0)
-        if not (isinstance(self.channels_last, bool) or self.channels_last == "auto"):
-            raise ValueError(f"channels_last must be True, False or 'auto', got {self.channels_last!r}")
-        self.device = check_device(self.device)
-        if not isinstance(self.compile, bool):
-            raise TypeError(f"compile must be True or False, got {self.compile!r}")
-        if self.amp is not None and self.amp not in AMP:
-            raise ValueError(f"amp must be None, 'bf16' or 'fp16', got {self.amp!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """The config as results.json holds it (tuples as lists)."""
-        return json_copy(asdict(self))
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown TrainConfig fields {unknown}; known: {sorted(known)}")
-        return cls(**d)
-
-
-def _check_str(cfg: TrainConfig, name: str) -> None:
-    v = getattr(cfg, name)
-    if not isinstance(v, str) or not v:
-        raise ValueError(f"{name} must be a non-empty string, got {v!r}")
-
-
-def _check_int(cfg: TrainConfig, name: str, low: int, *, optional: bool = False) -> None:
-    v = getattr(cfg, name)
-    if v is None and optional:
-        return
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
-        none = " or None" if optional else ""
-        raise ValueError(f"{name} must be an integer >= {low}{none}, got {v!r}")
-    setattr(cfg, name, int(v))
-
-
-def _check_float(cfg: TrainConfig, name: str, low: float, high: float, *, low_open: bool = False) -> None:
-    v = getattr(cfg, name)
-    ok = isinstance(v, (int, float, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
-    ok = ok and (v > low if low_open else v >= low) and v < high
-    if not ok:
-        lo = "(" if low_open else "["
-        raise ValueError(f"{name} must be a number in {lo}{low}, {high}), got {v!r}")
-    setattr(cfg, name, float(v))
-
-
-def _check_choice(cfg: TrainConfig, name: str, choices: tuple[str, ...]) -> None:
-    v = getattr(cfg, name)
-    if v not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {v!r}")
-
-
-# ----------------------------------------------------------------------------- data
-
-
-class TrainData(NamedTuple):
-    """In-memory tensors: images (N, C, H, W) float32, already normalized; labels (N,) int64."""
-
-    train_x: torch.Tensor
-    train_y: torch.Tensor
-    test_x: torch.Tensor
-    test_y: torch.Tensor
-
-
-def load_data(config: TrainConfig, data: TrainData | None = None) -> TrainData:
-    """The normalized train and test tensors of ``config.data`` (or ``data``), cut to the subsets."""
-    if data is None:
-        from gatepool.data_canvas import dataset_names, load_by_name
-
-        if config.data not in dataset_names():
-            known = sorted(dataset_names())
-            raise ValueError(f"data must be one of {known} (or pass train(data=...)), got {config.data!r}")
-        train_ds = load_by_name(config.data, "train", data_dir=config.data_dir)
-        test_ds = load_by_name(config.data, "test", data_dir=config.data_dir)
-        data = TrainData(train_ds.images, train_ds.labels, test_ds.images, test_ds.labels)  # uint8 (N, H, W)
-        normalize = lambda images: _normalize(images, train_ds.mean, train_ds.std)  # noqa: E731
-    else:
-        data = TrainData(*data)  # a plain 4-tuple works too
-        normalize = lambda x: x.float()  # noqa: E731
-    if len(data.train_x) != len(data.train_y) or len(data.test_x) != len(data.test_y):
-        raise ValueError("data: images and labels must have the same length")
-    train_idx = _subset(len(data.train_y), config.train_size, config.subset_seed, "train_size")
-    test_idx = _subset(len(data.test_y), config.test_size, config.subset_seed, "test_size")
-    return TrainData(
-        normalize(_pick(data.train_x, train_idx)).contiguous(),
-        _pick(data.train_y, train_idx).long().contiguous(),
-        normalize(_pick(data.test_x, test_idx)).contiguous(),
-        _pick(data.test_y, test_idx).long().contiguous(),
-    )
-
-
-def _normalize(images: torch.Tensor, mean: float, std: float) -> torch.Tensor:
-    """uint8 (N, H, W) -> float32 (N, 1, H, W): (x/255 − mean)/std, the training set's mean and std."""
-    x = images.unsqueeze(1).to(torch.float32).div_(255.0)
-    return x.sub_(mean).div_(std)
-
-
-def _pick(t: torch.Tensor, idx: torch.Tensor | None) -> torch.Tensor:
-    return t if idx is None else t.index_select(0, idx)
-
-
-def _subset(n: int, size: int | None, seed: int, name: str) -> torch.Tensor | None:
-    if size is None or size == n:
-        return None
-    if size > n:
-        raise ValueError(f"{name} must be <= {n} (the split's size), got {size}")
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:size]
-
-
-def data_to_device(data: TrainData, device: torch.device) -> TrainData:
-    """``data`` moved to ``device`` once, when it fits (at most half the free memory of a GPU); else as it
-    is, and each batch is copied on its way (``train_epoch``, ``evaluate``)."""
-    if all(t.device == device for t in data):
-        return data
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        if sum(t.numel() * t.element_size() for t in data) > free // 2:
-            return data
-    return TrainData(*(t.to(device) for t in data))
-
-
-# ----------------------------------------------------------------------------- device and precision
-
-
-def model_device(model: nn.Module) -> torch.device:
-    """Where ``model``'s first parameter (or buffer) lives; the CPU for a model without either."""
-    for t in (*model.parameters(), *model.buffers()):
-        return t.device
-    return torch.device("cpu")
-
-
-def check_amp(amp: str | None, device: torch.device) -> None:
-    """A ValueError naming ``amp`` unless mixed precision ``amp`` runs on ``device`` (see the module doc)."""
-    if amp is None:
-        return
-    if amp == "fp16" and device.type != "cuda":
-        raise ValueError(f"amp 'fp16' needs a CUDA device (float16 autocast with a GradScaler), and the "
-                         f"device is {device}; use amp 'bf16' or None here")  # fmt: skip
-    if amp == "bf16" and device.type not in ("cuda", "cpu"):
-        raise ValueError(f"amp 'bf16' runs on cuda or cpu, and the device is {device}; use amp None there")
-    if amp == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"amp 'bf16': {torch.cuda.get_device_name(device)} has no bfloat16; use amp 'fp16'")
 
 
 def _autocast(device: torch.device, amp: str | None):
@@ -339,8 +112,6 @@ def _autocast(device: torch.device, amp: str | None):
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=AMP[amp])
 
-
-# ----------------------------------------------------------------------------- optimizer, seeds, batches
 
 
 def make_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -352,36 +123,6 @@ def make_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimiz
         return torch.optim.AdamW(params, lr=lr, betas=config.betas, weight_decay=wd)
     return torch.optim.Adam(params, lr=lr, betas=config.betas, weight_decay=wd)
 
-
-def epoch_seed(seed: int, epoch: int) -> int:
-    """A 63-bit seed for epoch ``epoch`` that depends on (seed, epoch) only."""
-    return int(np.random.SeedSequence([seed, epoch]).generate_state(1, np.uint64)[0] >> np.uint64(1))
-
-
-def data_batches(data: TrainData, batch_size: int, generator: torch.Generator) -> Iterator[Batch]:
-    """Every training example once, in the order ``randperm(N, generator)``: ((B, ...), (B,)) per batch."""
-    x, y = data.train_x, data.train_y
-    perm = torch.randperm(len(y), generator=generator).to(x.device)  # drawn on the CPU: one order anywhere
-    for i in range(0, len(y), batch_size):
-        idx = perm[i : i + batch_size]  # (B,)
-        yield x.index_select(0, idx), y.index_select(0, idx)
-
-
-def _epoch_steps(config: TrainConfig, data: TrainData | None, drawn: bool) -> int:
-    """Batches per epoch: ``config.steps_per_epoch``, or (for the data set's batches) one pass over it."""
-    if drawn:
-        if config.steps_per_epoch is None:
-            raise ValueError("steps_per_epoch must be set (an integer >= 1) when train(batches=...) draws "
-                             "the batches: it fixes the schedule's length")  # fmt: skip
-        return config.steps_per_epoch
-    full = math.ceil(len(data.train_y) / config.batch_size)
-    if config.steps_per_epoch is not None and config.steps_per_epoch > full:
-        raise ValueError(f"steps_per_epoch must be <= {full} (one pass over {len(data.train_y)} training "
-                         f"examples in batches of {config.batch_size}), got {config.steps_per_epoch}")
-    return full if config.steps_per_epoch is None else config.steps_per_epoch
-
-
-# ----------------------------------------------------------------------------- one step, one epoch
 
 
 def cross_entropy_loss(
@@ -540,24 +281,6 @@ def evaluate(
 def _sum_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
 
-
-# ----------------------------------------------------------------------------- the run
-
-
-@dataclass
-class TrainResult:
-    """The trained ``model`` and the results ``record`` (what results.json holds)."""
-
-    model: nn.Module
-    record: dict[str, Any]
-
-    @property
-    def history(self) -> list[dict[str, Any]]:
-        return self.record["history"]
-
-    @property
-    def final(self) -> dict[str, float]:
-        return self.record["final"]
 
 
 TEST_METRICS = ["test_loss", "test_acc"]  # the default evaluation's history fields
@@ -740,29 +463,6 @@ def _merge(row: dict[str, Any], new: dict[str, Any], source: str) -> dict[str, A
     return new
 
 
-def _record(
-    config: TrainConfig,
-    model: nn.Module,
-    history: list[dict[str, Any]],
-    initial: dict[str, Any],
-    channels_last: bool,
-    metrics: list[str],
-    device: torch.device,
-) -> dict[str, Any]:
-    last = history[-1]
-    return {
-        "config": config.to_dict(),
-        "final": {k: last[k] for k in ("train_loss", "train_acc", *metrics)},
-        "history": history,
-        "initial": initial,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "threads": torch.get_num_threads(),
-        "channels_last": channels_last,
-        **device_info(device),  # device, and for CUDA device_name
-        "seconds": sum(row["seconds"] for row in history),
-        "machine": machine(),
-        "torch": torch.__version__,
-    }
 
 
 def _summary(row: dict[str, Any], epochs: int, metrics: list[str]) -> str:
@@ -773,123 +473,6 @@ def _summary(row: dict[str, Any], epochs: int, metrics: list[str]) -> str:
         f"  {scores}  {row['images_per_s']:.0f} inputs/s  {row['seconds']:.1f} s"
     )
 
-
-# ----------------------------------------------------------------------------- resume and files
-
-
-def _config_diff(saved: dict[str, Any], config: TrainConfig) -> list[str]:
-    # compared as results.json holds them (a tuple comes back from JSON as a list); a field the saved
-    # config lacks was added since, and compares as its default (what the trainer did before it)
-    defaults = {f.name: f.default_factory() if f.default is MISSING else f.default for f in fields(config)}
-    saved, now = json_copy({**defaults, **saved}), config.to_dict()
-    keys = sorted((set(saved) | set(now)) - set(RUNTIME_FIELDS))
-    return [f"{k}: {saved.get(k)!r} there, {now.get(k)!r} now" for k in keys if saved.get(k) != now.get(k)]
-
-
-def _check_same(saved: dict[str, Any], config: TrainConfig, path: Path) -> None:
-    diff = _config_diff(saved, config)
-    if diff:
-        raise ValueError(
-            f"out={str(path.parent)!r} holds a run of another configuration ({'; '.join(diff)}); "
-            "use another out folder, or delete this one to start over"
-        )
-
-
-def _warn_other_threads(saved: int | None, out: Path | None, start: int, epochs: int) -> None:
-    now = torch.get_num_threads()
-    if saved is not None and saved != now and start < epochs:
-        _warn(
-            f"warning: {out} ran with {saved} torch threads and resumes with {now}: the results will "
-            f"not be bit-identical to an uninterrupted run (pass threads={saved} for that)"
-        )
-
-
-def _warn_other_device(saved: str, now: torch.device, out: Path | None, start: int, epochs: int) -> None:
-    if saved != str(now) and start < epochs:
-        _warn(f"warning: {out} ran on {saved} and resumes on {now}: the results will not be bit-identical "
-              "to an uninterrupted run")  # fmt: skip
-
-
-def _load_checkpoint(config: TrainConfig, out: Path | None) -> dict[str, Any] | None:
-    """The newest good checkpoint in ``out`` (``checkpoint.pt``, else ``checkpoint.prev.pt``), or None.
-
-    A file that fails its checksum is renamed ``<name>.corrupt`` (so no later write keeps it as the
-    previous one) and the other is tried; each step is said on stderr.
-    """
-    if out is None:
-        return None
-    damaged = False
-    for name in (CHECKPOINT, PREVIOUS):
-        path = out / name
-        if not path.exists():
-            continue
-        try:
-            ckpt = load_checked(path)
-        except CorruptFileError as e:
-            path.replace(path.with_name(name + ".corrupt"))
-            _warn(f"warning: {e}; moved it to {name}.corrupt")
-            damaged = True
-            continue
-        _check_same(ckpt["config"], config, path)
-        if name == PREVIOUS:
-            why = "it is damaged" if damaged else "it is missing (a write was interrupted)"
-            _warn(f"warning: {out / CHECKPOINT}: {why}; resuming from {name} (epoch {ckpt['epoch']})")
-        return ckpt
-    if damaged:
-        _warn(f"warning: {out}: no good checkpoint left; the training starts over from epoch 1")
-    return None
-
-
-def _load_finished(
-    config: TrainConfig, out: Path, model: nn.Module | None, device: torch.device
-) -> TrainResult | None:
-    """The finished run in ``out``; None (said on stderr) when its files are damaged: rebuild them."""
-    from safetensors.torch import load
-
-    try:
-        record = read_json(out / RESULTS)
-    except ValueError as e:  # not JSON: a damaged file
-        return _damaged(out, RESULTS, f"does not parse ({e})")
-    _check_same(record["config"], config, out / RESULTS)
-    weights = (out / WEIGHTS).read_bytes() if (out / WEIGHTS).exists() else b""
-    digest = record.get("weights_sha256")  # runs saved before the digest was recorded have none
-    if not weights:
-        return _damaged(out, WEIGHTS, "is missing")
-    if digest is not None and hashlib.sha256(weights).hexdigest() != digest:
-        return _damaged(out, WEIGHTS, "does not match results.json's SHA-256")
-    if model is None:
-        from gatepool.models import create_model
-
-        model = create_model(config.model, **config.model_kwargs)
-    model = model.to(device)
-    model.load_state_dict(load(weights))  # CPU tensors, copied to the model's device
-    if record["channels_last"]:
-        model = model.to(memory_format=torch.channels_last)
-    return TrainResult(model, record)
-
-
-def _damaged(out: Path, name: str, why: str) -> None:
-    """Move a finished run's damaged file aside, so that the run is rebuilt from its last checkpoint."""
-    if (out / name).exists():
-        (out / name).replace(out / (name + ".corrupt"))
-    (out / RESULTS).unlink(missing_ok=True)  # no longer finished
-    _warn(f"warning: {out / name} {why}; moved aside, rebuilding the run from its last checkpoint "
-          "(from the start if it has none)")
-    return None
-
-
-def _warn(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def _safetensors_bytes(model: nn.Module) -> bytes:
-    from safetensors.torch import save
-
-    # safetensors wants contiguous, unshared tensors; channels_last weights are neither by default.
-    return save({k: v.detach().contiguous().clone() for k, v in model.state_dict().items()})
-
-
-# ----------------------------------------------------------------------------- speed knobs
 
 
 def _use_channels_last(config: TrainConfig, model: nn.Module, x: torch.Tensor | None) -> bool:
