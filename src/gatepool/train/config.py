@@ -6,14 +6,13 @@ Every field is checked at construction (a ValueError or TypeError naming the fie
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-import numpy as np
 import torch
 
 from gatepool.train.schedule import DEFAULT_WARMUP, SCHEDULES
+from gatepool.utils.checks import check_int, check_number
 from gatepool.utils.environment import check_device
 from gatepool.utils.io import json_copy
 
@@ -74,32 +73,28 @@ class TrainConfig:
         if self.data_dir is not None:
             self.data_dir = str(self.data_dir)
         for name in ("train_size", "test_size", "threads", "steps_per_epoch"):
-            _check_int(self, name, 1, optional=True)
-        _check_int(self, "subset_seed", 0)
-        _check_int(self, "seed", 0)
-        _check_int(self, "epochs", 1)
-        _check_int(self, "batch_size", 1)
-        _check_int(self, "eval_batch_size", 1)
+            setattr(self, name, check_int(getattr(self, name), name, 1, optional=True))
+        self.subset_seed = check_int(self.subset_seed, "subset_seed", 0)
+        self.seed = check_int(self.seed, "seed", 0)
+        self.epochs = check_int(self.epochs, "epochs", 1)
+        self.batch_size = check_int(self.batch_size, "batch_size", 1)
+        self.eval_batch_size = check_int(self.eval_batch_size, "eval_batch_size", 1)
         _check_choice(self, "optimizer", OPTIMIZERS)
         _check_choice(self, "schedule", SCHEDULES)
         if self.lr is None:
             self.lr = DEFAULT_LR[self.optimizer]
         if self.warmup is None:
             self.warmup = DEFAULT_WARMUP[self.schedule]
-        _check_float(self, "lr", 0.0, math.inf, low_open=True)
-        _check_float(self, "momentum", 0.0, 1.0)
-        betas = self.betas
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
-        for i, b in enumerate(betas):
-            if isinstance(b, bool) or not isinstance(b, (int, float, np.floating)) or not 0.0 <= b < 1.0:
-                raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r} (betas[{i}])")
-        self.betas = (float(betas[0]), float(betas[1]))
-        _check_float(self, "weight_decay", 0.0, math.inf)
-        if self.grad_clip is not None:
-            _check_float(self, "grad_clip", 0.0, math.inf, low_open=True)
-        _check_float(self, "warmup", 0.0, 1.0)
-        _check_float(self, "label_smoothing", 0.0, 1.0)
+        self.lr = check_number(self.lr, "lr", 0.0, low_open=True)
+        self.momentum = check_number(self.momentum, "momentum", 0.0, 1.0, high_open=True)
+        if not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2:
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        b1, b2 = (check_number(b, f"betas[{i}]", 0.0, 1.0, high_open=True) for i, b in enumerate(self.betas))
+        self.betas = (b1, b2)
+        self.weight_decay = check_number(self.weight_decay, "weight_decay", 0.0)
+        self.grad_clip = check_number(self.grad_clip, "grad_clip", 0.0, low_open=True, optional=True)
+        self.warmup = check_number(self.warmup, "warmup", 0.0, 1.0, high_open=True)
+        self.label_smoothing = check_number(self.label_smoothing, "label_smoothing", 0.0, 1.0, high_open=True)
         if not (isinstance(self.channels_last, bool) or self.channels_last == "auto"):
             raise ValueError(f"channels_last must be True, False or 'auto', got {self.channels_last!r}")
         self.device = check_device(self.device)
@@ -127,31 +122,10 @@ def _check_str(cfg: TrainConfig, name: str) -> None:
         raise ValueError(f"{name} must be a non-empty string, got {v!r}")
 
 
-def _check_int(cfg: TrainConfig, name: str, low: int, *, optional: bool = False) -> None:
-    v = getattr(cfg, name)
-    if v is None and optional:
-        return
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
-        none = " or None" if optional else ""
-        raise ValueError(f"{name} must be an integer >= {low}{none}, got {v!r}")
-    setattr(cfg, name, int(v))
-
-
-def _check_float(cfg: TrainConfig, name: str, low: float, high: float, *, low_open: bool = False) -> None:
-    v = getattr(cfg, name)
-    ok = isinstance(v, (int, float, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
-    ok = ok and (v > low if low_open else v >= low) and v < high
-    if not ok:
-        lo = "(" if low_open else "["
-        raise ValueError(f"{name} must be a number in {lo}{low}, {high}), got {v!r}")
-    setattr(cfg, name, float(v))
-
-
 def _check_choice(cfg: TrainConfig, name: str, choices: tuple[str, ...]) -> None:
     v = getattr(cfg, name)
     if v not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got {v!r}")
-
 
 
 def check_amp(amp: str | None, device: torch.device) -> None:
