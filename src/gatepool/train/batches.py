@@ -110,7 +110,7 @@ def data_batches(data: TrainData, batch_size: int, generator: torch.Generator) -
         yield x.index_select(0, idx), y.index_select(0, idx)
 
 
-def _epoch_steps(config: TrainConfig, data: TrainData | None, drawn: bool) -> int:
+def epoch_steps(config: TrainConfig, data: TrainData | None, drawn: bool) -> int:
     """Batches per epoch: ``config.steps_per_epoch``, or (for the data set's batches) one pass over it."""
     if drawn:
         if config.steps_per_epoch is None:

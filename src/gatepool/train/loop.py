@@ -39,9 +39,7 @@ stays in CPU memory and each batch is copied with ``non_blocking=True``. ``train
 (``bf16`` | ``fp16``) runs the training steps under ``torch.autocast`` with that dtype (weights and the
 optimizer stay float32; the evaluation runs in float32): ``fp16`` on CUDA only, with a
 ``torch.amp.GradScaler`` (kept in the checkpoint), ``bf16`` on CUDA and, for tests or CPUs with bf16
-units, on the CPU; MPS runs without it. Checkpoints are read onto the CPU (``map_location="cpu"``)
-and copied into the model wherever it lives, so a run saved on a GPU resumes on a CPU and the other
-way round (with a warning: the bits differ between devices; they are reproducible on the CPU only).
+units, on the CPU; MPS runs without it.
 
 Processes: under ``torchrun --nproc-per-node N`` (``WORLD_SIZE`` > 1) one training runs data-parallel
 over the N ranks, each on its slice of every global batch, with the single process's updates up to
@@ -62,7 +60,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import os
 import sys
 import time
@@ -78,213 +75,34 @@ from gatepool.train import distributed
 from gatepool.train.batches import (
     Batch,
     TrainData,
-    _epoch_steps,
     data_batches,
     data_to_device,
     epoch_seed,
+    epoch_steps,
     load_data,
     model_device,
 )
 from gatepool.train.checkpoint import (
-    CHECKPOINT,
-    PREVIOUS,
-    RESULTS,
-    WEIGHTS,
+    TEST_METRICS,
     TrainResult,
-    _load_checkpoint,
-    _load_finished,
-    _record,
-    _safetensors_bytes,
-    _warn_other_device,
-    _warn_other_threads,
+    load_checkpoint,
+    load_finished,
+    make_record,
+    resume,
+    save_checkpoint,
+    save_finished,
 )
 from gatepool.train.config import AMP, TrainConfig, check_amp
 from gatepool.train.schedule import get_lr
 from gatepool.utils.environment import resolve_device
-from gatepool.utils.io import atomic_torch_save, atomic_write_bytes, atomic_write_json, json_copy
+from gatepool.utils.io import json_copy
 from gatepool.utils.threads import num_threads
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+OWN_FIELDS = ("epoch", "train_loss", "train_acc", "lr", "images_per_s", "seconds", "threads")  # a row's
 
 
-def _autocast(device: torch.device, amp: str | None):
-    if amp is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=AMP[amp])
-
-
-
-def make_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    lr, wd = config.lr, config.weight_decay
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=config.momentum, weight_decay=wd)
-    if config.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=lr, betas=config.betas, weight_decay=wd)
-    return torch.optim.Adam(params, lr=lr, betas=config.betas, weight_decay=wd)
-
-
-
-def cross_entropy_loss(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, label_smoothing: float = 0.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The default ``loss_fn``: cross-entropy of ``model(x)`` (B, classes) against labels y (B,).
-
-    Returns (loss, logits); any ``loss_fn(model, x, y)`` returns the same pair, logits (..., classes)
-    lined up with the targets y (...), e.g. (B, L, V) against (B, L) for per-token cross-entropy.
-    """
-    logits = model(x)  # (B, classes)
-    return F.cross_entropy(logits, y, label_smoothing=label_smoothing), logits
-
-
-def train_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    loss_fn: LossFn = cross_entropy_loss,
-    grad_clip: float | None = None,
-    amp: str | None = None,
-    scaler: torch.amp.GradScaler | None = None,
-    loss_scale: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One update: loss → zero_grad → backward → clip the global gradient norm → step.
-
-    ``amp`` (``bf16`` | ``fp16``): the forward pass and loss under ``torch.autocast`` on x's device;
-    ``scaler`` (for fp16): the loss is scaled for the backward pass and the gradients unscaled before
-    clipping and the step (which the scaler skips when they overflowed). ``loss_scale``: the backward
-    pass differentiates ``loss · loss_scale`` (a rank's share under DDP; see distributed.py). Returns the
-    detached (unscaled) loss and logits.
-    """
-    with _autocast(x.device, amp):
-        loss, logits = loss_fn(model, x, y)
-    optimizer.zero_grad(set_to_none=True)
-    scaled = loss if loss_scale == 1.0 else loss * loss_scale
-    if scaler is None:
-        scaled.backward()
-    else:
-        scaler.scale(scaled).backward()
-        scaler.unscale_(optimizer)
-    if grad_clip is not None:
-        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    if scaler is None:
-        optimizer.step()
-    else:
-        scaler.step(optimizer)
-        scaler.update()
-    return loss.detach(), logits.detach()
-
-
-def train_epoch(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    data: TrainData | None,
-    config: TrainConfig,
-    epoch: int,
-    *,
-    channels_last: bool = False,
-    progress: bool = False,
-    batches: Callable[[torch.Generator], Iterable[Batch]] | None = None,
-    loss_fn: LossFn | None = None,
-    on_step: Callable[[int, torch.Tensor], None] | None = None,
-    scaler: torch.amp.GradScaler | None = None,
-    ranks: distributed.Ranks | None = None,
-) -> dict[str, float]:
-    """Train one epoch (1-based ``epoch``; see the module doc for the hooks).
-
-    Returns ``train_loss`` and ``train_acc`` (means over every target of the epoch's batches, as they were
-    trained) and ``examples`` (how many inputs it trained on). ``data`` may be None when ``batches``
-    draws the batches. It runs on the model's device (batches found elsewhere are copied there) with
-    ``config.amp``; ``scaler``: the run's GradScaler for fp16 (None: a fresh one for this epoch).
-    ``ranks`` (DDP, ``model`` wrapped): this rank trains on its slice of every batch, and the returned
-    metrics and ``examples`` are summed over all ranks (``gatepool.train.distributed``).
-    """
-    ranks = ranks or distributed.Ranks()
-    steps = _epoch_steps(config, data, batches is not None)
-    total = steps * config.epochs
-    s = epoch_seed(config.seed, epoch)
-    torch.manual_seed(s)  # the global RNG (dropout, stochastic layers) restarts each epoch
-    generator = torch.Generator().manual_seed(s)
-    drawn = batches(generator) if batches is not None else data_batches(data, config.batch_size, generator)
-    source = iter(drawn)
-    if loss_fn is None:
-        loss_fn = functools.partial(cross_entropy_loss, label_smoothing=config.label_smoothing)
-    memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    device = model_device(model)
-    check_amp(config.amp, device)
-    if scaler is None and config.amp == "fp16":
-        scaler = torch.amp.GradScaler(device.type)
-    model.train()
-    loss_sum = torch.zeros((), dtype=_sum_dtype(device), device=device)  # on the device: no sync per step
-    correct = torch.zeros((), dtype=torch.int64, device=device)
-    targets = examples = 0
-    bar = _bar(steps, f"epoch {epoch}/{config.epochs}", progress)
-    for i in range(steps):
-        t = (epoch - 1) * steps + i  # the global step
-        lr = get_lr(t, total, lr=config.lr, schedule=config.schedule, warmup=config.warmup)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        batch = next(source, None)
-        if batch is None:
-            raise ValueError(f"batches gave {i} batches in epoch {epoch}; steps_per_epoch = {steps} needs "
-                             "that many")  # fmt: skip
-        xb, yb, share = distributed.shard(*batch, ranks)  # e.g. (B, C, H, W) and (B,); a rank's rows of them
-        xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)  # no-op when there
-        if xb.dim() == 4:
-            xb = xb.contiguous(memory_format=memory_format)
-        loss, logits = train_step(model, optimizer, xb, yb, loss_fn=loss_fn, grad_clip=config.grad_clip,
-                                  amp=config.amp, scaler=scaler, loss_scale=share)  # fmt: skip
-        loss_sum += loss.detach().to(loss_sum.dtype) * yb.numel()  # float64 where the device has it
-        correct += (logits.argmax(-1) == yb).sum()
-        targets += yb.numel()
-        examples += len(xb)
-        if on_step is not None:
-            on_step(t, loss)
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    loss_total, right, targets, examples = distributed.all_sum([float(loss_sum), int(correct), targets,
-                                                                 examples], device, ranks)  # fmt: skip
-    return {"train_loss": loss_total / targets, "train_acc": int(right) / targets, "examples": int(examples)}
-
-
-@torch.no_grad()
-def evaluate(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    batch_size: int = 1000,
-    channels_last: bool = False,
-) -> dict[str, float]:
-    """Mean cross-entropy (no smoothing) and accuracy of ``model`` on (x, y), in eval mode, in float32,
-    on the model's device (batches of x and y found elsewhere are copied there)."""
-    was_training = model.training
-    model.eval()
-    memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    device = model_device(model)
-    loss_sum = torch.zeros((), dtype=_sum_dtype(device), device=device)
-    correct = torch.zeros((), dtype=torch.int64, device=device)
-    for i in range(0, len(y), batch_size):
-        xb, yb = x[i : i + batch_size].to(device, non_blocking=True), y[i : i + batch_size].to(device)
-        if xb.dim() == 4:
-            xb = xb.contiguous(memory_format=memory_format)
-        logits = model(xb)  # (B, classes)
-        loss_sum += F.cross_entropy(logits, yb, reduction="sum").to(loss_sum.dtype)
-        correct += (logits.argmax(1) == yb).sum()
-    model.train(was_training)
-    return {"loss": float(loss_sum) / len(y), "acc": int(correct) / len(y)}
-
-
-def _sum_dtype(device: torch.device) -> torch.dtype:
-    return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
-
-
-
-TEST_METRICS = ["test_loss", "test_acc"]  # the default evaluation's history fields
-_OWN_FIELDS = ("epoch", "train_loss", "train_acc", "lr", "images_per_s", "seconds", "threads")
+# ----------------------------------------------------------------------------- the run
 
 
 def train(
@@ -342,137 +160,98 @@ def train(
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
-    if batches is not None and config.steps_per_epoch is None:
-        _epoch_steps(config, None, True)  # raises: the schedule needs the epoch's length
-    out = Path(out) if out is not None else None
+    if batches is not None:
+        epoch_steps(config, None, drawn=True)  # raises without steps_per_epoch: the schedule needs it
+    out = None if out is None else Path(out)
     ranks = distributed.from_env()  # rank 0 of 1, unless torchrun started this process
     device = distributed.rank_device(resolve_device(config.device), ranks)
     check_amp(config.amp, device)
-    progress, verbose = progress and ranks.main, verbose and ranks.main  # rank 0 speaks
+    bar, verbose = progress and ranks.main and sys.stdout.isatty(), verbose and ranks.main  # rank 0 speaks
     with num_threads(config.threads), distributed.process_group(device, ranks):
-        finished = None
-        with distributed.main_first(ranks):  # rank 0 reads (and repairs) the folder before the others
-            if out is not None and (out / RESULTS).exists():
-                finished = _load_finished(config, out, model, device)
+        finished, ckpt = _read_folder(config, out, model, device, ranks)
         if finished is not None:
             return finished
-        if model is None:
-            from gatepool.models import create_model
 
-            torch.manual_seed(config.seed)
-            model = create_model(config.model, **config.model_kwargs)  # on the CPU: the same init anywhere
-        model = model.to(device)
+        # the model, the data and the hooks (their defaults: the data set's batches and test set)
+        model = _new_model(config) if model is None else model
         data = load_data(config, data) if batches is None or eval_fn is None else None
-        channels_last = cl = _use_channels_last(config, model, None if data is None else data.train_x)
-        if data is not None:
-            data = data_to_device(data, device)  # once: a batch is then an index_select on the device
+        channels_last = _use_channels_last(config, model, None if data is None else data.train_x)
+        model = model.to(device)
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
-        if eval_fn is None:
-            eval_fn = functools.partial(_test_metrics, data=data, config=config, channels_last=cl)
+        if data is not None:
+            data = data_to_device(data, device)  # once: a batch is then an index_select on the device
         if batches is None:
             distributed.check_batches(len(data.train_y), config.batch_size, ranks)
+        if eval_fn is None:
+            eval_fn = functools.partial(_test_metrics, data=data, config=config, channels_last=channels_last)
+        on_epoch_end = on_epoch_end or _no_extras
+        stop_fn = stop_fn or _never
+
+        # the optimizer, fp16's loss scaler, the model as the steps call it
         optimizer = make_optimizer(config, model)
+        scaler = torch.amp.GradScaler(device.type) if config.amp == "fp16" else None
         step_model = distributed.wrap(model, device, ranks)  # DDP under torchrun; the same parameters
         step_model = torch.compile(step_model) if config.compile else step_model
-        scaler = torch.amp.GradScaler(device.type) if config.amp == "fp16" else None
-        history: list[dict[str, Any]] = []
-        initial: dict[str, Any] = {}
-        metrics = TEST_METRICS  # the evaluation's fields, for record["final"]
-        start = 0
-        with distributed.main_first(ranks):  # every rank resumes from the checkpoint rank 0 settled on
-            ckpt = _load_checkpoint(config, out)
+
+        # where to start: after the checkpoint's epoch, or at the beginning
         if ckpt is not None:
-            model.load_state_dict(ckpt["model"])
-            optimizer.load_state_dict(ckpt["optimizer"])  # its state goes to the parameters' device
-            if scaler is not None and "scaler" in ckpt:
-                scaler.load_state_dict(ckpt["scaler"])
-            history, initial, start = ckpt["history"], ckpt["initial"], ckpt["epoch"]
-            metrics = ckpt.get("metrics", TEST_METRICS)  # checkpoints from before eval_fn: the test set's
-            _warn_other_threads(ckpt.get("threads"), out, start, config.epochs)
-            _warn_other_device(ckpt.get("device", "cpu"), device, out, start, config.epochs)
+            start, history, initial, metrics = resume(ckpt, model, optimizer, scaler, out=out, device=device,
+                                                      epochs=config.epochs)  # fmt: skip
             if verbose and start < config.epochs:
                 print(f"resuming {out} after epoch {start}/{config.epochs}", flush=True)
-        elif on_epoch_end is not None:
+        else:
+            start, history, metrics = 0, [], TEST_METRICS
             initial = json_copy(on_epoch_end(model, 0) or {})
 
-        bar = progress and sys.stdout.isatty()
         for epoch in range(start + 1, config.epochs + 1):
-            if history and stop_fn is not None and stop_fn(history[-1]):
+            if history and stop_fn(history[-1]):
                 break  # the last epoch met the stop condition (also when resuming after it)
             t0 = time.perf_counter()
-            stats = train_epoch(step_model, optimizer, data, config, epoch, channels_last=cl, progress=bar,
-                                batches=batches, loss_fn=loss_fn, scaler=scaler, ranks=ranks)  # fmt: skip
-            examples = stats.pop("examples")
-            t_train = time.perf_counter() - t0
-            row: dict[str, Any] = {"epoch": epoch, **stats}
-            scores = _merge(row, json_copy(eval_fn(model)), "eval_fn")
-            metrics = list(scores)
-            row.update(lr=optimizer.param_groups[0]["lr"])
-            row.update(images_per_s=examples / t_train, seconds=time.perf_counter() - t0)
-            row.update(threads=torch.get_num_threads())
-            if on_epoch_end is not None:
-                _merge(row, json_copy(on_epoch_end(model, epoch) or {}), "on_epoch_end")
+            stats = train_epoch(step_model, optimizer, data, config, epoch, channels_last=channels_last,
+                                progress=bar, batches=batches, loss_fn=loss_fn, scaler=scaler,
+                                ranks=ranks)  # fmt: skip
+            t_train, examples = time.perf_counter() - t0, stats.pop("examples")
+            scores = _extras(json_copy(eval_fn(model)), "eval_fn")
+            row = {"epoch": epoch, **stats, **scores}  # train_loss, train_acc, the evaluation's metrics
+            row.update(lr=optimizer.param_groups[0]["lr"], images_per_s=examples / t_train,
+                       seconds=time.perf_counter() - t0, threads=torch.get_num_threads())  # fmt: skip
+            row.update(_extras(json_copy(on_epoch_end(model, epoch) or {}), "on_epoch_end", row))
             history.append(row)
+            metrics = list(scores)
             if verbose:
                 print(_summary(row, config.epochs, metrics), flush=True)
             if out is not None and ranks.main:
-                atomic_torch_save(
-                    out / CHECKPOINT,
-                    {
-                        "config": config.to_dict(),
-                        "epoch": epoch,
-                        "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "history": history,
-                        "initial": initial,
-                        "metrics": metrics,
-                        "threads": torch.get_num_threads(),
-                        "device": str(device),
-                        **({"scaler": scaler.state_dict()} if scaler is not None else {}),
-                    },
-                    keep=out / PREVIOUS,
-                )
+                save_checkpoint(out, config, epoch, model, optimizer, scaler, history, initial, metrics,
+                                device)  # fmt: skip
 
-        record = _record(config, model, history, initial, channels_last, metrics, device)
-        if ranks.parallel:
-            record["processes"] = ranks.world  # data-parallel: images_per_s and the metrics are global
+        record = make_record(config, model, history, initial, channels_last, metrics, device, ranks.world)
         if out is not None and ranks.main:
-            weights = _safetensors_bytes(model)
-            record["weights_sha256"] = hashlib.sha256(weights).hexdigest()
-            atomic_write_bytes(out / WEIGHTS, weights)
-            atomic_write_json(out / RESULTS, record)  # last: its presence marks a finished run
+            save_finished(out, model, record)
         return TrainResult(model, record)
 
 
-def _test_metrics(model: nn.Module, *, data: TrainData, config: TrainConfig, channels_last: bool) -> dict:
-    """The default evaluation: cross-entropy and accuracy on the test set."""
-    test = evaluate(model, data.test_x, data.test_y, batch_size=config.eval_batch_size,
-                    channels_last=channels_last)  # fmt: skip
-    return {"test_loss": test["loss"], "test_acc": test["acc"]}
+def _read_folder(
+    config: TrainConfig,
+    out: Path | None,
+    model: nn.Module | None,
+    device: torch.device,
+    ranks: distributed.Ranks,
+) -> tuple[TrainResult | None, dict[str, Any] | None]:
+    """The finished run in ``out``, else the checkpoint to resume from (None where there is none). Rank 0
+    reads (and repairs) the folder before the other ranks, so that every rank resumes from one epoch."""
+    if out is None:
+        return None, None
+    with distributed.main_first(ranks):
+        finished = load_finished(config, out, model, device)
+        return finished, None if finished is not None else load_checkpoint(config, out)
 
 
-def _merge(row: dict[str, Any], new: dict[str, Any], source: str) -> dict[str, Any]:
-    """Add ``new`` (a hook's dict) to the history ``row``; a key the row already uses is an error."""
-    if not isinstance(new, dict):
-        raise TypeError(f"{source} must return a dict, got {type(new).__name__}")
-    clash = sorted(set(new) & (set(row) | set(_OWN_FIELDS)))
-    if clash:
-        raise ValueError(f"{source} returned keys {clash} that the history already uses")
-    row.update(new)
-    return new
+def _new_model(config: TrainConfig) -> nn.Module:
+    from gatepool.models import create_model
 
-
-
-
-def _summary(row: dict[str, Any], epochs: int, metrics: list[str]) -> str:
-    numbers = [k for k in metrics if isinstance(row[k], (int, float))]
-    scores = "  ".join(f"{k.replace('_', ' ')} {row[k]:.4f}" for k in numbers)
-    return (
-        f"epoch {row['epoch']}/{epochs}  train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f}"
-        f"  {scores}  {row['images_per_s']:.0f} inputs/s  {row['seconds']:.1f} s"
-    )
-
+    torch.manual_seed(config.seed)
+    return create_model(config.model, **config.model_kwargs)  # on the CPU: the same init anywhere
 
 
 def _use_channels_last(config: TrainConfig, model: nn.Module, x: torch.Tensor | None) -> bool:
@@ -484,9 +263,215 @@ def _use_channels_last(config: TrainConfig, model: nn.Module, x: torch.Tensor | 
     return bool(config.channels_last)
 
 
+def _test_metrics(model: nn.Module, *, data: TrainData, config: TrainConfig, channels_last: bool) -> dict:
+    """The default evaluation: cross-entropy and accuracy on the test set."""
+    test = evaluate(model, data.test_x, data.test_y, batch_size=config.eval_batch_size,
+                    channels_last=channels_last)  # fmt: skip
+    return {"test_loss": test["loss"], "test_acc": test["acc"]}
+
+
+def _extras(new: dict[str, Any], source: str, row: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``new`` (a hook's dict) checked for the history ``row``: a key the row uses already is an error."""
+    if not isinstance(new, dict):
+        raise TypeError(f"{source} must return a dict, got {type(new).__name__}")
+    clash = sorted(set(new) & (set(row or {}) | set(OWN_FIELDS)))
+    if clash:
+        raise ValueError(f"{source} returned keys {clash} that the history already uses")
+    return new
+
+
+def _no_extras(model: nn.Module, epoch: int) -> None:
+    return None
+
+
+def _never(row: dict[str, Any]) -> bool:
+    return False
+
+
+def _summary(row: dict[str, Any], epochs: int, metrics: list[str]) -> str:
+    numbers = [k for k in metrics if isinstance(row[k], (int, float))]
+    scores = "  ".join(f"{k.replace('_', ' ')} {row[k]:.4f}" for k in numbers)
+    return (
+        f"epoch {row['epoch']}/{epochs}  train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f}"
+        f"  {scores}  {row['images_per_s']:.0f} inputs/s  {row['seconds']:.1f} s"
+    )
+
+
+# ----------------------------------------------------------------------------- one epoch, one step
+
+
+def cross_entropy_loss(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, label_smoothing: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The default ``loss_fn``: cross-entropy of ``model(x)`` (B, classes) against labels y (B,).
+
+    Returns (loss, logits); any ``loss_fn(model, x, y)`` returns the same pair, logits (..., classes)
+    lined up with the targets y (...), e.g. (B, L, V) against (B, L) for per-token cross-entropy.
+    """
+    logits = model(x)  # (B, classes)
+    return F.cross_entropy(logits, y, label_smoothing=label_smoothing), logits
+
+
+def train_epoch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: TrainData | None,
+    config: TrainConfig,
+    epoch: int,
+    *,
+    channels_last: bool = False,
+    progress: bool = False,
+    batches: Callable[[torch.Generator], Iterable[Batch]] | None = None,
+    loss_fn: LossFn | None = None,
+    on_step: Callable[[int, torch.Tensor], None] | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    ranks: distributed.Ranks | None = None,
+) -> dict[str, float]:
+    """Train one epoch (1-based ``epoch``; see the module doc for the hooks).
+
+    Returns ``train_loss`` and ``train_acc`` (means over every target of the epoch's batches, as they were
+    trained) and ``examples`` (how many inputs it trained on). ``data`` may be None when ``batches``
+    draws the batches. It runs on the model's device (batches found elsewhere are copied there) with
+    ``config.amp``; ``scaler``: the run's GradScaler for fp16 (None: a fresh one for this epoch).
+    ``ranks`` (DDP, ``model`` wrapped): this rank trains on its slice of every batch, and the returned
+    metrics and ``examples`` are summed over all ranks (``gatepool.train.distributed``).
+    """
+    ranks = ranks or distributed.Ranks()
+    steps = epoch_steps(config, data, batches is not None)
+    total = steps * config.epochs
+    s = epoch_seed(config.seed, epoch)
+    torch.manual_seed(s)  # the global RNG (dropout, stochastic layers) restarts each epoch
+    generator = torch.Generator().manual_seed(s)
+    drawn = batches(generator) if batches is not None else data_batches(data, config.batch_size, generator)
+    source = iter(drawn)
+    if loss_fn is None:
+        loss_fn = functools.partial(cross_entropy_loss, label_smoothing=config.label_smoothing)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    device = model_device(model)
+    check_amp(config.amp, device)
+    if scaler is None and config.amp == "fp16":
+        scaler = torch.amp.GradScaler(device.type)
+    model.train()
+    loss_sum = torch.zeros((), dtype=_sum_dtype(device), device=device)  # on the device: no sync per step
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    targets = examples = 0
+    bar = _bar(steps, f"epoch {epoch}/{config.epochs}", progress)
+    for i in range(steps):
+        t = (epoch - 1) * steps + i  # the global step
+        lr = get_lr(t, total, lr=config.lr, schedule=config.schedule, warmup=config.warmup)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        batch = next(source, None)
+        if batch is None:
+            raise ValueError(f"batches gave {i} batches in epoch {epoch}; steps_per_epoch = {steps} needs "
+                             "that many")  # fmt: skip
+        xb, yb, share = distributed.shard(*batch, ranks)  # e.g. (B, C, H, W) and (B,); a rank's rows of them
+        xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)  # no-op when there
+        if xb.dim() == 4:
+            xb = xb.contiguous(memory_format=memory_format)
+        loss, logits = train_step(model, optimizer, xb, yb, loss_fn=loss_fn, grad_clip=config.grad_clip,
+                                  amp=config.amp, scaler=scaler, loss_scale=share)  # fmt: skip
+        loss_sum += loss.detach().to(loss_sum.dtype) * yb.numel()  # float64 where the device has it
+        correct += (logits.argmax(-1) == yb).sum()
+        targets += yb.numel()
+        examples += len(xb)
+        if on_step is not None:
+            on_step(t, loss)
+        bar.update(1)
+    bar.close()
+    loss_total, right, targets, examples = distributed.all_sum([float(loss_sum), int(correct), targets,
+                                                                 examples], device, ranks)  # fmt: skip
+    return {"train_loss": loss_total / targets, "train_acc": int(right) / targets, "examples": int(examples)}
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    loss_fn: LossFn = cross_entropy_loss,
+    grad_clip: float | None = None,
+    amp: str | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    loss_scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One update: loss → zero_grad → backward → clip the global gradient norm → step.
+
+    ``amp`` (``bf16`` | ``fp16``): the forward pass and loss under ``torch.autocast`` on x's device;
+    ``scaler`` (for fp16): the loss is scaled for the backward pass and the gradients unscaled before
+    clipping and the step (which the scaler skips when they overflowed). ``loss_scale``: the backward
+    pass differentiates ``loss · loss_scale`` (a rank's share under DDP; see distributed.py). Returns the
+    detached (unscaled) loss and logits.
+    """
+    with _autocast(x.device, amp):
+        loss, logits = loss_fn(model, x, y)
+    optimizer.zero_grad(set_to_none=True)
+    scaled = loss if loss_scale == 1.0 else loss * loss_scale
+    if scaler is None:
+        scaled.backward()
+    else:
+        scaler.scale(scaled).backward()
+        scaler.unscale_(optimizer)
+    if grad_clip is not None:
+        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+        scaler.update()
+    return loss.detach(), logits.detach()
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    batch_size: int = 1000,
+    channels_last: bool = False,
+) -> dict[str, float]:
+    """Mean cross-entropy (no smoothing) and accuracy of ``model`` on (x, y), in eval mode, in float32,
+    on the model's device (batches of x and y found elsewhere are copied there)."""
+    was_training = model.training
+    model.eval()
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    device = model_device(model)
+    loss_sum = torch.zeros((), dtype=_sum_dtype(device), device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    for i in range(0, len(y), batch_size):
+        xb, yb = x[i : i + batch_size].to(device, non_blocking=True), y[i : i + batch_size].to(device)
+        if xb.dim() == 4:
+            xb = xb.contiguous(memory_format=memory_format)
+        logits = model(xb)  # (B, classes)
+        loss_sum += F.cross_entropy(logits, yb, reduction="sum").to(loss_sum.dtype)
+        correct += (logits.argmax(1) == yb).sum()
+    model.train(was_training)
+    return {"loss": float(loss_sum) / len(y), "acc": int(correct) / len(y)}
+
+
+def make_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    lr, wd = config.lr, config.weight_decay
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=config.momentum, weight_decay=wd)
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=config.betas, weight_decay=wd)
+    return torch.optim.Adam(params, lr=lr, betas=config.betas, weight_decay=wd)
+
+
+def _sum_dtype(device: torch.device) -> torch.dtype:
+    return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+
+
+def _autocast(device: torch.device, amp: str | None):
+    if amp is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=AMP[amp])
+
+
 def _bar(total: int, desc: str, enabled: bool):
-    if not enabled:
-        return None
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, leave=False, unit="batch", dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, leave=False, unit="batch", dynamic_ncols=True, disable=not enabled)
