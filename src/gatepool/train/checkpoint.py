@@ -69,7 +69,7 @@ def save_checkpoint(
     epoch: int,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler | None,
+    scaler: torch.amp.GradScaler,
     history: list[dict[str, Any]],
     initial: dict[str, Any],
     metrics: list[str],
@@ -88,7 +88,7 @@ def save_checkpoint(
         "metrics": metrics,
         "threads": torch.get_num_threads(),
         "device": str(device),
-        **({"scaler": scaler.state_dict()} if scaler is not None else {}),
+        **({"scaler": scaler.state_dict()} if scaler.is_enabled() else {}),
     }
     atomic_torch_save(out / CHECKPOINT, state, keep=out / PREVIOUS)
 
@@ -125,7 +125,7 @@ def resume(
     ckpt: dict[str, Any],
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler | None,
+    scaler: torch.amp.GradScaler,
     *,
     out: Path,
     device: torch.device,
@@ -135,7 +135,7 @@ def resume(
     initial, metrics). A resume with another thread count or on another device warns on stderr."""
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])  # its state goes to the parameters' device
-    if scaler is not None and "scaler" in ckpt:
+    if scaler.is_enabled() and "scaler" in ckpt:
         scaler.load_state_dict(ckpt["scaler"])
     start = ckpt["epoch"]
     _warn_other_threads(ckpt.get("threads"), out, start, epochs)

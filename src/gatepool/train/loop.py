@@ -39,7 +39,8 @@ stays in CPU memory and each batch is copied with ``non_blocking=True``. ``train
 (``bf16`` | ``fp16``) runs the training steps under ``torch.autocast`` with that dtype (weights and the
 optimizer stay float32; the evaluation runs in float32): ``fp16`` on CUDA only, with a
 ``torch.amp.GradScaler`` (kept in the checkpoint), ``bf16`` on CUDA and, for tests or CPUs with bf16
-units, on the CPU; MPS runs without it.
+units, on the CPU; MPS runs without it. Both go through ``torch.autocast(enabled=...)`` and
+``torch.amp.GradScaler(enabled=...)``, off for float32: one step for every precision.
 
 Processes: under ``torchrun --nproc-per-node N`` (``WORLD_SIZE`` > 1) one training runs data-parallel
 over the N ranks, each on its slice of every global batch, with the single process's updates up to
@@ -58,7 +59,6 @@ checks ``config.py``'s; the data and the epoch's batches ``batches.py``'s.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import sys
@@ -188,9 +188,9 @@ def train(
         on_epoch_end = on_epoch_end or _no_extras
         stop_fn = stop_fn or _never
 
-        # the optimizer, fp16's loss scaler, the model as the steps call it
+        # the optimizer, fp16's loss scaler (off for other precisions), the model as the steps call it
         optimizer = make_optimizer(config, model)
-        scaler = torch.amp.GradScaler(device.type) if config.amp == "fp16" else None
+        scaler = torch.amp.GradScaler(device.type, enabled=config.amp == "fp16")
         step_model = distributed.wrap(model, device, ranks)  # DDP under torchrun; the same parameters
         step_model = torch.compile(step_model) if config.compile else step_model
 
@@ -349,8 +349,8 @@ def train_epoch(
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     device = model_device(model)
     check_amp(config.amp, device)
-    if scaler is None and config.amp == "fp16":
-        scaler = torch.amp.GradScaler(device.type)
+    if scaler is None:
+        scaler = torch.amp.GradScaler(device.type, enabled=config.amp == "fp16")
     model.train()
     loss_sum = torch.zeros((), dtype=_sum_dtype(device), device=device)  # on the device: no sync per step
     correct = torch.zeros((), dtype=torch.int64, device=device)
@@ -404,22 +404,17 @@ def train_step(
     pass differentiates ``loss · loss_scale`` (a rank's share under DDP; see distributed.py). Returns the
     detached (unscaled) loss and logits.
     """
-    with _autocast(x.device, amp):
+    with torch.autocast(x.device.type, dtype=AMP[amp] if amp else None, enabled=amp is not None):
         loss, logits = loss_fn(model, x, y)
-    optimizer.zero_grad(set_to_none=True)
-    scaled = loss if loss_scale == 1.0 else loss * loss_scale
     if scaler is None:
-        scaled.backward()
-    else:
-        scaler.scale(scaled).backward()
-        scaler.unscale_(optimizer)
+        scaler = torch.amp.GradScaler(x.device.type, enabled=False)  # off: scale() and the rest are no-ops
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss if loss_scale == 1.0 else loss * loss_scale).backward()
+    scaler.unscale_(optimizer)
     if grad_clip is not None:
         nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    if scaler is None:
-        optimizer.step()
-    else:
-        scaler.step(optimizer)
-        scaler.update()
+    scaler.step(optimizer)  # optimizer.step(), unless fp16's gradients overflowed
+    scaler.update()
     return loss.detach(), logits.detach()
 
 
@@ -463,12 +458,6 @@ def make_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimiz
 
 def _sum_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
-
-
-def _autocast(device: torch.device, amp: str | None):
-    if amp is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=AMP[amp])
 
 
 def _bar(total: int, desc: str, enabled: bool):
