@@ -22,10 +22,10 @@ from gatepool.train import TrainConfig, train
 PINNED_ON = ("2.13.0", "AVX512")  # torch version (without the local tag), torch's CPU capability
 SMALL = dict(model="residual_cnn", train_size=256, test_size=128, epochs=2, batch_size=64, seed=0, threads=1)
 SOFT = dict(SMALL, model_kwargs={"pool": "soft"})
-BF16 = dict(SOFT, amp="bf16", grad_clip=1.0, label_smoothing=0.1, optimizer="sgd", weight_decay=1e-4)
+BF16 = dict(SOFT, amp="bf16", grad_clip=0.05, label_smoothing=0.1, optimizer="sgd", weight_decay=1e-4)
 DIGESTS = {
     "soft": "1a8db1058bbb7f154bbd35520fa80e1b6e59d385be770863b68f1a9929e2eaad",
-    "soft-bf16-clip-sgd": "afa3bea9556764f444c96ac81878db6f66755d8747568d5e591f7c4e1d0b2372",
+    "soft-bf16-clip-sgd": "6c3725409fa9c92b20ee8b8a6bedbf8a606d746c5e52b55fbdb3391d107a98f2",
     "hooks": "a846b1638d3bf5ee96ae735ef695f227b401f1fd328cef0db30476864a270aa2",
 }
 
