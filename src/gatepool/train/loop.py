@@ -212,11 +212,11 @@ def train(
                                 progress=bar, batches=batches, loss_fn=loss_fn, scaler=scaler,
                                 ranks=ranks)  # fmt: skip
             t_train, examples = time.perf_counter() - t0, stats.pop("examples")
-            scores = _extras(json_copy(eval_fn(model)), "eval_fn")
+            scores = _hook_fields(json_copy(eval_fn(model)), "eval_fn")
             row = {"epoch": epoch, **stats, **scores}  # train_loss, train_acc, the evaluation's metrics
             row.update(lr=optimizer.param_groups[0]["lr"], images_per_s=examples / t_train,
                        seconds=time.perf_counter() - t0, threads=torch.get_num_threads())  # fmt: skip
-            row.update(_extras(json_copy(on_epoch_end(model, epoch) or {}), "on_epoch_end", row))
+            row.update(_hook_fields(json_copy(on_epoch_end(model, epoch) or {}), "on_epoch_end", row))
             history.append(row)
             metrics = list(scores)
             if verbose:
@@ -270,7 +270,7 @@ def _test_metrics(model: nn.Module, *, data: TrainData, config: TrainConfig, cha
     return {"test_loss": test["loss"], "test_acc": test["acc"]}
 
 
-def _extras(new: dict[str, Any], source: str, row: dict[str, Any] | None = None) -> dict[str, Any]:
+def _hook_fields(new: dict[str, Any], source: str, row: dict[str, Any] | None = None) -> dict[str, Any]:
     """``new`` (a hook's dict) checked for the history ``row``: a key the row uses already is an error."""
     if not isinstance(new, dict):
         raise TypeError(f"{source} must return a dict, got {type(new).__name__}")
@@ -447,6 +447,7 @@ def evaluate(
 
 
 def make_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    """``config.optimizer`` over the model's trainable parameters (the rate is set before every step)."""
     params = [p for p in model.parameters() if p.requires_grad]
     lr, wd = config.lr, config.weight_decay
     if config.optimizer == "sgd":
