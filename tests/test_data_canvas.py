@@ -125,7 +125,7 @@ def test_interrupted_or_other_recipe_is_made_again(small_source, monkeypatch):
 
 
 def test_trainer_and_names(small_source):
-    from gatepool.train.trainer import TrainConfig, load_data
+    from gatepool.train import TrainConfig, load_data
 
     assert {"translated-mnist", "cluttered-mnist", "distractor-mnist"} <= set(data_canvas.dataset_names())
     assert data_canvas.split_size_by_name("cluttered-mnist", "test") == 10000  # the real split's size

@@ -103,6 +103,18 @@ def test_one_seed_is_not_run(tmp_path):
     assert claim["verdict"] == "not run" and "one seed" in claim["note"]
 
 
+@pytest.mark.slow
+def test_measure_rates_times_the_trainers_step(monkeypatch):
+    import gatepool.train
+
+    step, calls = gatepool.train.train_step, []
+    monkeypatch.setattr(gatepool.train, "train_step", lambda *a, **kw: calls.append(1) or step(*a, **kw))
+    rates = gm.measure_rates(rounds=1, steps=1, batch=2)
+    assert set(rates) == {gm.MNIST_MODEL, gm.CANVAS_MODEL, gm.DEEP_MODEL}
+    assert all(list(r) == gm.POOLS and all(0 < v < float("inf") for v in r.values()) for r in rates.values())
+    assert len(calls) == 3 * len(gm.POOLS) * (2 + 1)  # per model and gate: Timer's 2 warm-up steps, 1 timed
+
+
 def test_gate_maps_are_the_attention_weights():
     torch.manual_seed(0)
     model = gm.model_for("cnn", "cluttered-mnist")

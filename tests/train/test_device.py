@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn as nn
 
+import gatepool.train as trainer
 import gatepool.train.sweep as sweep
-import gatepool.train.trainer as trainer
 from gatepool.train import CHECKPOINT, PREVIOUS, TrainConfig, TrainData, data_to_device, model_device, train
 from gatepool.utils import environment
 from gatepool.utils.environment import check_device, device_info, resolve_device

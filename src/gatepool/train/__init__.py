@@ -1,30 +1,19 @@
-"""Training: one trainer (``trainer.py``), one learning-rate schedule (``schedule.py``) and sweeps of
-independent trainings (``sweep.py``)."""
+"""Training: one trainer (its config ``config.py``, its data ``batches.py``, its files ``checkpoint.py``,
+its loop ``loop.py``), one learning-rate schedule (``schedule.py``) and sweeps of independent trainings
+(``sweep.py``)."""
 
-from gatepool.train.schedule import SCHEDULES, get_lr
-from gatepool.train.trainer import (
-    AMP,
-    CHECKPOINT,
-    PREVIOUS,
-    RESULTS,
-    RUNTIME_FIELDS,
-    WEIGHTS,
-    TrainConfig,
+from gatepool.train.batches import (
     TrainData,
-    TrainResult,
-    check_amp,
-    cross_entropy_loss,
     data_batches,
     data_to_device,
     epoch_seed,
-    evaluate,
     load_data,
-    make_optimizer,
     model_device,
-    train,
-    train_epoch,
-    train_step,
 )
+from gatepool.train.checkpoint import CHECKPOINT, PREVIOUS, RESULTS, WEIGHTS, TrainResult
+from gatepool.train.config import AMP, RUNTIME_FIELDS, TrainConfig, check_amp
+from gatepool.train.loop import cross_entropy_loss, evaluate, make_optimizer, train, train_epoch, train_step
+from gatepool.train.schedule import SCHEDULES, get_lr
 
 __all__ = [
     "AMP",

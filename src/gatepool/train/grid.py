@@ -110,7 +110,7 @@ def parse_grid(raw: dict[str, Any]) -> Grid:
     """A grid from its keys (see the module doc), checked: every training's config is built once here."""
     from gatepool.data_canvas import dataset_names
     from gatepool.models import create_model, list_models
-    from gatepool.train.trainer import TrainConfig
+    from gatepool.train.config import TrainConfig
 
     if not isinstance(raw, dict):
         raise ValueError("a grid is a table of keys (model, gates, seeds, datasets, ...)")

@@ -24,7 +24,9 @@ import torch
 import torch.nn as nn
 
 from gatepool.models.seq import ARCHS, SEP, TASKS, make_task_batch
-from gatepool.train.trainer import TrainConfig, model_device, train
+from gatepool.train.batches import model_device
+from gatepool.train.config import TrainConfig
+from gatepool.train.loop import train
 
 __all__ = ["format_seq_demo", "greedy_accuracy", "seq_config", "train_seq_demo"]
 

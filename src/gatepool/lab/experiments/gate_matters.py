@@ -30,9 +30,11 @@ Sizing the full profile: an *estimate*, at reserved rates, of ≤ 2.5 h wall on 
 workers = 18,000 worker-seconds). The full run took 1 h 48 min 53 s wall (6,528 s for the experiment) on
 a quiet 2-core AMD EPYC, torch 2.13.0, 2026-12-02: ``results-beyond/full``.
 ``python -m gatepool.lab.experiments.gate_matters --measure`` times training steps of the three nets in
-turn (1 thread, batch 64, Adam, channels_last; median of 3 rounds; the harmonic mean over the six gates).
+turn (the trainer's ``train_step``, timed by ``torch.utils.benchmark``: 1 thread, batch 64, Adam,
+channels_last; median of 3 rounds; the harmonic mean over the six gates).
 On 2026-12-02, on the 2-core development machine **under load** (load average ≈ 6: four other sessions
-busy), torch 2.13.0, seed 0, it gave images/s:
+busy), torch 2.13.0, seed 0, it gave images/s (then with a loop of its own and ``time.perf_counter``; the
+step was the same computation, bit for bit):
 
     residual_cnn         1,052  (28×28, Fashion-MNIST)     relative cost 1
     residual_cnn_canvas    223  (60×60)                    4.7× the lecture's CNN
@@ -71,6 +73,7 @@ the whole pipeline (accuracies near chance, no intervals, claims not run): 25.8 
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import sys
@@ -440,38 +443,35 @@ def attention_figure(run: str, n: int = 6) -> Any:
 def measure_rates(rounds: int = 3, steps: int = 4, batch: int = 64) -> dict[str, dict[str, float]]:
     """Training images/s of one 1-thread worker, per model (at its data sets' input size) and gate.
 
-    The three models take turns within each round (so background load hits them alike); each timing is
-    ``steps`` Adam steps on a batch of ``batch`` random inputs in channels_last after one warm-up step;
-    the median over ``rounds`` is kept. Data sets of one size cost the same (the 60×60 sets alike).
+    A step is the trainer's (:func:`gatepool.train.train_step`: Adam as ``make_optimizer`` builds it,
+    cross-entropy) on a batch of ``batch`` random inputs in channels_last. The three models take turns
+    within each round (so background load hits them alike); each timing is ``torch.utils.benchmark``'s
+    ``Timer.timeit(steps)`` on one thread (``steps`` steps after its own two warm-up steps); the median
+    over ``rounds`` is kept. Data sets of one size cost the same (the 60×60 sets alike).
     """
-    import time
+    from torch.utils.benchmark import Timer
 
     from gatepool.models import create_model
-    from gatepool.utils.threads import num_threads
+    from gatepool.train import TrainConfig, make_optimizer, train_step
 
     shapes = {MNIST_MODEL: 28, CANVAS_MODEL: 60, DEEP_MODEL: 60}
     rates: dict[str, dict[str, float]] = {m: {} for m in shapes}
-    with num_threads(1):
-        for pool in POOLS:
-            runs = {}
-            for model, size in shapes.items():
-                torch.manual_seed(0)
-                net = create_model(model, pool=pool).to(memory_format=torch.channels_last)
-                opt = torch.optim.Adam(net.parameters(), 1e-3)
-                x = torch.randn(batch, 1, size, size).contiguous(memory_format=torch.channels_last)
-                runs[model] = (net, opt, x, torch.randint(0, 10, (batch,)))
-            times: dict[str, list[float]] = {m: [] for m in shapes}
-            for r in range(rounds + 1):
-                for model, (net, opt, x, y) in runs.items():
-                    t0 = time.perf_counter()
-                    for _ in range(1 if r == 0 else steps):  # round 0: the warm-up step
-                        opt.zero_grad()
-                        torch.nn.functional.cross_entropy(net(x), y).backward()
-                        opt.step()
-                    if r:
-                        times[model].append(steps * batch / (time.perf_counter() - t0))
-            for model in shapes:
-                rates[model][pool] = statistics.median(times[model])
+    for pool in POOLS:
+        timers = {}
+        for model, size in shapes.items():
+            torch.manual_seed(0)
+            net = create_model(model, pool=pool).to(memory_format=torch.channels_last)
+            opt = make_optimizer(TrainConfig(model=model, lr=1e-3), net)
+            x = torch.randn(batch, 1, size, size).contiguous(memory_format=torch.channels_last)
+            y = torch.randint(0, 10, (batch,))
+            step = functools.partial(train_step, net, opt, x, y)
+            timers[model] = Timer("step()", globals={"step": step}, num_threads=1)
+        times: dict[str, list[float]] = {m: [] for m in shapes}
+        for _ in range(rounds):
+            for model, timer in timers.items():
+                times[model].append(batch / timer.timeit(steps).mean)  # mean: seconds per step
+        for model in shapes:
+            rates[model][pool] = statistics.median(times[model])
     return rates
 
 
