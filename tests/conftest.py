@@ -48,8 +48,8 @@ def lock_holder():
 def small_canvas(monkeypatch, tmp_path):
     """``small_canvas(n_train, n_test)``: the generated 60×60 sets are made from the first n MNIST digits
     of each split, in a temporary cache (the real sets have 70,000); returns that cache's gatepool/."""
-    from gatepool import data_canvas
     from gatepool.data import Dataset, load_dataset
+    from gatepool.data import canvas as data_canvas
 
     def use(n_train: int, n_test: int) -> Path:
         full = {s: load_dataset("mnist", s) for s in ("train", "test")}

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from gatepool import data_canvas
 from gatepool.data import DataError
+from gatepool.data import canvas as data_canvas
 from gatepool.data import load_dataset as load_idx
-from gatepool.data_canvas import GENERATED, CanvasRecipe, generate, generate_split, info_all
-from gatepool.data_canvas import load_by_name as load_dataset
+from gatepool.data.canvas import GENERATED, CanvasRecipe, generate, generate_split, info_all
+from gatepool.data.canvas import load_by_name as load_dataset
 
 # SHA-256 of generate_split(recipe, first 64 MNIST test digits, "test"): a changed recipe or generator
 # changes every result measured on the set, so it must show up here (then bump CanvasRecipe.version).

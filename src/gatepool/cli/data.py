@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _info(args: argparse.Namespace) -> int:
     from gatepool.data import search_roots
-    from gatepool.data_canvas import info_all
+    from gatepool.data.canvas import info_all
 
     rows = info_all(args.data_dir)
     if args.json:
@@ -70,7 +70,7 @@ def _fetch(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from gatepool.data import DataError  # lazy: `gatepool --help` must not import torch
-    from gatepool.data_canvas import generate, load
+    from gatepool.data.canvas import generate, load
 
     try:
         folder = generate(args.name, args.data_dir, force=args.force)

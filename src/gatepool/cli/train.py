@@ -168,7 +168,7 @@ def _model_kwargs(args: argparse.Namespace) -> dict:
 
 def _check(config, args: argparse.Namespace) -> None:
     """What the flags' types cannot see, each error naming its flag: names, folders, sizes."""
-    from gatepool.data_canvas import dataset_names, split_size_by_name
+    from gatepool.data.canvas import dataset_names, split_size_by_name
     from gatepool.models import create_model, list_models
     from gatepool.train import check_amp
 

@@ -129,7 +129,7 @@ class TrainConfig:
 
     model: str = "residual_cnn"  # registry name (gatepool.list_models())
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"pool": "soft"}
-    data: str = "mnist"  # gatepool.data_canvas.dataset_names() (a label only when train(data=...) is given)
+    data: str = "mnist"  # gatepool.data.canvas.dataset_names() (a label only when train(data=...) is given)
     data_dir: str | None = None  # None: gatepool.data's search order
     train_size: int | None = None  # None: all 60,000
     test_size: int | None = None  # None: all 10,000
@@ -257,7 +257,7 @@ class TrainData(NamedTuple):
 def load_data(config: TrainConfig, data: TrainData | None = None) -> TrainData:
     """The normalized train and test tensors of ``config.data`` (or ``data``), cut to the subsets."""
     if data is None:
-        from gatepool.data_canvas import dataset_names, load_by_name
+        from gatepool.data.canvas import dataset_names, load_by_name
 
         if config.data not in dataset_names():
             known = sorted(dataset_names())

@@ -49,8 +49,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gatepool import data as idx_sets
-from gatepool.data import DataError, Dataset, _explicit, read_idx
+from gatepool.data import idx as idx_sets
+from gatepool.data.idx import DataError, Dataset, _explicit, read_idx
 from gatepool.utils.environment import cache_dir
 from gatepool.utils.io import atomic_write_bytes, atomic_write_json, read_json
 

@@ -192,8 +192,8 @@ def read_idx(
 
 
 def repo_data_dir() -> Path:
-    """The repository's ``data/`` (src/gatepool/data.py -> ../../../data)."""
-    return Path(__file__).resolve().parents[2] / "data"
+    """The repository's ``data/`` (src/gatepool/data/idx.py -> ../../../../data)."""
+    return Path(__file__).resolve().parents[3] / "data"
 
 
 DEBIAN_DATA = Path("/usr/share/datasets")  # apt-get install dataset-fashion-mnist
