@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 
 import numpy as np
 import torch
@@ -95,24 +94,22 @@ def fit_exponent(tokens: list[int], values: list[float]) -> tuple[float, float]:
 
 
 def measure_cost(tokens: list[int], rounds: int = 3, seed: int = 0) -> list[dict]:
-    """Per t and way (explicit gate, torch SDPA): median forward seconds over ``rounds`` and peak bytes."""
-    from gatepool.lab.bench.attention import peak_bytes, ways
+    """Per t and way (explicit gate, torch SDPA): median forward seconds over ``rounds`` (one call each,
+    timed by ``torch.utils.benchmark.Timer``, the ways interleaved: ``bench.attention.time_calls``) and
+    peak bytes."""
+    from gatepool.lab.bench.attention import peak_bytes, time_calls, ways
 
     chosen = {"explicit": ways()["ours (return_weights)"], "sdpa": ways()["torch SDPA"]}
     gen = torch.Generator().manual_seed(seed)
     rows = []
     for t in tokens:
         q, k, v = (torch.randn(1, 1, t, DIM, generator=gen) for _ in range(3))  # (B, H, T, d)
-        for name, fn in chosen.items():
-            with torch.no_grad():
-                fn(q, k, v)  # warm-up
-                times = []
-                for _ in range(rounds):
-                    t0 = time.perf_counter()
-                    fn(q, k, v)
-                    times.append(time.perf_counter() - t0)
+        with torch.no_grad():
+            times = time_calls(chosen, (q, k, v), rounds)  # after one warm-up call each
+            for name, fn in chosen.items():
                 peak = peak_bytes(lambda fn=fn, q=q, k=k, v=v: fn(q, k, v))
-            rows.append({"tokens": t, "way": name, "seconds": statistics.median(times), "peak_bytes": peak})
+                rows.append({"tokens": t, "way": name, "seconds": statistics.median(times[name]),
+                             "peak_bytes": peak})  # fmt: skip
     return rows
 
 
