@@ -48,8 +48,7 @@ def lock_holder():
 def small_canvas(monkeypatch, tmp_path):
     """``small_canvas(n_train, n_test)``: the generated 60×60 sets are made from the first n MNIST digits
     of each split, in a temporary cache (the real sets have 70,000); returns that cache's gatepool/."""
-    from gatepool import data_canvas
-    from gatepool.data import Dataset, load_dataset
+    from gatepool.data import Dataset, canvas, load_dataset
 
     def use(n_train: int, n_test: int) -> Path:
         full = {s: load_dataset("mnist", s) for s in ("train", "test")}
@@ -59,12 +58,12 @@ def small_canvas(monkeypatch, tmp_path):
             ds, n = full[split], sizes[split]
             return Dataset("mnist", split, ds.images[:n], ds.labels[:n], ds.mean, ds.std, ds.source)
 
-        monkeypatch.setattr(data_canvas, "_source", source)
+        monkeypatch.setattr(canvas, "_source", source)
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
         monkeypatch.delenv("GATEPOOL_DATA", raising=False)
-        data_canvas._load.cache_clear()
+        canvas._load.cache_clear()
         return tmp_path / "cache" / "gatepool"
 
     yield use
 
-    data_canvas._load.cache_clear()
+    canvas._load.cache_clear()

@@ -46,6 +46,22 @@ def test_data_info_names_the_explicit_copy_or_what_it_looked_for(tmp_path, capsy
     assert "fashion-mnist: loaded from" in out and "SHA-256 mismatch (it is mnist's" in out
 
 
+def test_data_fetch_and_generate_take_exactly_the_package_sets(capsys):
+    """The parser's lists are written out (``--help`` must not import torch): they must match the package."""
+    from gatepool.cli import build_parser
+    from gatepool.data import DATASETS, GENERATED, dataset_names
+
+    parser = build_parser()
+    for action, names in (("fetch", list(DATASETS)), ("generate", list(GENERATED))):
+        for name in dataset_names():
+            if name in names:
+                assert parser.parse_args(["data", action, name]).name == name
+            else:
+                with pytest.raises(SystemExit):
+                    parser.parse_args(["data", action, name])
+    capsys.readouterr()
+
+
 def test_list_shows_experiments_with_claims(capsys):
     assert main(["list", "--json"]) == 0
     listed = {e["name"]: e for e in json.loads(capsys.readouterr().out)}

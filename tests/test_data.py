@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from gatepool import data
 from gatepool.data import DataError, DatasetSpec, load_dataset, parse_idx, read_idx
+from gatepool.data import idx as data
 
 
 def idx_bytes(arr: np.ndarray) -> bytes:

@@ -14,15 +14,14 @@ nothing else:
 
     area        may import                                   why
     utils       —                                            plumbing: io, environment
-    data        utils                                        verified data loading
-    data_canvas utils, data                                  generated canvases; every data set by name
+    data        utils                                        verified data: IDX sets, generated canvases
     layers      utils                                        the library: pools, attention, blocks, tokens
     analysis    utils, layers                                tools for any nn.Module: knows no model
     models      utils, layers, analysis.probe                analysis.probe only so that a model file
                                                              registers its block's probe rule
-    train       utils, data, data_canvas, layers, models     one trainer for every model
-    lab         utils, data, data_canvas, layers, models,    the lecture's experiments, reproduce, bench
-                analysis, train, gatepool
+    train       utils, data, layers, models                  one trainer for every model
+    lab         utils, data, layers, models, analysis,       the lecture's experiments, reproduce, bench
+                train, gatepool
     cli         every area                                   the command line
     gatepool    layers, models                               lazy top-level names (create_model, ...)
     __main__    cli                                          ``python -m gatepool``
@@ -45,13 +44,12 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 ALLOWED: dict[str, set[str]] = {
     "utils": set(),
     "data": {"utils"},
-    "data_canvas": {"utils", "data"},
     "layers": {"utils"},
     "analysis": {"utils", "layers"},
     "models": {"utils", "layers", "analysis.probe"},
-    "train": {"utils", "data", "data_canvas", "layers", "models"},
-    "lab": {"utils", "data", "data_canvas", "layers", "models", "analysis", "train", "gatepool"},
-    "cli": {"utils", "data", "data_canvas", "layers", "models", "analysis", "train", "lab", "gatepool"},
+    "train": {"utils", "data", "layers", "models"},
+    "lab": {"utils", "data", "layers", "models", "analysis", "train", "gatepool"},
+    "cli": {"utils", "data", "layers", "models", "analysis", "train", "lab", "gatepool"},
     "gatepool": {"layers", "models"},
     "__main__": {"cli"},
 }

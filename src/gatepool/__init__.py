@@ -8,8 +8,7 @@ query and key and drop the window: attention.
     gatepool.models     model files and their registry (create_model)
     gatepool.analysis   tools for any module: the signal-propagation probe, the symmetry tester
     gatepool.train      one trainer and sweeps of trainings
-    gatepool.data       verified data loading
-    gatepool.data_canvas  generated 60×60 canvases (translated, cluttered, distractor); data sets by name
+    gatepool.data       verified data sets: MNIST, Fashion-MNIST and generated 60×60 canvases, by name
     gatepool.lab        the lecture's experiments, reproduce, report, bench (used by the CLI only)
 
 The names below load on first use, so that ``import gatepool`` (and ``gatepool --help``) stay free of torch.

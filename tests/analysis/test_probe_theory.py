@@ -122,7 +122,7 @@ def test_padding_map_bad_arguments():
         padding_variance_map(5, 5, 3, -1)
     with pytest.raises(ValueError, match="kernel_size"):
         padding_variance_map(5, 5, 0, 0)
-    with pytest.raises(ValueError, match="height and width"):
+    with pytest.raises(ValueError, match="height must be an integer >= 1, got 0"):
         padding_variance_map(0, 5, 3, 1)
     with pytest.raises(ValueError, match="does not fit"):
         padding_variance_map(2, 2, 5, 0)

@@ -61,3 +61,36 @@ def test_other_token_counts_use_t_squared(tmp_path):
 def test_bad_setting_is_reported(tmp_path):
     rec = run_experiment("attention-cost", overrides={"patch": "15"}, out=tmp_path, progress=False)
     assert rec["status"] == "error" and "patch" in rec["error"]
+
+
+def test_time_calls_interleaves_rounds_at_the_torch_thread_count():
+    """The timing every attention measurement uses: torch.utils.benchmark.Timer, one sample a way a round,
+    the ways taking turns, at torch's thread count (the Timer's own default is 1), in seconds."""
+    import time
+
+    import torch
+
+    from gatepool.lab.bench.attention import time_calls
+
+    calls, threads = [], []
+
+    def way(name, seconds):
+        def fn(x):
+            calls.append(name)
+            threads.append(torch.get_num_threads())
+            time.sleep(seconds * x)
+
+        return fn
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        times = time_calls({"a": way("a", 0.004), "b": way("b", 0.001)}, (1.0,), rounds=3, warmup=1)
+    finally:
+        torch.set_num_threads(before)
+    assert set(threads) == {2}
+    assert calls[:2] == ["a", "b"]  # the warm-up calls, then the rounds
+    turns = [c for i, c in enumerate(calls[2:]) if i == 0 or calls[2 + i - 1] != c]  # runs of one way
+    assert turns == ["a", "b"] * 3
+    assert [len(times["a"]), len(times["b"])] == [3, 3]
+    assert all(0.004 <= s < 0.04 for s in times["a"]) and all(0.001 <= s < 0.01 for s in times["b"])

@@ -107,3 +107,60 @@ def test_judge_no_gate_matters_and_one_seed(tmp_path):
     ctx = _context(tmp_path, [0])
     ds._judge(ctx, {p: [30.0] for p in ds.POOLS})
     assert {c["verdict"] for c in ctx.claims.values()} == {"not run"}
+
+
+def test_ink_masks_mark_the_bars_and_the_digit_of_the_stored_canvases(small_canvas):
+    small_canvas(64, 32)
+    from gatepool.data import load
+
+    canvases, bars, digit = ds.ink_masks(8)
+    stored = load(ds.DATA, "test").images[:8].numpy()
+    assert (canvases == stored).all() and bars.shape == digit.shape == (8, 60, 60)
+    assert (stored[bars] == 255).all() and not (bars & digit).any()
+    assert 0 < stored[digit].max() <= 102  # the digit dimmed to 2/5 of its ink
+    assert ((stored > 0) <= (bars | digit)).all()  # every pixel with ink is a bar's or the digit's
+
+
+def test_weight_shares():
+    import numpy as np
+    import torch
+
+    bars = np.zeros((2, 4, 4), bool)
+    digit = np.zeros((2, 4, 4), bool)
+    bars[:, 0, :] = True  # a quarter of the area
+    digit[:, 1, :2] = True  # an eighth
+    maps = torch.zeros(2, 4, 4)
+    maps[0, 0, 0], maps[0, 1, 0] = 3.0, 1.0  # canvas 0: 3/4 on a bar, 1/4 on the digit
+    maps[1] = 1.0  # canvas 1: uniform
+    s = ds.weight_shares(maps, bars, digit)
+    assert s["bar_weight"] == pytest.approx((0.75 + 0.25) / 2)
+    assert s["digit_weight"] == pytest.approx((0.25 + 0.125) / 2)
+    assert (s["bar_pixels"], s["digit_pixels"]) == (0.25, 0.125)
+
+
+@pytest.mark.slow
+def test_tiny_run_resumes_and_reads_the_weights(tmp_path, small_canvas):
+    small_canvas(128, 64)
+    from gatepool.lab.harness import run_experiment
+    from gatepool.utils.threads import num_threads
+
+    tiny = {"seeds": "0,1", "epochs": "1", "train_size": "64", "test_size": "32", "batch_size": "32",
+            "examples": "2", "share_canvases": "16"}
+    with num_threads(1):
+        rec = run_experiment("distractor-study", profile="full", overrides=tiny, out=tmp_path / "out",
+                             progress=False)
+    assert rec["status"] == "complete", rec["error"]
+    acc = rec["data"]["test_acc"]
+    assert set(acc) == set(ds.POOLS) and all(len(a) == 2 for a in acc.values())
+    assert rec["data"]["plan"]["commit"] == ds.PLAN_COMMIT
+    assert set(rec["data"]["weight_shares"]) == {"attention", "soft"}
+    assert {f.split("/")[-1] for f in rec["figures"]} == {"distractor-accuracy.png", "distractor-curves.png",
+                                                           "distractor-weights.png"}
+    folder = tmp_path / "out" / "distractor-study"
+    stamps = {p: p.stat().st_mtime_ns for p in folder.glob("*/results.json")}
+    assert len(stamps) == 8
+    with num_threads(1):
+        again = run_experiment("distractor-study", profile="full", overrides=tiny, out=tmp_path / "out",
+                               progress=False)
+    assert again["data"]["test_acc"] == rec["data"]["test_acc"]
+    assert {p: p.stat().st_mtime_ns for p in folder.glob("*/results.json")} == stamps  # nothing retrained

@@ -492,7 +492,7 @@ def test_global_pool_errors():
         GlobalGatedPool2d("attention")
     with pytest.raises(ValueError, match="gate='max' has no temperature"):
         GlobalGatedPool2d("max", temperature=2.0)
-    with pytest.raises(ValueError, match="channels must be an int ≥ 1"):
+    with pytest.raises(ValueError, match="channels must be an integer >= 1 or None"):
         GlobalGatedPool2d("soft", channels=0)
     with pytest.raises(ValueError, match="input has 3 channels; this pool was built for channels=4"):
         GlobalGatedPool2d("soft-learned", channels=4)(torch.randn(1, 3, 2, 2))

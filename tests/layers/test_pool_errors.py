@@ -124,7 +124,7 @@ def test_channels_missing_for_a_gate_with_weights(gate):
 
 @pytest.mark.parametrize("channels", [0, -3, 2.5, True])
 def test_channels_not_a_positive_int(channels):
-    with pytest.raises(ValueError, match="channels must be an int ≥ 1"):
+    with pytest.raises(ValueError, match="channels must be an integer >= 1 or None"):
         create_pool("conv", 2, channels=channels)
 
 

@@ -266,12 +266,12 @@ def test_resume_with_another_thread_count_warns_and_records_both(tmp_path, capsy
 
 
 def test_cli_missing_data_prints_an_error_not_a_traceback(tmp_path, monkeypatch, capsys):
-    import gatepool.data
+    import gatepool.data.idx
     from gatepool.cli import main
 
     # the repo's data/ and the system folder come after --data-dir in the search order: look only there
-    search_roots = gatepool.data.search_roots
-    monkeypatch.setattr(gatepool.data, "search_roots", lambda data_dir=None: search_roots(data_dir)[:1])
+    search_roots = gatepool.data.idx.search_roots
+    monkeypatch.setattr(gatepool.data.idx, "search_roots", lambda data_dir=None: search_roots(data_dir)[:1])
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["train", "--data-dir", str(empty), "--epochs", "1", "--quiet"]) == 1

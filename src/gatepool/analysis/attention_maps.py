@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
+from gatepool.utils.checks import check_int
 from gatepool.utils.plotting import pyplot, save_png
 
 __all__ = ["attention_cost", "plot_attention_cost", "plot_attention_map", "token_strengths", "top_k_share"]
@@ -28,8 +29,7 @@ def attention_cost(tokens: int, heads: int = 1, layers: int = 1, bytes_per_value
     """Gates ``t² · heads · layers`` and the bytes to hold them; returns a dict with both and the inputs."""
     args = dict(tokens=tokens, heads=heads, layers=layers, bytes_per_value=bytes_per_value)
     for name, value in args.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int(value, name)
     gates = tokens * tokens * heads * layers
     return dict(tokens=tokens, heads=heads, layers=layers, bytes_per_value=bytes_per_value,
                 gates=gates, bytes=gates * bytes_per_value)  # fmt: skip

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gatepool.utils.checks import check_int, check_number
 from gatepool.utils.environment import check_device  # no torch: `gatepool --help` stays instant
 
 
@@ -24,35 +25,28 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
+def _argument(check: Callable[..., Any], text: str, kind: type, *bounds: Any, **options: Any) -> Any:
+    """``check(kind(text), ...)`` from :mod:`gatepool.utils.checks`, its error as argparse's: the text not
+    a ``kind`` is passed as is, so the check refuses it ("argument --epochs: must be an integer >= 1,
+    got 'two'")."""
+    try:
+        value = kind(text)
+    except ValueError:
+        value = text
+    try:
+        return check(value, "", *bounds, **options)  # no name: argparse puts the flag in front
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).strip()) from None
+
+
 def int_at_least(low: int) -> Callable[[str], int]:
     """An argparse ``type``: an integer >= ``low``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
-        return value
-
-    return parse
+    return lambda text: _argument(check_int, text, int, low)
 
 
 def float_in(low: float, high: float = math.inf, *, low_open: bool = False) -> Callable[[str], float]:
     """An argparse ``type``: a finite number in ``[low, high)`` (``(low, high)`` with ``low_open``)."""
-    interval = f"{'(' if low_open else '['}{low:g}, {high:g})"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and (value > low if low_open else value >= low) and value < high):
-            raise argparse.ArgumentTypeError(f"must be a finite number in {interval}, got {text!r}")
-        return value
-
-    return parse
+    return lambda text: _argument(check_number, text, float, low, high, low_open=low_open, high_open=True)
 
 
 def out_folder(path: str | Path, flag: str = "--out") -> Path:

@@ -28,10 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from gatepool.data import search_roots
-    from gatepool.data_canvas import info_all
+    from gatepool.data import info, search_roots  # lazy: `gatepool --help` must not import torch
 
-    rows = info_all(args.data_dir)
+    rows = info(args.data_dir)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -69,8 +68,7 @@ def _fetch(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from gatepool.data import DataError  # lazy: `gatepool --help` must not import torch
-    from gatepool.data_canvas import generate, load
+    from gatepool.data import DataError, generate, load  # lazy: `gatepool --help` must not import torch
 
     try:
         folder = generate(args.name, args.data_dir, force=args.force)

@@ -168,7 +168,7 @@ def _model_kwargs(args: argparse.Namespace) -> dict:
 
 def _check(config, args: argparse.Namespace) -> None:
     """What the flags' types cannot see, each error naming its flag: names, folders, sizes."""
-    from gatepool.data_canvas import dataset_names, split_size_by_name
+    from gatepool.data import dataset_names, split_size
     from gatepool.models import create_model, list_models
     from gatepool.train import check_amp
 
@@ -194,7 +194,7 @@ def _check(config, args: argparse.Namespace) -> None:
             else ""
         )
         raise UsageError(f"{flag}: {e}{takes}") from None
-    sizes = {split: split_size_by_name(config.data, split, config.data_dir) for split in ("train", "test")}
+    sizes = {split: split_size(config.data, split, config.data_dir) for split in ("train", "test")}
     for flag, size, split in [
         ("--train-size", config.train_size, "train"),
         ("--test-size", config.test_size, "test"),

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as _scipy_stats
 
+from gatepool.utils.checks import check_int, check_number
+
 
 @dataclass(frozen=True)
 class Difference:
@@ -65,8 +67,7 @@ def _sample(x: Sequence[float], name: str) -> np.ndarray:
 
 def welch_difference(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> Difference:
     """Welch's interval for ``mean(a) − mean(b)`` (see the module docstring)."""
-    if not isinstance(confidence, (int, float)) or isinstance(confidence, bool) or not 0 < confidence < 1:
-        raise ValueError(f"confidence must be a number in (0, 1), got {confidence!r}")
+    check_number(confidence, "confidence", 0, 1, low_open=True, high_open=True)
     xa, xb = _sample(a, "a"), _sample(b, "b")
     va, vb = xa.var(ddof=1) / len(xa), xb.var(ddof=1) / len(xb)  # squared standard errors
     diff = float(xa.mean() - xb.mean())
@@ -80,8 +81,6 @@ def welch_difference(a: Sequence[float], b: Sequence[float], confidence: float =
 
 def bonferroni(confidence: float, comparisons: int) -> float:
     """Per-comparison confidence that keeps the family-wise confidence ``confidence`` over ``comparisons``."""
-    if isinstance(comparisons, bool) or not isinstance(comparisons, int) or comparisons < 1:
-        raise ValueError(f"comparisons must be an int ≥ 1, got {comparisons!r}")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    check_int(comparisons, "comparisons")
+    check_number(confidence, "confidence", 0, 1, low_open=True, high_open=True)
     return 1 - (1 - confidence) / comparisons

@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 
 from gatepool.layers.attention import MultiHeadAttention
+from gatepool.utils.checks import check_int
 
 __all__ = ["AttentionPoolLatent"]
 
@@ -37,8 +38,7 @@ class AttentionPoolLatent(nn.Module):
 
     def __init__(self, dim: int, num_queries: int = 1, num_heads: int = 1, *, qkv_bias: bool = False) -> None:
         super().__init__()
-        if not isinstance(num_queries, int) or num_queries <= 0:
-            raise ValueError(f"num_queries must be a positive int, got {num_queries!r}")
+        check_int(num_queries, "num_queries")
         self.dim, self.num_queries = dim, num_queries
         self.attn = MultiHeadAttention(dim, num_heads, qkv_bias=qkv_bias)
         self.queries = nn.Parameter(torch.randn(num_queries, dim) * 0.02)  # (Q, D): ≈ average pool at init

@@ -31,6 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gatepool.layers.attention import MultiHeadAttention
+from gatepool.utils.checks import check_int, check_number
 
 __all__ = ["MLP", "Decoder", "DecoderBlock", "Encoder", "EncoderBlock", "make_norm"]
 
@@ -63,14 +64,12 @@ class MLP(nn.Module):
         super().__init__()
         if kind not in MLP_KINDS:
             raise ValueError(f"mlp must be one of {MLP_KINDS}, got {kind!r}")
-        if not mlp_ratio > 0:
-            raise ValueError(f"mlp_ratio must be > 0, got {mlp_ratio}")
+        check_number(mlp_ratio, "mlp_ratio", 0, low_open=True)
         if hidden_dim is None:
             hidden_dim = int(mlp_ratio * dim)
             if kind == "swiglu":
                 hidden_dim = -(-int(2 * hidden_dim / 3) // 8) * 8
-        if hidden_dim <= 0:
-            raise ValueError(f"hidden_dim must be > 0, got {hidden_dim}")
+        check_int(hidden_dim, "hidden_dim")
         self.kind, self.hidden_dim = kind, hidden_dim
         width = 2 * hidden_dim if kind == "swiglu" else hidden_dim  # swiglu: W1 and W3 in one matmul
         self.fc1 = nn.Linear(dim, width)
@@ -193,8 +192,7 @@ class Encoder(nn.Module):
 
     def __init__(self, dim: int, depth: int, num_heads: int, **block_kwargs) -> None:
         super().__init__()
-        if not isinstance(depth, int) or depth < 0:
-            raise ValueError(f"depth must be a non-negative int, got {depth!r}")
+        check_int(depth, "depth", 0)
         self.blocks = nn.ModuleList(EncoderBlock(dim, num_heads, **block_kwargs) for _ in range(depth))
         prenorm = block_kwargs.get("prenorm", True)
         self.norm = make_norm(block_kwargs.get("norm", "layer"), dim) if prenorm else nn.Identity()
@@ -223,8 +221,7 @@ class Decoder(nn.Module):
 
     def __init__(self, dim: int, depth: int, num_heads: int, **block_kwargs) -> None:
         super().__init__()
-        if not isinstance(depth, int) or depth < 0:
-            raise ValueError(f"depth must be a non-negative int, got {depth!r}")
+        check_int(depth, "depth", 0)
         self.blocks = nn.ModuleList(DecoderBlock(dim, num_heads, **block_kwargs) for _ in range(depth))
         prenorm = block_kwargs.get("prenorm", True)
         self.norm = make_norm(block_kwargs.get("norm", "layer"), dim) if prenorm else nn.Identity()

@@ -30,6 +30,7 @@ from gatepool.layers.gated_pool import (
     SoftPool3d,
 )
 from gatepool.layers.windows import IntOrTuple, check_window_args
+from gatepool.utils.checks import check_int
 
 _TORCH = {
     "max": {1: nn.MaxPool1d, 2: nn.MaxPool2d, 3: nn.MaxPool3d},
@@ -69,8 +70,7 @@ def create_pool(
     if isinstance(dim, bool) or dim not in _GATED:
         raise ValueError(f"dim must be 1, 2 or 3 (spatial dimensions), got {dim!r}")
     check_window_args(kernel_size, stride, padding, kwargs.get("dilation", 1), dim)  # errors now, not later
-    if channels is not None and (isinstance(channels, bool) or not isinstance(channels, int) or channels < 1):
-        raise ValueError(f"channels must be an int ≥ 1 (or None for max/avg/soft), got {channels!r}")
+    check_int(channels, "channels", optional=True)  # None: max, avg and soft need none
     dilated = kwargs.get("dilation", 1) not in (1, (1,) * dim)
     if gate in _TORCH and set(kwargs) <= _TORCH_KWARGS[gate] and not (gate == "avg" and dilated):
         return _TORCH[gate][dim](kernel_size, stride, padding, **kwargs)

@@ -40,6 +40,7 @@ from gatepool.layers.windows import (
     scale_scores,
     softmax_pool_unfold,
 )
+from gatepool.utils.checks import check_int
 
 GLOBAL_GATES = tuple(g for g in GATES if g != "conv")  # "conv" sets its gates by position in a fixed window
 
@@ -77,9 +78,7 @@ class GlobalGatedPoolNd(nn.Module):
         if gate not in GLOBAL_GATES:
             hint = " ('conv' weighs fixed window positions; a global window has none)" * (gate == "conv")
             raise ValueError(f"gate={gate!r} has no global form{hint}; choose one of {list(GLOBAL_GATES)}")
-        bad_channels = isinstance(channels, bool) or not isinstance(channels, int) or channels < 1
-        if channels is not None and bad_channels:
-            raise ValueError(f"channels must be an int ≥ 1 (or None for max/avg/soft), got {channels!r}")
+        check_int(channels, "channels", optional=True)  # None: max, avg and soft need none
         if gate in ("soft-learned", "attention") and channels is None:
             raise ValueError(f"gate={gate!r} has weights: pass channels=C (an int ≥ 1)")
         check_temperature(temperature)

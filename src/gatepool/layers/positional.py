@@ -20,6 +20,8 @@ import math
 import torch
 import torch.nn as nn
 
+from gatepool.utils.checks import check_int
+
 __all__ = [
     "LearnedPositionalEmbedding1d",
     "LearnedPositionalEmbedding2d",
@@ -33,15 +35,10 @@ def _check_tokens(x: torch.Tensor, dim: int) -> None:
         raise ValueError(f"x must have shape (B, T, {dim}), got {tuple(x.shape)}")
 
 
-def _positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
 def sinusoidal_encoding(length: int, dim: int, *, base: float = 10000.0) -> torch.Tensor:
     """(length, dim) table: ``sin(i / base^(2k/dim))`` in even columns, ``cos`` in odd ones."""
-    _positive("length", length)
-    _positive("dim", dim)
+    check_int(length, "length")
+    check_int(dim, "dim")
     pos = torch.arange(length, dtype=torch.float64)[:, None]  # (T, 1)
     freq = torch.exp(-math.log(base) * torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (ceil(D/2),)
     table = torch.zeros(length, dim, dtype=torch.float64)
@@ -55,8 +52,8 @@ class LearnedPositionalEmbedding1d(nn.Module):
 
     def __init__(self, num_positions: int, dim: int, *, std: float = 0.02) -> None:
         super().__init__()
-        _positive("num_positions", num_positions)
-        _positive("dim", dim)
+        check_int(num_positions, "num_positions")
+        check_int(dim, "dim")
         self.num_positions, self.dim = num_positions, dim
         self.weight = nn.Parameter(torch.randn(num_positions, dim) * std)  # (P, D)
 
@@ -87,9 +84,9 @@ class LearnedPositionalEmbedding2d(nn.Module):
 
     def __init__(self, height: int, width: int, dim: int, *, std: float = 0.02) -> None:
         super().__init__()
-        _positive("height", height)
-        _positive("width", width)
-        _positive("dim", dim)
+        check_int(height, "height")
+        check_int(width, "width")
+        check_int(dim, "dim")
         self.height, self.width, self.dim = height, width, dim
         self.rows = nn.Parameter(torch.randn(height, dim) * std)  # (H, D)
         self.cols = nn.Parameter(torch.randn(width, dim) * std)  # (W, D)

@@ -27,6 +27,7 @@ import torch.nn as nn
 from gatepool.layers.attention import MultiHeadAttention
 from gatepool.layers.tokens import MeanTokens, Tokens
 from gatepool.models.registry import register_model
+from gatepool.utils.checks import check_int
 
 __all__ = ["ConvAttentionNet"]
 
@@ -62,8 +63,7 @@ class ConvAttentionNet(nn.Module):
         side = image_size - kernel_size + 1
         if side < 2:
             raise ValueError(f"image_size={image_size} is too small for kernel_size={kernel_size}")
-        if not isinstance(d, int) or d <= 0:
-            raise ValueError(f"d must be a positive int, got {d!r}")
+        check_int(d, "d")
         self.grid = (side // 2, side // 2)
         self.has_attention, self.residual, self.d = attention, residual, d
         self.stem = nn.Sequential(

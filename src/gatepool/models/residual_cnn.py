@@ -29,6 +29,7 @@ import torch.nn as nn
 from gatepool.analysis.probe import Residual, Site, register_rule
 from gatepool.layers import create_pool
 from gatepool.models.registry import register_model
+from gatepool.utils.checks import check_int
 
 
 class PreActBlock(nn.Module):
@@ -113,12 +114,14 @@ class ResidualCNN(nn.Sequential):
         num_classes: int = 10,
         pool_kwargs: dict | None = None,
     ) -> None:
-        if groups < 1:
-            raise ValueError(f"groups must be >= 1, got {groups}")
-        if width <= 0 or width % groups != 0:
+        check_int(groups, "groups")
+        check_int(width, "width")
+        if width % groups != 0:
             raise ValueError(f"width must be a positive multiple of groups={groups}, got {width}")
-        if len(blocks) < 1 or min(blocks) < 0:
+        if len(blocks) < 1:
             raise ValueError(f"blocks must be one count ≥ 0 per pool stage, like (1, 2); got {blocks}")
+        for i, count in enumerate(blocks):
+            check_int(count, f"blocks[{i}]", 0)  # blocks in pool stage i
         pool_kwargs = dict(pool_kwargs or {})
         layers: list[tuple[str, nn.Module]] = [("stem", stem_conv(in_channels, width, 5))]
         n = 0

@@ -29,6 +29,7 @@ import torch.nn as nn
 from gatepool.layers import create_pool
 from gatepool.models.registry import register_model
 from gatepool.models.residual_cnn import PreActBlock, gap_head, stem_conv
+from gatepool.utils.checks import check_int
 
 
 class PreActProjBlock(nn.Module):
@@ -76,14 +77,14 @@ class ResNetGate(nn.Sequential):
         num_classes: int = 10,
         pool_kwargs: dict | None = None,
     ) -> None:
-        if groups < 1:
-            raise ValueError(f"groups must be >= 1, got {groups}")
+        check_int(groups, "groups")
         if len(widths) < 1 or len(widths) != len(depths):
             raise ValueError(f"widths and depths must be equally long, ≥ 1 stage; got {widths} and {depths}")
-        if any(w <= 0 or w % groups for w in widths):
+        for i, (w, d) in enumerate(zip(widths, depths)):
+            check_int(w, f"widths[{i}]")
+            check_int(d, f"depths[{i}]")  # blocks in stage i
+        if any(w % groups for w in widths):
             raise ValueError(f"widths must be positive multiples of groups={groups}, got {widths}")
-        if any(d < 1 for d in depths):
-            raise ValueError(f"depths must be ≥ 1 block per stage, got {depths}")
         pool_kwargs = dict(pool_kwargs or {})
         layers: list[tuple[str, nn.Module]] = [("stem", stem_conv(in_channels, widths[0], 3))]
         c = widths[0]

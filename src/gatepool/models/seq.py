@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from gatepool.layers.blocks import Decoder, Encoder
 from gatepool.layers.positional import LearnedPositionalEmbedding1d
 from gatepool.models.registry import register_model
+from gatepool.utils.checks import check_int
 
 __all__ = [
     "ARCHS",
@@ -50,8 +51,8 @@ def make_task_batch(
     """Random digit sequences x (B, L) and their targets y (B, L) for ``task`` in copy | reverse | sort."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
-    if batch_size <= 0 or length <= 0:
-        raise ValueError(f"batch_size and length must be positive, got {batch_size} and {length}")
+    check_int(batch_size, "batch_size")
+    check_int(length, "length")
     x = torch.randint(0, 10, (batch_size, length), generator=generator)
     if task == "copy":
         y = x.clone()

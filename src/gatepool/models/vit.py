@@ -27,6 +27,7 @@ from gatepool.layers.positional import (
 )
 from gatepool.layers.tokens import Tokens
 from gatepool.models.registry import register_model
+from gatepool.utils.checks import check_int
 
 __all__ = ["ViT"]
 
@@ -72,8 +73,9 @@ class ViT(nn.Module):
             raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
         if pos not in POSITIONS:
             raise ValueError(f"pos must be one of {POSITIONS}, got {pos!r}")
-        if patch_size <= 0 or image_size % patch_size != 0:
-            raise ValueError(f"image_size={image_size} must be a multiple of patch_size={patch_size} > 0")
+        check_int(patch_size, "patch_size")
+        if image_size % patch_size != 0:
+            raise ValueError(f"image_size={image_size} must be a multiple of patch_size={patch_size}")
         side = image_size // patch_size
         self.image_size, self.patch_size, self.grid = image_size, patch_size, (side, side)
         self.num_patches, self.pool_kind = side * side, pool

@@ -33,13 +33,13 @@ class TrainData(NamedTuple):
 def load_data(config: TrainConfig, data: TrainData | None = None) -> TrainData:
     """The normalized train and test tensors of ``config.data`` (or ``data``), cut to the subsets."""
     if data is None:
-        from gatepool.data_canvas import dataset_names, load_by_name
+        from gatepool.data import dataset_names, load
 
         if config.data not in dataset_names():
             known = sorted(dataset_names())
             raise ValueError(f"data must be one of {known} (or pass train(data=...)), got {config.data!r}")
-        train_ds = load_by_name(config.data, "train", data_dir=config.data_dir)
-        test_ds = load_by_name(config.data, "test", data_dir=config.data_dir)
+        train_ds = load(config.data, "train", data_dir=config.data_dir)
+        test_ds = load(config.data, "test", data_dir=config.data_dir)
         data = TrainData(train_ds.images, train_ds.labels, test_ds.images, test_ds.labels)  # uint8 (N, H, W)
         normalize = lambda images: _normalize(images, train_ds.mean, train_ds.std)  # noqa: E731
     else:

@@ -39,7 +39,7 @@ class TrainConfig:
 
     model: str = "residual_cnn"  # registry name (gatepool.list_models())
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"pool": "soft"}
-    data: str = "mnist"  # gatepool.data_canvas.dataset_names() (a label only when train(data=...) is given)
+    data: str = "mnist"  # gatepool.data.dataset_names() (a label only when train(data=...) is given)
     data_dir: str | None = None  # None: gatepool.data's search order
     train_size: int | None = None  # None: all 60,000
     test_size: int | None = None  # None: all 10,000

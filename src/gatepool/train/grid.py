@@ -5,7 +5,7 @@ A grid file (TOML, or the same keys as JSON)::
     model    = "residual_cnn"            # registry name (gatepool.list_models())
     gates    = ["max", "avg", "soft"]    # the model's ``pool`` argument ("pools" is the same key)
     seeds    = [0, 1, 2]
-    datasets = ["mnist", "fashion-mnist"]  # any name gatepool.data_canvas.dataset_names() knows
+    datasets = ["mnist", "fashion-mnist"]  # any name gatepool.data.dataset_names() knows
 
     [model_settings]                     # model keyword arguments; a list is an axis of the grid
     width = [16, 32]
@@ -108,7 +108,7 @@ def load_grid(path: str | Path) -> Grid:
 
 def parse_grid(raw: dict[str, Any]) -> Grid:
     """A grid from its keys (see the module doc), checked: every training's config is built once here."""
-    from gatepool.data_canvas import dataset_names
+    from gatepool.data import dataset_names
     from gatepool.models import create_model, list_models
     from gatepool.train.config import TrainConfig
 

@@ -15,14 +15,14 @@ from contextlib import contextmanager
 
 import torch
 
+from gatepool.utils.checks import check_int
+
 __all__ = ["check_threads", "num_threads"]
 
 
 def check_threads(n: int | None, name: str = "threads") -> int | None:
     """``n`` if it is None or an int ≥ 1, else a ValueError naming ``name``."""
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise ValueError(f"{name} must be an integer >= 1 or None, got {n!r}")
-    return n
+    return check_int(n, name, optional=True)
 
 
 @contextmanager

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from gatepool.analysis.probe.predict import INPUT, OUTPUT, Prediction, predict
 from gatepool.analysis.probe.report import ParamRow, ProbeReport, Row, TensorStats
+from gatepool.utils.checks import check_int
 
 BACKWARDS = ("loss", "unit-noise")
 
@@ -245,8 +246,7 @@ def measure(
         if target.dim() != 1 or target.shape[0] != args[0].shape[0]:
             raise ValueError(f"target must have shape ({args[0].shape[0]},) to match the batch, got "
                              f"{tuple(target.shape)}")
-    if samples < 0:
-        raise ValueError(f"samples must be >= 0, got {samples}")
+    check_int(samples, "samples", 0)
     named = dict(model.named_modules())
     if modules is None:
         selected = [n for n in named if n]

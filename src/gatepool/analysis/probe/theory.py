@@ -28,6 +28,8 @@ from functools import cache
 
 import torch
 
+from gatepool.utils.checks import check_int
+
 _SQRT_2PI = math.sqrt(2.0 * math.pi)
 
 
@@ -241,13 +243,12 @@ def padding_variance_map(
     """
     (kh, kw), (ph, pw) = _pair(kernel_size, "kernel_size"), _pair(padding, "padding")
     (sh, sw), (dh, dw) = _pair(stride, "stride"), _pair(dilation, "dilation")
-    if height < 1 or width < 1:
-        raise ValueError(f"height and width must be >= 1, got {height}×{width}")
-    if min(kh, kw, sh, sw, dh, dw) < 1:
-        raise ValueError(f"kernel_size, stride and dilation must be >= 1, got {kernel_size}, {stride}, "
-                         f"{dilation}")
-    if min(ph, pw) < 0:
-        raise ValueError(f"padding must be >= 0, got {padding}")
+    check_int(height, "height")
+    check_int(width, "width")
+    for name, pair, low in (("kernel_size", (kh, kw), 1), ("stride", (sh, sw), 1), ("dilation", (dh, dw), 1),
+                            ("padding", (ph, pw), 0)):
+        for v in pair:
+            check_int(v, name, low)
     if height + 2 * ph < dh * (kh - 1) + 1 or width + 2 * pw < dw * (kw - 1) + 1:
         raise ValueError(
             f"kernel_size={kernel_size} (dilation {dilation}) does not fit a {height}×{width} map "
@@ -279,8 +280,7 @@ def max_of_normals(n: int) -> tuple[float, float]:
 
     ``max_of_normals(4)`` = (1.0294, 0.4917): the lecture's 2×2 max pool, mean 1.03, variance 0.49.
     """
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    check_int(n, "n")
     from scipy import integrate, special  # lazy: scipy is needed by this one integral only
 
     def density(x: float) -> float:
@@ -304,8 +304,7 @@ def max_of_rectified_normals(n: int, mean: float = 0.0, var: float = 1.0) -> tup
     A max pool after a ReLU: the largest of n normals, density ``n φ(z) Φ(z)^(n−1)``, rectified.
     ``max_of_rectified_normals(1)`` is the ReLU of N(0, 1): (1/√(2π), ½ − 1/(2π)).
     """
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    check_int(n, "n")
     if var <= 0:
         p = max(mean, 0.0)
         return p, 0.0

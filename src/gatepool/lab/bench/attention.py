@@ -1,8 +1,9 @@
 """``gatepool bench attention``: time and peak memory of our attention against torch's SDPA.
 
 Batch 1, 1 head, d = 64, float32 (on ``device``, see below), forward under ``torch.no_grad()``,
-t = 256, 1024, 4096 tokens (self-attention: t queries, t keys). Three ways, timed one round at a time
-(each way once per round, so background load hits all alike), median over rounds:
+t = 256, 1024, 4096 tokens (self-attention: t queries, t keys). Three ways, timed by
+``torch.utils.benchmark.Timer`` one round at a time (each way once per round, so background load hits
+all alike; :func:`time_calls`), median over rounds:
 
     torch SDPA                F.scaled_dot_product_attention, the baseline
     ours (fused)              gatepool.layers.attention.scaled_dot_product_attention (calls torch's kernel)
@@ -15,20 +16,20 @@ by the exponent ``log(peak(t₂)/peak(t₁)) / log(t₂/t₁)`` between the two 
 
 Targets: ours (fused) ≤ 1.2 × torch SDPA at every t; its memory exponent < 1.5 (not t²).
 
-``device`` (auto | cpu | cuda | mps): on a GPU the tensors live there, every timed call is followed
-by a synchronization, and peak memory is ``torch.cuda.max_memory_allocated`` during the call.
+``device`` (auto | cpu | cuda | mps): on a GPU the tensors live there, the Timer synchronizes the device
+before it reads its clock, and peak memory is ``torch.cuda.max_memory_allocated`` during the call.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.benchmark import Timer
 
 from gatepool.utils.environment import device_info, machine, resolve_device
 
@@ -53,6 +54,29 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+def time_calls(
+    fns: dict[str, Callable[..., Any]], args: tuple, rounds: int, *, number: int = 1, warmup: int = 1
+) -> dict[str, list[float]]:
+    """Seconds per call of each ``fn(*args)``: ``rounds`` samples, each the mean of ``number`` calls.
+
+    ``torch.utils.benchmark.Timer`` at the current torch thread count (it synchronizes an accelerator
+    before reading its clock, and runs two calls of its own before each sample), interleaved: each round
+    times every way once, so background load hits all ways alike. ``warmup`` calls of each way come first
+    (first-call costs: allocations, kernel selection).
+    """
+    threads = torch.get_num_threads()  # the Timer's default is 1
+    timers = {name: Timer("fn(*args)", globals={"fn": fn, "args": args}, num_threads=threads)
+              for name, fn in fns.items()}  # fmt: skip
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn(*args)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, timer in timers.items():
+            times[name].append(timer.timeit(number).mean)
+    return times
 
 
 def peak_bytes(fn: Callable[[], Any], device: torch.device | None = None) -> int:
@@ -92,17 +116,7 @@ def run(quick: bool = False, device: Any = "auto") -> dict[str, Any]:
     with torch.no_grad():
         for t in tokens:
             q, k, v = (torch.randn(1, 1, t, DIM).to(device) for _ in range(3))
-            for fn in fns.values():
-                for _ in range(warmup):
-                    fn(q, k, v)
-            sync(device)
-            times: dict[str, list[float]] = {name: [] for name in fns}
-            for _ in range(rounds):
-                for name, fn in fns.items():
-                    t0 = time.perf_counter()
-                    fn(q, k, v)
-                    sync(device)
-                    times[name].append(time.perf_counter() - t0)
+            times = time_calls(fns, (q, k, v), rounds, warmup=warmup)  # one call per sample
             base = statistics.median(times["torch SDPA"])
             for name, fn in fns.items():
                 med = statistics.median(times[name])
@@ -138,6 +152,7 @@ def run(quick: bool = False, device: Any = "auto") -> dict[str, Any]:
         "tokens": list(tokens),
         "warmup": warmup,
         "rounds": rounds,
+        "timer": "torch.utils.benchmark.Timer.timeit(1) per round",
         "quick": quick,
         "results": results,
         "memory_exponent": {"between": [t1, t2], **exponents},

@@ -43,7 +43,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gatepool.lab.bench.attention import sync
+from gatepool.lab.bench.attention import sync, time_calls
 
 TARGET_RATIO, TARGET_SHARE, TARGET_COMPILED_SHARE = 4.0, 0.40, 0.45
 SETUPS = {
@@ -83,15 +83,7 @@ def matmul_flops(n: int, repeats: int, device: torch.device | None = None) -> di
     device = device or torch.device("cpu")
     a, b = torch.randn(n, n).to(device), torch.randn(n, n).to(device)
     c = torch.empty(n, n, device=device)
-    for _ in range(2):
-        torch.mm(a, b, out=c)
-    sync(device)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        torch.mm(a, b, out=c)
-        sync(device)
-        times.append(time.perf_counter() - t)
+    times = time_calls({"mm": lambda: torch.mm(a, b, out=c)}, (), repeats, warmup=2)["mm"]  # 1 call a sample
     s = statistics.median(times)
     return {"n": n, "seconds": s, "flops": 2 * n**3 / s}
 

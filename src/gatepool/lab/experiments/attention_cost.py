@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 
 import numpy as np
 import torch
 
 from gatepool.analysis.attention_maps import attention_cost, plot_attention_cost
 from gatepool.lab.claims import Claim, Context, experiment
+from gatepool.utils.checks import check_int
 from gatepool.utils.plotting import pyplot
 
 LECTURE_GATES = {144: 2.1e4, 576: 3.3e5, 196: 3.8e4, 50176: 2.5e9}
@@ -94,24 +94,22 @@ def fit_exponent(tokens: list[int], values: list[float]) -> tuple[float, float]:
 
 
 def measure_cost(tokens: list[int], rounds: int = 3, seed: int = 0) -> list[dict]:
-    """Per t and way (explicit gate, torch SDPA): median forward seconds over ``rounds`` and peak bytes."""
-    from gatepool.lab.bench.attention import peak_bytes, ways
+    """Per t and way (explicit gate, torch SDPA): median forward seconds over ``rounds`` (one call each,
+    timed by ``torch.utils.benchmark.Timer``, the ways interleaved: ``bench.attention.time_calls``) and
+    peak bytes."""
+    from gatepool.lab.bench.attention import peak_bytes, time_calls, ways
 
     chosen = {"explicit": ways()["ours (return_weights)"], "sdpa": ways()["torch SDPA"]}
     gen = torch.Generator().manual_seed(seed)
     rows = []
     for t in tokens:
         q, k, v = (torch.randn(1, 1, t, DIM, generator=gen) for _ in range(3))  # (B, H, T, d)
-        for name, fn in chosen.items():
-            with torch.no_grad():
-                fn(q, k, v)  # warm-up
-                times = []
-                for _ in range(rounds):
-                    t0 = time.perf_counter()
-                    fn(q, k, v)
-                    times.append(time.perf_counter() - t0)
+        with torch.no_grad():
+            times = time_calls(chosen, (q, k, v), rounds)  # after one warm-up call each
+            for name, fn in chosen.items():
                 peak = peak_bytes(lambda fn=fn, q=q, k=k, v=v: fn(q, k, v))
-            rows.append({"tokens": t, "way": name, "seconds": statistics.median(times), "peak_bytes": peak})
+                rows.append({"tokens": t, "way": name, "seconds": statistics.median(times[name]),
+                             "peak_bytes": peak})  # fmt: skip
     return rows
 
 
@@ -122,14 +120,14 @@ def measure_cost(tokens: list[int], rounds: int = 3, seed: int = 0) -> list[dict
             quick={"max_tokens": 2304}, claims=_claims)
 def attention_cost_experiment(ctx: Context) -> None:
     image, patch, bpv = ctx["image"], ctx["patch"], ctx["bytes_per_value"]
-    if not ctx["tokens"] or min(ctx["tokens"]) < 1:
-        raise ValueError(f"--set tokens: need one or more positive token counts, got {ctx['tokens']}")
-    if image < 1 or patch < 1 or image % patch:
+    if not ctx["tokens"]:
+        raise ValueError("--set tokens: need one or more token counts")
+    for t in ctx["tokens"]:
+        check_int(t, "--set tokens (each)")
+    if check_int(image, "--set image") % check_int(patch, "--set patch"):
         raise ValueError(f"--set image/patch: the patch must tile the image, got {image=}, {patch=}")
-    if bpv < 1:
-        raise ValueError(f"--set bytes_per_value: must be ≥ 1, got {bpv}")
-    if not 576 <= ctx["max_tokens"] <= 16384:
-        raise ValueError(f"--set max_tokens: 576 to 16384 (a 1 GB gate), got {ctx['max_tokens']}")
+    check_int(bpv, "--set bytes_per_value")
+    check_int(ctx["max_tokens"], "--set max_tokens", 576, 16384)  # 16384: a 1 GB gate
 
     rows = []
     for t in ctx["tokens"]:

@@ -46,6 +46,7 @@ import torch.nn as nn
 
 from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.train.sweep import run_tasks
+from gatepool.utils.checks import check_int
 from gatepool.utils.plotting import pyplot
 
 ROOT = "attention-reach"  # the folder (under the run's out) that holds every training of this file
@@ -148,8 +149,7 @@ def first_test_digit(label: int) -> tuple[torch.Tensor, int]:
     """The first MNIST test digit with ``label``: ((1, 1, 28, 28) normalized, its index in the test set)."""
     from gatepool.data import load_dataset
 
-    if not 0 <= label <= 9:
-        raise ValueError(f"--set digit: a label 0..9, got {label}")
+    check_int(label, "--set digit", 0, 9)
     test = load_dataset("mnist", "test")
     hits = (test.labels == label).nonzero().flatten()  # every label has test digits
     i = int(hits[0])
@@ -176,8 +176,8 @@ def receptive_width(layers: int, kernel: int) -> int:
 
 def layers_to_see(pixels: int, kernel: int) -> tuple[int, list[int]]:
     """The fewest stacked ``kernel``² convs whose unit sees ``pixels`` pixels, and the widths on the way."""
-    if kernel < 2 or pixels < 1:
-        raise ValueError(f"rf_kernel must be ≥ 2 and rf_pixels ≥ 1, got {kernel} and {pixels}")
+    check_int(kernel, "rf_kernel", 2)
+    check_int(pixels, "rf_pixels")
     widths = [1]  # zero layers: a pixel sees itself
     while widths[-1] < pixels:
         widths.append(receptive_width(len(widths), kernel))

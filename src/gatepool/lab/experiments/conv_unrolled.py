@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.layers.blocks import MLP
+from gatepool.utils.checks import check_int
 
 # A window and filter of ours (the lecture's own numbers are not known to us): products 2, 0, −1, 1, 0,
 # 0, 1, 0, 0, summing to 3 as the lecture's example does.
@@ -222,7 +223,10 @@ def _claims(setup: dict) -> list[Claim]:
 )
 def conv_unrolled(ctx: Context) -> None:
     n, k, p = ctx["length"], ctx["kernel"], ctx["padding"]
-    if n < 1 or k < 1 or p < 0 or n + 2 * p < k:
+    check_int(n, "--set length")
+    check_int(k, "--set kernel")
+    check_int(p, "--set padding", 0)
+    if n + 2 * p < k:
         raise ValueError(f"--set length={n} kernel={k} padding={p}: no output")
     gen = torch.Generator().manual_seed(ctx["seed"])
 

@@ -25,6 +25,7 @@ from gatepool.analysis.probe import measure, padding_variance_map, relu_moments
 from gatepool.data import mnist_batch
 from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.models import ResidualCNN
+from gatepool.utils.checks import check_int
 from gatepool.utils.plotting import pyplot
 
 SETUP = {"batch": 512, "channels": 32, "kernel": 3, "size": 14, "groups": 8, "input": "gaussian", "seed": 0}
@@ -44,9 +45,9 @@ def boxed_step(ctx: Context, fresh: bool = False) -> tuple[nn.Sequential, torch.
     ``fresh``: the same step with an input it has not seen (another Gaussian draw, or test digits).
     """
     c, k = ctx["channels"], ctx["kernel"]
-    if k < 1 or k % 2 == 0:
-        raise ValueError(f"--set kernel={k}: must be odd and ≥ 1 (padding k//2 keeps the map size)")
-    if c < 1 or c % ctx["groups"]:
+    if check_int(k, "--set kernel") % 2 == 0:
+        raise ValueError(f"--set kernel={k}: must be odd (padding k//2 keeps the map size)")
+    if check_int(c, "--set channels") % ctx["groups"]:
         raise ValueError(f"--set channels={c}: must be a positive multiple of groups={ctx['groups']}")
     torch.manual_seed(ctx["seed"])
     conv = nn.Conv2d(c, c, k, padding=k // 2, bias=False)

@@ -275,18 +275,12 @@ def _curves_figure(ctx: Context, curves: dict[str, list[list[dict[str, float]]]]
 
 def ink_masks(n: int, split: str = "test") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The first ``n`` canvases of ``split`` (n, 60, 60) uint8, and two boolean masks of the same shape:
-    the bars' pixels (255: the dimmed digit peaks near 102) and the digit's own ink (regenerated alone
-    from the same draws, as :func:`gatepool.data_canvas.loudest_not_digit` does), bars excluded."""
-    from gatepool.data import load_dataset
-    from gatepool.data_canvas import GENERATED, CanvasRecipe, generate_split, load_by_name
+    the bars' pixels (255: the dimmed digit peaks near 102) and the digit's own ink
+    (:func:`gatepool.data.digit_layer`), bars excluded."""
+    from gatepool.data import digit_layer, load
 
-    recipe = GENERATED[DATA]
-    digits = load_dataset("mnist", split).images.numpy()  # the whole split: its draws are made at once
-    full = generate_split(recipe, digits, split)[:n]
-    alone_recipe = CanvasRecipe(recipe.name, "translated", recipe.seed, recipe.canvas, dim=recipe.dim)
-    alone = generate_split(alone_recipe, digits, split)[:n]
-    stored = load_by_name(DATA, split).images[:n].numpy()
-    if not np.array_equal(full, stored):
+    full, alone = digit_layer(DATA, split, n)
+    if not np.array_equal(full, load(DATA, split).images[:n].numpy()):
         raise ValueError(f"{DATA}'s stored {split} canvases are not what its recipe makes: regenerate them "
                          f"(gatepool data generate {DATA} --force)")
     bars = full == 255
@@ -317,11 +311,11 @@ def _trained(run: Path) -> torch.nn.Module:
 
 
 def _where_the_weight_goes(ctx: Context, runs: dict[str, Path]) -> None:
-    from gatepool.data_canvas import load_by_name
+    from gatepool.data import load
 
     n = ctx["share_canvases"]
     canvases, bars, digit = ink_masks(n)
-    test = load_by_name(DATA, "test")
+    test = load(DATA, "test")
     x = (torch.from_numpy(canvases).unsqueeze(1).float() / 255 - test.mean) / test.std  # (n, 1, 60, 60)
     shares, shown = {}, {}
     for pool, run in runs.items():

@@ -43,6 +43,7 @@ from gatepool.layers.attention import MultiHeadAttention
 from gatepool.layers.blocks import Encoder, EncoderBlock
 from gatepool.layers.positional import LearnedPositionalEmbedding1d
 from gatepool.models.residual_cnn import PreActBlock
+from gatepool.utils.checks import check_int
 from gatepool.utils.threads import num_threads
 
 RTOL = 1e-5  # float32 rounding, relative to the output's scale
@@ -336,15 +337,13 @@ def input_gradient_norm(fn: Callable, x: torch.Tensor, seed: int) -> float:
 def flashcards(ctx: Context) -> None:
     for key in ("d", "samples", "tokens", "context_tokens", "dim", "depth", "heads", "residual_depth",
                 "residual_seeds"):
-        if ctx[key] < (2 if key in ("samples", "tokens", "context_tokens") else 1):
-            raise ValueError(f"--set {key}: must be ≥ 1 (≥ 2 for samples and tokens), got {ctx[key]}")
+        check_int(ctx[key], f"--set {key}", 2 if key in ("samples", "tokens", "context_tokens") else 1)
     if ctx["dim"] % ctx["heads"]:
         raise ValueError(f"--set dim/heads: dim={ctx['dim']} must be divisible by heads={ctx['heads']}")
     for kind in ctx["residual_blocks"]:
         if kind not in BLOCKS:
             raise ValueError(f"--set residual_blocks: each must be one of {BLOCKS}, got {kind!r}")
-    if ctx["threads"] < 1:
-        raise ValueError(f"--set threads: must be ≥ 1, got {ctx['threads']}")
+    check_int(ctx["threads"], "--set threads")
     with num_threads(ctx["threads"]):
         _flashcards(ctx)
 

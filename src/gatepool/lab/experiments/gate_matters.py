@@ -2,7 +2,7 @@
 
 On MNIST every gate lands within a few hundredths of a point (pool-comparison), and the lecture says why:
 every gate finds the digit's strokes. Here the six gates train on questions where that fails
-(:mod:`gatepool.data_canvas`: translated-, cluttered- and distractor-mnist on a 60×60 canvas) and on
+(:mod:`gatepool.data.canvas`: translated-, cluttered- and distractor-mnist on a 60×60 canvas) and on
 Fashion-MNIST as it is, each gate in *every* pool of the net:
 
     nets       residual_cnn_canvas (Tuesday's CNN + one pool stage: 60 → 30 → 15 → 7) on the 60×60 sets,
@@ -105,7 +105,7 @@ BUDGET_S = 2.5 * 3600  # the bound on the full profile's *estimated* wall clock 
 
 def model_for(net: str, dataset: str) -> str:
     """The registry name of ``net`` sized for ``dataset``'s canvas (60×60 generated, or 28×28)."""
-    from gatepool.data_canvas import GENERATED, dataset_names
+    from gatepool.data import GENERATED, dataset_names
 
     if dataset not in dataset_names():
         raise ValueError(f"datasets: {dataset!r} is unknown; choose from {dataset_names()}")
@@ -151,14 +151,13 @@ def _claims(setup: dict[str, Any]) -> list[Claim]:
 
 def _available(ctx: Context) -> list[str]:
     """Load (and so generate, once, here rather than in racing workers) every data set; skip missing ones."""
-    from gatepool.data import DataError
-    from gatepool.data_canvas import GENERATED, load_by_name, loudest_not_digit
+    from gatepool.data import GENERATED, DataError, load, loudest_not_digit
 
     ok = []
     for data in dict.fromkeys(ctx["datasets"] + ctx["deep_datasets"]):
         try:
-            test = load_by_name(data, "test")
-            load_by_name(data, "train")
+            test = load(data, "test")
+            load(data, "train")
         except DataError as e:
             ctx.note(f"{data}: not available, its trainings are not run ({e})")
             continue
@@ -342,12 +341,12 @@ def _t_half(a: list[float], confidence: float) -> float:
 
 def picture_grid(datasets: list[str], n: int = 8) -> Any:
     """A row of the first ``n`` test images of each data set (uint8, as generated)."""
-    from gatepool.data_canvas import load_by_name
+    from gatepool.data import load
 
     plt = pyplot()
     fig, axes = plt.subplots(len(datasets), n, figsize=(n * 0.9, len(datasets) * 1.0), squeeze=False)
     for r, data in enumerate(datasets):
-        images = load_by_name(data, "test").images[:n]
+        images = load(data, "test").images[:n]
         for c in range(n):
             ax = axes[r, c]
             ax.imshow(images[c].numpy(), cmap="gray", vmin=0, vmax=255)
@@ -409,13 +408,13 @@ def routed_weight(maps: list[torch.Tensor]) -> torch.Tensor:
 
 def attention_figure(run: str, n: int = 6) -> Any:
     """Where the attention gate's weight goes on the first ``n`` cluttered test digits."""
-    from gatepool.data_canvas import load_by_name
+    from gatepool.data import load
     from gatepool.train import TrainConfig, train
     from gatepool.utils.io import read_json
 
     config = TrainConfig.from_dict(read_json(f"{run}/results.json")["config"])
     model = train(config, out=run, progress=False, verbose=False).model.cpu()  # finished: loads
-    test = load_by_name(config.data, "test")
+    test = load(config.data, "test")
     x = (test.images[:n].unsqueeze(1).float() / 255 - test.mean) / test.std  # (n, 1, 60, 60)
     maps = gate_maps(model, x)
     routed = routed_weight(maps)

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.models import ResidualCNN
+from gatepool.utils.checks import check_int
 
 # ----------------------------------------------------------------------------- helpers (tested directly)
 
@@ -291,8 +292,8 @@ def _fan_claims(setup: dict) -> list[Claim]:
 )
 def he_fan_mode(ctx: Context) -> None:
     c_in, c_out = ctx["c_in"], ctx["c_out"]
-    if c_in < 1 or c_out < 1:
-        raise ValueError("--set c_in/c_out: must be ≥ 1")
+    check_int(c_in, "--set c_in")
+    check_int(c_out, "--set c_out")
     rows = {}
     for mode in ("fan_in", "fan_out"):
         rows[mode] = [fan_mode_moments(c_in, c_out, mode, ctx["batch"], ctx["size"], s) for s in ctx["seeds"]]
@@ -366,7 +367,7 @@ def _uses_claims(setup: dict) -> list[Claim]:
 )
 def weight_uses_experiment(ctx: Context) -> None:
     k = ctx["kernel"]
-    if k < 1 or k % 2 == 0:
+    if check_int(k, "--set kernel") % 2 == 0:
         raise ValueError(f"--set kernel={k}: must be odd")
     same = True
     for size in ctx["sizes"]:

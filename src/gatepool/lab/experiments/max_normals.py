@@ -34,6 +34,7 @@ from gatepool.data import mnist_batch
 from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.layers import create_pool
 from gatepool.models import ResidualCNN
+from gatepool.utils.checks import check_int
 
 STAGES = ["stem", "pool1", "block1", "pool2", "block2", "block3"]
 
@@ -48,8 +49,7 @@ def phi(x: float) -> float:
 @cache
 def max_moments(n: int) -> tuple[float, float, float]:
     """(mean, std, kurtosis) of the largest of n i.i.d. N(0, 1): integrals of n φ(x) Φ(x)^(n−1)."""
-    if n < 1:
-        raise ValueError(f"n must be ≥ 1, got {n}")
+    check_int(n, "n")
     from scipy import integrate, special
 
     def density(x: float) -> float:
@@ -202,8 +202,7 @@ def _max_claims(setup: dict) -> list[Claim]:
 )
 def max_normals(ctx: Context) -> None:
     n_s = ctx["samples"]
-    if n_s < 100:
-        raise ValueError(f"--set samples={n_s}: at least 100")
+    check_int(n_s, "--set samples", 100)
     gen = torch.Generator().manual_seed(ctx["seed"])
     x = torch.randn(n_s, generator=gen)
     ctx.check("phi-1", (x <= 1).double().mean().item(), theory=phi(1.0))

@@ -23,6 +23,7 @@ from gatepool.analysis.probe import (
 )
 from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.layers import create_pool
+from gatepool.utils.checks import check_int
 from gatepool.utils.plotting import pyplot
 
 SETUP = {"batch": 512, "channels": 32, "size": 14, "window": 2, "seed": 0}
@@ -35,8 +36,7 @@ SAMPLES = "512·32·49 windows: the standard error is below 0.005"
 def _pools(ctx: Context) -> dict[str, dict]:
     """Measure avg and max pools on the same N(0, 1) maps; returns the probe rows per gate."""
     k = ctx["window"]
-    if k < 1 or k > ctx["size"]:
-        raise ValueError(f"--set window={k}: must be between 1 and size={ctx['size']}")
+    check_int(k, "--set window", 1, ctx["size"])
     gen = torch.Generator().manual_seed(ctx["seed"])
     x = torch.randn(ctx["batch"], ctx["channels"], ctx["size"], ctx["size"], generator=gen)  # (B, C, H, W)
     rows = {}

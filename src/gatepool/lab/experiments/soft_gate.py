@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from gatepool.lab.claims import Claim, Context, experiment
+from gatepool.utils.checks import check_number
 from gatepool.utils.plotting import pyplot
 
 # The lecture's window: the strongest 2 × 2 window of Tuesday's top-edge map of the 7 (row 1, column 6).
@@ -262,8 +263,7 @@ def temperature_dial(ctx: Context) -> None:
     window = np.array(ctx["window"], dtype=np.float64)
     v = _window(ctx)
     for t in ctx["temperatures"]:
-        if t <= 0:
-            raise ValueError(f"--set temperatures: every τ must be > 0, got {t}")
+        check_number(t, "--set temperatures (each τ)", 0, low_open=True)
         out, gates, _ = _gated(v, "soft", float(t))
         g_th, out_th, _ = softmax_theory(window, float(t))
         ctx.check(f"out-tau{t:g}", out, theory=out_th)

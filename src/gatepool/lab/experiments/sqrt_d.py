@@ -16,6 +16,7 @@ import math
 import torch
 
 from gatepool.lab.claims import Claim, Context, experiment
+from gatepool.utils.checks import check_int
 from gatepool.utils.plotting import pyplot
 
 SQRT_D_REF = "lecture, why divide by √d: its table of std(q·k) and the mean largest gate, unscaled and scaled"
@@ -87,13 +88,12 @@ def _claims(setup: dict) -> list[Claim]:
 def sqrt_d(ctx: Context) -> None:
     plt = pyplot()
     t, n = ctx["tokens"], ctx["queries"]
-    if t < 2 or n < 2:
-        raise ValueError(f"--set tokens/queries: need at least 2 each, got tokens={t}, queries={n}")
+    check_int(t, "--set tokens", 2)
+    check_int(n, "--set queries", 2)
     gen = torch.Generator().manual_seed(ctx["seed"])
     rows = []
     for d in ctx["d"]:
-        if d < 1:
-            raise ValueError(f"--set d: every d must be ≥ 1, got {d}")
+        check_int(d, "--set d (each)")
         q = torch.randn(n, 1, d, generator=gen, dtype=torch.float64)  # (queries, 1, d)
         k = torch.randn(n, t, d, generator=gen, dtype=torch.float64)  # (queries, t, d): fresh keys per query
         scores = (q @ k.transpose(1, 2)).squeeze(1)  # (queries, t)

@@ -43,6 +43,7 @@ import torch
 
 from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.train.sweep import run_tasks
+from gatepool.utils.checks import check_int, check_number
 from gatepool.utils.io import atomic_write_json, read_json
 from gatepool.utils.plotting import pyplot
 from gatepool.utils.threads import num_threads
@@ -182,8 +183,9 @@ def _check_setup(ctx: Context) -> None:
     if len(sizes) != len(budgets) or not sizes:
         raise ValueError(f"--set sizes and budget_s: need the same number (≥ 1) of each, got {sizes} and "
                          f"{budgets}")
-    if any(not 1 <= n <= 60000 for n in sizes) or any(b <= 0 for b in budgets):
-        raise ValueError(f"--set sizes: each in 1..60000, budget_s: each > 0; got {sizes} and {budgets}")
+    for n, b in zip(sizes, budgets):
+        check_int(n, "--set sizes (each)", 1, 60000)
+        check_number(b, "--set budget_s (each)", 0, low_open=True)
     if not 1 <= ctx["monitor_size"] <= ctx["test_size"] <= 10000:
         raise ValueError(f"--set monitor_size/test_size: need 1 ≤ monitor_size ≤ test_size ≤ 10000, got "
                          f"{ctx['monitor_size']} and {ctx['test_size']}")

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from gatepool.utils.checks import check_int, check_number
+
 TAU_RANGE = (0.01, 100.0)  # the τ slider's ends (log scale)
 SQRT_D_CHOICES = (1, 4, 16, 64, 256)
 KERNELS = (1, 3, 5, 7)
@@ -32,8 +34,7 @@ def tau_dial(window: list[float], tau: float) -> dict[str, Any]:
     """Gates and output of ``softmax(v/τ) · v`` on ``window``; its limits max and mean."""
     from gatepool.lab.experiments.soft_gate import softmax_theory  # lazy: the page needs no torch
 
-    if not tau > 0:
-        raise ValueError(f"tau={tau}: must be > 0")
+    check_number(tau, "tau", 0, low_open=True)
     v = np.asarray(window, dtype=np.float64)
     gates, out, _ = softmax_theory(v, float(tau))
     return {"gates": gates.tolist(), "out": out, "max": float(v.max()), "mean": float(v.mean())}
@@ -60,8 +61,9 @@ def normals(seed: int, count: int) -> np.ndarray:
 
 def sqrt_d_dial(d: int, *, seed: int = 0, queries: int = 200, tokens: int = 144) -> dict[str, float]:
     """std(q·k), the mean largest gate unscaled and scaled by 1/√d, on the page's sample."""
-    if d < 1 or queries < 2 or tokens < 2:
-        raise ValueError(f"d={d}, queries={queries}, tokens={tokens}: need d ≥ 1, queries ≥ 2, tokens ≥ 2")
+    check_int(d, "d")
+    check_int(queries, "queries", 2)
+    check_int(tokens, "tokens", 2)
     z = normals(seed, queries * (tokens + 1) * d).reshape(queries, tokens + 1, d)  # (Q, 1 + t, d)
     scores = np.einsum("ad,amd->am", z[:, 0], z[:, 1:])  # (Q, t)
 

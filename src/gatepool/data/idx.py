@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gatepool.utils.checks import check_int
 from gatepool.utils.environment import cache_dir
 from gatepool.utils.io import atomic_write_bytes
 
@@ -192,8 +193,8 @@ def read_idx(
 
 
 def repo_data_dir() -> Path:
-    """The repository's ``data/`` (src/gatepool/data.py -> ../../../data)."""
-    return Path(__file__).resolve().parents[2] / "data"
+    """The repository's ``data/`` (src/gatepool/data/idx.py -> ../../../../data)."""
+    return Path(__file__).resolve().parents[3] / "data"
 
 
 DEBIAN_DATA = Path("/usr/share/datasets")  # apt-get install dataset-fashion-mnist
@@ -352,8 +353,7 @@ def load_dataset(
 
 def mnist_batch(n: int = 512, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``n`` MNIST digits of ``split``, normalized: ((n, 1, 28, 28) float32, (n,) int64)."""
-    if n < 1:
-        raise ValueError(f"n must be ≥ 1, got {n}")
+    check_int(n, "n")
     ds = load_dataset("mnist", split)
     if n > len(ds):
         raise ValueError(f"n={n} is more than the {len(ds)} {split} digits")

@@ -22,7 +22,7 @@ own ``numpy.random.Generator(SeedSequence([seed, split_id]))``:
 The train split is made from MNIST's 60,000 training digits, the test split from its 10,000 test
 digits (clutter comes from the same split only, so no test ink leaks into training).
 
-Files: ``<folder>/<name>/`` holds the four IDX files of :mod:`gatepool.data` (raw, uncompressed) and a
+Files: ``<folder>/<name>/`` holds the four IDX files of :mod:`gatepool.data.idx` (raw, uncompressed) and a
 ``manifest.json`` written last, atomically, with the recipe, the SHA-256 of every file and the training
 pixels' mean and std. ``<folder>`` is the cache (``~/.cache/gatepool``), or ``--data-dir``/``GATEPOOL_DATA``
 when given. The first load generates the set (a few seconds); every load verifies every file against the
@@ -30,9 +30,8 @@ manifest, and a missing or damaged file is a :class:`~gatepool.data.DataError` n
 (delete the folder, or ``gatepool data generate NAME --force``). A manifest from another recipe or seed
 is made again. ``gatepool data info`` lists the sets and their state.
 
-By name, every data set (layered above :mod:`gatepool.data`, which knows only the IDX sets):
-:func:`dataset_names`, :func:`load_by_name` (``TrainConfig(data="cluttered-mnist")`` loads through it),
-:func:`split_size_by_name` and :func:`info_all`.
+Every data set by name, these and the IDX sets: :func:`gatepool.data.load` (``TrainConfig(data=
+"cluttered-mnist")`` loads through it), :func:`gatepool.data.split_size` and :func:`gatepool.data.info`.
 """
 
 from __future__ import annotations
@@ -49,8 +48,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gatepool import data as idx_sets
-from gatepool.data import DataError, Dataset, _explicit, read_idx
+from gatepool.data import idx as idx_sets
+from gatepool.data.idx import DataError, Dataset, _explicit, read_idx
 from gatepool.utils.environment import cache_dir
 from gatepool.utils.io import atomic_write_bytes, atomic_write_json, read_json
 
@@ -266,6 +265,14 @@ def _jsonish(d: dict[str, Any]) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
 
+def split_size(name: str, split: str, data_dir: str | os.PathLike | None = None) -> int:
+    """Examples in a split, made or not: MNIST's sizes (``data_dir`` is accepted for symmetry)."""
+    _recipe(name)
+    if split not in SPLIT_SIZES:
+        raise ValueError(f"split={split!r} is unknown; choose 'train' or 'test'")
+    return SPLIT_SIZES[split]
+
+
 def load(name: str, split: str = "train", data_dir: str | os.PathLike | None = None) -> Dataset:
     """Load (generating on first use) and verify one split of generated set ``name``."""
     _recipe(name)
@@ -326,6 +333,15 @@ def info(data_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
     return rows
 
 
+def digit_layer(name: str, split: str = "test", n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``n`` canvases of a generated split as stored (each draw made for the whole split), and
+    the digit's own ink alone on the same canvases (the same draws, nothing else pasted); (n, S, S) uint8."""
+    recipe = _recipe(name)
+    digits = _source(split).images.numpy()
+    alone = CanvasRecipe(recipe.name, "translated", recipe.seed, recipe.canvas, dim=recipe.dim)
+    return generate_split(recipe, digits, split)[:n], generate_split(alone, digits, split)[:n]
+
+
 def loudest_not_digit(name: str, split: str = "test", n: int = 2000, window: int = 8) -> float:
     """Share of ``window``×``window`` tiles holding digit ink whose largest pixel is not the digit's.
 
@@ -346,34 +362,3 @@ def loudest_not_digit(name: str, split: str = "test", n: int = 2000, window: int
 
     ink = tiles(alone) > 0
     return float((tiles(full) > tiles(alone))[ink].mean())
-
-
-# ----------------------------------------------------------------------------- every data set by name
-
-
-def dataset_names() -> list[str]:
-    """Every name :func:`load_by_name` accepts: the IDX sets, then the generated ones."""
-    return [*idx_sets.DATASETS, *GENERATED]
-
-
-def load_by_name(name: str, split: str = "train", data_dir: str | os.PathLike | None = None) -> Dataset:
-    """One split of any data set: :func:`gatepool.data.load_dataset` or, for a generated one, :func:`load`."""
-    if name in GENERATED:
-        return load(name, split, data_dir)
-    if name not in idx_sets.DATASETS:
-        raise ValueError(f"dataset={name!r} is unknown; choose one of {dataset_names()}")
-    return idx_sets.load_dataset(name, split, data_dir)
-
-
-def split_size_by_name(name: str, split: str, data_dir: str | os.PathLike | None = None) -> int:
-    """Examples in a split, without loading it (a generated set has MNIST's sizes, made or not)."""
-    if name in GENERATED:
-        if split not in SPLIT_SIZES:
-            raise ValueError(f"split={split!r} is unknown; choose 'train' or 'test'")
-        return SPLIT_SIZES[split]
-    return idx_sets.split_size(name, split, data_dir)
-
-
-def info_all(data_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
-    """:func:`gatepool.data.info`'s rows, then the generated sets' (:func:`info`)."""
-    return idx_sets.info(data_dir) + info(data_dir)

@@ -1,0 +1,107 @@
+"""Verified data sets, every one by name: MNIST and Fashion-MNIST from IDX files (:mod:`gatepool.data.idx`)
+and the 60×60 canvases generated from MNIST on first use (:mod:`gatepool.data.canvas`).
+
+    dataset_names()                      -> ['mnist', 'fashion-mnist', 'translated-mnist', ...]
+    load("cluttered-mnist", "test")      -> Dataset: images (N, H, W) uint8, labels (N,) int64
+    split_size("mnist", "train")         -> 60000, without loading the split
+    info()                               -> where each file is, verified or not (``gatepool data info``)
+
+A missing or corrupt file is a :class:`DataError` naming the file and the fix; an unknown name is a
+``ValueError`` listing the known ones.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from gatepool.data import canvas, idx
+from gatepool.data.canvas import (
+    GENERATED,
+    CanvasRecipe,
+    digit_layer,
+    generate,
+    generate_split,
+    loudest_not_digit,
+)
+from gatepool.data.idx import (
+    DATASETS,
+    DEBIAN_DATA,
+    DataError,
+    Dataset,
+    DatasetSpec,
+    fetch,
+    find_file,
+    load_dataset,
+    locate,
+    mnist_batch,
+    parse_idx,
+    read_bytes,
+    read_idx,
+    repo_data_dir,
+    search_roots,
+)
+
+__all__ = [
+    "DATASETS",
+    "DEBIAN_DATA",
+    "GENERATED",
+    "CanvasRecipe",
+    "DataError",
+    "Dataset",
+    "DatasetSpec",
+    "dataset_names",
+    "digit_layer",
+    "fetch",
+    "find_file",
+    "generate",
+    "generate_split",
+    "info",
+    "load",
+    "load_dataset",
+    "locate",
+    "loudest_not_digit",
+    "mnist_batch",
+    "parse_idx",
+    "read_bytes",
+    "read_idx",
+    "repo_data_dir",
+    "search_roots",
+    "split_size",
+]
+
+
+def dataset_names() -> list[str]:
+    """Every name :func:`load` accepts: the IDX sets, then the generated ones."""
+    return [*DATASETS, *GENERATED]
+
+
+def _known(name: str) -> None:
+    if name not in DATASETS and name not in GENERATED:
+        raise ValueError(f"dataset={name!r} is unknown; choose one of {dataset_names()}")
+
+
+def load(name: str, split: str = "train", data_dir: str | os.PathLike | None = None) -> Dataset:
+    """One verified split (``"train"`` or ``"test"``) of any data set :func:`dataset_names` lists.
+
+    ``data_dir`` (else ``GATEPOOL_DATA``): the folder to read from, or to keep a generated set in.
+    """
+    _known(name)
+    if name in GENERATED:
+        return canvas.load(name, split, data_dir)
+    return idx.load_dataset(name, split, data_dir)
+
+
+def split_size(name: str, split: str, data_dir: str | os.PathLike | None = None) -> int:
+    """Examples in a split without loading it (an IDX set's labels header; a generated set has MNIST's)."""
+    _known(name)
+    module = canvas if name in GENERATED else idx
+    return module.split_size(name, split, data_dir)
+
+
+def info(data_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+    """One row per data set and file: where a load reads it, by which rule, and whether it verifies.
+
+    The IDX sets' rows, then the generated sets' (nothing is fetched or generated).
+    """
+    return idx.info(data_dir) + canvas.info(data_dir)
