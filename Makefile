@@ -15,8 +15,9 @@ VISION_VENV  ?= .venv-vision
 VISION_TORCH ?= torch==2.14.1 torchvision==0.29.1 timm==1.0.31
 VISION_PY    := $(VISION_VENV)/bin/python
 VISION_STAMP := $(VISION_VENV)/.installed
+DOCS_STAMP   := $(VENV)/.docs-installed
 
-.PHONY: reproduce test test-fast test-kill test-vision gpu-check lint bench clean-venv
+.PHONY: reproduce test test-fast test-kill test-vision gpu-check lint bench docs clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -47,9 +48,9 @@ $(VISION_STAMP): pyproject.toml | $(VISION_PY)
 	@touch $(VISION_STAMP)
 
 test-vision: $(VISION_STAMP)  # convert() and the probe on torchvision's and timm's models, the layers (Triton
-	# kernels under TRITON_INTERPRET=1 included) on a second torch, and the README's "your own model"
+	# kernels under TRITON_INTERPRET=1 included) on a second torch, and the docs' code blocks (README's included)
 	$(VISION_PY) -m pytest -m "not kill" tests/vision tests/layers tests/analysis/test_probe_fx.py \
-		tests/test_readme.py
+		tests/test_docs.py
 
 gpu-check: $(VISION_STAMP)  # on a machine with a CUDA device: the GPU tests, then bench pool there (JSON)
 	$(VISION_PY) -m pytest tests/layers/test_triton_pool.py
@@ -65,6 +66,13 @@ bench: $(STAMP)
 	$(VENV)/bin/gatepool bench train
 	$(VENV)/bin/gatepool bench pool
 	$(VENV)/bin/gatepool bench attention
+
+$(DOCS_STAMP): pyproject.toml $(STAMP)
+	$(PY) -m pip install -q -e ".[docs]"  # torch is already pinned by $(STAMP)
+	@touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)  # the site (docs/, mkdocs.yml) into site/; a broken link, anchor or API warning fails it
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean-venv:
 	rm -rf $(VENV)

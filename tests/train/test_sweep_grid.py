@@ -169,11 +169,11 @@ def test_the_local_pool_reports_failures_too():
         run_tasks(boom, [0, 1, 2], 1)
 
 
-def test_the_readmes_grid_is_a_valid_grid():
+def test_the_docs_grid_is_a_valid_grid():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"```toml\n(.*?)```", readme, flags=re.S)
+    page = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```toml\n(.*?)```", page, flags=re.S)
     assert len(blocks) == 1
     tomllib = pytest.importorskip("tomllib", reason="TOML needs Python >= 3.11")
     grid = parse_grid(tomllib.loads(blocks[0]))
