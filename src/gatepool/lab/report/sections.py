@@ -22,7 +22,7 @@ SECTIONS: list[tuple[str, str, tuple[str, ...]]] = [
     ("attention", "Attention", ("attention-reach", "sqrt-d", "attention-maps", "shuffle", "attention-cost")),
     ("flashcards", "Normalisation and the flashcards", ("batchnorm", "flashcards")),
     ("transformers", "Transformers", ("vit-mnist", "seq-demo", "seq-demo-encdec")),
-    ("beyond", "Beyond the lecture", ("gate-matters",)),  # `reproduce --beyond`
+    ("beyond", "Beyond the lecture", ("gate-matters", "distractor-study")),  # `reproduce --beyond`
 ]
 OTHER = ("other", "Other experiments")
 
