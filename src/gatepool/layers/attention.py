@@ -8,24 +8,31 @@ of a window, and divide by √d so that the scores keep unit variance (for unit-
     G = softmax(Q Kᵀ / √d)          (N, M)   one gate row per query, summing to 1
     P = G V                          (N, Dv)  each output is a gated average of the values
 
-Masks follow ``torch.nn.functional.scaled_dot_product_attention``, and every bool mask here has one
-polarity, **True = takes part**:
+Shapes, masks and arguments follow ``torch.nn.functional.scaled_dot_product_attention`` (same signature,
+plus ``return_weights``): the batch dims (all but the last two) of q, k and v broadcast, as in ``q @ kᵀ``
+and ``G @ v`` (q (4, 3, 8) with k, v (4, 4, 6, 8) gives (4, 4, 3, 8)); ``enable_gqa`` lets k and v have
+fewer heads (dim -3) than q, a divisor of q's, each serving a group of query heads. Every bool mask here
+has one polarity, **True = takes part**:
 
 * a bool ``attn_mask`` says which (query, key) pairs take part (True = attend);
-* a float ``attn_mask`` is added to the scores (``-inf`` removes a pair);
+* a float ``attn_mask`` (of q's dtype) is added to the scores (``-inf`` removes a pair);
+* both broadcast to the scores' shape (..., N, M), the batch dims of q and k broadcast;
 * ``key_mask`` (``MultiHeadAttention``) says which keys take part (True = a real key). It is *not*
   ``nn.MultiheadAttention``'s ``key_padding_mask``, whose True means "padding, ignore": pass
   ``key_mask=~key_padding_mask``;
-* ``is_causal=True`` keeps key j for query i only when ``j <= i`` (top-left aligned); unlike some torch
-  versions it may be combined with ``attn_mask`` (both must allow a pair).
+* ``is_causal=True`` keeps key j for query i only when ``j <= i`` (top-left aligned: ``tril`` of an
+  (N, M) block of ones, as torch); unlike torch, which raises, it may be combined with ``attn_mask``
+  (both must allow a pair).
 
 A query row whose keys are all masked has no gate to normalise: it gets a zero output and zero weights
-(and zero gradients), never NaN, on both paths.
+(and zero gradients), never NaN, on both paths. torch >= 2.5 does the same on the CPU (its math and
+flash kernels, checked with torch 2.13); older versions return NaN there, which the fast path guards.
 
 ``scaled_dot_product_attention`` calls torch's fused kernel when the weights are not asked for (the fast
 path, memory O(N + M) per row on kernels that tile) and the plain, explicit computation when they are
-(``return_weights=True``: the full (N, M) gate is materialised). ``MultiHeadAttention`` runs H of these
-side by side on ``dim / H``-wide slices and mixes the heads with an output projection.
+(``return_weights=True``: the full (N, M) gate is materialised). Both take the same arguments and check
+them the same way first, so a bad argument is a ValueError naming it on either path. ``MultiHeadAttention``
+runs H of these side by side on ``dim / H``-wide slices and mixes the heads with an output projection.
 """
 
 from __future__ import annotations
@@ -36,51 +43,71 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gatepool.utils.checks import check_number
+
 __all__ = ["MultiHeadAttention", "scaled_dot_product_attention"]
 
 
-def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
-    """Broadcast shape of ``shapes``, None if they do not broadcast (pure Python: fast for small shapes)."""
-    if all(s == shapes[0] for s in shapes):
-        return tuple(shapes[0])
-    out = []
-    for i in range(1, max(len(s) for s in shapes) + 1):
-        sizes = {s[-i] for s in shapes if len(s) >= i} - {1}
-        if len(sizes) > 1:
-            return None
-        out.append(sizes.pop() if sizes else 1)
-    return tuple(reversed(out))
+def _shapes(*named: tuple[str, torch.Tensor]) -> str:
+    return ", ".join(f"{name} {tuple(t.shape)}" for name, t in named)
 
 
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enable_gqa: bool) -> None:
+    low, dims = (3, "(..., heads, length, features)") if enable_gqa else (2, "(..., length, features)")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.ndim < 2:
-            raise ValueError(f"{name} must have at least 2 dims (..., length, feature), got {tuple(t.shape)}")
-    if not (q.ndim == k.ndim == v.ndim):
-        raise ValueError(
-            f"q, k and v must have the same number of dims, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
-            f"v {tuple(v.shape)}"
-        )
+        if t.ndim < low:
+            gqa = " with enable_gqa" if enable_gqa else ""
+            raise ValueError(f"{name} must have at least {low} dims {dims}{gqa}, got {tuple(t.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"q, k and v must have the same dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must share the feature size, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+        raise ValueError(f"q and k must share the feature size, got {_shapes(('q', q), ('k', k))}")
     if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same length, got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    if _broadcast(q.shape[:-2], k.shape[:-2], v.shape[:-2]) is None:
-        raise ValueError(
-            f"q, k and v batch dims must broadcast, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
-            f"v {tuple(v.shape)}"
-        )
+        raise ValueError(f"k and v must have the same length, got {_shapes(('k', k), ('v', v))}")
 
 
-def _check_mask(attn_mask: torch.Tensor, scores_shape: tuple[int, ...]) -> None:
+def _group_heads(t: torch.Tensor, heads: int, name: str) -> torch.Tensor:
+    """``t`` with each of its heads (dim -3) repeated for its group of ``heads`` query heads (as torch)."""
+    h = t.shape[-3]
+    if h == heads:
+        return t
+    if h == 0 or heads % h:
+        raise ValueError(f"with enable_gqa, {name}'s {h} heads (dim -3) must divide q's {heads}")
+    return t.repeat_interleave(heads // h, dim=-3)
+
+
+def _scores_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, ...]:
+    """(..., N, M), the batch dims of q and k broadcast; a ValueError unless v's broadcast with them too."""
+    batch = q.shape[:-2]
+    if not batch == k.shape[:-2] == v.shape[:-2]:  # torch.broadcast_shapes costs ~20 µs: only when needed
+        try:
+            batch = torch.broadcast_shapes(batch, k.shape[:-2])
+            torch.broadcast_shapes(batch, v.shape[:-2])
+        except RuntimeError:
+            raise ValueError(
+                f"the batch dims (all but the last two) of q, k and v must broadcast, got "
+                f"{_shapes(('q', q), ('k', k), ('v', v))}"
+            ) from None
+    return (*batch, q.shape[-2], k.shape[-2])
+
+
+def _check_mask(attn_mask: torch.Tensor, scores_shape: tuple[int, ...], dtype: torch.dtype | None) -> None:
+    """A bool mask, or a float one (of ``dtype`` if given), that broadcasts to ``scores_shape``."""
     if not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
-    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
-        raise ValueError(f"attn_mask must be bool (True = attend) or floating (added), got {attn_mask.dtype}")
-    scores_shape = tuple(scores_shape)
-    if attn_mask.ndim > len(scores_shape) or _broadcast(tuple(attn_mask.shape), scores_shape) != scores_shape:
+    added = attn_mask.is_floating_point() and dtype in (None, attn_mask.dtype)
+    if attn_mask.dtype != torch.bool and not added:
+        floats = "floating" if dtype is None else f"of q's dtype {dtype}"
+        raise ValueError(f"attn_mask must be bool (True = attend) or {floats} (added), got {attn_mask.dtype}")
+    fits = attn_mask.shape == scores_shape[len(scores_shape) - attn_mask.ndim :]  # the trailing dims as such
+    if not fits:  # torch.broadcast_shapes costs ~12 µs: only when needed
+        try:  # the scores take the mask in place: it may not add dims or grow one
+            fits = torch.broadcast_shapes(attn_mask.shape, scores_shape) == scores_shape
+        except RuntimeError:
+            pass
+    if not fits:
         raise ValueError(
             f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to the scores' shape "
             f"{tuple(scores_shape)} (..., queries, keys)"
@@ -112,34 +139,39 @@ def scaled_dot_product_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     attn_mask: torch.Tensor | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
     dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+    enable_gqa: bool = False,
     return_weights: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """``softmax(q kᵀ · scale + mask) v`` with torch's mask semantics.
+    """``softmax(q kᵀ · scale + mask) v`` with torch's shapes and mask semantics (and its signature).
 
     Args:
-        q: (..., N, E) queries.  k: (..., M, E) keys.  v: (..., M, Ev) values.
-        attn_mask: bool (True = attend) or float (added to the scores), broadcastable to (..., N, M).
+        q: (..., N, E) queries.  k: (..., M, E) keys.  v: (..., M, Ev) values; the batch dims broadcast.
+        attn_mask: bool (True = attend) or float of q's dtype (added to the scores), broadcastable to
+            (..., N, M), the batch dims of q and k broadcast.
+        dropout_p: dropout on the gate weights, in [0, 1] (pass 0.0 in eval mode, as with torch).
         is_causal: keep key j for query i only when j <= i; may be combined with ``attn_mask``.
-        scale: score scale, default ``1/√E``.
-        dropout_p: dropout on the gate weights (pass 0.0 in eval mode, as with torch).
+        scale: score scale, any finite number, default ``1/√E``.
+        enable_gqa: k and v may have fewer heads (dim -3) than q, a divisor of q's: key/value head h
+            serves query heads ``h·g .. h·g + g - 1`` (g = q's heads / theirs), as torch.
         return_weights: also return the gate weights (..., N, M) (after dropout, as applied).
 
     Returns:
         (..., N, Ev) output, or ``(output, weights)`` when ``return_weights``. Rows whose keys are all
         masked give zeros in both.
     """
-    _check_qkv(q, k, v)
+    _check_qkv(q, k, v, enable_gqa)
+    if enable_gqa:  # torch's rule, written out so that both paths share it (and torch 2.4 has no flag)
+        k, v = _group_heads(k, q.shape[-3], "k"), _group_heads(v, q.shape[-3], "v")
+    scores_shape = _scores_shape(q, k, v)
     if attn_mask is not None:
-        batch = _broadcast(q.shape[:-2], k.shape[:-2])
-        _check_mask(attn_mask, (*batch, q.shape[-2], k.shape[-2]))
-    if scale is not None and not scale > 0:
-        raise ValueError(f"scale must be > 0 or None, got {scale}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    n, m = q.shape[-2], k.shape[-2]
+        _check_mask(attn_mask, scores_shape, q.dtype)
+    check_number(scale, "scale", optional=True)
+    check_number(dropout_p, "dropout_p", 0, 1)
+    n, m = scores_shape[-2:]
     if is_causal and attn_mask is not None:  # fold the causal rule into the mask
         attn_mask, is_causal = _merge_masks(attn_mask, _causal_mask(n, m, q.device)), False
 
@@ -154,7 +186,7 @@ def scaled_dot_product_attention(
         return out.masked_fill(dead, 0.0)
 
     # plain path: the gate made explicit
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scale = 1.0 / math.sqrt(max(q.shape[-1], 1)) if scale is None else scale  # E = 0: scores 0, any scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., N, M)
     if is_causal:
         attn_mask = _causal_mask(n, m, q.device)
@@ -264,7 +296,7 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(f"attn_mask must be (N, M), (B, N, M) or (B, H, N, M), got {shape}")
             if mask.ndim == 3:
                 mask = mask.unsqueeze(1)  # (B, 1, N, M): the same mask for every head
-            _check_mask(mask, (b, self.num_heads, n, m))
+            _check_mask(mask, (b, self.num_heads, n, m), None)
         if key_mask is not None:
             if not isinstance(key_mask, torch.Tensor):
                 raise TypeError(f"key_mask must be a torch.Tensor or None, got {type(key_mask).__name__}")
@@ -284,6 +316,8 @@ class MultiHeadAttention(nn.Module):
         q = self._split(self.to_q(x))  # (B, H, N, d)
         k = self._split(self.to_k(c))  # (B, H, M, d)
         v = self._split(self.to_v(c))  # (B, H, M, d)
+        if mask is not None and mask.is_floating_point():
+            mask = mask.to(q.dtype)  # a float mask takes the scores' dtype, as autocast does for torch's
         p = self.dropout if self.training else 0.0
         res = scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal, dropout_p=p, return_weights=return_weights
