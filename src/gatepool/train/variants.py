@@ -33,12 +33,14 @@ from gatepool.train.schedule import get_lr
 from gatepool.utils.io import atomic_write_bytes, atomic_write_json, read_json
 from gatepool.utils.threads import num_threads
 
-__all__ = ["MODELS", "caption_batch", "default_config", "lm_batch", "train_variant", "unet_images"]
+__all__ = ["MODELS", "VARIANT_METRICS", "caption_batch", "default_config", "describe_data",
+           "evaluate_variant", "judge_inputs", "lm_batch", "train_variant", "unet_images"]
 
 MODELS = ("dual_encoder", "cross_attention_unet", "flamingo")
 
 _DEFAULTS: dict[str, dict[str, Any]] = {
-    "dual_encoder": dict(model_kwargs={}, steps=1200, batch_size=128, lr=2e-3, weight_decay=0.05),
+    "dual_encoder": dict(model_kwargs={"loss": "clip"}, steps=1200, batch_size=128, lr=2e-3,
+                         weight_decay=0.05),
     "cross_attention_unet": dict(model_kwargs=dict(channels=[16, 32], num_heads=2), steps=2000, batch_size=64,
                                  lr=2e-3, weight_decay=0.0, p_uncond=0.1, image_size=16),
     "flamingo": dict(model_kwargs=dict(dim=48), steps=1500, batch_size=64, lr=5e-3, weight_decay=0.0,
@@ -231,3 +233,60 @@ def train_variant(config: dict[str, Any], out: str | Path | None = None, *, prog
         atomic_write_bytes(folder / "model.safetensors", data)
         atomic_write_json(folder / "results.json", record)
     return model, record
+
+
+# what a shipped variant's card reports, and on how many items
+VARIANT_METRICS = {
+    "dual_encoder": ("zero-shot accuracy on the MNIST test digits, prompts 'the digit …'", 10000),
+    "cross_attention_unet": ("share of DDIM samples (25 steps, guidance 2, prompt i mod 10, noise seeded) "
+                             "the shipped residual_cnn-max-s0 reads as the prompt's digit", 1000),
+    "flamingo": ("exact-match greedy captions of strips of 1-3 MNIST test digits (seeded)", 1000),
+}  # fmt: skip
+
+
+def describe_data(model: str) -> str:
+    """The training data of a variant, in words (a card's ``data``)."""
+    return {"dual_encoder": "mnist train digits + template captions",
+            "cross_attention_unet": "mnist train digits at 16x16 + template captions",
+            "flamingo": "digit-word captions (text alone), then strips of mnist train digits",
+            }[model]  # fmt: skip
+
+
+def judge_inputs(samples: torch.Tensor, mean: float, std: float) -> torch.Tensor:
+    """UNet samples (B, 1, s, s) in [−1, 1] → the lecture CNN's input: 28×28, normalized as MNIST."""
+    z = F.interpolate((samples.clamp(-1, 1) + 1) / 2, size=(28, 28), mode="bilinear", align_corners=False)
+    return (z - mean) / std
+
+
+@torch.no_grad()
+def evaluate_variant(model: nn.Module, name: str, n: int, seed: int = 0) -> float:
+    """The card metric of :data:`VARIANT_METRICS` for a trained variant, on the first ``n`` items."""
+    from gatepool.data import load_dataset
+    from gatepool.models.digit_text import PROMPTS, DigitTokenizer
+
+    model.eval()
+    test = load_dataset("mnist", "test")
+    if name == "dual_encoder":
+        pred, _ = model.zero_shot(test.normalized()[:n])
+        return (pred == test.labels[:n]).float().mean().item()
+    if name == "cross_attention_unet":
+        from gatepool.models import create_model
+        from gatepool.models.diffusion import DDPMSchedule
+
+        judge = create_model("residual_cnn", pretrained="residual_cnn-max-s0").eval()
+        tok = DigitTokenizer(model.text.max_len)
+        digits = torch.arange(n) % 10
+        noise = torch.randn((n, 1, model.image_size, model.image_size),
+                            generator=torch.Generator().manual_seed(5000 + seed))  # fmt: skip
+        x = DDPMSchedule().ddim_sample(model, tok.encode(list(PROMPTS))[digits], tok.encode("")[0], steps=25,
+                                       guidance=2.0, noise=noise)  # fmt: skip
+        return (judge(judge_inputs(x, test.mean, test.std)).argmax(1) == digits).float().mean().item()
+    if name == "flamingo":
+        from gatepool.models.digit_strip import make_strips
+
+        tok = DigitTokenizer(model.max_len)
+        canvas, digits = make_strips(test.images, test.labels, n, model.canvas_size[1] // 28,
+                                     torch.Generator().manual_seed(5000 + seed))  # fmt: skip
+        got = [tok.digits(o) for o in model.generate(canvas)]
+        return sum(a == b for a, b in zip(got, digits)) / n
+    raise ValueError(f"name must be one of {MODELS}, got {name!r}")
