@@ -238,9 +238,8 @@ def _causal_error(logits_fn: Any, ids: torch.Tensor, j: int) -> tuple[float, flo
 
 def _sequence_models(ctx: Context) -> tuple[tuple[str, str], tuple[str, str]]:
     from gatepool.lab.experiments import seq_demo
-    from gatepool.lab.pretrained import test_accuracy
     from gatepool.models.seq import SEP, EncoderDecoder, make_task_batch
-    from gatepool.train.seq import train_seq_demo
+    from gatepool.train.seq import greedy_accuracy, train_seq_demo
 
     s = {**seq_demo.SETUP, **(seq_demo.QUICK if ctx.quick else {})}
     r = train_seq_demo(arch="encoder-decoder", task=s["task"], seed=ctx["seed"], length=s["length"],
@@ -262,7 +261,10 @@ def _sequence_models(ctx: Context) -> tuple[tuple[str, str], tuple[str, str]]:
            "when target j changes")  # fmt: skip
 
     lm = ctx.shipped("seq_decoder", "seq_decoder-reverse-s0")
-    acc = test_accuracy(lm.pretrained_card, lm)
+    card = lm.pretrained_card  # its held-out set: train_seq_demo's, drawn with seed 10000 + seed
+    held_x, held_y = make_task_batch(s["task"], card["test_size"], s["length"],
+                                     torch.Generator().manual_seed(10_000 + card["seed"]))  # fmt: skip
+    acc = greedy_accuracy(lm, held_x, held_y)["test_acc"]
     ctx.check("decoder-only-accuracy", acc, shipped_model="seq_decoder-reverse-s0")
     seq = torch.cat([x, torch.full_like(x[:, :1], SEP), y[:, :-1]], dim=1)
     before, after = _causal_error(lm, seq, 10)
