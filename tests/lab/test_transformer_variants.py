@@ -45,3 +45,23 @@ def test_a_tiny_run_checks_every_variant(tmp_path):
     assert [r["variant"] for r in ctx.data["rows"]] == [v[0] for v in VARIANTS]
     assert {p.rsplit("/", 1)[-1] for p in ctx.figures} == {"dual-encoder.png", "unet-samples.png",
                                                            "flamingo-captions.png"}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_quick_judges_the_shipped_variants(tmp_path):
+    """Quick with its training settings untouched loads the three shipped models (named in the claims and
+    the record) instead of training them; smaller test sets keep it short."""
+    exp = get("transformer-variants")
+    setup = exp.resolve_setup("quick", {"test_size": "200", "galleries": "5", "captions_test": "40",
+                                        "samples_per_prompt": "2", "encdec_steps": "50"})  # fmt: skip
+    ctx = Context(exp, "quick", setup, tmp_path, progress=False)
+    exp.fn(ctx)
+    shipped = {"dual_encoder-s0", "cross_attention_unet-s0", "flamingo-s0"}
+    assert shipped <= set(ctx.pretrained)
+    claims = {c["id"]: c for c in ctx.claim_records()}
+    assert claims["dual-recall-i2t"]["shipped_model"] == "dual_encoder-s0"
+    assert claims["dual-recall-i2t"]["verdict"] == "ok"  # its bar does not depend on the test sizes
+    assert claims["unet-follows-swapped-context"]["verdict"] == "ok"
+    assert claims["lm-perplexity"]["verdict"] == "ok"
+    assert claims["flamingo-exact-match"]["measured"] > 0.5  # bar moved with captions_test: measured only
+    assert "train_seconds" not in ctx.data  # nothing trained but the encoder-decoder
