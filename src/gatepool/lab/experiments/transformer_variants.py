@@ -443,7 +443,7 @@ def _flamingo_figure(ctx: Context, canvas: torch.Tensor, captions: list[str], di
     from gatepool.models.digit_text import sequence_caption
 
     plt = pyplot()
-    fig, axes = plt.subplots(4, 2, figsize=(8, 4.5), squeeze=False)
+    fig, axes = plt.subplots(4, 2, figsize=(8, 5), squeeze=False, layout="constrained")
     for ax, c, text, d in zip(axes.flat, canvas, captions, digits):
         ax.imshow(c[0].numpy(), cmap="gray")
         ax.set_xticks([])
