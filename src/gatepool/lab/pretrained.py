@@ -11,6 +11,8 @@ thread count):
                       run's wall-clock budgets gave them (``FULL_RUN_EPOCHS``: a step count, so that the
                       weights do not depend on how busy the building machine is)
     seq-demo          the decoder on reversing 8 digits, seed 0, stopped at 99 % token accuracy
+    transformer-      the dual encoder, the cross-attention UNet and Flamingo, seed 0, with the full
+    variants          profile's steps (``gatepool.train.variants``, one thread each)
 
 Every training runs in ``<out>/<name>/`` (checkpoint each epoch: a killed build resumes), in ``jobs``
 one-thread workers. Then each run's ``model.safetensors`` is copied to ``<dest>/<name>.safetensors``,
@@ -82,12 +84,26 @@ def shipped_specs() -> list[dict[str, Any]]:
                       test_size=sd["eval_size"], default=True,
                       note=f"seq-demo's decoder on {sd['task']} of {sd['length']} digits, stopped at the "
                       f"first evaluation with {sd['target_acc']:.0%} greedy token accuracy"))  # fmt: skip
+    from gatepool.lab.experiments import transformer_variants as tv
+    from gatepool.train.variants import VARIANT_METRICS
+
+    for model, name in tv.SHIPPED.items():
+        config = tv.variant_config(setups["transformer-variants"], model)
+        metric, size = VARIANT_METRICS[model]
+        specs.append(dict(name=name, experiment="transformer-variants", kind="variant", config=config,
+                          test_size=size, default=True,
+                          note=f"transformer-variants' {model}, seed {config['seed']}, {config['steps']} "
+                          f"steps (the full profile's training); card metric: {metric}"))  # fmt: skip
     return specs
 
 
 def train_spec(task: dict[str, Any]) -> dict[str, Any]:
     """One training (a worker's unit), through its experiment's own ``train_one``; returns its record."""
     spec, out = task["spec"], task["out"]
+    if spec["kind"] == "variant":
+        from gatepool.train.variants import train_variant
+
+        return train_variant(spec["config"], out)[1]
     if spec["kind"] == "seq":
         from gatepool.train.seq import train_seq_demo
 
@@ -110,6 +126,10 @@ def test_accuracy(card: dict[str, Any], model: torch.nn.Module, first: int | Non
     model.eval()
     n = card["test_size"] if first is None else first
     config = card["train_config"]
+    if card.get("kind") == "variant":
+        from gatepool.train.variants import evaluate_variant
+
+        return evaluate_variant(model, card["model"], n, card["seed"])
     if card["test_metric"] == "greedy token accuracy":
         from gatepool.models.seq import make_task_batch
         from gatepool.train.seq import greedy_accuracy
@@ -124,10 +144,34 @@ def test_accuracy(card: dict[str, Any], model: torch.nn.Module, first: int | Non
     return evaluate(model, data.test_x[:n], data.test_y[:n])["acc"]
 
 
+def _variant_card(spec: dict[str, Any], record: dict[str, Any], data: bytes, command: str
+                  ) -> dict[str, Any]:  # fmt: skip
+    """The card of a transformer-variants model (``gatepool.train.variants``: steps, not epochs)."""
+    from gatepool.train.variants import VARIANT_METRICS, describe_data
+    from gatepool.utils.environment import machine
+
+    config = record["config"]
+    metric = VARIANT_METRICS[config["model"]][0]
+    return {
+        "name": spec["name"], "kind": "variant", "model": config["model"],
+        "model_kwargs": record["model_kwargs"], "default": spec["default"], "experiment": spec["experiment"],
+        "note": spec["note"], "data": describe_data(config["model"]), "seed": config["seed"], "epochs": 1,
+        "steps": config["steps"] + config.get("lm_steps", 0), "train_size": None,
+        "test_size": spec["test_size"], "test_set": metric, "test_acc": None, "check": None,
+        "test_metric": metric, "parameters": record["parameters"], "train_config": config,
+        "train_seconds": round(record["seconds"], 1), "train_threads": record["threads"],
+        "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "dtype": "float32",
+        "torch": torch.__version__, "machine": machine(), "command": command,
+        "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }  # fmt: skip
+
+
 def _card(spec: dict[str, Any], record: dict[str, Any], data: bytes, command: str
           ) -> dict[str, Any]:  # fmt: skip
     from gatepool.utils.environment import machine
 
+    if spec["kind"] == "variant":
+        return _variant_card(spec, record, data, command)
     config = record["config"]
     seq = spec["kind"] == "seq"
     epochs = len(record["history"])

@@ -21,7 +21,7 @@ SECTIONS: list[tuple[str, str, tuple[str, ...]]] = [
      ("soft-gate", "temperature-dial", "soft-gradient", "gradient-share", "pool-comparison")),
     ("attention", "Attention", ("attention-reach", "sqrt-d", "attention-maps", "shuffle", "attention-cost")),
     ("flashcards", "Normalisation and the flashcards", ("batchnorm", "flashcards")),
-    ("transformers", "Transformers", ("vit-mnist", "seq-demo", "seq-demo-encdec")),
+    ("transformers", "Transformers", ("vit-mnist", "seq-demo", "seq-demo-encdec", "transformer-variants")),
     ("beyond", "Beyond the lecture", ("gate-matters", "distractor-study")),  # `reproduce --beyond`
 ]
 OTHER = ("other", "Other experiments")
