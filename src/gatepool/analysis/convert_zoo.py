@@ -34,10 +34,16 @@ from gatepool.layers.gated_pool import GATES
 
 SIZES = (64, 96, 128, 224)
 _POOL_FUNCTIONS = {getattr(F, f"{k}_pool{d}d") for k in ("max", "avg", "adaptive_avg") for d in (1, 2, 3)}
-_POOL_FUNCTIONS |= {getattr(torch, f"{k}_pool{d}d") for k, d in (("max", 1), ("max", 2), ("max", 3),
-                                                                ("avg", 1), ("adaptive_avg", 1))}
-_POOL_FUNCTIONS |= {torch._C._nn.avg_pool2d, torch._C._nn.avg_pool3d, torch._C._nn.adaptive_avg_pool2d,
-                    torch._C._nn.adaptive_avg_pool3d}
+_POOL_FUNCTIONS |= {
+    getattr(torch, f"{k}_pool{d}d")
+    for k, d in (("max", 1), ("max", 2), ("max", 3), ("avg", 1), ("adaptive_avg", 1))
+}
+_POOL_FUNCTIONS |= {
+    torch._C._nn.avg_pool2d,
+    torch._C._nn.avg_pool3d,
+    torch._C._nn.adaptive_avg_pool2d,
+    torch._C._nn.adaptive_avg_pool3d,
+}
 _MEANS = {torch.mean, torch.Tensor.mean}
 
 
@@ -134,9 +140,13 @@ class _PoolCalls(TorchFunctionMode):
 
 def left_over(model: nn.Module, x: torch.Tensor) -> list[str]:
     """The original's pools still in ``model``: modules, and pool calls outside convert's modules."""
-    left = [f"{n} ({type(m).__name__})" for n, m in model.named_modules()
-            if type(m) in POOLS + ADAPTIVE_POOLS + (nn.AdaptiveMaxPool2d,) and not hasattr(m, "_gatepool_origin")
-            and not (type(m) in ADAPTIVE_POOLS and m.output_size in (1, (1, 1), (1, 1, 1)) and False)]
+    left = [
+        f"{n} ({type(m).__name__})"
+        for n, m in model.named_modules()
+        if type(m) in POOLS + ADAPTIVE_POOLS + (nn.AdaptiveMaxPool2d,)
+        and not hasattr(m, "_gatepool_origin")
+        and not (type(m) in ADAPTIVE_POOLS and m.output_size in (1, (1, 1), (1, 1, 1)) and False)
+    ]
     stack: list = []
     pre = nn.modules.module.register_module_forward_pre_hook(lambda m, a: stack.append(m) and None)
     post = nn.modules.module.register_module_forward_hook(lambda m, a, o: stack.pop() and None)
@@ -238,13 +248,26 @@ def table(results: list[Result], gates=GATES) -> str:
     by_model: dict[str, dict[str, Result]] = {}
     for r in results:
         by_model.setdefault(r.model, {})[r.gate] = r
-    lines = ["| model | size | " + " | ".join(gates) + " | notes |", "|---|---|" + "---|" * len(gates) + "---|"]
+    lines = [
+        "| model | size | " + " | ".join(gates) + " | notes |",
+        "|---|---|" + "---|" * len(gates) + "---|",
+    ]
     for model, row in by_model.items():
-        notes = sorted({f"{r.gate}: {r.status}: " + (", ".join(r.left[:3]) or r.why)
-                        for r in row.values() if r.status != "full"})
+        notes = sorted(
+            {
+                f"{r.gate}: {r.status}: " + (", ".join(r.left[:3]) or r.why)
+                for r in row.values()
+                if r.status != "full"
+            }
+        )
         size = next((r.size for r in row.values() if r.size), "")
-        lines.append(f"| {model} | {size} | " + " | ".join(mark[row[g].status] if g in row else " " for g in gates)
-                     + " | " + "; ".join(n.replace("|", "/") for n in notes)[:400] + " |")
+        lines.append(
+            f"| {model} | {size} | "
+            + " | ".join(mark[row[g].status] if g in row else " " for g in gates)
+            + " | "
+            + "; ".join(n.replace("|", "/") for n in notes)[:400]
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -253,5 +276,9 @@ def summary(results: list[Result]) -> dict:
     for r in results:
         models.setdefault(r.model, set()).add(r.status)
     full = sorted(m for m, s in models.items() if s == {"full"})
-    return {"models": len(models), "full": len(full), "not_full": sorted(set(models) - set(full)),
-            "results": [asdict(r) for r in results]}
+    return {
+        "models": len(models),
+        "full": len(full),
+        "not_full": sorted(set(models) - set(full)),
+        "results": [asdict(r) for r in results],
+    }

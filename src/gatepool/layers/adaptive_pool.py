@@ -65,7 +65,8 @@ def adaptive_windows(size: int, out: int, device=None) -> tuple[torch.Tensor, to
     """Torch's adaptive windows of ``size`` inputs into ``out`` outputs, padded to the widest, K.
 
     Returns ``index (out, K)`` (positions in ``[0, size)``; a padded tap repeats the window's start) and
-    ``mask (out, K)`` (True at the window's own taps): ``start_i = ⌊i·size/out⌋``, ``end_i = ⌈(i+1)·size/out⌉``.
+    ``mask (out, K)`` (True at the window's own taps):
+    ``start_i = ⌊i·size/out⌋``, ``end_i = ⌈(i+1)·size/out⌉``.
     """
     starts = [(i * size) // out for i in range(out)]
     ends = [-((-(i + 1) * size) // out) for i in range(out)]
@@ -101,9 +102,13 @@ class AdaptiveGatedPoolNd(nn.Module):
         d = self.dim
         if gate not in ADAPTIVE_GATES:
             hint = " ('conv' weighs fixed window positions; adaptive windows vary in size)" * (gate == "conv")
-            raise ValueError(f"gate={gate!r} has no adaptive form{hint}; choose one of {list(ADAPTIVE_GATES)}")
+            raise ValueError(
+                f"gate={gate!r} has no adaptive form{hint}; choose one of {list(ADAPTIVE_GATES)}"
+            )
         self.output_size = _check_output_size(output_size, d)
-        if channels is not None and (isinstance(channels, bool) or not isinstance(channels, int) or channels < 1):
+        if channels is not None and (
+            isinstance(channels, bool) or not isinstance(channels, int) or channels < 1
+        ):
             raise ValueError(f"channels must be an int ≥ 1 (or None for max/avg/soft), got {channels!r}")
         if gate in ("soft-learned", "attention") and channels is None:
             raise ValueError(f"gate={gate!r} has weights: pass channels=C (an int ≥ 1)")
@@ -142,13 +147,17 @@ class AdaptiveGatedPoolNd(nn.Module):
         d = self.dim
         if not isinstance(input, torch.Tensor) or input.dim() not in (d + 1, d + 2):
             shape = tuple(input.shape) if isinstance(input, torch.Tensor) else type(input).__name__
-            raise ValueError(f"input must be {d + 2}-D (N, C, *spatial) or {d + 1}-D (C, *spatial), got {shape}")
+            raise ValueError(
+                f"input must be {d + 2}-D (N, C, *spatial) or {d + 1}-D (C, *spatial), got {shape}"
+            )
         if self.gate in _TORCH:
             return _TORCH[self.gate][d](input, self.output_size)
         batched = input.dim() == d + 2
         xb = input if batched else input.unsqueeze(0)  # (N, C, *spatial)
         if self.channels is not None and xb.shape[1] != self.channels:
-            raise ValueError(f"input has {xb.shape[1]} channels; this pool was built for channels={self.channels}")
+            raise ValueError(
+                f"input has {xb.shape[1]} channels; this pool was built for channels={self.channels}"
+            )
         size = tuple(n if o is None else o for n, o in zip(xb.shape[2:], self.output_size))
         x = xb.to(compute_dtype(xb.dtype))
         if self.gate == "attention":
@@ -194,17 +203,22 @@ def _outer_mask(masks: list[torch.Tensor]) -> torch.Tensor:
 
 def _check_output_size(output_size, d: int) -> tuple[int | None, ...]:
     entries = (output_size,) * d if isinstance(output_size, int) else output_size
-    ok = isinstance(entries, (tuple, list)) and len(entries) == d and all(
-        o is None or (isinstance(o, int) and not isinstance(o, bool) and o >= 1) for o in entries
+    ok = (
+        isinstance(entries, (tuple, list))
+        and len(entries) == d
+        and all(o is None or (isinstance(o, int) and not isinstance(o, bool) and o >= 1) for o in entries)
     )
     if not ok or isinstance(output_size, bool):
-        raise ValueError(f"output_size must be an int ≥ 1 or a tuple of {d} entries, each an int ≥ 1 or "
-                         f"None (the input's size), got {output_size!r}")
+        raise ValueError(
+            f"output_size must be an int ≥ 1 or a tuple of {d} entries, each an int ≥ 1 or "
+            f"None (the input's size), got {output_size!r}"
+        )
     return tuple(entries)
 
 
 class AdaptiveGatedPool1d(AdaptiveGatedPoolNd):
-    """A gate over torch's adaptive windows of ``(N, C, L)`` or ``(C, L)``; see :class:`AdaptiveGatedPoolNd`."""
+    """A gate over torch's adaptive windows of ``(N, C, L)`` or ``(C, L)``; see
+    :class:`AdaptiveGatedPoolNd`."""
 
     dim = 1
 

@@ -72,7 +72,9 @@ __all__ = ["ADAPTIVE_POOLS", "POOLS", "Replaced", "convert"]
 POOLS: tuple[type[nn.Module], ...] = (
     nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
 )  # fmt: skip
-ADAPTIVE_POOLS: tuple[type[nn.Module], ...] = (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)
+ADAPTIVE_POOLS: tuple[type[nn.Module], ...] = (
+    nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+)  # fmt: skip
 _DIM = {nn.MaxPool1d: 1, nn.MaxPool2d: 2, nn.MaxPool3d: 3, nn.AvgPool1d: 1, nn.AvgPool2d: 2, nn.AvgPool3d: 3}
 _ADAPTIVE_AVG = {nn.AdaptiveAvgPool1d: 1, nn.AdaptiveAvgPool2d: 2, nn.AdaptiveAvgPool3d: 3}
 _GLOBAL = {1: GlobalGatedPool1d, 2: GlobalGatedPool2d, 3: GlobalGatedPool3d}
@@ -153,8 +155,9 @@ def convert(
             an average pool's own is copied and a max pool's successor takes torch's default, True).
 
     Returns ``replaced``: one :class:`Replaced` per name replaced, in the order
-    ``model.named_modules()`` first meets each (a rewritten call as the new child of its module). A module registered under two
-    names is replaced by one new module at both (they stay shared, weights included).
+    ``model.named_modules()`` first meets each (a rewritten call as the new child of its module). A
+    module registered under two names is replaced by one new module at both (they stay shared, weights
+    included).
     Every argument and every new layer is checked before the model is touched: an error leaves it as it
     was. Nothing matched: a warning, and ``(model, [])``; everything already at the asked gates:
     ``(model, [])``.
@@ -412,8 +415,9 @@ def _find(model, include, gates, gate_kwargs, traces) -> tuple[list[_Site], list
                      f"(fx could not trace a module above them): they count as the head's pools "
                      f"(global_pool=); Replaced.role says 'head'")
     if no_adaptive:
-        notes.append(f"convert left the adaptive pools {no_adaptive} alone: gate={gates['adaptive']!r} has no "
-                     f"adaptive form (adaptive windows vary in size); choose one of {list(ADAPTIVE_GATES)}")
+        notes.append(f"convert left the adaptive pools {no_adaptive} alone: gate={gates['adaptive']!r} has "
+                     f"no adaptive form (adaptive windows vary in size); choose one of "
+                     f"{list(ADAPTIVE_GATES)}")
     return list(sites.values()), notes
 
 
@@ -440,7 +444,7 @@ def _site(m: nn.Module, name: str, origin: _Origin, gate: str, gate_kwargs: dict
             def build(c, size=base.output_size):
                 return _TORCH_ADAPTIVE[gate][d](size)
         else:
-            _ADAPTIVE[d](base.output_size, gate=gate, channels=1 if needs else None, **temp)  # the checks, now
+            _ADAPTIVE[d](base.output_size, gate=gate, channels=1 if needs else None, **temp)  # checks, now
 
             def build(c, size=base.output_size):
                 return _ADAPTIVE[d](size, gate=gate, channels=c, **temp)

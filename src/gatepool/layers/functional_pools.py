@@ -59,9 +59,18 @@ _FUNCTIONS = {}  # target -> (name for messages, kind, dim, argument names after
 for _d in (1, 2, 3):
     for _t in {getattr(F, f"max_pool{_d}d"), getattr(torch, f"max_pool{_d}d")}:
         _FUNCTIONS[_t] = (f"F.max_pool{_d}d", "max", _d, _MAX_ARGS)
-    _FUNCTIONS[getattr(F, f"avg_pool{_d}d")] = (f"F.avg_pool{_d}d", "avg", _d, _AVG_ARGS[: 6 if _d > 1 else 5])
-    _FUNCTIONS[getattr(F, f"adaptive_avg_pool{_d}d")] = (f"F.adaptive_avg_pool{_d}d", "adaptive", _d,
-                                                       ("output_size",))
+    _FUNCTIONS[getattr(F, f"avg_pool{_d}d")] = (
+        f"F.avg_pool{_d}d",
+        "avg",
+        _d,
+        _AVG_ARGS[: 6 if _d > 1 else 5],
+    )
+    _FUNCTIONS[getattr(F, f"adaptive_avg_pool{_d}d")] = (
+        f"F.adaptive_avg_pool{_d}d",
+        "adaptive",
+        _d,
+        ("output_size",),
+    )
 _MAX = {1: nn.MaxPool1d, 2: nn.MaxPool2d, 3: nn.MaxPool3d}
 _AVG = {1: nn.AvgPool1d, 2: nn.AvgPool2d, 3: nn.AvgPool3d}
 _ADAPTIVE = {1: nn.AdaptiveAvgPool1d, 2: nn.AdaptiveAvgPool2d, 3: nn.AdaptiveAvgPool3d}
@@ -109,7 +118,9 @@ def _params(cls) -> tuple[list[str], dict[str, object]]:
 
 def _concrete(value) -> bool:
     scalars = (bool, int, float, str, type(None))
-    return isinstance(value, scalars) or (isinstance(value, tuple) and all(isinstance(v, scalars) for v in value))
+    return isinstance(value, scalars) or (
+        isinstance(value, tuple) and all(isinstance(v, scalars) for v in value)
+    )
 
 
 def trace_own(m: nn.Module, cls=None, concrete: dict | None = None) -> fx.Graph:
@@ -153,7 +164,8 @@ def _describe(node: fx.Node, owner: str) -> Call | None:
             return Call(owner, text, signature, _AVG[d](**args), node=node)
         return Call(owner, text, signature, _ADAPTIVE[d](**args), node=node)
     is_mean = (node.op == "call_method" and node.target == "mean") or (
-        node.op == "call_function" and node.target is torch.mean)
+        node.op == "call_function" and node.target is torch.mean
+    )
     if not is_mean or len(node.args) < 1:
         return None
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
@@ -230,9 +242,11 @@ def _rewritten_from(m: nn.Module):
 def _forward(self, *args, **kwargs):
     """The rewritten forward: the graph traced for this state of the module and these arguments."""
     rw = self.__dict__["_gatepool_rewrite"]
-    bound = list(args) + [kwargs[n] if n in kwargs else rw.defaults.get(n) for n in rw.names[len(args):]]
-    key = (tuple(getattr(self, a, None) for a in rw.state),
-           tuple(v if _concrete(v) else "tensor" for v in bound[1:]))
+    bound = list(args) + [kwargs[n] if n in kwargs else rw.defaults.get(n) for n in rw.names[len(args) :]]
+    key = (
+        tuple(getattr(self, a, None) for a in rw.state),
+        tuple(v if _concrete(v) else "tensor" for v in bound[1:]),
+    )
     fn = rw.forwards.get(key)
     if fn is None:
         fn = rw.forwards[key] = _generate(self, rw, {n: v for n, v in zip(rw.names, bound) if _concrete(v)})
@@ -276,8 +290,11 @@ def rewrite(m: nn.Module, calls: list[tuple[Call, str]]) -> None:
     children = (list(old.children) if old is not None else []) + [(c.signature, n) for c, n in calls]
     m.__dict__["_gatepool_rewrite"] = _Rewrite(cls, children, names, defaults, state)
     if cls not in _SUBCLASSES:
-        _SUBCLASSES[cls] = type(cls.__name__, (cls,), {"forward": _forward, "__module__": cls.__module__,
-                                                        "__qualname__": cls.__qualname__})
+        _SUBCLASSES[cls] = type(
+            cls.__name__,
+            (cls,),
+            {"forward": _forward, "__module__": cls.__module__, "__qualname__": cls.__qualname__},
+        )
     m.__class__ = _SUBCLASSES[cls]
 
 
@@ -293,15 +310,38 @@ def undo(m: nn.Module, previous) -> None:
 # --------------------------------------------------------------------------------------------------
 # Head or squeeze: where a global pool's output goes
 
-_COMBINE_FUNCTIONS = {operator.mul, operator.imul, operator.add, operator.iadd, operator.sub,
-                      operator.truediv, operator.matmul, torch.mul, torch.add, torch.sub, torch.div,
-                      torch.addcmul, torch.matmul}
-_COMBINE_METHODS = {"mul", "mul_", "add", "add_", "sub", "sub_", "div", "div_", "addcmul", "matmul",
-                    "expand_as"}
+_COMBINE_FUNCTIONS = {
+    operator.mul,
+    operator.imul,
+    operator.add,
+    operator.iadd,
+    operator.sub,
+    operator.truediv,
+    operator.matmul,
+    torch.mul,
+    torch.add,
+    torch.sub,
+    torch.div,
+    torch.addcmul,
+    torch.matmul,
+}
+_COMBINE_METHODS = {
+    "mul",
+    "mul_",
+    "add",
+    "add_",
+    "sub",
+    "sub_",
+    "div",
+    "div_",
+    "addcmul",
+    "matmul",
+    "expand_as",
+}
 
 
 def pool_role(model: nn.Module, owner: str, is_pool, traces: dict) -> str:
-    """"head", "squeeze" or "unknown": where the output of the pool node(s) ``is_pool(node)`` in ``owner``'s
+    """ "head", "squeeze" or "unknown": where the output of the pool node(s) ``is_pool(node)`` in ``owner``'s
     forward goes. A squeeze meets a tensor that is no pool's output in a product or sum; a head reaches
     the model's output untouched by one. ``traces``: a cache {name: graph or None}, filled here."""
     name = owner
@@ -322,9 +362,11 @@ def pool_role(model: nn.Module, owner: str, is_pool, traces: dict) -> str:
                 reaches_output = True
                 continue
             combine = (node.op == "call_function" and node.target in _COMBINE_FUNCTIONS) or (
-                node.op == "call_method" and node.target in _COMBINE_METHODS)
-            if combine and any(i not in tainted and i.op != "get_attr" and not _from_a_pool(i, graph)
-                               for i in inputs):
+                node.op == "call_method" and node.target in _COMBINE_METHODS
+            )
+            if combine and any(
+                i not in tainted and i.op != "get_attr" and not _from_a_pool(i, graph) for i in inputs
+            ):
                 return "squeeze"
             tainted.add(node)
         if not reaches_output:
