@@ -148,8 +148,15 @@ def left_over(model: nn.Module, x: torch.Tensor) -> list[str]:
         and not (type(m) in ADAPTIVE_POOLS and m.output_size in (1, (1, 1), (1, 1, 1)) and False)
     ]
     stack: list = []
-    pre = nn.modules.module.register_module_forward_pre_hook(lambda m, a: stack.append(m) and None)
-    post = nn.modules.module.register_module_forward_hook(lambda m, a, o: stack.pop() and None)
+
+    def enter(m, args):
+        stack.append(m)
+
+    def leave(m, args, out):
+        stack.pop()  # returns nothing: the output stays as it is
+
+    pre = nn.modules.module.register_module_forward_pre_hook(enter)
+    post = nn.modules.module.register_module_forward_hook(leave)
     mode = _PoolCalls(stack)
     try:
         with torch.no_grad(), mode:

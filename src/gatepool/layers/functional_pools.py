@@ -130,11 +130,16 @@ def trace_own(m: nn.Module, cls=None, concrete: dict | None = None) -> fx.Graph:
         _, defaults = _params(cls)
         concrete = {k: v for k, v in defaults.items() if _concrete(v)}
     current = m.__class__
+    modes = []  # a TorchFunctionMode around the call (a profiler, a probe) would change the traced targets
+    while torch._C._len_torch_function_stack() > 0:
+        modes.append(torch._C._pop_torch_function_stack())
     try:
         m.__class__ = cls  # the tracer runs type(root).forward
         return _OwnCode().trace(m, concrete_args=concrete or None)
     finally:
         m.__class__ = current
+        for mode in reversed(modes):
+            torch._C._push_on_torch_function_stack(mode)
 
 
 def _const(value) -> bool:
