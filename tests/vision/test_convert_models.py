@@ -63,7 +63,8 @@ class Case:
 CASES = {
     "tv-resnet18": Case("tv:resnet18", "attention", "soft-learned", 64, ["maxpool", "avgpool"], 2),
     # its avgpool is AdaptiveAvgPool2d((7, 7)): an adaptive pool, AdaptiveGatedPool2d
-    "tv-vgg11_bn": Case("tv:vgg11_bn", "soft-learned", "soft", 32, ["features.3", "features.28", "avgpool"], 6),
+    "tv-vgg11_bn": Case("tv:vgg11_bn", "soft-learned", "soft", 32, ["features.3", "features.28", "avgpool"],
+                        6),
     # its global pool is F.adaptive_avg_pool2d in forward: rewritten by fx into the child adaptive_avg_pool2d
     "tv-densenet121": Case("tv:densenet121", "attention", "soft", 48,
                            ["features.pool0", "features.transition1.pool", "features.transition3.pool",

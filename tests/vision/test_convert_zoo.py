@@ -1,5 +1,6 @@
 """The zoo sweep on a sample, and conversions that stay converted (timm's reset_classifier and gradient
-checkpointing, torchvision's fc replacement). The whole sweep: ``gatepool convert-check`` (docs/convert-zoo.md).
+checkpointing, torchvision's fc replacement). The whole sweep: ``gatepool convert-check``
+(docs/convert-zoo.md).
 
 The sample holds a model for each way a pool hides: functional calls (DenseNet, Inception v3, MNASNet's
 mean head, MobileNetV2), adaptive 6×6 / 7×7 heads (AlexNet, VGG), squeeze-and-excitation blocks whose
