@@ -32,7 +32,7 @@ from torch.overrides import TorchFunctionMode
 from gatepool.layers.convert import ADAPTIVE_POOLS, POOLS, convert
 from gatepool.layers.gated_pool import GATES
 
-SIZES = (64, 96, 128, 224)
+SIZES = (64, 96, 128, 224, 256)
 _POOL_FUNCTIONS = {getattr(F, f"{k}_pool{d}d") for k in ("max", "avg", "adaptive_avg") for d in (1, 2, 3)}
 _POOL_FUNCTIONS |= {
     getattr(torch, f"{k}_pool{d}d")
