@@ -12,9 +12,9 @@ For each model (random weights, ``pretrained=False``, nothing downloaded) and ea
     compiles   (``compile=True``) torch.compile(backend="eager") gives the eager output, where the
                original compiles
 
-A row's status: "full" (every check passed, nothing left), "partial" (it runs, something is left: named),
-"refused" (convert raised: its message), "broken" (a check failed after conversion: which and why), or
-"skipped" (the original model does not run at any size here). Needs torchvision and/or timm.
+A row's status: "full" (every check passed, nothing left), "no pool" (nothing to convert), "partial"
+(it runs, something is left: named), "refused" (convert raised: its message), "broken" (a check
+failed after conversion: which and why), or "skipped" (the original model runs at none of SIZES). Needs torchvision and/or timm.
 """
 
 from __future__ import annotations
@@ -224,6 +224,8 @@ def check(name: str, gate: str, *, compile: bool = False, size: int | None = Non
         if result.left:
             result.status = "partial"
             result.why = "; ".join(notes)[:300]
+        elif not replaced:
+            result.status = "no pool"  # nothing to convert (a ViT): runs as it was
     result.seconds = time.perf_counter() - start
     return result
 
@@ -251,7 +253,7 @@ def sweep(models: list[str], gates=GATES, *, compile: bool = False, log=None) ->
 
 def table(results: list[Result], gates=GATES) -> str:
     """Markdown: one row per model, one column per gate (✓ full, ~ partial, ✗ refused/broken)."""
-    mark = {"full": "✓", "partial": "~", "refused": "✗", "broken": "✗", "skipped": "–"}
+    mark = {"full": "✓", "no pool": "·", "partial": "~", "refused": "✗", "broken": "✗", "skipped": "–"}
     by_model: dict[str, dict[str, Result]] = {}
     for r in results:
         by_model.setdefault(r.model, {})[r.gate] = r
@@ -264,7 +266,7 @@ def table(results: list[Result], gates=GATES) -> str:
             {
                 f"{r.gate}: {r.status}: " + (", ".join(r.left[:3]) or r.why)
                 for r in row.values()
-                if r.status != "full"
+                if r.status not in ("full", "no pool")
             }
         )
         size = next((r.size for r in row.values() if r.size), "")
@@ -283,9 +285,11 @@ def summary(results: list[Result]) -> dict:
     for r in results:
         models.setdefault(r.model, set()).add(r.status)
     full = sorted(m for m, s in models.items() if s == {"full"})
+    none = sorted(m for m, s in models.items() if s == {"no pool"})
     return {
         "models": len(models),
         "full": len(full),
-        "not_full": sorted(set(models) - set(full)),
+        "no_pool": len(none),
+        "not_full": sorted(set(models) - set(full) - set(none)),
         "results": [asdict(r) for r in results],
     }

@@ -86,8 +86,9 @@ def _run(args: argparse.Namespace) -> int:
             + (", torch.compile where the original compiles" if args.compile else "")
             + ".",
             "",
-            f"**{s['full']} of {s['models']} models convert fully with every gate tried.** "
-            "✓ full, ~ partial (what is left is named), ✗ refused or broken (why), – skipped.",
+            f"**{s['full']} of {s['models'] - s['no_pool']} models with a pool convert fully with every gate "
+            f"tried** ({s['no_pool']} have no pool). ✓ full, · no pool, ~ partial (what is left is named), "
+            "✗ refused or broken (why), – skipped.",
             "",
             zoo.table(results, gates),
             "",
@@ -112,5 +113,5 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(s, f, indent=1)
-    print(f"{s['full']}/{s['models']} full; wrote {args.out}")
+    print(f"{s['full']}/{s['models'] - s['no_pool']} with a pool full; wrote {args.out}")
     return 0 if not s["not_full"] else 1
