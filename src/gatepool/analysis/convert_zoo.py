@@ -14,7 +14,8 @@ For each model (random weights, ``pretrained=False``, nothing downloaded) and ea
 
 A row's status: "full" (every check passed, nothing left), "no pool" (nothing to convert), "partial"
 (it runs, something is left: named), "refused" (convert raised: its message), "broken" (a check
-failed after conversion: which and why), or "skipped" (the original model runs at none of SIZES). Needs torchvision and/or timm.
+failed after conversion: which and why), or "skipped" (the original model runs at none of SIZES).
+Needs torchvision and/or timm.
 """
 
 from __future__ import annotations
