@@ -26,6 +26,7 @@ from gatepool.layers import (
     SoftPool2d,
     SoftPool3d,
 )
+from gatepool.layers.adaptive_pool import AdaptiveGatedPool2d
 from gatepool.layers.convert import POOLS, Replaced, convert
 
 
@@ -300,10 +301,13 @@ def test_only_global_average_pools_are_global():
     net = nn.Sequential(nn.AdaptiveAvgPool2d((2, 2)), nn.AdaptiveAvgPool2d((1, None)),
                         nn.AdaptiveMaxPool2d(1), nn.AdaptiveAvgPool2d(1), nn.AdaptiveAvgPool1d(1),
                         nn.AdaptiveAvgPool3d((1, 1, 1)))
-    _, replaced = convert(net, "soft", global_pool="avg")
+    _, replaced = convert(net, "soft", include=POOLS, global_pool="avg")
     assert [r.name for r in replaced] == ["3", "4", "5"]
     assert [type(net[i]) for i in (3, 4, 5)] == [GlobalGatedPool2d, GlobalGatedPool1d, GlobalGatedPool3d]
     assert type(net[0]) is nn.AdaptiveAvgPool2d and type(net[2]) is nn.AdaptiveMaxPool2d
+    _, replaced = convert(net, "soft")  # the default include: the adaptive pools to a size other than 1
+    assert [(r.name, r.role) for r in replaced] == [("0", "adaptive"), ("1", "adaptive")]
+    assert type(net[0]) is AdaptiveGatedPool2d and net[1].output_size == (1, None)
 
 
 def test_global_pool_none_leaves_the_head():
@@ -332,15 +336,20 @@ def test_nothing_matched_warns():
         convert(_net(), "soft")  # something matched: no warning
 
 
-def test_subclasses_are_left_alone_with_a_warning():
+def test_a_subclass_has_its_forward_rewritten():
+    """A subclass may pool otherwise than its attributes say (timm's MaxPool2dSame pads first): it is not
+    matched as its base class; its forward is rewritten, so its own padding stays and its pool is a gate."""
+
     class SamePad(nn.MaxPool2d):
         def forward(self, x):
-            return super().forward(F.pad(x, (1, 1, 1, 1)))
+            return super().forward(F.pad(x, (1, 1, 1, 1), value=-1.0))
 
     net = nn.Sequential(SamePad(3, 1), nn.MaxPool2d(2))
-    with pytest.warns(UserWarning, match=r"left these alone.*0 \(SamePad\)"):
-        _, replaced = convert(net, "soft")
-    assert [r.name for r in replaced] == ["1"] and type(net[0]) is SamePad
+    x = torch.randn(1, 2, 6, 6)
+    _, replaced = convert(net, "soft")
+    assert [(r.name, r.source) for r in replaced] == [("0.max_pool2d", "function"), ("1", "module")]
+    assert isinstance(net[0], SamePad) and type(net[0].max_pool2d) is SoftPool2d
+    torch.testing.assert_close(net[0](x), SoftPool2d(3, 1)(F.pad(x, (1, 1, 1, 1), value=-1.0)))
 
 
 def test_replaced_record():
@@ -366,8 +375,9 @@ def test_top_level_name_and_pools():
     [
         (dict(gate="softmax"), ValueError, r"gate='softmax' is unknown; choose one of \['max', 'avg'"),
         (dict(gate=None), TypeError, "gate must be a str"),
-        (dict(gate="soft", include=(nn.AdaptiveAvgPool2d,)), ValueError,
-         r"include may hold .*nn.MaxPool2d.* only \(global average pools: pass global_pool=GATE\)"),
+        (dict(gate="soft", include=(nn.AdaptiveMaxPool2d,)), ValueError,
+         r"include may hold .*nn.MaxPool2d.* only \(global average pools: pass global_pool= / squeeze_pool"),
+        (dict(gate="soft", squeeze_pool="conv"), ValueError, "squeeze_pool='conv' is not a global"),
         (dict(gate="soft", include=(nn.Conv2d,)), ValueError, "include may hold .* got Conv2d"),
         (dict(gate="soft", include="max"), TypeError, "include must be a tuple of pool classes"),
         (dict(gate="soft", include=(2,)), TypeError, "include must hold classes"),
@@ -501,12 +511,29 @@ def test_global_pool_errors():
     assert "gate='soft-learned', channels=4" in repr(GlobalGatedPool2d("soft-learned", channels=4))
 
 
-def test_gated_pool_is_not_matched_again():
+def test_convert_again_is_idempotent_and_starts_from_the_first_pools():
     net = _net()
-    convert(net, "soft", global_pool="soft")
-    with pytest.warns(UserWarning, match="nothing to replace"):
-        convert(net, "attention", global_pool="attention", example_input=X)
-    assert type(net[3]) is SoftPool2d and type(net[6]) is GlobalGatedPool2d and net[6].gate == "soft"
+    convert(net, "soft", global_pool="soft-learned", example_input=X)
+    state = copy.deepcopy(net.state_dict())
+    modules = list(net)
+    _, replaced = convert(net, "soft", global_pool="soft-learned", example_input=X)
+    assert replaced == [] and list(net) == modules  # the same objects, the same weights
+    assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items())
+    _, replaced = convert(net, "attention", global_pool="soft-learned", example_input=X)  # the windows only
+    assert [(r.name, r.old_type) for r in replaced] == [("3", nn.MaxPool2d), ("5", nn.AvgPool2d)]
+    assert net[6] is modules[6] and isinstance(net[3], AttentionGatePool2d)
+    assert net[5].ceil_mode and net[5].padding == (1, 1)  # the first pool's geometry
+
+
+def test_max_and_avg_on_a_converted_model_bring_back_torchs_pools():
+    ref = _net().eval()
+    net = _net()
+    convert(net, "soft", global_pool="attention", example_input=X)
+    convert(net, "max", include=(nn.MaxPool2d,), global_pool="avg")
+    convert(net, "avg", include=(nn.AvgPool2d,))
+    assert [type(m) for m in net] == [type(m) for m in ref] and repr(net) == repr(ref)
+    assert torch.equal(net.eval()(X), ref(X))
+    assert not any(isinstance(m, (GlobalGatedPool2d, SoftPool2d)) for m in net.modules())
 
 
 @pytest.mark.parametrize("learned", [False, True])

@@ -41,6 +41,7 @@ class Case:
     names: list[str]  # some of the names convert must replace
     count: int  # how many it replaces
     kwargs: dict = field(default_factory=dict)
+    squeeze_pool: str | None = None
 
     def build(self, seed: int = 0) -> nn.Module:
         lib, name = self.make.split(":")
@@ -55,22 +56,26 @@ class Case:
 
     def converted(self, seed: int = 0):
         model = self.build(seed)
-        return convert(model, self.gate, global_pool=self.global_pool, example_input=self.input())
+        return convert(model, self.gate, global_pool=self.global_pool, squeeze_pool=self.squeeze_pool,
+                       example_input=self.input())
 
 
 CASES = {
     "tv-resnet18": Case("tv:resnet18", "attention", "soft-learned", 64, ["maxpool", "avgpool"], 2),
-    # its avgpool is AdaptiveAvgPool2d((7, 7)): not global, left alone
-    "tv-vgg11_bn": Case("tv:vgg11_bn", "soft-learned", "soft", 32, ["features.3", "features.28"], 5),
-    # its global pool is F.adaptive_avg_pool2d in forward: not a module, left alone
+    # its avgpool is AdaptiveAvgPool2d((7, 7)): an adaptive pool, AdaptiveGatedPool2d
+    "tv-vgg11_bn": Case("tv:vgg11_bn", "soft-learned", "soft", 32, ["features.3", "features.28", "avgpool"],
+                        6),
+    # its global pool is F.adaptive_avg_pool2d in forward: rewritten by fx into the child adaptive_avg_pool2d
     "tv-densenet121": Case("tv:densenet121", "attention", "soft", 48,
-                           ["features.pool0", "features.transition1.pool", "features.transition3.pool"], 4),
+                           ["features.pool0", "features.transition1.pool", "features.transition3.pool",
+                            "adaptive_avg_pool2d"], 5),
     "tv-googlenet": Case("tv:googlenet", "soft", "attention", 48,
                          ["maxpool1", "inception3a.branch4.0", "maxpool4", "avgpool"], 14,
                          dict(aux_logits=False, init_weights=True)),
-    # no windowed pool; 9 squeeze-and-excitation squeezes and the head's global pool
+    # no windowed pool; 9 squeeze-and-excitation squeezes (squeeze_pool=) and the head's global pool
     "tv-mobilenet_v3_small": Case("tv:mobilenet_v3_small", "soft", "soft-learned", 48,
-                                  ["features.1.block.1.avgpool", "avgpool"], 10),
+                                  ["features.1.block.1.avgpool", "avgpool"], 10,
+                                  squeeze_pool="soft-learned"),
     "timm-resnet18": Case("timm:resnet18", "attention", "attention", 64, ["maxpool", "global_pool.pool"], 2),
     # AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False) in layer2-4's downsample
     "timm-resnet18d": Case("timm:resnet18d", "soft-learned", "soft", 64,
@@ -93,7 +98,8 @@ def test_convert_keeps_the_output_and_trains(case):
     with torch.no_grad():
         shape = model.eval()(x).shape
     model.train()
-    model, replaced = convert(model, case.gate, global_pool=case.global_pool, example_input=x)
+    model, replaced = convert(model, case.gate, global_pool=case.global_pool, squeeze_pool=case.squeeze_pool,
+                              example_input=x)
     names = [r.name for r in replaced]
     assert len(names) == case.count and set(case.names) <= set(names), names
     for r in replaced:

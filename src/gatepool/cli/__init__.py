@@ -22,7 +22,8 @@ from gatepool import __version__
 from gatepool.cli.args import Parser, UsageError
 from gatepool.utils.lock import LockHeld
 
-COMMAND_MODULES = ["experiments", "report", "train", "sweep", "probe", "data", "bench", "pretrained"]
+COMMAND_MODULES = ["experiments", "report", "train", "sweep", "probe", "data", "bench", "pretrained",
+                   "convert_check"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,26 +3,47 @@
     model, replaced = convert(torchvision.models.resnet18(), "soft")            # the stem's max pool
     model, replaced = convert(net, "attention", example_input=torch.randn(2, 3, 64, 64))
     model, replaced = convert(net, "soft", global_pool="soft-learned", example_input=x)   # and the head
+    model, replaced = convert(net, "soft", squeeze_pool="soft")   # the squeezes of SE blocks too
+    model, _ = convert(model, "max", global_pool="avg")           # the way back: torch's own pools
 
-Each ``nn.MaxPool{1,2,3}d`` / ``nn.AvgPool{1,2,3}d`` (``include``) becomes ``create_pool(gate, ...)`` with
-its kernel_size, stride, padding, dilation and ceil_mode; an average pool's ``count_include_pad`` (and
-``divisor_override``) go over where the gate has them ("avg"; the soft family gives padded taps gate 0,
-always). ``gate="max"`` / ``"avg"`` give torch's own modules back, so they pool exactly as before.
-``global_pool=GATE`` also replaces every global average pool — ``nn.AdaptiveAvgPool{1,2,3}d(1)`` (the
-head of a ResNet, and the squeeze of squeeze-and-excitation blocks), and the pool of timm's
-``SelectAdaptivePool2d`` with an average ``pool_type`` — by :class:`GlobalGatedPool{d}d` with that gate.
-Only modules are seen: a pool called as a function in ``forward`` (``F.adaptive_avg_pool2d`` in
-torchvision's DenseNet) stays as it is.
+What is replaced, and by what (``Replaced.role`` says which of these each was):
 
-Modules match by exact type: a subclass (timm's ``MaxPool2dSame``/``AvgPool2dSame`` pad "same" in their
-own ``forward``) pools differently from what its attributes say, so it is left alone, with a warning.
-timm's classes are recognized by their names: neither torchvision nor timm is imported here. This file
-knows torch's modules and the library's layers only, so it lives in ``gatepool.layers``;
-``gatepool.convert`` is the same function.
+    "window"    nn.MaxPool{d}d / nn.AvgPool{d}d (``include``)         -> create_pool(gate, …) at its geometry
+    "adaptive"  nn.AdaptiveAvgPool{d}d(size), size ≠ 1 (``include``)  -> AdaptiveGatedPool{d}d(size, gate)
+    "head"      a global average pool whose output goes on to the     -> GlobalGatedPool{d}d(global_pool)
+                model's output (the head of a ResNet, timm's
+                ``SelectAdaptivePool2d``)
+    "squeeze"   a global average pool whose output rescales the map   -> GlobalGatedPool{d}d(squeeze_pool)
+                it came from (squeeze-and-excitation, ECA, …)
+
+The geometry is copied exactly: kernel_size, stride, padding, dilation, ceil_mode; an average pool's
+``count_include_pad`` (and ``divisor_override``) go over where the gate has them ("avg"; the soft family
+gives padded taps gate 0, always). ``gate="max"`` / ``"avg"`` give torch's own modules, so they pool
+exactly as torch does. A global pool is a head's or a squeeze by data flow (``torch.fx``, see
+:func:`gatepool.layers.functional_pools.pool_role`); where the flow cannot be traced it counts as a head,
+with a warning.
+
+Pools called as functions in a ``forward`` (``F.max_pool2d``, ``F.avg_pool2d``, ``F.adaptive_avg_pool2d``,
+``x.mean((2, 3))``) are found and rewritten by ``torch.fx`` into child modules of the calling module
+(:mod:`gatepool.layers.functional_pools`), then replaced as above; ``Replaced.source`` is "function"
+for them. A forward fx cannot trace is left as it is, with a warning naming the module and the reason.
+
+Modules that ``convert`` built remember what they replaced: converting again treats them as that pool,
+so ``convert`` is idempotent (a pool already at the asked gate is left as it is, weights included), and
+``gate="max"`` / ``"avg"`` on a converted model give torch's own pools back (``global_pool="avg"`` puts
+back the very module a global pool replaced). On a timm model, ``reset_classifier()`` rebuilds the head's
+pool: after ``convert`` it converts the new one too (its gate starts afresh, as the new classifier).
+
+Modules match by exact type; a subclass (timm's ``MaxPool2dSame`` pads "same" in its own forward) has its
+forward rewritten as any module's: its functional pool is replaced, its padding kept. timm's classes are
+recognized by their names: neither torchvision nor timm is imported here. ``gatepool.convert`` is the
+same function.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -30,6 +51,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from gatepool.layers import functional_pools as fp
+from gatepool.layers.adaptive_pool import (
+    ADAPTIVE_GATES,
+    AdaptiveGatedPool1d,
+    AdaptiveGatedPool2d,
+    AdaptiveGatedPool3d,
+)
 from gatepool.layers.create_pool import create_pool
 from gatepool.layers.gated_pool import GATES, GATES_WITH_TEMPERATURE, GATES_WITH_WEIGHTS
 from gatepool.layers.global_pool import (
@@ -39,14 +67,20 @@ from gatepool.layers.global_pool import (
     GlobalGatedPool3d,
 )
 
-__all__ = ["POOLS", "Replaced", "convert"]
+__all__ = ["ADAPTIVE_POOLS", "POOLS", "Replaced", "convert"]
 
 POOLS: tuple[type[nn.Module], ...] = (
     nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
 )  # fmt: skip
+ADAPTIVE_POOLS: tuple[type[nn.Module], ...] = (
+    nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+)  # fmt: skip
 _DIM = {nn.MaxPool1d: 1, nn.MaxPool2d: 2, nn.MaxPool3d: 3, nn.AvgPool1d: 1, nn.AvgPool2d: 2, nn.AvgPool3d: 3}
 _ADAPTIVE_AVG = {nn.AdaptiveAvgPool1d: 1, nn.AdaptiveAvgPool2d: 2, nn.AdaptiveAvgPool3d: 3}
 _GLOBAL = {1: GlobalGatedPool1d, 2: GlobalGatedPool2d, 3: GlobalGatedPool3d}
+_ADAPTIVE = {1: AdaptiveGatedPool1d, 2: AdaptiveGatedPool2d, 3: AdaptiveGatedPool3d}
+_TORCH_ADAPTIVE = {"max": {1: nn.AdaptiveMaxPool1d, 2: nn.AdaptiveMaxPool2d, 3: nn.AdaptiveMaxPool3d},
+                   "avg": {d: t for t, d in _ADAPTIVE_AVG.items()}}
 _GATE_KWARGS = {"temperature", "count_include_pad"}  # what a user may set on every new layer
 _SELECT_AVG = ("avg", "fast", "fastavg")  # timm's SelectAdaptivePool2d pool types that average
 _NO_GLOBAL_CONV = " ('conv' weighs fixed window positions; a global window has none)"
@@ -54,15 +88,28 @@ _NO_GLOBAL_CONV = " ('conv' weighs fixed window positions; a global window has n
 
 @dataclass(frozen=True)
 class Replaced:
-    """One replaced module: where it was, what it was, what stands there now."""
+    """One replaced pool: where it was, what it was, what stands there now, and how it was found."""
 
     name: str  # qualified name in the model ("layer1.0.downsample.0"; "" for the model itself)
-    old_type: type  # the replaced module's class
-    old: str  # its repr
+    old_type: type  # the replaced module's class (for a call: the torch module that computes it)
+    old: str  # its repr; for a call, the call ("F.max_pool2d(kernel_size=3, stride=2) in Inception3")
     new: nn.Module  # the module now at ``name``
+    role: str = "window"  # "window", "adaptive", "head" (the head's global pool) or "squeeze"
+    source: str = "module"  # "module", or "function": a call in a forward, rewritten by torch.fx
 
     def __repr__(self) -> str:
-        return f"Replaced({self.name!r}: {self.old} -> {self.new!r})"
+        how = "" if self.source == "module" else ", from a function call"
+        return f"Replaced({self.name!r}: {self.old} -> {self.new!r}; {self.role}{how})"
+
+
+@dataclass(frozen=True)
+class _Origin:
+    """Kept on every module convert builds: the pool it replaced (its own module, parameter-free)."""
+
+    module: nn.Module
+    role: str
+    source: str
+    text: str  # the Replaced.old of the first conversion
 
 
 @dataclass
@@ -74,14 +121,16 @@ class _Site:
     dim: int
     build: Callable[[int | None], nn.Module]  # channels (None when the gate needs none) -> new module
     needs_channels: bool
+    origin: _Origin
 
 
 def convert(
     model: nn.Module,
     gate: str,
     *,
-    include: Iterable[type[nn.Module]] = POOLS,
+    include: Iterable[type[nn.Module]] = POOLS + ADAPTIVE_POOLS,
     global_pool: str | None = None,
+    squeeze_pool: str | None = None,
     example_input: torch.Tensor | tuple | dict | None = None,
     **gate_kwargs,
 ) -> tuple[nn.Module, list[Replaced]]:
@@ -90,11 +139,14 @@ def convert(
     Args:
         model: any ``nn.Module``; changed in place (the same object is returned, unless ``model`` is
             itself a pool, which cannot replace itself: then the new pool is returned).
-        gate: the windowed pools' gate, one of ``gatepool.layers.list_pools()``.
+        gate: the windowed and adaptive pools' gate, one of ``gatepool.layers.list_pools()``.
         include: the pool classes to replace, any of ``POOLS`` (torch's max and average pools, 1-D to
-            3-D); ``()`` replaces none (e.g. with ``global_pool`` only).
-        global_pool: None (leave global pools alone) or the gate for the global average pools, one of
+            3-D) and ``ADAPTIVE_POOLS`` (adaptive average pools to a size other than 1); ``()`` replaces
+            none (e.g. with ``global_pool`` only). A pool called as a function counts as its module.
+        global_pool: None (leave them) or the gate for the head's global average pools, one of
             ``"max", "avg", "soft", "soft-learned", "attention"``.
+        squeeze_pool: None (leave them) or the gate for the global average pools that squeeze a map
+            to rescale it (squeeze-and-excitation and kin); the same gates.
         example_input: a batch the model accepts (a tensor; a tuple of arguments; a dict of keyword
             arguments): needed only by the gates with weights ("soft-learned", "attention", "conv"),
             which are built for the width C of their input.
@@ -102,11 +154,13 @@ def convert(
             "soft-learned"; the global pools' too), ``count_include_pad`` (gate "avg" only; without it,
             an average pool's own is copied and a max pool's successor takes torch's default, True).
 
-    Returns ``replaced``: one :class:`Replaced` per name replaced, in the order ``model.named_modules()``
-    first meets each module. A module registered under two names is replaced by one new module at both
-    (they stay shared, weights included).
+    Returns ``replaced``: one :class:`Replaced` per name replaced, in the order
+    ``model.named_modules()`` first meets each (a rewritten call as the new child of its module). A
+    module registered under two names is replaced by one new module at both (they stay shared, weights
+    included).
     Every argument and every new layer is checked before the model is touched: an error leaves it as it
-    was. Nothing matched: a warning, and ``(model, [])``.
+    was. Nothing matched: a warning, and ``(model, [])``; everything already at the asked gates:
+    ``(model, [])``.
 
     Channels. The gates with weights learn one τ, or a score and a value projection, per channel, so
     each needs its input's C. ``convert`` reads it from one dry forward of ``example_input``, with a
@@ -125,13 +179,13 @@ def convert(
     if gate not in GATES:
         raise ValueError(f"gate={gate!r} is unknown; choose one of {list(GATES)}")
     include = _check_include(include)
-    if global_pool is not None and not isinstance(global_pool, str):
-        raise TypeError(f"global_pool must be None or a str, one of {list(GLOBAL_GATES)}; got "
-                        f"{global_pool!r}")
-    if global_pool is not None and global_pool not in GLOBAL_GATES:
-        hint = _NO_GLOBAL_CONV if global_pool == "conv" else ""
-        raise ValueError(f"global_pool={global_pool!r} is not a global gate{hint}; choose None or one of "
-                         f"{list(GLOBAL_GATES)}")
+    for arg, value in (("global_pool", global_pool), ("squeeze_pool", squeeze_pool)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{arg} must be None or a str, one of {list(GLOBAL_GATES)}; got {value!r}")
+        if value is not None and value not in GLOBAL_GATES:
+            hint = _NO_GLOBAL_CONV if value == "conv" else ""
+            raise ValueError(f"{arg}={value!r} is not a global gate{hint}; choose None or one of "
+                             f"{list(GLOBAL_GATES)}")
     unknown = sorted(set(gate_kwargs) - _GATE_KWARGS)
     if unknown:
         raise TypeError(
@@ -141,49 +195,81 @@ def convert(
         )
     if "count_include_pad" in gate_kwargs and gate != "avg":
         raise ValueError(f"count_include_pad applies to gate='avg' only; gate={gate!r}")
-    if "temperature" in gate_kwargs and not {gate, global_pool} & set(GATES_WITH_TEMPERATURE):
-        raise ValueError(f"temperature applies to the gates {list(GATES_WITH_TEMPERATURE)}; neither "
-                         f"gate={gate!r} nor global_pool={global_pool!r} has one")  # fmt: skip
+    if "temperature" in gate_kwargs and not {gate, global_pool, squeeze_pool} & set(GATES_WITH_TEMPERATURE):
+        raise ValueError(f"temperature applies to the gates {list(GATES_WITH_TEMPERATURE)}; none of "
+                         f"gate={gate!r}, global_pool={global_pool!r}, squeeze_pool={squeeze_pool!r} has one")
+    gates = {"window": gate, "adaptive": gate, "head": global_pool, "squeeze": squeeze_pool}
 
-    sites, skipped = _find(model, gate, include, global_pool, gate_kwargs)
-    if skipped:
-        warnings.warn(
-            "convert left these alone: subclasses of the pools in include, which may pool in their own "
-            "forward otherwise than their attributes say (modules match by exact type): "
-            + ", ".join(f"{n} ({t})" for n, t in skipped),
-            stacklevel=2,
-        )
-    if not sites:
-        warnings.warn(
-            f"convert found nothing to replace in {type(model).__name__}: no module of the types "
-            f"{[t.__name__ for t in include]}"
-            + (f" and no global average pool (global_pool={global_pool!r})" if global_pool else
-               " (global pools were not asked for: global_pool=None)"),
-            stacklevel=2,
-        )
-        return model, []
-
-    inputs = _dry_run(model, sites, example_input) if any(s.needs_channels for s in sites) else {}
-    device, dtype = _placement(model)
-    new_modules = []
-    for site in sites:  # build them all before changing anything: an error leaves the model as it was
-        seen = inputs.get(id(site.module))
-        new = site.build(seen[0] if site.needs_channels else None)
-        at = seen[1] if seen is not None else device
-        new = new.to(device=at, dtype=dtype) if dtype is not None or at is not None else new
-        new.train(site.module.training)
-        new_modules.append(new)
+    traces: dict = {}
+    undo = _rewrite_calls(model, include, gates, traces)  # the calls become torch's modules first
+    try:
+        sites, notes = _find(model, include, gates, gate_kwargs, traces)
+        for message in notes:
+            warnings.warn(message, stacklevel=2)
+        if not sites:
+            for f in reversed(undo):
+                f()
+            if not any(hasattr(m, "_gatepool_origin") for m in model.modules()):
+                warnings.warn(
+                    f"convert found nothing to replace in {type(model).__name__}: no module of the types "
+                    f"{[t.__name__ for t in include]} and no such call in a forward"
+                    + (f" and no global average pool (global_pool={global_pool!r}, squeeze_pool="
+                       f"{squeeze_pool!r})" if global_pool or squeeze_pool else
+                       " (global pools were not asked for: global_pool=None)"),
+                    stacklevel=2,
+                )
+            return model, []
+        inputs = _dry_run(model, sites, example_input) if any(s.needs_channels for s in sites) else {}
+        device, dtype = _placement(model)
+        new_modules = []
+        for site in sites:  # build them all before changing anything: an error leaves the model as it was
+            seen = inputs.get(id(site.module))
+            new = site.build(seen[0] if site.needs_channels else None)
+            at = seen[1] if seen is not None else device
+            new = new.to(device=at, dtype=dtype) if dtype is not None or at is not None else new
+            new.train(site.module.training)
+            new_modules.append(new)
+    except BaseException:
+        for f in reversed(undo):
+            f()
+        raise
 
     replaced = []
     for site, new in zip(sites, new_modules):
+        if new is not site.origin.module:
+            new._gatepool_origin = site.origin  # a plain attribute: not a child, not in the state_dict
         for name in site.names:
-            replaced.append(Replaced(name, type(site.module), repr(site.module), new))
+            replaced.append(Replaced(name, type(site.origin.module), site.origin.text, new, site.origin.role,
+                                     site.origin.source))
             if name == "":
                 model = new
             else:
                 parent, _, child = name.rpartition(".")
                 setattr(model.get_submodule(parent) if parent else model, child, new)
+    if global_pool is not None and callable(getattr(type(model), "reset_classifier", None)):
+        settings = dict(gate=gate, global_pool=global_pool, example_input=_first(example_input),
+                        gate_kwargs={k: v for k, v in gate_kwargs.items() if k == "temperature"})
+        model.reset_classifier = functools.partial(_reset_classifier, model, settings)
     return model, replaced
+
+
+def _reset_classifier(model: nn.Module, settings: dict, *args, **kwargs):
+    """timm's ``reset_classifier``, then the new head's global pool converted as the old one was."""
+    out = type(model).reset_classifier(model, *args, **kwargs)
+    convert(model, settings["gate"], include=(), global_pool=settings["global_pool"],
+            example_input=settings["example_input"], **settings["gate_kwargs"])
+    return out
+
+
+def _first(example):
+    """The first sample of an example batch (kept for ``reset_classifier``; a dry forward needs no more)."""
+    if isinstance(example, torch.Tensor):
+        return example[:1] if example.dim() > 0 else example
+    if isinstance(example, (tuple, list)):
+        return type(example)(_first(e) for e in example)
+    if isinstance(example, dict):
+        return {k: _first(v) for k, v in example.items()}
+    return example
 
 
 # --------------------------------------------------------------------------------------------------
@@ -191,16 +277,17 @@ def convert(
 
 
 def _check_include(include) -> tuple[type[nn.Module], ...]:
+    allowed = _names(POOLS + ADAPTIVE_POOLS)
     if isinstance(include, type):
         include = (include,)
     if not isinstance(include, (tuple, list, set, frozenset)):
-        raise TypeError(f"include must be a tuple of pool classes (any of {_names(POOLS)}), got {include!r}")
+        raise TypeError(f"include must be a tuple of pool classes (any of {allowed}), got {include!r}")
     for t in include:
         if not isinstance(t, type):
-            raise TypeError(f"include must hold classes (any of {_names(POOLS)}), got {t!r}")
-        if t not in _DIM:
-            hint = " (global average pools: pass global_pool=GATE)" if t in _ADAPTIVE_AVG else ""
-            raise ValueError(f"include may hold {_names(POOLS)} only{hint}; got {t.__name__}")
+            raise TypeError(f"include must hold classes (any of {allowed}), got {t!r}")
+        if t not in _DIM and t not in _ADAPTIVE_AVG:
+            raise ValueError(f"include may hold {allowed} only (global average pools: pass global_pool= / "
+                             f"squeeze_pool=GATE); got {t.__name__}")
     return tuple(include)
 
 
@@ -213,43 +300,180 @@ def _names(types) -> list[str]:
     return [f"nn.{t.__name__}" for t in types]
 
 
-def _find(model, gate, include, global_pool, gate_kwargs) -> tuple[list[_Site], list[tuple[str, str]]]:
-    """The modules to replace (each once, with all its names) and the subclasses left alone."""
+def _kind(m: nn.Module) -> tuple[str, int] | None:
+    """("window" | "adaptive" | "global", dim) for the pools convert knows, else None."""
+    if type(m) in _DIM:
+        return "window", _DIM[type(m)]
+    if type(m) in _ADAPTIVE_AVG:
+        d = _ADAPTIVE_AVG[type(m)]
+        size = m.output_size
+        one = size == 1 or (isinstance(size, (tuple, list)) and len(size) == d and all(s == 1 for s in size))
+        return ("global" if one else "adaptive"), d
+    if type(m) is fp.SpatialMean:
+        return "global", m.dim
+    if type(m).__name__ == "FastAdaptiveAvgPool" and tuple(getattr(m, "dim", ())) == (2, 3):
+        return "global", 2  # timm's, NCHW only
+    return None
+
+
+def _rewrite_calls(model: nn.Module, include, gates: dict, traces: dict) -> list[Callable[[], None]]:
+    """Each pool call to convert becomes a call of a new child (torch's module for it); the undo steps."""
+    skip = {id(m) for m in model.modules() if _kind(m) is not None or hasattr(m, "_gatepool_origin")}
+    calls, failed = fp.find_calls(model, skip)
+    notes = [f"{_label(n)} ({type(model.get_submodule(n) if n else model).__name__}): {why}"
+             for n, why in failed]
+    chosen: dict[str, list] = {}
+    for call in calls:
+        if call.module is None:
+            notes.append(f"{_label(call.owner)}: {call.text}: {call.why}")
+            continue
+        kind, _ = _kind(call.module)
+        if kind == "global":
+            node = call.node
+            role = fp.pool_role(model, call.owner, lambda n, node=node: n is node, {call.owner: node.graph})
+            if role == "unknown":
+                role = "head"
+            if gates[role] is None:
+                continue
+        else:
+            role = kind
+            if type(call.module) not in include or (kind == "adaptive" and gates[kind] not in ADAPTIVE_GATES):
+                continue
+        chosen.setdefault(call.owner, []).append((call, role))
+    if notes:
+        warnings.warn("convert left these pool calls as they are (fx could not rewrite them): "
+                      + "; ".join(notes), stacklevel=3)
+    undo = []
+    for owner, items in chosen.items():
+        m = model.get_submodule(owner) if owner else model
+        previous = m.__dict__.get("_gatepool_rewrite")
+        pairs = []
+        for call, role in items:
+            base = call.text.split("(")[0].replace("F.", "").replace(".", "_")
+            name, i = base, 1
+            while hasattr(m, name):
+                name, i = f"{base}_{i}", i + 1
+            call.module._gatepool_call = (call.text, role)  # read by _find
+            m.add_module(name, call.module)
+            undo.append(functools.partial(delattr, m, name))
+            pairs.append((call, name))
+        fp.rewrite(m, pairs)
+        undo.append(functools.partial(fp.undo, m, previous))
+    return undo
+
+
+def _find(model, include, gates, gate_kwargs, traces) -> tuple[list[_Site], list[str]]:
+    """The modules to replace (each once, with all its names), and what to warn about."""
     sites: dict[int, _Site] = {}
-    skipped = []
+    untraced, no_adaptive = [], []
+    done = set()
     for name, m in model.named_modules(remove_duplicate=False):
         if id(m) in sites:
             if name not in sites[id(m)].names:
                 sites[id(m)].names.append(name)
             continue
-        site = None
-        if type(m) in include:
-            site = _pool_site(name, m, gate, gate_kwargs)
-        elif global_pool is not None and _is_global_avg(m):
-            site = _global_site(m, name, global_pool, gate_kwargs, flatten=False)
-        elif isinstance(m, tuple(include)):
-            skipped.append((name, type(m).__name__))
+        if id(m) in done:
+            continue
+        done.add(id(m))
+        origin = getattr(m, "_gatepool_origin", None)
+        if origin is None:
+            base = m
+            kind = _kind(base)
+            if kind is None:
+                continue
+            call = getattr(m, "_gatepool_call", None)
+            role = kind[0]
+            if role == "global":
+                if call is not None:
+                    role = call[1]
+                elif "SelectAdaptivePool2d" in (type(_parent(model, name)).__name__, type(m).__name__) or \
+                        type(m).__name__ == "FastAdaptiveAvgPool":
+                    role = "head"
+                elif name == "":
+                    role = "head"  # the model is the pool
+                else:
+                    role = _module_role(model, name, traces)
+                    if role == "unknown":
+                        untraced.append(name)
+                        role = "head"
+            text = f"{call[0]} in {type(_parent(model, name)).__name__}.forward" if call else repr(m)
+            origin = _Origin(copy.deepcopy(m), role, "function" if call else "module", text)
+        if origin.role in ("window", "adaptive") and type(origin.module) not in include:
+            continue
+        target = gates[origin.role]
+        if target is None:
+            continue
+        if origin.role == "adaptive" and target not in ADAPTIVE_GATES:
+            no_adaptive.append(name)
+            continue
+        site = _site(m, name, origin, target, gate_kwargs)
         if site is not None:
             sites[id(m)] = site
-        if global_pool is not None and type(m).__name__ == "SelectAdaptivePool2d":
-            inner = getattr(m, "pool", None)  # timm's fast pools: flatten inside the pool
-            if type(inner).__name__ == "FastAdaptiveAvgPool" and str(m.pool_type).lower() in _SELECT_AVG:
-                if tuple(getattr(inner, "dim", ())) == (2, 3) and id(inner) not in sites:  # NCHW only
-                    at = f"{name}.pool" if name else "pool"
-                    flat = inner.flatten
-                    sites[id(inner)] = _global_site(inner, at, global_pool, gate_kwargs, flatten=flat)
-    return list(sites.values()), skipped
+    notes = []
+    if untraced:
+        notes.append(f"convert could not follow where the output of the global pools {untraced} goes "
+                     f"(fx could not trace a module above them): they count as the head's pools "
+                     f"(global_pool=); Replaced.role says 'head'")
+    if no_adaptive:
+        notes.append(f"convert left the adaptive pools {no_adaptive} alone: gate={gates['adaptive']!r} has "
+                     f"no adaptive form (adaptive windows vary in size); choose one of "
+                     f"{list(ADAPTIVE_GATES)}")
+    return list(sites.values()), notes
 
 
-def _is_global_avg(m: nn.Module) -> bool:
-    d = _ADAPTIVE_AVG.get(type(m))
-    if d is None:
+def _parent(model: nn.Module, name: str) -> nn.Module:
+    parent = name.rpartition(".")[0]
+    return model.get_submodule(parent) if parent else model
+
+
+def _module_role(model: nn.Module, name: str, traces: dict) -> str:
+    parent, _, child = name.rpartition(".")
+    return fp.pool_role(model, parent, lambda n: n.op == "call_module" and n.target == child, traces)
+
+
+def _site(m: nn.Module, name: str, origin: _Origin, gate: str, gate_kwargs: dict) -> _Site | None:
+    """How to replace ``m`` (whose first form is ``origin.module``) by ``gate``; None if it is there."""
+    base = origin.module
+    kind, d = _kind(base)
+    temp = {k: v for k, v in gate_kwargs.items() if k == "temperature" and gate in GATES_WITH_TEMPERATURE}
+    if kind == "window":
+        build, needs = _pool_builder(name, base, gate, gate_kwargs), gate in GATES_WITH_WEIGHTS
+    elif kind == "adaptive":
+        needs = gate in ("soft-learned", "attention")
+        if gate in _TORCH_ADAPTIVE:
+            def build(c, size=base.output_size):
+                return _TORCH_ADAPTIVE[gate][d](size)
+        else:
+            _ADAPTIVE[d](base.output_size, gate=gate, channels=1 if needs else None, **temp)  # checks, now
+
+            def build(c, size=base.output_size):
+                return _ADAPTIVE[d](size, gate=gate, channels=c, **temp)
+    else:
+        needs = gate in ("soft-learned", "attention")
+        flatten = bool(getattr(base, "flatten", False)) or (type(base) is fp.SpatialMean and not base.keepdim)
+        if gate == "avg" and hasattr(m, "_gatepool_origin"):
+            def build(c):  # the way back: the module it replaced
+                return origin.module
+        else:
+            _GLOBAL[d](gate, channels=1 if needs else None, flatten=flatten, **temp)  # the checks, now
+
+            def build(c):
+                return _GLOBAL[d](gate, channels=c, flatten=flatten, **temp)
+    if hasattr(m, "_gatepool_origin") and _same(m, build, needs):
+        return None  # already this: convert is idempotent
+    return _Site(m, [name], d, build, needs, origin)
+
+
+def _same(m: nn.Module, build, needs: bool) -> bool:
+    """Whether ``m`` is what ``build`` would make (type and repr; the weights are not compared)."""
+    channels = getattr(m, "channels", None)
+    if needs and channels is None:
         return False
-    size = m.output_size
-    return size == 1 or (isinstance(size, (tuple, list)) and len(size) == d and all(s == 1 for s in size))
+    new = build(channels if needs else None)
+    return type(new) is type(m) and repr(new) == repr(m)
 
 
-def _pool_site(name: str, m: nn.Module, gate: str, gate_kwargs: dict) -> _Site:
+def _pool_builder(name: str, m: nn.Module, gate: str, gate_kwargs: dict):
     """A windowed pool: its geometry, checked against the gate now (an error names the module)."""
     d = _DIM[type(m)]
     kwargs = {"ceil_mode": m.ceil_mode}
@@ -277,15 +501,7 @@ def _pool_site(name: str, m: nn.Module, gate: str, gate_kwargs: dict) -> _Site:
     window = (m.kernel_size, m.stride, m.padding)
     needs = gate in GATES_WITH_WEIGHTS
     create_pool(gate, *window, dim=d, channels=1 if needs else None, **kwargs)  # the checks, now
-    return _Site(m, [name], d, lambda c: create_pool(gate, *window, dim=d, channels=c, **kwargs), needs)
-
-
-def _global_site(m: nn.Module, name: str, gate: str, gate_kwargs: dict, *, flatten: bool) -> _Site:
-    d = _ADAPTIVE_AVG.get(type(m), 2)
-    kwargs = {k: v for k, v in gate_kwargs.items() if k == "temperature" and gate in GATES_WITH_TEMPERATURE}
-    needs = gate in ("soft-learned", "attention")
-    _GLOBAL[d](gate, channels=1 if needs else None, flatten=flatten, **kwargs)  # the checks, now
-    return _Site(m, [name], d, lambda c: _GLOBAL[d](gate, channels=c, flatten=flatten, **kwargs), needs)
+    return lambda c: create_pool(gate, *window, dim=d, channels=c, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------------

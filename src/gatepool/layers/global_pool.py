@@ -152,7 +152,9 @@ class GlobalGatedPoolNd(nn.Module):
                 out = softmax_pool_unfold(values, scale_scores(scores, tau), geo)[0]
         else:
             out = soft_pool_windows(values, geo, tau)[0]
-        out = out.to(input.dtype)  # (N, C, 1)
+        # (N, C, 1); a copy: the fused op's output may be a view made inside its autograd Function, and a
+        # block that changes our output in place (EfficientNet's head: an in-place dropout) must be able to
+        out = out.to(input.dtype, copy=True)
         out = out.view(n, c) if self.flatten else out.view(n, c, *([1] * d))
         return out if batched else out.squeeze(0)
 

@@ -1,0 +1,236 @@
+"""AdaptiveGatedPool1d/2d/3d: a gate over torch's adaptive windows, to any output size.
+
+An adaptive pool fixes the output size O and lets the windows follow the input size L. Torch's rule, per
+spatial dimension, for output index i ∈ [0, O):
+
+    start_i = floor(i · L / O),   end_i = ceil((i + 1) · L / O),   window_i = [start_i, end_i)
+
+so windows may differ in size by one and overlap (O > L repeats inputs). Each output is a gated sum over
+its window, ``out_i = Σ_{j ∈ window_i} g_j · v_j``, with the gates of :mod:`gatepool.layers.gated_pool`:
+
+    "max"           torch's ``F.adaptive_max_pool{d}d``                       —
+    "avg"           torch's ``F.adaptive_avg_pool{d}d`` (g = 1/|window|)       —
+    "soft"          softmax(v / τ) over the window, τ fixed                   —
+    "soft-learned"  softmax(v / τ_c), one τ per channel, learned              log τ  (C,)
+    "attention"     softmax(s / τ), s_j = x_j · w; values v_j = V x_j         score w (1×C), value V (C×C)
+
+"conv" is not offered: it weighs fixed positions of one window size, and adaptive windows vary. The
+parameters have ``GatedPool{d}d``'s names, shapes and start values. ``output_size`` is torch's: an int,
+or a tuple with one entry per dimension, where None keeps that input size. This is the gated form of
+``nn.AdaptiveAvgPool2d((7, 7))`` (VGG's head) or ``((6, 6))`` (AlexNet's); a window over the whole map
+is :class:`gatepool.layers.global_pool.GlobalGatedPool2d`, which ``convert`` uses for output size 1.
+
+The soft family gathers every window, padded to the largest with masked taps (gate 0), into
+``(N, C, *out, K)`` and takes the softmax there (max pooling's limits for non-finite inputs, as every
+gate here); it computes in float32 (float64 stays float64) and returns the input's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gatepool.layers.windows import (
+    channel_view,
+    check_temperature,
+    compute_dtype,
+    scale_scores,
+    weighted_sum,
+    window_softmax,
+)
+
+ADAPTIVE_GATES = ("max", "avg", "soft", "soft-learned", "attention")
+
+__all__ = [
+    "ADAPTIVE_GATES",
+    "AdaptiveGatedPool1d",
+    "AdaptiveGatedPool2d",
+    "AdaptiveGatedPool3d",
+    "AdaptiveGatedPoolNd",
+    "adaptive_windows",
+]
+
+_TORCH = {
+    "max": {1: F.adaptive_max_pool1d, 2: F.adaptive_max_pool2d, 3: F.adaptive_max_pool3d},
+    "avg": {1: F.adaptive_avg_pool1d, 2: F.adaptive_avg_pool2d, 3: F.adaptive_avg_pool3d},
+}
+_CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
+_CONV_FN = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+
+
+def adaptive_windows(size: int, out: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch's adaptive windows of ``size`` inputs into ``out`` outputs, padded to the widest, K.
+
+    Returns ``index (out, K)`` (positions in ``[0, size)``; a padded tap repeats the window's start) and
+    ``mask (out, K)`` (True at the window's own taps):
+    ``start_i = ⌊i·size/out⌋``, ``end_i = ⌈(i+1)·size/out⌉``.
+    """
+    starts = [(i * size) // out for i in range(out)]
+    ends = [-((-(i + 1) * size) // out) for i in range(out)]
+    width = max(e - s for s, e in zip(starts, ends))
+    taps = torch.arange(width, device=device)  # (K,)
+    start = torch.tensor(starts, device=device)[:, None]  # (out, 1)
+    mask = taps[None, :] < (torch.tensor(ends, device=device)[:, None] - start)  # (out, K)
+    index = torch.where(mask, start + taps[None, :], start)
+    return index, mask
+
+
+class AdaptiveGatedPoolNd(nn.Module):
+    """A gate over torch's adaptive windows in ``dim`` dimensions (use AdaptiveGatedPool1d / 2d / 3d).
+
+    Args:
+        output_size: an int ≥ 1, or a tuple of ``dim`` entries (each an int ≥ 1, or None: the input's size).
+        gate: keyword, one of ``"max", "avg", "soft", "soft-learned", "attention"``.
+        channels: C; required by the gates with weights ("soft-learned", "attention").
+        temperature: τ > 0 of the soft gates (the start value for "soft-learned"); 1.0 for "max", "avg".
+    """
+
+    dim: int = 2
+
+    def __init__(
+        self,
+        output_size: int | tuple[int | None, ...],
+        *,
+        gate: str,
+        channels: int | None = None,
+        temperature: float = 1.0,
+    ) -> None:
+        super().__init__()
+        d = self.dim
+        if gate not in ADAPTIVE_GATES:
+            hint = " ('conv' weighs fixed window positions; adaptive windows vary in size)" * (gate == "conv")
+            raise ValueError(
+                f"gate={gate!r} has no adaptive form{hint}; choose one of {list(ADAPTIVE_GATES)}"
+            )
+        self.output_size = _check_output_size(output_size, d)
+        if channels is not None and (
+            isinstance(channels, bool) or not isinstance(channels, int) or channels < 1
+        ):
+            raise ValueError(f"channels must be an int ≥ 1 (or None for max/avg/soft), got {channels!r}")
+        if gate in ("soft-learned", "attention") and channels is None:
+            raise ValueError(f"gate={gate!r} has weights: pass channels=C (an int ≥ 1)")
+        check_temperature(temperature)
+        if gate in ("max", "avg") and temperature != 1.0:
+            raise ValueError(f"gate={gate!r} has no temperature: it needs temperature=1.0, got {temperature}")
+        self.gate = gate
+        self.channels = channels
+        self.fixed_temperature = float(temperature)
+        if gate == "soft-learned":
+            self.log_temperature = nn.Parameter(torch.full((channels,), math.log(temperature)))  # log τ_c
+        elif gate == "attention":
+            self.score = _CONV[d](channels, 1, 1, bias=False)  # s_j = x_j · w
+            self.value = _CONV[d](channels, channels, 1, bias=False)  # v_j = V x_j
+            nn.init.normal_(self.score.weight, 0.0, channels**-0.5)  # w ~ N(0, 1/C): Var(s) = Var(x)
+            with torch.no_grad():
+                self.value.weight.copy_(torch.eye(channels).view(channels, channels, *([1] * d)))  # V = I
+
+    @property
+    def temperature(self) -> torch.Tensor | float:
+        """τ: the per-channel tensor ``exp(log τ)`` of shape (C,) for "soft-learned", else the float."""
+        if self.gate == "soft-learned":
+            return self.log_temperature.exp()
+        return self.fixed_temperature
+
+    def extra_repr(self) -> str:
+        s = f"{self.output_size}, gate={self.gate!r}"
+        if self.channels is not None:
+            s += f", channels={self.channels}"
+        if self.gate in ("soft", "attention") and self.fixed_temperature != 1.0:
+            s += f", temperature={self.fixed_temperature}"
+        return s
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """``(N, C, *spatial) -> (N, C, *output_size)``; unbatched ``(C, *spatial) -> (C, *output_size)``."""
+        d = self.dim
+        if not isinstance(input, torch.Tensor) or input.dim() not in (d + 1, d + 2):
+            shape = tuple(input.shape) if isinstance(input, torch.Tensor) else type(input).__name__
+            raise ValueError(
+                f"input must be {d + 2}-D (N, C, *spatial) or {d + 1}-D (C, *spatial), got {shape}"
+            )
+        if self.gate in _TORCH:
+            return _TORCH[self.gate][d](input, self.output_size)
+        batched = input.dim() == d + 2
+        xb = input if batched else input.unsqueeze(0)  # (N, C, *spatial)
+        if self.channels is not None and xb.shape[1] != self.channels:
+            raise ValueError(
+                f"input has {xb.shape[1]} channels; this pool was built for channels={self.channels}"
+            )
+        size = tuple(n if o is None else o for n, o in zip(xb.shape[2:], self.output_size))
+        x = xb.to(compute_dtype(xb.dtype))
+        if self.gate == "attention":
+            scores = _CONV_FN[d](x, self.score.weight.to(x.dtype))  # (N, 1, *spatial)
+            values = _CONV_FN[d](x, self.value.weight.to(x.dtype))  # (N, C, *spatial)
+            tau = self.fixed_temperature
+        else:
+            scores = values = x
+            tau = self.temperature
+            tau = channel_view(tau.to(x.dtype), d + 1) if isinstance(tau, torch.Tensor) else tau
+        found = [adaptive_windows(n, o, x.device) for n, o in zip(xb.shape[2:], size)]  # (o_a, K_a) each
+        windows, mask = [w for w, _ in found], _outer_mask([m for _, m in found])  # mask (*out, K)
+        v = _gather(values, windows)  # (N, C, *out, K)
+        s = v if scores is values else _gather(scores, windows)  # (N, 1 or C, *out, K)
+        gates = window_softmax(scale_scores(s, tau), mask)
+        out = weighted_sum(gates, v, mask).to(input.dtype)  # (N, C, *out)
+        return out if batched else out.squeeze(0)
+
+
+def _gather(x: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:
+    """``(N, C, *spatial) -> (N, C, *out, K)``: the taps of every window, ``K = ∏ K_axis`` row-major."""
+    d = len(windows)
+    for axis, index in enumerate(windows):  # axis by axis: (…, n, …) -> (…, o, K_axis, …)
+        at = 2 + 2 * axis  # the earlier axes are (o, K) pairs already
+        o, k = index.shape
+        x = x.index_select(at, index.flatten()).unflatten(at, (o, k))
+    # (N, C, o_0, K_0, …, o_{d-1}, K_{d-1}) -> (N, C, o_0, …, o_{d-1}, K_0 … K_{d-1})
+    order = [0, 1, *range(2, 2 + 2 * d, 2), *range(3, 3 + 2 * d, 2)]
+    return x.permute(order).flatten(2 + d)
+
+
+def _outer_mask(masks: list[torch.Tensor]) -> torch.Tensor:
+    """Per-axis masks ``(o_a, K_a)`` -> ``(*out, K)``, K row-major as in :func:`_gather`."""
+    d = len(masks)
+    full = None
+    for axis, m in enumerate(masks):
+        shape = [1] * (2 * d)
+        shape[axis], shape[d + axis] = m.shape
+        m = m.view(shape)
+        full = m if full is None else full & m
+    return full.flatten(d)
+
+
+def _check_output_size(output_size, d: int) -> tuple[int | None, ...]:
+    entries = (output_size,) * d if isinstance(output_size, int) else output_size
+    ok = (
+        isinstance(entries, (tuple, list))
+        and len(entries) == d
+        and all(o is None or (isinstance(o, int) and not isinstance(o, bool) and o >= 1) for o in entries)
+    )
+    if not ok or isinstance(output_size, bool):
+        raise ValueError(
+            f"output_size must be an int ≥ 1 or a tuple of {d} entries, each an int ≥ 1 or "
+            f"None (the input's size), got {output_size!r}"
+        )
+    return tuple(entries)
+
+
+class AdaptiveGatedPool1d(AdaptiveGatedPoolNd):
+    """A gate over torch's adaptive windows of ``(N, C, L)`` or ``(C, L)``; see
+    :class:`AdaptiveGatedPoolNd`."""
+
+    dim = 1
+
+
+class AdaptiveGatedPool2d(AdaptiveGatedPoolNd):
+    """A gate over torch's adaptive windows of ``(N, C, H, W)`` or ``(C, H, W)``; see
+    :class:`AdaptiveGatedPoolNd`."""
+
+    dim = 2
+
+
+class AdaptiveGatedPool3d(AdaptiveGatedPoolNd):
+    """A gate over torch's adaptive windows of ``(N, C, D, H, W)``; see :class:`AdaptiveGatedPoolNd`."""
+
+    dim = 3

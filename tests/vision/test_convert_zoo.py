@@ -1,0 +1,106 @@
+"""The zoo sweep on a sample, and conversions that stay converted (timm's reset_classifier and gradient
+checkpointing, torchvision's fc replacement). The whole sweep: ``gatepool convert-check``
+(docs/convert-zoo.md).
+
+The sample holds a model for each way a pool hides: functional calls (DenseNet, Inception v3, MNASNet's
+mean head, MobileNetV2), adaptive 6×6 / 7×7 heads (AlexNet, VGG), squeeze-and-excitation blocks whose
+head is followed by an in-place dropout (EfficientNet), timm's functional squeezes (efficientnet_b0, an
+ECA ResNet) and "same"-padded pools (timm's tf_ models). Needs torchvision / timm (``make test-vision``).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gatepool import convert
+from gatepool.layers.global_pool import GlobalGatedPoolNd
+
+zoo = pytest.importorskip("gatepool.analysis.convert_zoo")
+pytest.importorskip("torchvision")
+pytest.importorskip("timm")
+
+SAMPLE = [
+    ("tv:densenet121", "attention"), ("tv:inception_v3", "soft"), ("tv:mnasnet0_5", "soft-learned"),
+    ("tv:mobilenet_v2", "max"), ("tv:alexnet", "attention"), ("tv:efficientnet_b0", "soft"),
+    ("tv:regnet_y_400mf", "avg"), ("timm:efficientnet_b0", "attention"), ("timm:ecaresnet26t", "soft"),
+    ("timm:tf_mixnet_s", "soft"), ("tv:googlenet", "conv"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,gate", SAMPLE, ids=[f"{n}-{g}" for n, g in SAMPLE])
+def test_sample_converts_fully(name, gate):
+    torch.set_num_threads(1)
+    r = zoo.check(name, gate)
+    assert r.status == "full", (r.status, r.left, r.why)
+    assert r.replaced > 0
+
+
+def test_left_over_sees_modules_and_calls():
+    """The sweep's "nothing left" check fails where a pool is left: a module, or a call in a forward."""
+    model = zoo.build("tv:densenet121", 0)
+    x = torch.randn(1, 3, 64, 64)
+    left = zoo.left_over(model, x)
+    assert "features.pool0 (MaxPool2d)" in left and "adaptive_avg_pool2d in DenseNet" in left
+    convert(model, "soft", global_pool="soft")
+    assert zoo.left_over(model, x) == []
+    model = zoo.build("tv:mnasnet0_5", 0)
+    assert zoo.left_over(model, x) == ["mean in MNASNet"]
+
+
+def _gates(model):
+    return [m for m in model.modules() if isinstance(m, GlobalGatedPoolNd)]
+
+
+@pytest.mark.parametrize("arch", ["resnet18", "efficientnet_b0", "convnext_atto"])
+def test_timm_reset_classifier_keeps_the_gate(arch):
+    import timm
+
+    x = torch.randn(2, 3, 64, 64)
+    model = timm.create_model(arch, pretrained=False)
+    convert(model, "soft", global_pool="soft-learned", example_input=x)
+    old = _gates(model)
+    assert len(old) == 1
+    model.reset_classifier(7)
+    new = _gates(model)
+    assert len(new) == 1 and new[0].gate == "soft-learned"  # rebuilt (resnet) or kept (convnext): gated
+    assert model(x).shape == (2, 7)
+    copied = copy.deepcopy(model)  # the wrapper follows its copy, not the original
+    copied.reset_classifier(3)
+    assert copied(x).shape == (2, 3) and model(x).shape == (2, 7) and len(_gates(copied)) == 1
+
+
+def test_timm_grad_checkpointing_keeps_the_gate():
+    import timm
+
+    x = torch.randn(2, 3, 64, 64)
+    model = timm.create_model("efficientnet_b0", pretrained=False)
+    convert(model, "attention", global_pool="soft-learned", squeeze_pool="soft", example_input=x)
+    model.set_grad_checkpointing(True)
+    model.train()
+    model(x).square().mean().backward()
+    gates = [m for m in model.modules() if hasattr(m, "_gatepool_origin") and list(m.parameters())]
+    assert gates and all(p.grad is not None and p.grad.abs().sum() > 0 for m in gates for p in m.parameters())
+
+
+@pytest.mark.parametrize("arch,head", [("resnet18", "fc"), ("densenet121", "classifier")])
+def test_torchvision_fc_replacement_keeps_the_gate(arch, head):
+    import torchvision
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = torchvision.models.get_model(arch, weights=None)
+    x = torch.randn(2, 3, 64, 64)
+    convert(model, "soft", global_pool="attention", example_input=x)
+    setattr(model, head, nn.Linear(getattr(model, head).in_features, 4))  # the fine-tuning idiom
+    gate = _gates(model)[0]
+    seen = []
+    gate.register_forward_hook(lambda m, a, o: seen.append(o.shape))
+    out = model(x)
+    F.cross_entropy(out, torch.tensor([0, 3])).backward()
+    assert out.shape == (2, 4) and seen and gate.score.weight.grad.abs().sum() > 0
