@@ -342,6 +342,8 @@ def test_bad_shapes_raise(shapes, kw, match):
         scaled_dot_product_attention(q, k, v, **kw)
     with pytest.raises(ValueError, match=match):
         scaled_dot_product_attention(q, k, v, **kw, return_weights=True)
+    if match == "k and v" and torch.__version__ >= "2.14":
+        return  # torch 2.14.1's CPU kernel takes k and v of different lengths and returns wrong values
     with pytest.raises((RuntimeError, IndexError)):  # torch refuses them too
         F.scaled_dot_product_attention(q, k, v, **kw)
 
