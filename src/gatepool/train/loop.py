@@ -405,6 +405,9 @@ def train_step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One update: loss → zero_grad → backward → clip the global gradient norm → step.
 
+    The norm is that of the gradients the optimizer steps with (its parameters'; a frozen parameter's
+    leftover gradient from an earlier training does not count).
+
     ``amp`` (``bf16`` | ``fp16``): the forward pass and loss under ``torch.autocast`` on x's device;
     ``scaler`` (for fp16): the loss is scaled for the backward pass and the gradients unscaled before
     clipping and the step (which the scaler skips when they overflowed). ``loss_scale``: the backward
@@ -419,7 +422,7 @@ def train_step(
     scaler.scale(loss if loss_scale == 1.0 else loss * loss_scale).backward()
     scaler.unscale_(optimizer)
     if grad_clip is not None:
-        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        nn.utils.clip_grad_norm_(_stepped(optimizer), grad_clip)
     scaler.step(optimizer)  # optimizer.step(), unless fp16's gradients overflowed
     scaler.update()
     return loss.detach(), None if logits is None else logits.detach()
@@ -462,6 +465,11 @@ def make_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimiz
     if config.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=lr, betas=config.betas, weight_decay=wd)
     return torch.optim.Adam(params, lr=lr, betas=config.betas, weight_decay=wd)
+
+
+def _stepped(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The parameters ``optimizer`` updates, in its order."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 def _sum_dtype(device: torch.device) -> torch.dtype:

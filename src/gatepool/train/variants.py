@@ -40,8 +40,9 @@ from gatepool.train.config import TrainConfig
 from gatepool.train.loop import train
 from gatepool.utils.io import atomic_write_bytes, atomic_write_json, read_json
 
-__all__ = ["MODELS", "VARIANT_METRICS", "caption_batch", "default_config", "describe_data",
-           "evaluate_variant", "judge_inputs", "lm_batch", "train_variant", "unet_images"]
+__all__ = ["EPOCH_STEPS", "MODELS", "VARIANT_METRICS", "caption_batch", "default_config", "describe_data",
+           "epoch_length", "evaluate_variant", "judge_inputs", "lm_batch", "train_config", "train_variant",
+           "unet_images"]
 
 MODELS = ("dual_encoder", "cross_attention_unet", "flamingo")
 EPOCH_STEPS = 100  # the most steps an epoch (a checkpoint) takes
