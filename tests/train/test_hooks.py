@@ -96,6 +96,19 @@ def test_drawn_batches_resume_exactly(tmp_path):
     assert torch.equal(resumed.model.weight, ref.model.weight)
 
 
+def test_a_loss_without_logits_trains_the_same_and_has_no_accuracy(capsys):
+    def loss_only(model, x, y):  # e.g. a contrastive or denoising loss: no classes to score
+        return token_loss(model, x, y)[0], None
+
+    ref = run()
+    result = train(TrainConfig(**CFG), progress=False, verbose=True, model=fresh(), batches=batches,
+                   loss_fn=loss_only, eval_fn=held_out)  # fmt: skip
+    assert all(row["train_acc"] is None for row in result.history) and result.final["train_acc"] is None
+    assert [r["train_loss"] for r in result.history] == [r["train_loss"] for r in ref.history]
+    assert torch.equal(result.model.weight, ref.model.weight)  # the same updates
+    assert "epoch 12/12  train loss" in capsys.readouterr().out and " acc " not in capsys.readouterr().out
+
+
 def test_drawn_batches_need_steps_per_epoch_and_enough_batches():
     with pytest.raises(ValueError, match="steps_per_epoch"):
         train(TrainConfig(**{**CFG, "steps_per_epoch": None}), model=fresh(), batches=batches,
@@ -126,6 +139,19 @@ def test_train_step_clips_the_global_gradient_norm():
         else:
             assert grad.item() == pytest.approx(want, rel=1e-5)
             assert step.item() == pytest.approx(want, rel=1e-2)
+
+
+def test_the_clipped_norm_is_the_stepped_gradients_only():
+    """A frozen parameter's leftover gradient (from an earlier stage) is not clipped against."""
+    x, y = torch.randn(8, 4, generator=torch.Generator().manual_seed(0)), torch.zeros(8, dtype=torch.long)
+    model = fresh()
+    model.weight.data.mul_(100)
+    model.bias.requires_grad_(False)
+    model.bias.grad = torch.full_like(model.bias, 1e6)  # stale: the optimizer never sees it
+    before = model.weight.detach().clone()
+    opt = torch.optim.SGD([model.weight], lr=1.0)
+    train_step(model, opt, x, y, grad_clip=1e-3)
+    assert (model.weight.detach() - before).norm().item() == pytest.approx(1e-3, rel=1e-2)
 
 
 def test_betas_reach_the_optimizer():

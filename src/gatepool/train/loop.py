@@ -22,6 +22,8 @@ Where trainings differ, ``train`` takes a hook instead of a copy of the loop:
                                        sequences); ``config.steps_per_epoch`` of them are taken
     loss_fn(model, x, y) -> (loss, logits)   e.g. per-token cross-entropy; accuracy is
                                        mean(argmax(logits, −1) == y) over all of y's elements
+                                       (logits None: a loss without classes, e.g. contrastive
+                                       or denoising; train_acc is then None)
     eval_fn(model) -> dict             the epoch's evaluation (e.g. greedy decoding), into the history
     stop_fn(row) -> bool               stop after an epoch whose history row says so (e.g. a target met)
     on_epoch_end(model, epoch) -> dict extras for the history (e.g. learned temperatures)
@@ -140,7 +142,7 @@ def train(
             seeded generator (and nothing else, or a resume is not exact); ``config.steps_per_epoch``
             of them are taken. Default: the training set's, one pass in a seeded order.
         loss_fn: ``f(model, x, y) -> (loss, logits)`` (see :func:`cross_entropy_loss`, the default, which
-            applies ``config.label_smoothing``).
+            applies ``config.label_smoothing``); logits None for a loss without classes (train_acc None).
         eval_fn: ``f(model) -> dict``: the epoch's metrics, after its training (JSON-able; the model is in
             train mode, put it in eval mode inside). Default: ``test_loss`` and ``test_acc`` on the test
             set. They go into the epoch's history entry and the last epoch's into ``record["final"]``.
@@ -291,8 +293,9 @@ def _never(row: dict[str, Any]) -> bool:
 def _summary(row: dict[str, Any], epochs: int, metrics: list[str]) -> str:
     numbers = [k for k in metrics if isinstance(row[k], (int, float))]
     scores = "  ".join(f"{k.replace('_', ' ')} {row[k]:.4f}" for k in numbers)
+    acc = "" if row["train_acc"] is None else f" acc {row['train_acc']:.4f}"
     return (
-        f"epoch {row['epoch']}/{epochs}  train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f}"
+        f"epoch {row['epoch']}/{epochs}  train loss {row['train_loss']:.4f}{acc}"
         f"  {scores}  {row['images_per_s']:.0f} inputs/s  {row['seconds']:.1f} s"
     )
 
@@ -330,9 +333,10 @@ def train_epoch(
     """Train one epoch (1-based ``epoch``; see the module doc for the hooks).
 
     Returns ``train_loss`` and ``train_acc`` (means over every target of the epoch's batches, as they were
-    trained) and ``examples`` (how many inputs it trained on). ``data`` may be None when ``batches``
-    draws the batches. It runs on the model's device (batches found elsewhere are copied there) with
-    ``config.amp``; ``scaler``: the run's GradScaler for fp16 (None: a fresh one for this epoch).
+    trained; train_acc None when ``loss_fn`` gives no logits) and ``examples`` (how many inputs it trained
+    on). ``data`` may be None when ``batches`` draws the batches. It runs on the model's device (batches
+    found elsewhere are copied there) with ``config.amp``; ``scaler``: the run's GradScaler for fp16
+    (None: a fresh one for this epoch).
     ``ranks`` (DDP, ``model`` wrapped): this rank trains on its slice of every batch, and the returned
     metrics and ``examples`` are summed over all ranks (``gatepool.train.distributed``).
     """
@@ -354,7 +358,7 @@ def train_epoch(
     model.train()
     loss_sum = torch.zeros((), dtype=_sum_dtype(device), device=device)  # on the device: no sync per step
     correct = torch.zeros((), dtype=torch.int64, device=device)
-    targets = examples = 0
+    targets = scored = examples = 0  # scored: the targets with logits (for the accuracy)
     bar = _bar(steps, f"epoch {epoch}/{config.epochs}", progress)
     for i in range(steps):
         t = (epoch - 1) * steps + i  # the global step
@@ -372,16 +376,19 @@ def train_epoch(
         loss, logits = train_step(model, optimizer, xb, yb, loss_fn=loss_fn, grad_clip=config.grad_clip,
                                   amp=config.amp, scaler=scaler, loss_scale=share)  # fmt: skip
         loss_sum += loss.detach().to(loss_sum.dtype) * yb.numel()  # float64 where the device has it
-        correct += (logits.argmax(-1) == yb).sum()
+        if logits is not None:
+            correct += (logits.argmax(-1) == yb).sum()
+            scored += yb.numel()
         targets += yb.numel()
         examples += len(xb)
         if on_step is not None:
             on_step(t, loss)
         bar.update(1)
     bar.close()
-    loss_total, right, targets, examples = distributed.all_sum([float(loss_sum), int(correct), targets,
-                                                                 examples], device, ranks)  # fmt: skip
-    return {"train_loss": loss_total / targets, "train_acc": int(right) / targets, "examples": int(examples)}
+    loss_total, right, targets, scored, examples = distributed.all_sum(
+        [float(loss_sum), int(correct), targets, scored, examples], device, ranks)  # fmt: skip
+    acc = int(right) / scored if scored else None
+    return {"train_loss": loss_total / targets, "train_acc": acc, "examples": int(examples)}
 
 
 def train_step(
@@ -398,11 +405,14 @@ def train_step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One update: loss → zero_grad → backward → clip the global gradient norm → step.
 
+    The norm is that of the gradients the optimizer steps with (its parameters'; a frozen parameter's
+    leftover gradient from an earlier training does not count).
+
     ``amp`` (``bf16`` | ``fp16``): the forward pass and loss under ``torch.autocast`` on x's device;
     ``scaler`` (for fp16): the loss is scaled for the backward pass and the gradients unscaled before
     clipping and the step (which the scaler skips when they overflowed). ``loss_scale``: the backward
     pass differentiates ``loss · loss_scale`` (a rank's share under DDP; see distributed.py). Returns the
-    detached (unscaled) loss and logits.
+    detached (unscaled) loss and logits (None where ``loss_fn`` gives none).
     """
     with torch.autocast(x.device.type, dtype=AMP[amp] if amp else None, enabled=amp is not None):
         loss, logits = loss_fn(model, x, y)
@@ -412,10 +422,10 @@ def train_step(
     scaler.scale(loss if loss_scale == 1.0 else loss * loss_scale).backward()
     scaler.unscale_(optimizer)
     if grad_clip is not None:
-        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        nn.utils.clip_grad_norm_(_stepped(optimizer), grad_clip)
     scaler.step(optimizer)  # optimizer.step(), unless fp16's gradients overflowed
     scaler.update()
-    return loss.detach(), logits.detach()
+    return loss.detach(), None if logits is None else logits.detach()
 
 
 @torch.no_grad()
@@ -455,6 +465,11 @@ def make_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimiz
     if config.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=lr, betas=config.betas, weight_decay=wd)
     return torch.optim.Adam(params, lr=lr, betas=config.betas, weight_decay=wd)
+
+
+def _stepped(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The parameters ``optimizer`` updates, in its order."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 def _sum_dtype(device: torch.device) -> torch.dtype:

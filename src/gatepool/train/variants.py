@@ -1,27 +1,34 @@
 """Training the three transformer variants beyond the first three: dual encoder, UNet, Flamingo.
 
-One function per model, each a plain loop of fresh random batches (AdamW, linear warm-up then cosine
-decay, gradient norm clipped at 1), seeded, on one thread count:
+Each is a :func:`gatepool.train.train` run (AdamW, linear warm-up then cosine decay, gradient norm clipped
+at 1, seeded, on one thread count) with hooks: ``batches`` draws fresh random batches from the epoch's
+generator, ``loss_fn`` is the model's own loss (no classes: ``train_acc`` is None), and there is no
+per-epoch evaluation:
 
     dual_encoder           MNIST train digits (normalized) with a caption each, a random template
                            per draw ("seven", "a 7", "the digit seven", ...); the contrastive loss
     cross_attention_unet   MNIST train digits at 16×16 in [−1, 1] with a caption each; DDPM's
                            ε-prediction loss, the caption dropped to the empty one with p = 0.1 (for
-                           classifier-free guidance)
-    flamingo               (1) the text LM alone on captions of 1..3 random digits, ``lm_steps`` steps;
-                           (2) the LM frozen, the canvas encoder and the gated cross-attention layers on
-                           strips of the same digits (MNIST train images) with their captions, ``steps`` steps
+                           classifier-free guidance; t, ε and the drops from the global RNG, which the
+                           trainer reseeds every epoch)
+    flamingo               two runs: (1) the text LM alone on captions of 1..3 random digits, ``lm_steps``
+                           steps; (2) the LM frozen, the canvas encoder and the gated cross-attention
+                           layers on strips of the same digits (MNIST train images) with their captions,
+                           ``steps`` steps, starting from run 1's model
 
-``train_variant(config, out)`` runs the one ``config["model"]`` names; with ``out`` the run folder gets
-``model.safetensors`` and ``results.json`` (the config, the loss curve, seconds, the weights' SHA-256),
-and a folder that already holds a finished run is loaded instead of trained again.
+An epoch is the largest divisor of the steps that is at most :data:`EPOCH_STEPS` (100 steps, some 10-30 s
+on one thread), so a run killed and restarted loses at most one epoch. ``train_variant(config, out)``
+runs the one ``config["model"]`` names; with ``out`` the trainer's runs go to ``out/train`` (Flamingo:
+``out/lm`` and ``out/xattn``: checkpoints, resumed after a kill) and the run folder gets
+``model.safetensors`` and ``results.json`` (the config, the loss curve, seconds, the weights' SHA-256);
+a folder that already holds a finished run is loaded instead of trained again.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +36,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gatepool.train.schedule import get_lr
+from gatepool.train.config import TrainConfig
+from gatepool.train.loop import train
 from gatepool.utils.io import atomic_write_bytes, atomic_write_json, read_json
-from gatepool.utils.threads import num_threads
 
-__all__ = ["MODELS", "VARIANT_METRICS", "caption_batch", "default_config", "describe_data",
-           "evaluate_variant", "judge_inputs", "lm_batch", "train_variant", "unet_images"]
+__all__ = ["EPOCH_STEPS", "MODELS", "VARIANT_METRICS", "caption_batch", "default_config", "describe_data",
+           "epoch_length", "evaluate_variant", "judge_inputs", "lm_batch", "train_config", "train_variant",
+           "unet_images"]
 
 MODELS = ("dual_encoder", "cross_attention_unet", "flamingo")
+EPOCH_STEPS = 100  # the most steps an epoch (a checkpoint) takes
 
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "dual_encoder": dict(model_kwargs={"loss": "clip"}, steps=1200, batch_size=128, lr=2e-3,
@@ -85,105 +94,153 @@ def unet_images(images: torch.Tensor, size: int) -> torch.Tensor:
     return x.clamp(0, 1) * 2 - 1
 
 
-def _fit(params: list[nn.Parameter], loss_fn: Callable[[int], torch.Tensor], steps: int, lr: float,
-         weight_decay: float, warmup: float, progress: bool, label: str
-         ) -> list[dict[str, float]]:  # fmt: skip
-    """AdamW over ``params`` for ``steps`` steps of ``loss_fn(step)``; the curve every ~1/20 of the steps."""
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    history, every, running, t0 = [], max(1, steps // 20), 0.0, time.perf_counter()
-    for step in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = get_lr(step, steps, lr=lr, schedule="cosine", warmup=warmup)
-        loss = loss_fn(step)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        running += loss.item()
-        if (step + 1) % every == 0 or step + 1 == steps:
-            n = (step % every) + 1
-            history.append({"step": step + 1, "loss": running / n, "seconds": time.perf_counter() - t0})
-            running = 0.0
-            if progress:
-                print(f"  {label} step {step + 1}/{steps}: loss {history[-1]['loss']:.4f} "
-                      f"({history[-1]['seconds']:.0f} s)", flush=True)  # fmt: skip
-    return history
+def epoch_length(steps: int) -> int:
+    """Steps per epoch for a run of ``steps``: the largest divisor of ``steps`` that is ≤ EPOCH_STEPS."""
+    return max(d for d in range(1, min(steps, EPOCH_STEPS) + 1) if steps % d == 0)
 
 
-def _train_dual_encoder(config: dict[str, Any], progress: bool) -> tuple[nn.Module, list]:
-    from gatepool.data import load_dataset
+def train_config(config: dict[str, Any], stage: str | None = None) -> TrainConfig:
+    """The :class:`TrainConfig` of a variant config's training (Flamingo: of its ``stage`` "lm" or
+    "xattn")."""
+    steps, lr, wd = config["steps"], config["lr"], config["weight_decay"]
+    if stage == "lm":
+        steps, lr, wd = config["lm_steps"], config["lm_lr"], 0.0
+    per_epoch = epoch_length(steps)
+    return TrainConfig(model=config["model"], model_kwargs=model_kwargs(config),
+                       data=describe_data(config["model"]), epochs=steps // per_epoch,
+                       steps_per_epoch=per_epoch, batch_size=config["batch_size"],
+                       optimizer="adamw", lr=lr, weight_decay=wd, grad_clip=1.0, schedule="cosine",
+                       warmup=config["warmup"], seed=config["seed"], threads=config["threads"],
+                       channels_last=False, device="cpu")  # fmt: skip
+
+
+def _caption_batches(x: torch.Tensor, labels: torch.Tensor, tokenizer: Any, cfg: TrainConfig,
+                     g: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+    """An epoch of random digits x[i] (B, ...) with a caption each (B, T)."""
+    for _ in range(cfg.steps_per_epoch):
+        i = torch.randint(0, len(labels), (cfg.batch_size,), generator=g)
+        yield x[i], caption_batch(labels[i], tokenizer, g)
+
+
+def _lm_batches(slots: int, tokenizer: Any, cfg: TrainConfig, g: torch.Generator) -> Iterator:
+    """An epoch of digit-word captions alone (B, T), as both input and target."""
+    for _ in range(cfg.steps_per_epoch):
+        ids = lm_batch(cfg.batch_size, slots, tokenizer, g)
+        yield ids, ids
+
+
+def _strip_batches(images: torch.Tensor, labels: torch.Tensor, slots: int, tokenizer: Any, cfg: TrainConfig,
+                   g: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+    """An epoch of strips (B, 1, 28, 28·slots) of 1..slots digits and their captions (B, T)."""
+    from gatepool.models.digit_strip import make_strips
+    from gatepool.models.digit_text import sequence_caption
+
+    for _ in range(cfg.steps_per_epoch):
+        canvas, digits = make_strips(images, labels, cfg.batch_size, slots, g)
+        yield canvas, tokenizer.encode([sequence_caption(d) for d in digits])
+
+
+def _contrastive_loss(model: nn.Module, images: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, None]:
+    return model.loss(images, ids), None
+
+
+def _denoising_loss(schedule: Any, null: torch.Tensor, p_uncond: float, model: nn.Module, x0: torch.Tensor,
+                    ids: torch.Tensor) -> tuple[torch.Tensor, None]:  # fmt: skip
+    return schedule.loss(model, x0, ids, null, p_uncond), None  # t, ε, drops: the global RNG
+
+
+def _lm_loss(model: nn.Module, ids: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, None]:
+    from gatepool.models.flamingo import caption_loss
+
+    return caption_loss(model.lm(ids), target), None
+
+
+def _caption_loss(model: nn.Module, canvas: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, None]:
+    from gatepool.models.flamingo import caption_loss
+
+    return caption_loss(model(ids, canvas), ids), None
+
+
+def _no_eval(model: nn.Module) -> dict[str, Any]:
+    return {}
+
+
+def _run(cfg: TrainConfig, model: nn.Module, folder: Path | None, name: str, progress: bool,
+         batches: Callable, loss_fn: Callable) -> tuple[nn.Module, dict[str, Any]]:  # fmt: skip
+    """One :func:`train` run of ``model`` in ``folder / name`` (None: no files)."""
+    out = None if folder is None else folder / name
+    result = train(cfg, out=out, progress=progress, verbose=progress, model=model, batches=batches,
+                   loss_fn=loss_fn, eval_fn=_no_eval)  # fmt: skip
+    return result.model, result.record
+
+
+def _new_model(config: dict[str, Any]) -> nn.Module:
     from gatepool.models import create_model
+
+    torch.manual_seed(config["seed"])
+    return create_model(config["model"], **model_kwargs(config))
+
+
+def _train_dual_encoder(config: dict[str, Any], folder: Path | None, progress: bool
+                        ) -> tuple[nn.Module, list]:  # fmt: skip
+    from gatepool.data import load_dataset
     from gatepool.models.digit_text import DigitTokenizer
 
-    model = create_model("dual_encoder", **config["model_kwargs"]).train()
+    model, cfg = _new_model(config), train_config(config)
     ds = load_dataset("mnist", "train")
-    x, y = ds.normalized(), ds.labels
-    tok, g = DigitTokenizer(model.max_len), torch.Generator().manual_seed(config["seed"] + 1)
-
-    def loss(step: int) -> torch.Tensor:
-        i = torch.randint(0, len(y), (config["batch_size"],), generator=g)
-        return model.loss(x[i], caption_batch(y[i], tok, g))
-
-    return model, _fit(list(model.parameters()), loss, config["steps"], config["lr"], config["weight_decay"],
-                       config["warmup"], progress, "dual_encoder")  # fmt: skip
+    tok = DigitTokenizer(model.max_len)
+    batches = functools.partial(_caption_batches, ds.normalized(), ds.labels, tok, cfg)
+    model, record = _run(cfg, model, folder, "train", progress, batches, _contrastive_loss)
+    return model, [record]
 
 
-def _train_unet(config: dict[str, Any], progress: bool) -> tuple[nn.Module, list]:
+def _train_unet(config: dict[str, Any], folder: Path | None, progress: bool) -> tuple[nn.Module, list]:
     from gatepool.data import load_dataset
-    from gatepool.models import create_model
     from gatepool.models.diffusion import DDPMSchedule
     from gatepool.models.digit_text import DigitTokenizer
 
-    model = create_model("cross_attention_unet", image_size=config["image_size"], **config["model_kwargs"])
-    model.train()
+    model, cfg = _new_model(config), train_config(config)
     ds = load_dataset("mnist", "train")
-    x, y = unet_images(ds.images, config["image_size"]), ds.labels
-    tok, g = DigitTokenizer(model.text.max_len), torch.Generator().manual_seed(config["seed"] + 1)
-    schedule, null = DDPMSchedule(), tok.encode("")[0]
-
-    def loss(step: int) -> torch.Tensor:
-        i = torch.randint(0, len(y), (config["batch_size"],), generator=g)
-        return schedule.loss(model, x[i], caption_batch(y[i], tok, g), null, config["p_uncond"], g)
-
-    return model, _fit(list(model.parameters()), loss, config["steps"], config["lr"], config["weight_decay"],
-                       config["warmup"], progress, "unet")  # fmt: skip
+    tok = DigitTokenizer(model.text.max_len)
+    x = unet_images(ds.images, config["image_size"])  # (N, 1, s, s) in [−1, 1]
+    batches = functools.partial(_caption_batches, x, ds.labels, tok, cfg)
+    loss = functools.partial(_denoising_loss, DDPMSchedule(), tok.encode("")[0], config["p_uncond"])
+    model, record = _run(cfg, model, folder, "train", progress, batches, loss)
+    return model, [record]
 
 
-def _train_flamingo(config: dict[str, Any], progress: bool) -> tuple[nn.Module, list]:
+def _train_flamingo(config: dict[str, Any], folder: Path | None, progress: bool) -> tuple[nn.Module, list]:
     from gatepool.data import load_dataset
-    from gatepool.models import create_model
-    from gatepool.models.digit_strip import DIGIT, make_strips
-    from gatepool.models.digit_text import DigitTokenizer, sequence_caption
-    from gatepool.models.flamingo import caption_loss
+    from gatepool.models.digit_text import DigitTokenizer
 
-    slots = config["slots"]
-    model = create_model("flamingo", canvas_size=(DIGIT, DIGIT * slots), **config["model_kwargs"]).train()
-    tok, g = DigitTokenizer(model.max_len), torch.Generator().manual_seed(config["seed"] + 1)
-
-    def lm_loss(step: int) -> torch.Tensor:  # stage 1: the text alone
-        ids = lm_batch(config["batch_size"], slots, tok, g)
-        return caption_loss(model.lm(ids), ids)
-
-    history = _fit(list(model.lm.parameters()), lm_loss, config["lm_steps"], config["lm_lr"], 0.0,
-                   config["warmup"], progress, "flamingo (text LM)")  # fmt: skip
-    for h in history:
-        h["stage"] = "lm"
-    model.freeze_lm()
+    slots, model = config["slots"], _new_model(config)
+    tok = DigitTokenizer(model.max_len)
+    cfg = train_config(config, "lm")  # stage 1: the text alone (only the LM gets gradients)
+    model, lm = _run(cfg, model, folder, "lm", progress, functools.partial(_lm_batches, slots, tok, cfg),
+                     _lm_loss)  # fmt: skip
+    model.freeze_lm()  # stage 2: canvases, the LM frozen
     ds = load_dataset("mnist", "train")
-
-    def xattn_loss(step: int) -> torch.Tensor:  # stage 2: canvases, the LM frozen
-        canvas, digits = make_strips(ds.images, ds.labels, config["batch_size"], slots, g)
-        ids = tok.encode([sequence_caption(d) for d in digits])
-        return caption_loss(model(ids, canvas), ids)
-
-    new = [p for p in model.parameters() if p.requires_grad]
-    history += [{**h, "stage": "xattn"} for h in _fit(new, xattn_loss, config["steps"], config["lr"],
-                config["weight_decay"], config["warmup"], progress, "flamingo (gated x-attn)")]  # fmt: skip
-    return model, history
+    cfg = train_config(config, "xattn")
+    batches = functools.partial(_strip_batches, ds.images, ds.labels, slots, tok, cfg)
+    model, xattn = _run(cfg, model, folder, "xattn", progress, batches, _caption_loss)
+    return model, [lm, xattn]
 
 
 _TRAINERS = {"dual_encoder": _train_dual_encoder, "cross_attention_unet": _train_unet,
              "flamingo": _train_flamingo}  # fmt: skip
+
+
+def _history(records: list[dict[str, Any]], stages: tuple[str, ...] | None) -> list[dict[str, Any]]:
+    """The loss curve of the trainer's records: per epoch its last step, mean loss, lr and the seconds
+    since its run began (Flamingo: and the stage)."""
+    rows = []
+    for k, record in enumerate(records):
+        per_epoch, seconds = record["config"]["steps_per_epoch"], 0.0
+        for row in record["history"]:
+            seconds += row["seconds"]
+            rows.append({"step": row["epoch"] * per_epoch, "loss": row["train_loss"], "lr": row["lr"],
+                         "seconds": seconds, **({"stage": stages[k]} if stages else {})})  # fmt: skip
+    return rows
 
 
 def model_kwargs(config: dict[str, Any]) -> dict[str, Any]:
@@ -217,17 +274,15 @@ def train_variant(config: dict[str, Any], out: str | Path | None = None, *, prog
             model = create_model(config["model"], **model_kwargs(config))
             model.load_state_dict(load(data))
             return model.eval(), record
-    with num_threads(config["threads"]):
-        torch.manual_seed(config["seed"])
-        t0 = time.perf_counter()
-        model, history = _TRAINERS[config["model"]](config, progress)
-        seconds = time.perf_counter() - t0
+    records: list[dict[str, Any]]
+    model, records = _TRAINERS[config["model"]](config, folder, progress)
     model.eval()
     data = save({k: v.contiguous() for k, v in model.state_dict().items()})
+    stages = ("lm", "xattn") if config["model"] == "flamingo" else None
     record = {"config": config, "model": config["model"], "model_kwargs": model_kwargs(config),
-              "parameters": sum(p.numel() for p in model.parameters()), "history": history,
-              "seconds": seconds, "threads": config["threads"], "torch": torch.__version__,
-              "weights_sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
+              "parameters": sum(p.numel() for p in model.parameters()), "history": _history(records, stages),
+              "seconds": sum(r["seconds"] for r in records), "threads": config["threads"],
+              "torch": torch.__version__, "weights_sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(folder / "model.safetensors", data)
