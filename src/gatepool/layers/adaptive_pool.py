@@ -27,15 +27,12 @@ gate here); it computes in float32 (float64 stays float64) and returns the input
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
+from gatepool.layers.gate_parameters import GateParameters
 from gatepool.layers.windows import (
     channel_view,
-    check_temperature,
     compute_dtype,
     scale_scores,
     weighted_sum,
@@ -57,8 +54,6 @@ _TORCH = {
     "max": {1: F.adaptive_max_pool1d, 2: F.adaptive_max_pool2d, 3: F.adaptive_max_pool3d},
     "avg": {1: F.adaptive_avg_pool1d, 2: F.adaptive_avg_pool2d, 3: F.adaptive_avg_pool3d},
 }
-_CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
-_CONV_FN = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
 
 def adaptive_windows(size: int, out: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,7 +73,7 @@ def adaptive_windows(size: int, out: int, device=None) -> tuple[torch.Tensor, to
     return index, mask
 
 
-class AdaptiveGatedPoolNd(nn.Module):
+class AdaptiveGatedPoolNd(GateParameters):
     """A gate over torch's adaptive windows in ``dim`` dimensions (use AdaptiveGatedPool1d / 2d / 3d).
 
     Args:
@@ -106,41 +101,10 @@ class AdaptiveGatedPoolNd(nn.Module):
                 f"gate={gate!r} has no adaptive form{hint}; choose one of {list(ADAPTIVE_GATES)}"
             )
         self.output_size = _check_output_size(output_size, d)
-        if channels is not None and (
-            isinstance(channels, bool) or not isinstance(channels, int) or channels < 1
-        ):
-            raise ValueError(f"channels must be an int ≥ 1 (or None for max/avg/soft), got {channels!r}")
-        if gate in ("soft-learned", "attention") and channels is None:
-            raise ValueError(f"gate={gate!r} has weights: pass channels=C (an int ≥ 1)")
-        check_temperature(temperature)
-        if gate in ("max", "avg") and temperature != 1.0:
-            raise ValueError(f"gate={gate!r} has no temperature: it needs temperature=1.0, got {temperature}")
-        self.gate = gate
-        self.channels = channels
-        self.fixed_temperature = float(temperature)
-        if gate == "soft-learned":
-            self.log_temperature = nn.Parameter(torch.full((channels,), math.log(temperature)))  # log τ_c
-        elif gate == "attention":
-            self.score = _CONV[d](channels, 1, 1, bias=False)  # s_j = x_j · w
-            self.value = _CONV[d](channels, channels, 1, bias=False)  # v_j = V x_j
-            nn.init.normal_(self.score.weight, 0.0, channels**-0.5)  # w ~ N(0, 1/C): Var(s) = Var(x)
-            with torch.no_grad():
-                self.value.weight.copy_(torch.eye(channels).view(channels, channels, *([1] * d)))  # V = I
-
-    @property
-    def temperature(self) -> torch.Tensor | float:
-        """τ: the per-channel tensor ``exp(log τ)`` of shape (C,) for "soft-learned", else the float."""
-        if self.gate == "soft-learned":
-            return self.log_temperature.exp()
-        return self.fixed_temperature
+        self.init_gate(gate, channels, temperature)
 
     def extra_repr(self) -> str:
-        s = f"{self.output_size}, gate={self.gate!r}"
-        if self.channels is not None:
-            s += f", channels={self.channels}"
-        if self.gate in ("soft", "attention") and self.fixed_temperature != 1.0:
-            s += f", temperature={self.fixed_temperature}"
-        return s
+        return f"{self.output_size}, gate={self.gate!r}" + self.gate_repr()
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         """``(N, C, *spatial) -> (N, C, *output_size)``; unbatched ``(C, *spatial) -> (C, *output_size)``."""
@@ -161,19 +125,19 @@ class AdaptiveGatedPoolNd(nn.Module):
         size = tuple(n if o is None else o for n, o in zip(xb.shape[2:], self.output_size))
         x = xb.to(compute_dtype(xb.dtype))
         if self.gate == "attention":
-            scores = _CONV_FN[d](x, self.score.weight.to(x.dtype))  # (N, 1, *spatial)
-            values = _CONV_FN[d](x, self.value.weight.to(x.dtype))  # (N, C, *spatial)
-            tau = self.fixed_temperature
+            scores, tau = self.scores(x), self.fixed_temperature  # (N, 1, *spatial)
         else:
-            scores = values = x
-            tau = self.temperature
+            scores, tau = x, self.temperature
             tau = channel_view(tau.to(x.dtype), d + 1) if isinstance(tau, torch.Tensor) else tau
         found = [adaptive_windows(n, o, x.device) for n, o in zip(xb.shape[2:], size)]  # (o_a, K_a) each
         windows, mask = [w for w, _ in found], _outer_mask([m for _, m in found])  # mask (*out, K)
-        v = _gather(values, windows)  # (N, C, *out, K)
-        s = v if scores is values else _gather(scores, windows)  # (N, 1 or C, *out, K)
+        v = _gather(x, windows)  # (N, C, *out, K)
+        s = v if scores is x else _gather(scores, windows)  # (N, 1 or C, *out, K)
         gates = window_softmax(scale_scores(s, tau), mask)
-        out = weighted_sum(gates, v, mask).to(input.dtype)  # (N, C, *out)
+        out = weighted_sum(gates, v, mask)  # (N, C, *out)
+        if self.gate == "attention":
+            out = self.project(out)  # V · Σ_j g_j x_j = Σ_j g_j V x_j
+        out = out.to(input.dtype)
         return out if batched else out.squeeze(0)
 
 

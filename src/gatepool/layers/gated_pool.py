@@ -15,8 +15,10 @@ Every pooling is a gated sum over a window of values v_1 … v_n; the kinds diff
 For the soft gates out = V · softmax(V/τ) and ∂out/∂v_j = g_j (1 + (v_j − out)/τ): every input in the
 window gets a gradient, where max gives it to one input only. "attention" scores each position by a
 learned 1×1 projection of its channel vector x_j (one score per position, shared by the channels) and
-pools a learned 1×1 value projection; it starts with V = I and w ~ N(0, 1/C), so at init it is soft
-pooling with a random score (it is not :class:`gatepool.layers.attention_pool`'s learned-query pooling).
+pools a learned 1×1 value projection, computed as V · Σ_j g_j x_j (the gates sum to 1: the projection
+runs on the pooled map, see :mod:`gatepool.layers.gate_parameters`); it starts with V = I and
+w ~ N(0, 1/C), so at init it is soft pooling with a random score (it is not
+:class:`gatepool.layers.attention_pool`'s learned-query pooling).
 "conv" is a depthwise conv with stride s and dilation d: its gates are its weights, the same for every
 input; it starts at w = 1/K, i.e. as average pooling, and is free to learn any position weights.
 
@@ -45,15 +47,14 @@ import dataclasses
 import math
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 from gatepool.layers import fused_pool
+from gatepool.layers.gate_parameters import GATES_WITH_TEMPERATURE, GATES_WITH_WEIGHTS, GateParameters
 from gatepool.layers.soft_pool import soft_pool_windows
 from gatepool.layers.windows import (
     IntOrTuple,
     PoolGeometry,
-    check_temperature,
     check_window_args,
     compute_dtype,
     like_input_format,
@@ -65,12 +66,12 @@ from gatepool.layers.windows import (
 )
 
 GATES = ("max", "avg", "soft", "soft-learned", "attention", "conv")
-GATES_WITH_WEIGHTS = ("soft-learned", "attention", "conv")
-GATES_WITH_TEMPERATURE = ("soft", "soft-learned", "attention")
 TORCH_GATES = ("max", "avg")  # torch's own kernels, in the input's dtype
 
 __all__ = [
     "GATES",
+    "GATES_WITH_TEMPERATURE",
+    "GATES_WITH_WEIGHTS",
     "AttentionGatePool1d",
     "AttentionGatePool2d",
     "AttentionGatePool3d",
@@ -87,11 +88,10 @@ __all__ = [
 
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
-_CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
 _CONV_FN = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
 
-class GatedPoolNd(nn.Module):
+class GatedPoolNd(GateParameters):
     """Gated pooling in ``dim`` spatial dimensions (use GatedPool1d / 2d / 3d).
 
     Args:
@@ -127,17 +127,6 @@ class GatedPoolNd(nn.Module):
         super().__init__()
         if gate not in GATES:
             raise ValueError(f"gate={gate!r} is unknown; choose one of {list(GATES)}")
-        bad_channels = isinstance(channels, bool) or not isinstance(channels, int) or channels < 1
-        if channels is not None and bad_channels:
-            raise ValueError(f"channels must be an int ≥ 1 (or None for max/avg/soft), got {channels!r}")
-        if gate in GATES_WITH_WEIGHTS and channels is None:
-            raise ValueError(f"gate={gate!r} has weights: pass channels=C (an int ≥ 1)")
-        check_temperature(temperature)
-        if gate not in GATES_WITH_TEMPERATURE and temperature != 1.0:
-            raise ValueError(
-                f"temperature applies to the gates {list(GATES_WITH_TEMPERATURE)} only; "
-                f"gate={gate!r} needs temperature=1.0, got {temperature}"
-            )
         if return_indices and gate != "max":
             raise ValueError(f"return_indices applies to gate='max' only; got gate={gate!r}")
         if not count_include_pad and gate != "avg":
@@ -145,35 +134,14 @@ class GatedPoolNd(nn.Module):
                 f"count_include_pad applies to gate='avg' only (the soft family always gives padded taps "
                 f"gate 0); gate={gate!r} needs count_include_pad=True"
             )
-        d = self.dim
-        self.gate = gate
         self.kernel_size, self.stride, self.padding, self.dilation = check_window_args(
-            kernel_size, stride, padding, dilation, d
+            kernel_size, stride, padding, dilation, self.dim
         )
+        self.init_gate(gate, channels, temperature, self.kernel_size)
         self.return_indices = bool(return_indices)
         self.ceil_mode = bool(ceil_mode)
-        self.channels = channels
         self.count_include_pad = bool(count_include_pad)
         self.return_weights = bool(return_weights)
-        self.fixed_temperature = float(temperature)
-        K = math.prod(self.kernel_size)
-        if gate == "soft-learned":
-            self.log_temperature = nn.Parameter(torch.full((channels,), math.log(temperature)))  # log τ_c
-        elif gate == "attention":
-            self.score = _CONV[d](channels, 1, 1, bias=False)  # s_j = x_j · w
-            self.value = _CONV[d](channels, channels, 1, bias=False)  # v_j = V x_j
-            nn.init.normal_(self.score.weight, 0.0, channels**-0.5)  # w ~ N(0, 1/C): Var(s) = Var(x)
-            with torch.no_grad():
-                self.value.weight.copy_(torch.eye(channels).view(channels, channels, *([1] * d)))  # V = I
-        elif gate == "conv":
-            self.mixing = nn.Parameter(torch.full((channels, 1, *self.kernel_size), 1.0 / K))  # avg at init
-
-    @property
-    def temperature(self) -> torch.Tensor | float:
-        """τ: the per-channel tensor ``exp(log τ)`` of shape (C,) for "soft-learned", else the float."""
-        if self.gate == "soft-learned":
-            return self.log_temperature.exp()
-        return self.fixed_temperature
 
     def extra_repr(self) -> str:
         s = f"gate={self.gate!r}, kernel_size={self.kernel_size}, stride={self.stride}"
@@ -185,11 +153,7 @@ class GatedPoolNd(nn.Module):
                 s += f", {flag}=True"
         if not self.count_include_pad:
             s += ", count_include_pad=False"
-        if self.channels is not None:
-            s += f", channels={self.channels}"
-        if self.gate in ("soft", "attention") and self.fixed_temperature != 1.0:
-            s += f", temperature={self.fixed_temperature}"
-        return s
+        return s + self.gate_repr()
 
     def forward(self, input: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """``(N, C, *spatial) -> (N, C, *out)``; then the indices and the weights, if asked for."""
@@ -257,13 +221,18 @@ class GatedPoolNd(nn.Module):
     _soft_learned = _soft
 
     def _attention(self, x: torch.Tensor, geo: PoolGeometry):
-        w_s, w_v = self.score.weight.to(x.dtype), self.value.weight.to(x.dtype)
-        scores = _CONV_FN[self.dim](x, w_s)  # (N, 1, *spatial)
-        values = _CONV_FN[self.dim](x, w_v)  # (N, C, *spatial)
-        if not self.return_weights and fused_pool.usable(values):  # one pass: score softmax and sum
-            return fused_pool.softmax_pool(values, scores, self.fixed_temperature, geo), None, None
-        scores = scale_scores(scores, self.fixed_temperature)
-        out, weights = softmax_pool_unfold(values, scores, geo)  # weights (N, 1, *out, K)
+        scores = self.scores(x)  # (N, 1, *spatial)
+        if not self.return_weights and fused_pool.usable(x):  # one pass: score softmax and sum
+            pooled, weights = fused_pool.softmax_pool(x, scores, self.fixed_temperature, geo), None
+        else:
+            pooled, weights = softmax_pool_unfold(x, scale_scores(scores, self.fixed_temperature), geo)
+        # V · Σ_j g_j x_j = Σ_j g_j V x_j (the gates sum to 1); weights (N, 1, *out, K)
+        empty = None
+        if max(geo.dilation) > 1 and geo.has_padding:  # only dilated windows can miss the input entirely
+            empty = ~window_mask(geo, x.device).any(-1)  # (*out): the gates sum to 0 there, out is −inf
+        if empty is None or not empty.any():
+            return self.project(pooled), None, weights
+        out = self.project(pooled.masked_fill(empty, 0.0)).masked_fill(empty, -math.inf)
         return out, None, weights
 
     def _conv(self, x: torch.Tensor, geo: PoolGeometry):

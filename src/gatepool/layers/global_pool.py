@@ -27,34 +27,30 @@ in the input's dtype (so "avg" equals the global average pool it replaces, bit f
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 from gatepool.layers import fused_pool
+from gatepool.layers.gate_parameters import GateParameters
 from gatepool.layers.gated_pool import GATES
 from gatepool.layers.soft_pool import soft_pool_windows
 from gatepool.layers.windows import (
-    check_temperature,
     compute_dtype,
     pool_geometry,
     scale_scores,
     softmax_pool_unfold,
 )
-from gatepool.utils.checks import check_int
 
 GLOBAL_GATES = tuple(g for g in GATES if g != "conv")  # "conv" sets its gates by position in a fixed window
 
 __all__ = ["GLOBAL_GATES", "GlobalGatedPool1d", "GlobalGatedPool2d", "GlobalGatedPool3d", "GlobalGatedPoolNd"]
 
-_CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
-_CONV_FN = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _TORCH = {
     "max": {1: F.adaptive_max_pool1d, 2: F.adaptive_max_pool2d, 3: F.adaptive_max_pool3d},
     "avg": {1: F.adaptive_avg_pool1d, 2: F.adaptive_avg_pool2d, 3: F.adaptive_avg_pool3d},
 }
 
 
-class GlobalGatedPoolNd(nn.Module):
+class GlobalGatedPoolNd(GateParameters):
     """A gate over the whole spatial extent in ``dim`` dimensions (use GlobalGatedPool1d / 2d / 3d).
 
     Args:
@@ -78,39 +74,11 @@ class GlobalGatedPoolNd(nn.Module):
         if gate not in GLOBAL_GATES:
             hint = " ('conv' weighs fixed window positions; a global window has none)" * (gate == "conv")
             raise ValueError(f"gate={gate!r} has no global form{hint}; choose one of {list(GLOBAL_GATES)}")
-        check_int(channels, "channels", optional=True)  # None: max, avg and soft need none
-        if gate in ("soft-learned", "attention") and channels is None:
-            raise ValueError(f"gate={gate!r} has weights: pass channels=C (an int ≥ 1)")
-        check_temperature(temperature)
-        if gate in ("max", "avg") and temperature != 1.0:
-            raise ValueError(f"gate={gate!r} has no temperature: it needs temperature=1.0, got {temperature}")
-        d = self.dim
-        self.gate = gate
-        self.channels = channels
-        self.fixed_temperature = float(temperature)
+        self.init_gate(gate, channels, temperature)
         self.flatten = bool(flatten)
-        if gate == "soft-learned":
-            self.log_temperature = nn.Parameter(torch.full((channels,), float(temperature)).log())  # log τ_c
-        elif gate == "attention":
-            self.score = _CONV[d](channels, 1, 1, bias=False)  # s_j = x_j · w
-            self.value = _CONV[d](channels, channels, 1, bias=False)  # v_j = V x_j
-            nn.init.normal_(self.score.weight, 0.0, channels**-0.5)  # w ~ N(0, 1/C): Var(s) = Var(x)
-            with torch.no_grad():
-                self.value.weight.copy_(torch.eye(channels).view(channels, channels, *([1] * d)))  # V = I
-
-    @property
-    def temperature(self) -> torch.Tensor | float:
-        """τ: the per-channel tensor ``exp(log τ)`` of shape (C,) for "soft-learned", else the float."""
-        if self.gate == "soft-learned":
-            return self.log_temperature.exp()
-        return self.fixed_temperature
 
     def extra_repr(self) -> str:
-        s = f"gate={self.gate!r}"
-        if self.channels is not None:
-            s += f", channels={self.channels}"
-        if self.gate in ("soft", "attention") and self.fixed_temperature != 1.0:
-            s += f", temperature={self.fixed_temperature}"
+        s = f"gate={self.gate!r}" + self.gate_repr()
         if self.flatten:
             s += ", flatten=True"
         return s
@@ -132,11 +100,8 @@ class GlobalGatedPoolNd(nn.Module):
             out = out.view(n, c) if self.flatten else out
             return out if batched else out.squeeze(0)
         x = xb.to(compute_dtype(xb.dtype))
-        if self.gate == "attention":
-            scores = _CONV_FN[d](x, self.score.weight.to(x.dtype)).flatten(2)  # (N, 1, L)
-            values = _CONV_FN[d](x, self.value.weight.to(x.dtype)).flatten(2)  # (N, C, L)
-        else:
-            scores, values = None, x.flatten(2)  # (N, C, L): the whole map is one window
+        scores = self.scores(x).flatten(2) if self.gate == "attention" else None  # (N, 1, L)
+        values = x.flatten(2)  # (N, C, L): the whole map is one window
         length = values.shape[-1]
         geo = pool_geometry(values, 1, length)  # one window of L taps, out (N, C, 1)
         tau = self.fixed_temperature if self.gate == "attention" else self.temperature  # float or (C,)
@@ -152,6 +117,8 @@ class GlobalGatedPoolNd(nn.Module):
                 out = softmax_pool_unfold(values, scale_scores(scores, tau), geo)[0]
         else:
             out = soft_pool_windows(values, geo, tau)[0]
+        if self.gate == "attention":
+            out = self.project(out)  # V · Σ_j g_j x_j = Σ_j g_j V x_j: C×C once, not at every position
         # (N, C, 1); a copy: the fused op's output may be a view made inside its autograd Function, and a
         # block that changes our output in place (EfficientNet's head: an in-place dropout) must be able to
         out = out.to(input.dtype, copy=True)
