@@ -129,3 +129,55 @@ def test_the_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
     finally:
         monkeypatch.undo()
         fused_pool._library.cache_clear()
+
+
+# ------------------------------------------------------------------------------------------ the boundary
+
+
+def _altered_copy(tmp_path, old, new):
+    """A copy of the kernels' sources with ``old`` replaced by ``new`` in softmax_pool.c: its .c path."""
+    folder = tmp_path / "kernels"
+    folder.mkdir()
+    for path in fused_pool.SOURCE.parent.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    source = folder / fused_pool.SOURCE.name
+    text = source.read_text()
+    assert text.count(old) == 1
+    source.write_text(text.replace(old, new))
+    return source
+
+
+def test_the_structs_match_the_c_side():
+    lib = fused_pool._library()
+    buf = __import__("ctypes").create_string_buffer(4096)
+    lib.gp_layout(buf, len(buf))
+    assert buf.value.decode() == fused_pool.layout()  # the check load() makes, field by field
+    assert "gp_geometry.dilation" in fused_pool.layout() and "gp_tensors.ga" in fused_pool.layout()
+
+
+@pytest.mark.parametrize(
+    "old, new, where",
+    [
+        ("int64_t n, c, cs, ca;", "int64_t c, n, cs, ca;", "gp_geometry.n"),  # two fields swapped
+        ("int64_t n, c, cs, ca;", "int64_t n, c, cs, ca, extra;", "gp_geometry 184"),  # a field more: the size
+        ("const void *v, *s, *a;", "const void *s, *v, *a;", "gp_tensors.v"),
+    ],
+)
+def test_a_c_side_that_disagrees_fails_at_load(tmp_path, old, new, where):
+    source = _altered_copy(tmp_path, old, new)
+    lib = fused_pool.build(source, tmp_path / "cache")
+    with pytest.raises(RuntimeError, match=f"disagree.*C says '{where}"):
+        fused_pool.load(lib)
+
+
+def test_a_python_side_that_disagrees_fails_at_load():
+    import ctypes
+
+    class Shorter(ctypes.Structure):  # the geometry without its last field
+        _fields_ = fused_pool.Geometry._fields_[:-1]
+
+    lib = fused_pool.build()
+    fused_pool.load(lib)  # the real one loads
+    structs = {"gp_geometry": Shorter, "gp_tensors": fused_pool.Tensors}
+    with pytest.raises(RuntimeError, match="disagree at line 1 .*Python says 'gp_geometry 152'"):
+        fused_pool.load(lib, structs)

@@ -26,6 +26,8 @@
    backward (each owns its slice of the gradients: no races where windows overlap). */
 
 #include <math.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,8 +38,42 @@
 #define THREAD_ID 0
 #endif
 
-/* geometry: n, c, cs, in[3], out[3], k[3], s[3], p[3], dl[3] as 21 int64 */
-enum { G_N, G_C, G_CS, G_IN, G_OUT = 6, G_K = 9, G_S = 12, G_P = 15, G_DL = 18 };
+/* The boundary with Python (fused_pool.py declares the same two structs as ctypes.Structure and checks
+   them against gp_layout() when it loads this library). Sizes are 3-D: 1-D and 2-D pools have leading
+   spatial sizes of 1 (kernel, stride, dilation 1, padding 0). */
+typedef struct {
+    int64_t n, c, cs, ca;            /* batch, channels, score channels (c or 1), temperatures (c or 1) */
+    int64_t in_size[3], out_size[3]; /* spatial sizes of the input and the output */
+    int64_t kernel[3], stride[3], padding[3], dilation[3];
+} gp_geometry;
+
+typedef struct { /* channels-last memory, (N, *spatial, channels); NULL where a tensor is absent */
+    const void *v, *s, *a;         /* values (.., C), scores (.., CS; s = v for soft pooling), a = 1/τ (CA) */
+    void *out, *stats;             /* (N, *out, C), (2, N, *out, CS): the forward writes, the backward reads */
+    const void *gout;              /* ∂L/∂out (N, *out, C): the backward's */
+    void *gv, *gs, *ga;            /* ∂L/∂v, ∂L/∂s (NULL: soft pooling, into gv), ∂L/∂a (threads × CA or NULL) */
+} gp_tensors;
+
+/* Every field of both structs as "struct.field offset size" lines after "struct size" ones, into buf
+   (cap bytes); returns the length the whole text needs. The loader compares it with its ctypes copies. */
+int64_t gp_layout(char *buf, int64_t cap) {
+    int64_t len = 0;
+#define GP_PUT(...) len += snprintf(buf + (len < cap ? len : cap), len < cap ? cap - len : 0, __VA_ARGS__)
+#define GP_STRUCT(S) GP_PUT(#S " %zu\n", sizeof(S))
+#define GP_FIELD(S, f) GP_PUT(#S "." #f " %zu %zu\n", offsetof(S, f), sizeof(((S *)0)->f))
+    GP_STRUCT(gp_geometry);
+    GP_FIELD(gp_geometry, n); GP_FIELD(gp_geometry, c); GP_FIELD(gp_geometry, cs); GP_FIELD(gp_geometry, ca);
+    GP_FIELD(gp_geometry, in_size); GP_FIELD(gp_geometry, out_size); GP_FIELD(gp_geometry, kernel);
+    GP_FIELD(gp_geometry, stride); GP_FIELD(gp_geometry, padding); GP_FIELD(gp_geometry, dilation);
+    GP_STRUCT(gp_tensors);
+    GP_FIELD(gp_tensors, v); GP_FIELD(gp_tensors, s); GP_FIELD(gp_tensors, a); GP_FIELD(gp_tensors, out);
+    GP_FIELD(gp_tensors, stats); GP_FIELD(gp_tensors, gout); GP_FIELD(gp_tensors, gv);
+    GP_FIELD(gp_tensors, gs); GP_FIELD(gp_tensors, ga);
+#undef GP_FIELD
+#undef GP_STRUCT
+#undef GP_PUT
+    return len;
+}
 
 /* e^x for x ≤ 0 in float: Cody–Waite reduction and Cephes' degree-6 polynomial (about 1 ulp), the
    power of two put into the exponent bits. Plain arithmetic, so a loop over channels vectorizes. */
@@ -61,9 +97,12 @@ static inline float exp_f(float x) {
 
 static inline double exp_d(double x) { return exp(x); }
 
+static inline int64_t volume(const int64_t *size) { return size[0] * size[1] * size[2]; }
+
 /* The input positions (flat (d·H + h)·W + w) of output position o's taps inside the input; their count. */
-static int taps_of(const int64_t *g, int64_t o, int64_t *taps) {
-    const int64_t *in = g + G_IN, *out = g + G_OUT, *k = g + G_K, *s = g + G_S, *p = g + G_P, *dl = g + G_DL;
+static int taps_of(const gp_geometry *g, int64_t o, int64_t *taps) {
+    const int64_t *in = g->in_size, *out = g->out_size, *k = g->kernel, *s = g->stride, *p = g->padding;
+    const int64_t *dl = g->dilation;
     int64_t ow = o % out[2], oh = (o / out[2]) % out[1], od = o / (out[2] * out[1]);
     int count = 0;
     for (int64_t a = 0; a < k[0]; a++) {
@@ -82,16 +121,15 @@ static int taps_of(const int64_t *g, int64_t o, int64_t *taps) {
 }
 
 /* Do no two windows read the same input? (stride ≥ span in every dimension: tiling windows) */
-static int disjoint_windows(const int64_t *g) {
+static int disjoint_windows(const gp_geometry *g) {
     for (int i = 0; i < 3; i++)
-        if (g[G_S + i] < g[G_DL + i] * (g[G_K + i] - 1) + 1) return 0;
+        if (g->stride[i] < g->dilation[i] * (g->kernel[i] - 1) + 1) return 0;
     return 1;
 }
 
 /* 1 at the input positions (of one batch element) some window reads, else 0; the caller frees it. */
-static char *coverage(const int64_t *g) {
-    const int64_t IS = g[G_IN] * g[G_IN + 1] * g[G_IN + 2], OS = g[G_OUT] * g[G_OUT + 1] * g[G_OUT + 2];
-    const int64_t K = g[G_K] * g[G_K + 1] * g[G_K + 2];
+static char *coverage(const gp_geometry *g) {
+    const int64_t IS = volume(g->in_size), OS = volume(g->out_size), K = volume(g->kernel);
     char *covered = calloc(IS, 1);
     int64_t *taps = malloc(sizeof(int64_t) * K);
     for (int64_t o = 0; o < OS; o++) {

@@ -4,11 +4,12 @@
 #define CAT(a, b) CAT_(a, b)
 
 /* Redo lane c of one window (taps[0..nt)) by the limits; returns out, leaves the gates in gate[]. */
-static double CAT(limit_lane, SUFFIX)(const T *v, const T *s, const T *a, int64_t a_per_channel,
-                                       const int64_t *g, int64_t n, const int64_t *taps, int nt, int64_t c,
-                                       double *z, double *vals, double *gate, int *finite_top) {
-    const int64_t C = g[G_C], CS = g[G_CS], IS = g[G_IN] * g[G_IN + 1] * g[G_IN + 2];
-    double ac = a[a_per_channel ? c : 0];
+static double CAT(limit_lane, SUFFIX)(const gp_geometry *g, const gp_tensors *ts, int64_t n,
+                                       const int64_t *taps, int nt, int64_t c, double *z, double *vals,
+                                       double *gate, int *finite_top) {
+    const int64_t C = g->c, CS = g->cs, IS = volume(g->in_size);
+    const T *v = ts->v, *s = ts->s, *a = ts->a;
+    double ac = a[g->ca == C ? c : 0];
     for (int t = 0; t < nt; t++) {
         int64_t j = n * IS + taps[t];
         z[t] = ac * (double)(CS == C ? s[j * C + c] : s[j]);
@@ -19,11 +20,11 @@ static double CAT(limit_lane, SUFFIX)(const T *v, const T *s, const T *a, int64_
 
 /* out: (N, *out, C); stats: (2, N, *out, CS), the window max m and 1 / den per lane (m = NaN: a lane
    redone by the limits). Returns how many outputs are not finite. */
-int64_t CAT(softmax_pool_forward, SUFFIX)(const T *v, const T *s, const T *a, int64_t a_per_channel,
-                                          T *out, T *stats, const int64_t *g, int threads) {
-    const int64_t N = g[G_N], C = g[G_C], CS = g[G_CS];
-    const int64_t IS = g[G_IN] * g[G_IN + 1] * g[G_IN + 2], OS = g[G_OUT] * g[G_OUT + 1] * g[G_OUT + 2];
-    const int64_t K = g[G_K] * g[G_K + 1] * g[G_K + 2];
+int64_t CAT(softmax_pool_forward, SUFFIX)(const gp_geometry *g, const gp_tensors *ts, int threads) {
+    const int64_t N = g->n, C = g->c, CS = g->cs, a_per_channel = g->ca == C;
+    const int64_t IS = volume(g->in_size), OS = volume(g->out_size), K = volume(g->kernel);
+    const T *v = ts->v, *s = ts->s, *a = ts->a;
+    T *out = ts->out, *stats = ts->stats;
     int64_t bad = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : bad)
     {
@@ -85,8 +86,7 @@ int64_t CAT(softmax_pool_forward, SUFFIX)(const T *v, const T *s, const T *a, in
             if (!slow) continue;
             for (int64_t c = 0; c < C; c++) { /* non-finite lanes (all of them for shared scores): the limits */
                 if (CS == C && isfinite(y[c])) continue;
-                y[c] = CAT(limit_lane, SUFFIX)(v, s, a, a_per_channel, g, n, taps, nt, c, z, vals, gate,
-                                               &finite_top);
+                y[c] = CAT(limit_lane, SUFFIX)(g, ts, n, taps, nt, c, z, vals, gate, &finite_top);
                 if (CS == C) mm[c] = NAN;
                 bad += !isfinite(y[c]);
             }
@@ -121,12 +121,11 @@ static inline void CAT(backward_lanes, SUFFIX)(int64_t C, const T *av, const T *
    ga: (threads × C or threads × 1) partial sums of ∂L/∂a, or NULL when a needs no gradient.
    Where no two windows share an input (tiling windows), each gradient is written once, not zeroed
    and then added to (a third of the memory traffic); inputs no window reads are zeroed. */
-void CAT(softmax_pool_backward, SUFFIX)(const T *v, const T *s, const T *a, int64_t a_per_channel,
-                                        const T *out, const T *stats, const T *gout, T *gv, T *gs, T *ga,
-                                        const int64_t *g, int threads) {
-    const int64_t N = g[G_N], C = g[G_C], CS = g[G_CS];
-    const int64_t IS = g[G_IN] * g[G_IN + 1] * g[G_IN + 2], OS = g[G_OUT] * g[G_OUT + 1] * g[G_OUT + 2];
-    const int64_t K = g[G_K] * g[G_K + 1] * g[G_K + 2], AC = a_per_channel ? C : 1;
+void CAT(softmax_pool_backward, SUFFIX)(const gp_geometry *g, const gp_tensors *ts, int threads) {
+    const int64_t N = g->n, C = g->c, CS = g->cs, a_per_channel = g->ca == C, AC = g->ca;
+    const int64_t IS = volume(g->in_size), OS = volume(g->out_size), K = volume(g->kernel);
+    const T *v = ts->v, *s = ts->s, *a = ts->a, *out = ts->out, *stats = ts->stats, *gout = ts->gout;
+    T *gv = ts->gv, *gs = ts->gs, *ga = ts->ga;
     char *covered = disjoint_windows(g) ? coverage(g) : NULL; /* NULL: windows overlap, accumulate */
     const int disjoint = covered != NULL;
 #pragma omp parallel num_threads(threads)
@@ -184,8 +183,7 @@ void CAT(softmax_pool_backward, SUFFIX)(const T *v, const T *s, const T *a, int6
                     }
                 for (int64_t c = 0; c < C; c++) { /* the lanes the forward redid: the same limits */
                     if (CS == C && mm[c] == mm[c]) continue;
-                    double yc = CAT(limit_lane, SUFFIX)(v, s, a, a_per_channel, g, n, taps, nt, c, z, vals,
-                                                        gate, &finite_top);
+                    double yc = CAT(limit_lane, SUFFIX)(g, ts, n, taps, nt, c, z, vals, gate, &finite_top);
                     double ac = a[a_per_channel ? c : 0];
                     for (int t = 0; t < nt; t++) {
                         if (gate[t] == 0) continue; /* gate 0: no gradient (not 0 · inf) */
