@@ -12,7 +12,8 @@ is the attention gate's one score per position. ``tau`` is ``(C,)`` or ``(1,)``.
 kernel works in channels-last memory, so :func:`softmax_pool` copies an NCHW input to it once (the
 copy autograd keeps for the backward) and the result back. float32 and float64; ``stats``
 ``(2, N, *out, C or 1)``, the window max m of z = s/τ and 1/Σ e^(z−m) per window and score channel, is
-what the backward needs besides the output (as much memory as max pool's int64 indices).
+what the backward needs besides the output (as much memory as max pool's int64 indices; the float32
+kernel keeps m in base-2 units, z·log2 e: each backward reads only its own forward's stats).
 ``torch.library.opcheck`` passes for both, and ``torch.compile`` sees them as single nodes
 (``fullgraph=True`` holds).
 
@@ -344,11 +345,14 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(values, scores, tau, out, stats)
     ctx.geometry = geometry
     ctx.mark_non_differentiable(stats)
+    ctx.set_materialize_grads(False)  # no zeros of stats' shape for a gradient it never has
 
 
 def _backward(ctx, grad_out, _grad_stats):
     values, scores, tau, out, stats = ctx.saved_tensors
     need_v, need_s, need_tau = ctx.needs_input_grad[:3]
+    if grad_out is None:  # out did not reach the loss
+        grad_out = torch.zeros_like(out)
     if torch.is_grad_enabled():  # create_graph=True: the gradient needs a graph of its own
         return (*_plain_vjp(values, scores, tau, ctx.geometry, grad_out, (need_v, need_s, need_tau)), None)
     gv, gs, gt = _backward_op(grad_out, values, scores, tau, out, stats, ctx.geometry, need_tau)

@@ -1,13 +1,20 @@
 /* Window softmax pooling on the CPU, forward and backward, fused: one pass over each window's taps.
 
    Memory is channels-last: x[n][d][h][w][c] (1-D and 2-D inputs have leading spatial sizes of 1), so
-   the innermost loops run over contiguous channels and the compiler vectorizes them (the exp included:
-   exp_f is plain arithmetic, no libm call). Per output position o and channel c, over the window's
-   taps j inside the input (padded taps are skipped: gate 0), with a = 1/τ (one per channel, or one):
+   the channels of a tap are contiguous: with a score per channel, each window is worked through in
+   channel blocks of one 64-byte vector (gcc's vector extensions: 16 floats, 8 doubles), each block's
+   running max, sum and weighted sum in registers across the window's taps (forward_vec and
+   backward_vec in the _impl.h; the last block masked to the channels left). Every output position's
+   taps are listed once per call (windows_of), not recomputed per batch element. Per output position o
+   and channel c, over the window's taps j inside the input (padded taps are skipped: gate 0), with
+   a = 1/τ (one per channel, or one):
 
        z_j = a · s_j                    scores: s = x itself (soft pooling), or a separate score map
        m   = max_j z_j,   den = Σ_j e^(z_j − m),   g_j = e^(z_j − m) / den,   out = Σ_j g_j v_j
        (m and 1/den are saved: the backward recomputes g_j from them)
+
+   In float the exponentials are base 2 (exp2_f: plain arithmetic, no libm call, so it vectorizes):
+   z is taken as a · log2(e) · s (SCALE), so the saved m is in those units; double uses libm's exp.
 
    backward, with G = ∂L/∂out:
        ∂L/∂v_j += g_j G
@@ -75,13 +82,14 @@ int64_t gp_layout(char *buf, int64_t cap) {
     return len;
 }
 
-/* e^x for x ≤ 0 in float: Cody–Waite reduction and Cephes' degree-6 polynomial (about 1 ulp), the
-   power of two put into the exponent bits. Plain arithmetic, so a loop over channels vectorizes. */
-static inline float exp_f(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float t = x * 1.44269504088896341f;
-    float fi = floorf(t + 0.5f);
-    float r = x - fi * 0.693359375f + fi * 2.12194440e-4f;
+/* 2^x for x ≤ 0 in float: x = i + f (|f| ≤ 1/2), Cephes' degree-6 polynomial for e^(f ln 2) (about 1 ulp),
+   2^i put into the exponent bits. Plain arithmetic, so a loop over channels vectorizes. The kernels take
+   their exponentials in base 2 (SCALE = log2 e folded into a = 1/τ: z = a log2(e) s), so m is in those
+   units too. */
+static inline float exp2_f(float x) {
+    x = x < -126.0f ? -126.0f : x;
+    float fi = floorf(x + 0.5f);
+    float r = (x - fi) * 0.693147180559945309f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
@@ -95,7 +103,32 @@ static inline float exp_f(float x) {
     return p * scale;
 }
 
+/* exp2_f on a vector of 16 floats: the same steps, the rounding by adding 1.5 · 2^23 (round to nearest). */
+typedef float vexp_f32 __attribute__((vector_size(64)));
+typedef int32_t vexp_i32 __attribute__((vector_size(64)));
+static inline vexp_f32 exp2_vf(vexp_f32 x) {
+    const vexp_f32 floor_ = (vexp_f32){0} - 126.0f; /* not x − x − 126: NaN at x = −inf */
+    vexp_i32 low = x < floor_;
+    x = (vexp_f32)((low & (vexp_i32)floor_) | (~low & (vexp_i32)x));
+    vexp_f32 t = x + 12582912.0f, fi = t - 12582912.0f; /* t's low mantissa bits: round(x) */
+    vexp_f32 r = (x - fi) * 0.693147180559945309f;
+    vexp_f32 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    vexp_i32 bits = ((vexp_i32)t - 0x4B400000 + 127) << 23; /* 2^round(x) */
+    return p * (vexp_f32)bits;
+}
+
 static inline double exp_d(double x) { return exp(x); }
+
+typedef double vexp_f64 __attribute__((vector_size(64)));
+static inline vexp_f64 exp_vd(vexp_f64 x) { /* lane by lane: libm's exp */
+    for (int l = 0; l < 8; l++) x[l] = exp(x[l]);
+    return x;
+}
 
 static inline int64_t volume(const int64_t *size) { return size[0] * size[1] * size[2]; }
 
@@ -118,6 +151,15 @@ static int taps_of(const gp_geometry *g, int64_t o, int64_t *taps) {
         }
     }
     return count;
+}
+
+/* Every output position's taps, computed once per call: row o of the table (K + 1 int64) holds the count,
+   then the taps (taps_of). The caller frees it. */
+static int64_t *windows_of(const gp_geometry *g) {
+    const int64_t OS = volume(g->out_size), K = volume(g->kernel);
+    int64_t *table = malloc(sizeof(int64_t) * OS * (K + 1));
+    for (int64_t o = 0; o < OS; o++) table[o * (K + 1)] = taps_of(g, o, table + o * (K + 1) + 1);
+    return table;
 }
 
 /* Do no two windows read the same input? (stride ≥ span in every dimension: tiling windows) */
@@ -167,15 +209,28 @@ static double limit_window(int nt, const double *z, const double *v, double *gat
     return out;
 }
 
+/* Per element type: EXP(z) of z = SCALE · a · s, and LANES, the lanes of a 64-byte vector (a channel block). */
 #define T float
 #define SUFFIX f32
-#define EXP exp_f
+#define EXP exp2_f
+#define VEXP exp2_vf
+#define ITYPE int32_t
+#define SCALE 1.44269504088896341f
+#define LANES 16
 #include "softmax_pool_impl.h"
 #undef T
 #undef SUFFIX
 #undef EXP
+#undef VEXP
+#undef ITYPE
+#undef SCALE
+#undef LANES
 
 #define T double
 #define SUFFIX f64
 #define EXP exp_d
+#define VEXP exp_vd
+#define ITYPE int64_t
+#define SCALE 1.0
+#define LANES 8
 #include "softmax_pool_impl.h"
