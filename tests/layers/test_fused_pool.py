@@ -181,3 +181,25 @@ def test_a_python_side_that_disagrees_fails_at_load():
     structs = {"gp_geometry": Shorter, "gp_tensors": fused_pool.Tensors}
     with pytest.raises(RuntimeError, match="disagree at line 1 .*Python says 'gp_geometry 152'"):
         fused_pool.load(lib, structs)
+
+
+@pytest.mark.parametrize("channels", [1, 15, 16, 17, 33, 48])  # the kernel's channel blocks: 16 floats, 8 doubles
+@pytest.mark.parametrize("geo", GEOMETRIES[:2])
+def test_every_channel_block_against_the_plain_path(channels, geo):
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        x = (3 * torch.randn(2, channels, 7, 8, dtype=dtype)).contiguous(memory_format=torch.channels_last)
+        x[0, -1, 1, 1] = float("-inf")  # one lane redone by the limits, in the last block
+        x.requires_grad_()
+        tau = (torch.rand(channels, dtype=dtype) + 0.5).requires_grad_()
+        g = pool_geometry(x, 2, *geo)
+        out = fused_pool.softmax_pool(x, None, tau, g)
+        want = fused_pool._plain(x, None, tau, g)
+        torch.testing.assert_close(out, want)
+        grad = torch.randn_like(out)
+        # ∂L/∂τ is a signed sum over every window: two float32 summation orders differ by more than
+        # float32's rtol there, so it is compared in float64 (the same blocks, 8 lanes wide) only
+        inputs = (x, tau) if dtype == torch.float64 else (x,)
+        got = torch.autograd.grad(out, inputs, grad)
+        for a, b in zip(got, torch.autograd.grad(want, inputs, grad)):
+            torch.testing.assert_close(a, b)
