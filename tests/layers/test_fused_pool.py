@@ -159,7 +159,7 @@ def test_the_structs_match_the_c_side():
     "old, new, where",
     [
         ("int64_t n, c, cs, ca;", "int64_t c, n, cs, ca;", "gp_geometry.n"),  # two fields swapped
-        ("int64_t n, c, cs, ca;", "int64_t n, c, cs, ca, extra;", "gp_geometry 184"),  # a field more: the size
+        ("int64_t n, c, cs, ca;", "int64_t n, c, cs, ca, extra;", "gp_geometry 184"),  # one more: the size
         ("const void *v, *s, *a;", "const void *s, *v, *a;", "gp_tensors.v"),
     ],
 )
@@ -183,7 +183,7 @@ def test_a_python_side_that_disagrees_fails_at_load():
         fused_pool.load(lib, structs)
 
 
-@pytest.mark.parametrize("channels", [1, 15, 16, 17, 33, 48])  # the kernel's channel blocks: 16 floats, 8 doubles
+@pytest.mark.parametrize("channels", [1, 15, 16, 17, 33, 48])  # blocks of 16 floats, 8 doubles, the rest
 @pytest.mark.parametrize("geo", GEOMETRIES[:2])
 def test_every_channel_block_against_the_plain_path(channels, geo):
     torch.manual_seed(0)

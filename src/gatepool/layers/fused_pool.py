@@ -267,8 +267,10 @@ def _call(direction: str, geometry: Geometry, threads: int, **tensors: torch.Ten
     caller keeps each alive for the call: a temporary's memory is reused)."""
     lib = _library()
     if lib is None:
-        raise RuntimeError("gatepool's fused kernels are not built here (see the warning, or "
-                           "GATEPOOL_KERNELS=0); check gatepool.layers.fused_pool.available() first")
+        raise RuntimeError(
+            "gatepool's fused kernels are not built here (see the warning, or "
+            "GATEPOOL_KERNELS=0); check gatepool.layers.fused_pool.available() first"
+        )
     dtype = tensors["v"].dtype
     kernel = getattr(lib, f"softmax_pool_{direction}_{_SUFFIX[dtype]}")
     ptrs = Tensors(**{k: None if t is None else t.data_ptr() for k, t in tensors.items()})
