@@ -43,7 +43,7 @@ def test_bench_pool_quick_writes_the_documented_record(tmp_path, capsys):
                 if r["peak_mib"] is not None:  # at least the input's gradient: as large as the input
                     assert r["peak_mib"] >= math.prod(shape) * 4 / 2**20
     row = {(r["case"], r["format"], r["name"]): r for r in rec["results"]}
-    assert len(rec["targets"]) == 9
+    assert len(rec["targets"]) == 13
     for t in rec["targets"]:
         assert t["met"] == (t["value"] <= t["limit"])
         assert f"{t['value']:.2f}× ({'met' if t['met'] else 'NOT met'})" in table

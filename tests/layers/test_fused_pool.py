@@ -129,3 +129,77 @@ def test_the_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
     finally:
         monkeypatch.undo()
         fused_pool._library.cache_clear()
+
+
+# ------------------------------------------------------------------------------------------ the boundary
+
+
+def _altered_copy(tmp_path, old, new):
+    """A copy of the kernels' sources with ``old`` replaced by ``new`` in softmax_pool.c: its .c path."""
+    folder = tmp_path / "kernels"
+    folder.mkdir()
+    for path in fused_pool.SOURCE.parent.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    source = folder / fused_pool.SOURCE.name
+    text = source.read_text()
+    assert text.count(old) == 1
+    source.write_text(text.replace(old, new))
+    return source
+
+
+def test_the_structs_match_the_c_side():
+    lib = fused_pool._library()
+    buf = __import__("ctypes").create_string_buffer(4096)
+    lib.gp_layout(buf, len(buf))
+    assert buf.value.decode() == fused_pool.layout()  # the check load() makes, field by field
+    assert "gp_geometry.dilation" in fused_pool.layout() and "gp_tensors.ga" in fused_pool.layout()
+
+
+@pytest.mark.parametrize(
+    "old, new, where",
+    [
+        ("int64_t n, c, cs, ca;", "int64_t c, n, cs, ca;", "gp_geometry.n"),  # two fields swapped
+        ("int64_t n, c, cs, ca;", "int64_t n, c, cs, ca, extra;", "gp_geometry 184"),  # one more: the size
+        ("const void *v, *s, *a;", "const void *s, *v, *a;", "gp_tensors.v"),
+    ],
+)
+def test_a_c_side_that_disagrees_fails_at_load(tmp_path, old, new, where):
+    source = _altered_copy(tmp_path, old, new)
+    lib = fused_pool.build(source, tmp_path / "cache")
+    with pytest.raises(RuntimeError, match=f"disagree.*C says '{where}"):
+        fused_pool.load(lib)
+
+
+def test_a_python_side_that_disagrees_fails_at_load():
+    import ctypes
+
+    class Shorter(ctypes.Structure):  # the geometry without its last field
+        _fields_ = fused_pool.Geometry._fields_[:-1]
+
+    lib = fused_pool.build()
+    fused_pool.load(lib)  # the real one loads
+    structs = {"gp_geometry": Shorter, "gp_tensors": fused_pool.Tensors}
+    with pytest.raises(RuntimeError, match="disagree at line 1 .*Python says 'gp_geometry 152'"):
+        fused_pool.load(lib, structs)
+
+
+@pytest.mark.parametrize("channels", [1, 15, 16, 17, 33, 48])  # blocks of 16 floats, 8 doubles, the rest
+@pytest.mark.parametrize("geo", GEOMETRIES[:2])
+def test_every_channel_block_against_the_plain_path(channels, geo):
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        x = (3 * torch.randn(2, channels, 7, 8, dtype=dtype)).contiguous(memory_format=torch.channels_last)
+        x[0, -1, 1, 1] = float("-inf")  # one lane redone by the limits, in the last block
+        x.requires_grad_()
+        tau = (torch.rand(channels, dtype=dtype) + 0.5).requires_grad_()
+        g = pool_geometry(x, 2, *geo)
+        out = fused_pool.softmax_pool(x, None, tau, g)
+        want = fused_pool._plain(x, None, tau, g)
+        torch.testing.assert_close(out, want)
+        grad = torch.randn_like(out)
+        # ∂L/∂τ is a signed sum over every window: two float32 summation orders differ by more than
+        # float32's rtol there, so it is compared in float64 (the same blocks, 8 lanes wide) only
+        inputs = (x, tau) if dtype == torch.float64 else (x,)
+        got = torch.autograd.grad(out, inputs, grad)
+        for a, b in zip(got, torch.autograd.grad(want, inputs, grad)):
+            torch.testing.assert_close(a, b)

@@ -2,7 +2,10 @@
 
 Never part of the test suite. Each ``gatepool/bench/<name>.py`` has ``run(quick, device) -> record`` and
 ``table(record) -> str``; this command sets the threads, prints the table (or the JSON record) and
-saves the record atomically with ``--out``.
+saves the record atomically with ``--out``. torch's profiler (the benches' peak memory) logs two
+``USDT … profiler_start/stop`` lines per use from its C++ side (kineto); the command sets
+``KINETO_LOG_LEVEL=6`` (above kineto's USDT level 5, so its errors go too) unless one is set, so that
+only the table is printed.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.out is not None and os.path.isdir(args.out):
         raise UsageError(f"--out {args.out}: is a folder; give a file name for the JSON record")
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # read once, at the first profiler use: set it before
     where = device(args)
     module = importlib.import_module(f"gatepool.lab.bench.{args.bench}")
     with num_threads(args.threads):

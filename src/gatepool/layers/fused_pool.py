@@ -12,7 +12,8 @@ is the attention gate's one score per position. ``tau`` is ``(C,)`` or ``(1,)``.
 kernel works in channels-last memory, so :func:`softmax_pool` copies an NCHW input to it once (the
 copy autograd keeps for the backward) and the result back. float32 and float64; ``stats``
 ``(2, N, *out, C or 1)``, the window max m of z = s/τ and 1/Σ e^(z−m) per window and score channel, is
-what the backward needs besides the output (as much memory as max pool's int64 indices).
+what the backward needs besides the output (as much memory as max pool's int64 indices; the float32
+kernel keeps m in base-2 units, z·log2 e: each backward reads only its own forward's stats).
 ``torch.library.opcheck`` passes for both, and ``torch.compile`` sees them as single nodes
 (``fullgraph=True`` holds).
 
@@ -30,6 +31,11 @@ compiler's version and this CPU's flags: about a second, once per machine; concu
 write a temporary file and rename it into place. Where the build fails (no compiler) one warning says
 so, and with ``GATEPOOL_KERNELS=0`` none is tried; then :func:`available` is False and the soft pools
 keep their pure-PyTorch paths.
+
+The C boundary is declared once on each side: the C file's structs ``gp_geometry`` and ``gp_tensors``
+are :class:`Geometry` and :class:`Tensors` here, every exported function's types are in
+:data:`FUNCTIONS`, and :func:`load` compares the structs field by field (offset and size) with the
+library's ``gp_layout()``, raising a RuntimeError that names the first difference.
 """
 
 import ctypes  # no ``from __future__ import annotations``: torch.library reads the ops' annotations
@@ -61,7 +67,6 @@ SOURCE = Path(__file__).with_name("kernels") / "softmax_pool.c"
 FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-fPIC", "-shared"]
 if platform.machine().lower() in ("x86_64", "amd64"):
     FLAGS.insert(2, "-mprefer-vector-width=512")  # whole AVX-512 registers where the CPU has them
-_I64 = ctypes.POINTER(ctypes.c_int64)
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}  # the kernels' element types
 _CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the Triton kernels' (computed in float32)
 
@@ -77,52 +82,122 @@ def _cpu_flags() -> str:
         return ""
 
 
+def build(source: Path = SOURCE, folder: Path | None = None, cc: str | None = None) -> Path:
+    """Compile ``source`` (and the headers beside it) into ``folder`` unless it is there; the library's path.
+
+    Named by a hash of the sources, the compiler's version, the flags and this CPU's, so a changed source or
+    machine builds anew; each build writes a temporary file and renames it into place (concurrent builds
+    are safe). Raises OSError or subprocess.CalledProcessError where it cannot build.
+    """
+    cc = cc or os.environ.get("CC", "cc")
+    folder = folder or cache_dir() / "kernels"
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    sources = [source, *sorted(source.parent.glob("*.h"))]
+    key = hashlib.sha256(
+        b"".join(p.read_bytes() for p in sources) + (version + " ".join(FLAGS) + _cpu_flags()).encode()
+    ).hexdigest()[:16]
+    lib = folder / f"{source.stem}-{key}.so"
+    if not lib.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{lib.name}.", suffix=".tmp", dir=folder)
+        os.close(fd)
+        try:
+            subprocess.run([cc, *FLAGS, "-o", tmp, str(source), "-lm"], capture_output=True, text=True,
+                           check=True)  # fmt: skip
+            os.replace(tmp, lib)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return lib
+
+
 @functools.lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
     """The compiled kernels, built now if this machine has none yet; None (warned once) if they cannot be."""
     if os.environ.get("GATEPOOL_KERNELS", "1") == "0":
         return None
-    cc = os.environ.get("CC", "cc")
     try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-        sources = [SOURCE, SOURCE.with_name("softmax_pool_impl.h")]
-        key = hashlib.sha256(
-            b"".join(p.read_bytes() for p in sources) + (version + " ".join(FLAGS) + _cpu_flags()).encode()
-        ).hexdigest()[:16]
-        folder = cache_dir() / "kernels"
-        lib = folder / f"softmax_pool-{key}.so"
-        if not lib.exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{lib.name}.", suffix=".tmp", dir=folder)
-            os.close(fd)
-            try:
-                subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
-                               check=True)  # fmt: skip
-                os.replace(tmp, lib)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-        return _declare(ctypes.CDLL(str(lib)))
+        return load(build())
     except (OSError, subprocess.CalledProcessError) as e:
         failed = isinstance(e, subprocess.CalledProcessError) and e.stderr
         detail = e.stderr.strip().splitlines()[-1] if failed else e
         warnings.warn(
-            f"gatepool: the fused soft-pool kernels could not be built with {cc!r} ({detail}); the soft "
-            "pools use the pure-PyTorch paths (3× slower on tiling windows, 20-50× where windows overlap). "
-            "Install a C compiler (gcc) to get them.",
+            f"gatepool: the fused soft-pool kernels could not be built with {os.environ.get('CC', 'cc')!r} "
+            f"({detail}); the soft pools use the pure-PyTorch paths (3× slower on tiling windows, 20-50× "
+            "where windows overlap). Install a C compiler (gcc) to get them.",
             RuntimeWarning,
             stacklevel=3,
         )
         return None
 
 
-def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    for suffix in ("f32", "f64"):
-        fwd = getattr(lib, f"softmax_pool_forward_{suffix}")
-        fwd.argtypes, fwd.restype = [ptr, ptr, ptr, i64, ptr, ptr, _I64, i32], i64
-        bwd = getattr(lib, f"softmax_pool_backward_{suffix}")
-        bwd.argtypes, bwd.restype = [ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, _I64, i32], None
+# -------------------------------------------------------------------------------------- the C boundary
+# Declared once: the two structs of softmax_pool.c and every exported function's types. load() checks the
+# structs against the library's own account of them (gp_layout), so a change on one side only fails there.
+
+
+class Geometry(ctypes.Structure):
+    """``gp_geometry``: the pool's sizes, 3-D (1-D and 2-D pools lead with sizes 1, padding 0)."""
+
+    _fields_ = [
+        ("n", ctypes.c_int64),
+        ("c", ctypes.c_int64),
+        ("cs", ctypes.c_int64),  # score channels: c, or 1 (one score per position)
+        ("ca", ctypes.c_int64),  # temperatures: c, or 1
+        ("in_size", ctypes.c_int64 * 3),
+        ("out_size", ctypes.c_int64 * 3),
+        ("kernel", ctypes.c_int64 * 3),
+        ("stride", ctypes.c_int64 * 3),
+        ("padding", ctypes.c_int64 * 3),
+        ("dilation", ctypes.c_int64 * 3),
+    ]
+
+
+class Tensors(ctypes.Structure):
+    """``gp_tensors``: the operands' addresses (channels-last memory), None where one is absent."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in ("v", "s", "a", "out", "stats", "gout", "gv", "gs", "ga")]
+
+
+_STRUCTS = {"gp_geometry": Geometry, "gp_tensors": Tensors}
+_CALL = [ctypes.POINTER(Geometry), ctypes.POINTER(Tensors), ctypes.c_int]  # (geometry, tensors, threads)
+FUNCTIONS = {  # name: (argtypes, restype)
+    "gp_layout": ([ctypes.c_char_p, ctypes.c_int64], ctypes.c_int64),
+    **{f"softmax_pool_forward_{t}": (_CALL, ctypes.c_int64) for t in ("f32", "f64")},  # -> non-finite outputs
+    **{f"softmax_pool_backward_{t}": (_CALL, None) for t in ("f32", "f64")},
+}
+
+
+def layout(structs: dict[str, type[ctypes.Structure]] = _STRUCTS) -> str:
+    """The structs as ``gp_layout`` writes them: ``"S size"``, then ``"S.field offset size"`` per field."""
+    lines = []
+    for name, cls in structs.items():
+        lines.append(f"{name} {ctypes.sizeof(cls)}")
+        lines += [f"{name}.{f} {getattr(cls, f).offset} {getattr(cls, f).size}" for f, _ in cls._fields_]
+    return "".join(line + "\n" for line in lines)
+
+
+def load(path: Path, structs: dict[str, type[ctypes.Structure]] = _STRUCTS) -> ctypes.CDLL:
+    """The library at ``path`` with :data:`FUNCTIONS` declared, once its structs match ``structs``.
+
+    Raises RuntimeError naming the first line where the C side's layout and the ctypes one differ.
+    """
+    lib = ctypes.CDLL(str(path))
+    for name, (argtypes, restype) in FUNCTIONS.items():
+        fn = getattr(lib, name)  # AttributeError: a function missing on the C side
+        fn.argtypes, fn.restype = argtypes, restype
+    buf = ctypes.create_string_buffer(4096)
+    if lib.gp_layout(buf, len(buf)) >= len(buf):
+        raise RuntimeError(f"{path.name}: gp_layout's text does not fit {len(buf)} bytes")
+    theirs, ours = buf.value.decode().splitlines(), layout(structs).splitlines()
+    if theirs != ours:
+        first = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
+        c_line = theirs[first] if first < len(theirs) else "(nothing)"
+        py_line = ours[first] if first < len(ours) else "(nothing)"
+        raise RuntimeError(
+            f"{path.name}: the C structs and fused_pool.py's ctypes copies disagree at line {first + 1} "
+            f"of the layout: C says {c_line!r}, Python says {py_line!r}; change both sides together"
+        )
     return lib
 
 
@@ -155,16 +230,15 @@ def decode(geometry: list[int]) -> PoolGeometry:
     return PoolGeometry(k, s, p, dl, bool(geometry[-1]), size, out, True)
 
 
-def _kernel_geometry(geo: PoolGeometry, n: int, c: int, cs: int) -> ctypes.Array:
-    """The C side's 21 int64: n, c, cs, then in, out, kernel, stride, padding, dilation as 3-D."""
+def _geometry(geo: PoolGeometry, n: int, c: int, cs: int, ca: int) -> Geometry:
+    """The C side's :class:`Geometry` of ``geo``, its sizes padded to 3-D."""
     lead = 3 - geo.dim
 
-    def three(t: tuple[int, ...], fill: int) -> list[int]:
-        return [fill] * lead + list(t)
+    def three(t: tuple[int, ...], fill: int) -> ctypes.Array:
+        return (ctypes.c_int64 * 3)(*([fill] * lead + list(t)))
 
-    values = [n, c, cs, *three(geo.in_size, 1), *three(geo.out_size, 1), *three(geo.kernel_size, 1),
-              *three(geo.stride, 1), *three(geo.padding, 0), *three(geo.dilation, 1)]  # fmt: skip
-    return (ctypes.c_int64 * len(values))(*values)
+    return Geometry(n, c, cs, ca, three(geo.in_size, 1), three(geo.out_size, 1), three(geo.kernel_size, 1),
+                    three(geo.stride, 1), three(geo.padding, 0), three(geo.dilation, 1))  # fmt: skip
 
 
 def _last(t: torch.Tensor) -> torch.Tensor:
@@ -188,17 +262,19 @@ def _operands(values, scores, tau, geometry):
     return geo, n, c, cs, v, s, (1.0 / tau).contiguous()
 
 
-def _kernel(direction: str, dtype: torch.dtype):
+def _call(direction: str, geometry: Geometry, threads: int, **tensors: torch.Tensor | None) -> int | None:
+    """Run ``softmax_pool_{direction}`` on ``tensors`` (:class:`Tensors`' fields, all of one dtype; the
+    caller keeps each alive for the call: a temporary's memory is reused)."""
     lib = _library()
     if lib is None:
-        raise RuntimeError("gatepool's fused kernels are not built here (see the warning, or "
-                           "GATEPOOL_KERNELS=0); check gatepool.layers.fused_pool.available() first")
-    return getattr(lib, f"softmax_pool_{direction}_{_SUFFIX[dtype]}")
-
-
-def _ptr(t: torch.Tensor | None) -> int | None:
-    """``t``'s address for the C side; the caller keeps ``t`` alive (a temporary's memory is reused)."""
-    return None if t is None else t.data_ptr()
+        raise RuntimeError(
+            "gatepool's fused kernels are not built here (see the warning, or "
+            "GATEPOOL_KERNELS=0); check gatepool.layers.fused_pool.available() first"
+        )
+    dtype = tensors["v"].dtype
+    kernel = getattr(lib, f"softmax_pool_{direction}_{_SUFFIX[dtype]}")
+    ptrs = Tensors(**{k: None if t is None else t.data_ptr() for k, t in tensors.items()})
+    return kernel(ctypes.byref(geometry), ctypes.byref(ptrs), threads)
 
 
 # ------------------------------------------------------------------------------------------------- ops
@@ -211,9 +287,8 @@ def _forward(
     geo, n, c, cs, v, s, a = _operands(values, scores, tau, geometry)
     y = values.new_empty((n, *geo.out_size, c))
     stats = values.new_empty((2, n, *geo.out_size, cs))
-    kernel = _kernel("forward", values.dtype)
-    kernel(_ptr(v), _ptr(s), _ptr(a), int(a.numel() > 1), _ptr(y), _ptr(stats),
-           _kernel_geometry(geo, n, c, cs), torch.get_num_threads())  # fmt: skip
+    _call("forward", _geometry(geo, n, c, cs, a.numel()), torch.get_num_threads(), v=v, s=s, a=a, out=y,
+          stats=stats)  # fmt: skip
     return _like(y, values), stats
 
 
@@ -247,10 +322,9 @@ def _backward_op(
     gv = torch.empty_like(v)
     gs = None if scores is None else torch.empty_like(s)
     ga = values.new_zeros((threads, a.numel())) if tau_grad else None
-    kernel = _kernel("backward", values.dtype)
     y, stats, go = _last(out), stats.contiguous(), _last(grad_out)  # named: each must outlive the call
-    kernel(_ptr(v), _ptr(s), _ptr(a), int(a.numel() > 1), _ptr(y), _ptr(stats), _ptr(go), _ptr(gv), _ptr(gs),
-           _ptr(ga), _kernel_geometry(geo, n, c, cs), threads)  # fmt: skip
+    _call("backward", _geometry(geo, n, c, cs, a.numel()), threads, v=v, s=s, a=a, out=y, stats=stats,
+          gout=go, gv=gv, gs=gs, ga=ga)  # fmt: skip
     grad_scores = values.new_empty(0) if gs is None else _like(gs, scores)
     grad_tau = -ga.sum(0) * a * a if tau_grad else values.new_empty(0)  # ∂L/∂τ = −∂L/∂a / τ²
     return _like(gv, values), grad_scores, grad_tau
@@ -273,11 +347,14 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(values, scores, tau, out, stats)
     ctx.geometry = geometry
     ctx.mark_non_differentiable(stats)
+    ctx.set_materialize_grads(False)  # no zeros of stats' shape for a gradient it never has
 
 
 def _backward(ctx, grad_out, _grad_stats):
     values, scores, tau, out, stats = ctx.saved_tensors
     need_v, need_s, need_tau = ctx.needs_input_grad[:3]
+    if grad_out is None:  # out did not reach the loss
+        grad_out = torch.zeros_like(out)
     if torch.is_grad_enabled():  # create_graph=True: the gradient needs a graph of its own
         return (*_plain_vjp(values, scores, tau, ctx.geometry, grad_out, (need_v, need_s, need_tau)), None)
     gv, gs, gt = _backward_op(grad_out, values, scores, tau, out, stats, ctx.geometry, need_tau)

@@ -1,13 +1,20 @@
 /* Window softmax pooling on the CPU, forward and backward, fused: one pass over each window's taps.
 
    Memory is channels-last: x[n][d][h][w][c] (1-D and 2-D inputs have leading spatial sizes of 1), so
-   the innermost loops run over contiguous channels and the compiler vectorizes them (the exp included:
-   exp_f is plain arithmetic, no libm call). Per output position o and channel c, over the window's
-   taps j inside the input (padded taps are skipped: gate 0), with a = 1/τ (one per channel, or one):
+   the channels of a tap are contiguous: with a score per channel, each window is worked through in
+   channel blocks of one 64-byte vector (gcc's vector extensions: 16 floats, 8 doubles), each block's
+   running max, sum and weighted sum in registers across the window's taps (forward_vec and
+   backward_vec in the _impl.h; the last block masked to the channels left). Every output position's
+   taps are listed once per call (windows_of), not recomputed per batch element. Per output position o
+   and channel c, over the window's taps j inside the input (padded taps are skipped: gate 0), with
+   a = 1/τ (one per channel, or one):
 
        z_j = a · s_j                    scores: s = x itself (soft pooling), or a separate score map
        m   = max_j z_j,   den = Σ_j e^(z_j − m),   g_j = e^(z_j − m) / den,   out = Σ_j g_j v_j
        (m and 1/den are saved: the backward recomputes g_j from them)
+
+   In float the exponentials are base 2 (exp2_f: plain arithmetic, no libm call, so it vectorizes):
+   z is taken as a · log2(e) · s (SCALE), so the saved m is in those units; double uses libm's exp.
 
    backward, with G = ∂L/∂out:
        ∂L/∂v_j += g_j G
@@ -26,6 +33,8 @@
    backward (each owns its slice of the gradients: no races where windows overlap). */
 
 #include <math.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,16 +45,51 @@
 #define THREAD_ID 0
 #endif
 
-/* geometry: n, c, cs, in[3], out[3], k[3], s[3], p[3], dl[3] as 21 int64 */
-enum { G_N, G_C, G_CS, G_IN, G_OUT = 6, G_K = 9, G_S = 12, G_P = 15, G_DL = 18 };
+/* The boundary with Python (fused_pool.py declares the same two structs as ctypes.Structure and checks
+   them against gp_layout() when it loads this library). Sizes are 3-D: 1-D and 2-D pools have leading
+   spatial sizes of 1 (kernel, stride, dilation 1, padding 0). */
+typedef struct {
+    int64_t n, c, cs, ca;            /* batch, channels, score channels (c or 1), temperatures (c or 1) */
+    int64_t in_size[3], out_size[3]; /* spatial sizes of the input and the output */
+    int64_t kernel[3], stride[3], padding[3], dilation[3];
+} gp_geometry;
 
-/* e^x for x ≤ 0 in float: Cody–Waite reduction and Cephes' degree-6 polynomial (about 1 ulp), the
-   power of two put into the exponent bits. Plain arithmetic, so a loop over channels vectorizes. */
-static inline float exp_f(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float t = x * 1.44269504088896341f;
-    float fi = floorf(t + 0.5f);
-    float r = x - fi * 0.693359375f + fi * 2.12194440e-4f;
+typedef struct { /* channels-last memory, (N, *spatial, channels); NULL where a tensor is absent */
+    const void *v, *s, *a;         /* values (.., C), scores (.., CS; s = v for soft pooling), a = 1/τ (CA) */
+    void *out, *stats;             /* (N, *out, C), (2, N, *out, CS): the forward writes, the backward reads */
+    const void *gout;              /* ∂L/∂out (N, *out, C): the backward's */
+    void *gv, *gs, *ga;            /* ∂L/∂v, ∂L/∂s (NULL: soft pooling, into gv), ∂L/∂a (threads × CA or NULL) */
+} gp_tensors;
+
+/* Every field of both structs as "struct.field offset size" lines after "struct size" ones, into buf
+   (cap bytes); returns the length the whole text needs. The loader compares it with its ctypes copies. */
+int64_t gp_layout(char *buf, int64_t cap) {
+    int64_t len = 0;
+#define GP_PUT(...) len += snprintf(buf + (len < cap ? len : cap), len < cap ? cap - len : 0, __VA_ARGS__)
+#define GP_STRUCT(S) GP_PUT(#S " %zu\n", sizeof(S))
+#define GP_FIELD(S, f) GP_PUT(#S "." #f " %zu %zu\n", offsetof(S, f), sizeof(((S *)0)->f))
+    GP_STRUCT(gp_geometry);
+    GP_FIELD(gp_geometry, n); GP_FIELD(gp_geometry, c); GP_FIELD(gp_geometry, cs); GP_FIELD(gp_geometry, ca);
+    GP_FIELD(gp_geometry, in_size); GP_FIELD(gp_geometry, out_size); GP_FIELD(gp_geometry, kernel);
+    GP_FIELD(gp_geometry, stride); GP_FIELD(gp_geometry, padding); GP_FIELD(gp_geometry, dilation);
+    GP_STRUCT(gp_tensors);
+    GP_FIELD(gp_tensors, v); GP_FIELD(gp_tensors, s); GP_FIELD(gp_tensors, a); GP_FIELD(gp_tensors, out);
+    GP_FIELD(gp_tensors, stats); GP_FIELD(gp_tensors, gout); GP_FIELD(gp_tensors, gv);
+    GP_FIELD(gp_tensors, gs); GP_FIELD(gp_tensors, ga);
+#undef GP_FIELD
+#undef GP_STRUCT
+#undef GP_PUT
+    return len;
+}
+
+/* 2^x for x ≤ 0 in float: x = i + f (|f| ≤ 1/2), Cephes' degree-6 polynomial for e^(f ln 2) (about 1 ulp),
+   2^i put into the exponent bits. Plain arithmetic, so a loop over channels vectorizes. The kernels take
+   their exponentials in base 2 (SCALE = log2 e folded into a = 1/τ: z = a log2(e) s), so m is in those
+   units too. */
+static inline float exp2_f(float x) {
+    x = x < -126.0f ? -126.0f : x;
+    float fi = floorf(x + 0.5f);
+    float r = (x - fi) * 0.693147180559945309f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
@@ -59,11 +103,39 @@ static inline float exp_f(float x) {
     return p * scale;
 }
 
+/* exp2_f on a vector of 16 floats: the same steps, the rounding by adding 1.5 · 2^23 (round to nearest). */
+typedef float vexp_f32 __attribute__((vector_size(64)));
+typedef int32_t vexp_i32 __attribute__((vector_size(64)));
+static inline vexp_f32 exp2_vf(vexp_f32 x) {
+    const vexp_f32 floor_ = (vexp_f32){0} - 126.0f; /* not x − x − 126: NaN at x = −inf */
+    vexp_i32 low = x < floor_;
+    x = (vexp_f32)((low & (vexp_i32)floor_) | (~low & (vexp_i32)x));
+    vexp_f32 t = x + 12582912.0f, fi = t - 12582912.0f; /* t's low mantissa bits: round(x) */
+    vexp_f32 r = (x - fi) * 0.693147180559945309f;
+    vexp_f32 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    vexp_i32 bits = ((vexp_i32)t - 0x4B400000 + 127) << 23; /* 2^round(x) */
+    return p * (vexp_f32)bits;
+}
+
 static inline double exp_d(double x) { return exp(x); }
 
+typedef double vexp_f64 __attribute__((vector_size(64)));
+static inline vexp_f64 exp_vd(vexp_f64 x) { /* lane by lane: libm's exp */
+    for (int l = 0; l < 8; l++) x[l] = exp(x[l]);
+    return x;
+}
+
+static inline int64_t volume(const int64_t *size) { return size[0] * size[1] * size[2]; }
+
 /* The input positions (flat (d·H + h)·W + w) of output position o's taps inside the input; their count. */
-static int taps_of(const int64_t *g, int64_t o, int64_t *taps) {
-    const int64_t *in = g + G_IN, *out = g + G_OUT, *k = g + G_K, *s = g + G_S, *p = g + G_P, *dl = g + G_DL;
+static int taps_of(const gp_geometry *g, int64_t o, int64_t *taps) {
+    const int64_t *in = g->in_size, *out = g->out_size, *k = g->kernel, *s = g->stride, *p = g->padding;
+    const int64_t *dl = g->dilation;
     int64_t ow = o % out[2], oh = (o / out[2]) % out[1], od = o / (out[2] * out[1]);
     int count = 0;
     for (int64_t a = 0; a < k[0]; a++) {
@@ -81,17 +153,25 @@ static int taps_of(const int64_t *g, int64_t o, int64_t *taps) {
     return count;
 }
 
+/* Every output position's taps, computed once per call: row o of the table (K + 1 int64) holds the count,
+   then the taps (taps_of). The caller frees it. */
+static int64_t *windows_of(const gp_geometry *g) {
+    const int64_t OS = volume(g->out_size), K = volume(g->kernel);
+    int64_t *table = malloc(sizeof(int64_t) * OS * (K + 1));
+    for (int64_t o = 0; o < OS; o++) table[o * (K + 1)] = taps_of(g, o, table + o * (K + 1) + 1);
+    return table;
+}
+
 /* Do no two windows read the same input? (stride ≥ span in every dimension: tiling windows) */
-static int disjoint_windows(const int64_t *g) {
+static int disjoint_windows(const gp_geometry *g) {
     for (int i = 0; i < 3; i++)
-        if (g[G_S + i] < g[G_DL + i] * (g[G_K + i] - 1) + 1) return 0;
+        if (g->stride[i] < g->dilation[i] * (g->kernel[i] - 1) + 1) return 0;
     return 1;
 }
 
 /* 1 at the input positions (of one batch element) some window reads, else 0; the caller frees it. */
-static char *coverage(const int64_t *g) {
-    const int64_t IS = g[G_IN] * g[G_IN + 1] * g[G_IN + 2], OS = g[G_OUT] * g[G_OUT + 1] * g[G_OUT + 2];
-    const int64_t K = g[G_K] * g[G_K + 1] * g[G_K + 2];
+static char *coverage(const gp_geometry *g) {
+    const int64_t IS = volume(g->in_size), OS = volume(g->out_size), K = volume(g->kernel);
     char *covered = calloc(IS, 1);
     int64_t *taps = malloc(sizeof(int64_t) * K);
     for (int64_t o = 0; o < OS; o++) {
@@ -129,15 +209,28 @@ static double limit_window(int nt, const double *z, const double *v, double *gat
     return out;
 }
 
+/* Per element type: EXP(z) of z = SCALE · a · s, and LANES, the lanes of a 64-byte vector (a channel block). */
 #define T float
 #define SUFFIX f32
-#define EXP exp_f
+#define EXP exp2_f
+#define VEXP exp2_vf
+#define ITYPE int32_t
+#define SCALE 1.44269504088896341f
+#define LANES 16
 #include "softmax_pool_impl.h"
 #undef T
 #undef SUFFIX
 #undef EXP
+#undef VEXP
+#undef ITYPE
+#undef SCALE
+#undef LANES
 
 #define T double
 #define SUFFIX f64
 #define EXP exp_d
+#define VEXP exp_vd
+#define ITYPE int64_t
+#define SCALE 1.0
+#define LANES 8
 #include "softmax_pool_impl.h"

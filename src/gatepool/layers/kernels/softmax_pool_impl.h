@@ -4,11 +4,12 @@
 #define CAT(a, b) CAT_(a, b)
 
 /* Redo lane c of one window (taps[0..nt)) by the limits; returns out, leaves the gates in gate[]. */
-static double CAT(limit_lane, SUFFIX)(const T *v, const T *s, const T *a, int64_t a_per_channel,
-                                       const int64_t *g, int64_t n, const int64_t *taps, int nt, int64_t c,
-                                       double *z, double *vals, double *gate, int *finite_top) {
-    const int64_t C = g[G_C], CS = g[G_CS], IS = g[G_IN] * g[G_IN + 1] * g[G_IN + 2];
-    double ac = a[a_per_channel ? c : 0];
+static double CAT(limit_lane, SUFFIX)(const gp_geometry *g, const gp_tensors *ts, int64_t n,
+                                       const int64_t *taps, int nt, int64_t c, double *z, double *vals,
+                                       double *gate, int *finite_top) {
+    const int64_t C = g->c, CS = g->cs, IS = volume(g->in_size);
+    const T *v = ts->v, *s = ts->s, *a = ts->a;
+    double ac = a[g->ca == C ? c : 0];
     for (int t = 0; t < nt; t++) {
         int64_t j = n * IS + taps[t];
         z[t] = ac * (double)(CS == C ? s[j * C + c] : s[j]);
@@ -17,60 +18,135 @@ static double CAT(limit_lane, SUFFIX)(const T *v, const T *s, const T *a, int64_
     return limit_window(nt, z, vals, gate, finite_top);
 }
 
+/* A channel block of LANES as one 64-byte vector (gcc/clang vector extensions: one register on AVX-512,
+   two or four elsewhere); VSELECT/VMAX by masks, as C has no ?: on vectors. */
+typedef T CAT(vec, SUFFIX) __attribute__((vector_size(64)));
+typedef ITYPE CAT(ivec, SUFFIX) __attribute__((vector_size(64)));
+#define VEC CAT(vec, SUFFIX)
+#define IVEC CAT(ivec, SUFFIX)
+
+/* The first r lanes (the rest 0) from p, and back; r is LANES but in a block of the last channels. */
+static inline __attribute__((always_inline)) VEC CAT(vload, SUFFIX)(const T *p, const int r) {
+    VEC x = {0};
+    memcpy(&x, p, sizeof(T) * r);
+    return x;
+}
+static inline __attribute__((always_inline)) void CAT(vstore, SUFFIX)(T *p, VEC x, const int r) {
+    memcpy(p, &x, sizeof(T) * r);
+}
+static inline VEC CAT(vselect, SUFFIX)(IVEC mask, VEC a, VEC b) { return (VEC)((mask & (IVEC)a) | (~mask & (IVEC)b)); }
+static inline VEC CAT(vmax, SUFFIX)(VEC a, VEC b) { return CAT(vselect, SUFFIX)(a > b, a, b); }
+static inline int CAT(vany, SUFFIX)(IVEC mask) {
+    ITYPE any = 0;
+    for (int l = 0; l < LANES; l++) any |= mask[l];
+    return any != 0;
+}
+
+/* The score-per-channel window over B channel blocks of LANES (B = 1 or 2, a constant: the loops over b
+   unroll, each block's m, den and Σ e v stay in registers), the last block's lanes r (≤ LANES): the max,
+   then one pass for den and Σ e v. taps: the window's tap offsets in elements, channels included.
+   Returns 1 if an output is not finite (its lanes are then redone by the limits). */
+static inline __attribute__((always_inline)) int CAT(forward_vec, SUFFIX)(
+    const T *s, const T *v, const int64_t *taps, int nt, const T *av, T *y, T *mm, T *rd, const int B,
+    const int r) {
+    VEC a[2], m[2], den[2], num[2];
+    IVEC bad;
+#define RB (b == B - 1 ? r : LANES)
+    for (int b = 0; b < B; b++) {
+        a[b] = CAT(vload, SUFFIX)(av + b * LANES, RB);
+        den[b] = num[b] = a[b] - a[b];
+        m[b] = den[b] - INFINITY;
+    }
+    for (int t = 0; t < nt; t++)
+        for (int b = 0; b < B; b++)
+            m[b] = CAT(vmax, SUFFIX)(m[b], a[b] * CAT(vload, SUFFIX)(s + taps[t] + b * LANES, RB));
+    for (int t = 0; t < nt; t++)
+        for (int b = 0; b < B; b++) {
+            VEC e = VEXP(a[b] * CAT(vload, SUFFIX)(s + taps[t] + b * LANES, RB) - m[b]);
+            den[b] += e;
+            num[b] += e * CAT(vload, SUFFIX)(v + taps[t] + b * LANES, RB);
+        }
+    for (int b = 0; b < B; b++) {
+        VEC q = 1 / den[b], yv = num[b] * q;
+        CAT(vstore, SUFFIX)(y + b * LANES, yv, RB);
+        CAT(vstore, SUFFIX)(mm + b * LANES, m[b], RB);
+        CAT(vstore, SUFFIX)(rd + b * LANES, q, RB);
+        bad = b ? bad | (yv - yv != 0) : yv - yv != 0; /* ±inf or NaN (lanes past r: 0, finite) */
+    }
+#undef RB
+    return CAT(vany, SUFFIX)(bad);
+}
+
+/* The backward of one channel block of a score-per-channel window (r lanes, as forward_vec): writes
+   (disjoint) or adds the taps' ∂L/∂v (and ∂L/∂s unless has_gs is 0: soft pooling, s = v) and adds the
+   lanes' Σ push·s to gac. A lane with m = NaN (redone by the limits) contributes nothing here: returns 1
+   if there is one. has_gs,
+   disjoint and r (but in the last block) are constants at each call, so their branches vanish. */
+static inline __attribute__((always_inline)) int CAT(backward_vec, SUFFIX)(
+    const T *s, const T *v, const int64_t *taps, int nt, const T *av, const T *ac, const T *y, const T *mm,
+    const T *rd, const T *go, T *gv, T *gs, T *gac, const int has_gs, const int disjoint, const int r) {
+    const VEC a = CAT(vload, SUFFIX)(av, r), a1 = CAT(vload, SUFFIX)(ac, r), zero = a - a;
+    const VEC mv = CAT(vload, SUFFIX)(mm, r);
+    const IVEC fast = mv == mv;
+    const VEC m = CAT(vselect, SUFFIX)(fast, mv, zero);
+    const VEC q = CAT(vselect, SUFFIX)(fast, CAT(vload, SUFFIX)(rd, r), zero);
+    const VEC yv = CAT(vselect, SUFFIX)(fast, CAT(vload, SUFFIX)(y, r), zero);
+    const VEC g = CAT(vselect, SUFFIX)(fast, CAT(vload, SUFFIX)(go, r), zero);
+    VEC ga = zero;
+    for (int t = 0; t < nt; t++) {
+        VEC sj = CAT(vload, SUFFIX)(s + taps[t], r), vj = has_gs ? CAT(vload, SUFFIX)(v + taps[t], r) : sj;
+        VEC z = a * sj - m;
+        VEC gj = VEXP(CAT(vselect, SUFFIX)(z < 0, z, zero)) * q;          /* 0 in a lane redone by the limits */
+        VEC push = CAT(vselect, SUFFIX)(fast, gj * (vj - yv) * g, zero); /* g_j (v_j − out) G; not 0 · inf */
+        VEC dv = has_gs ? gj * g : gj * g + a1 * push;
+        T *gvj = gv + taps[t], *gsj = has_gs ? gs + taps[t] : NULL;
+        CAT(vstore, SUFFIX)(gvj, disjoint ? dv : CAT(vload, SUFFIX)(gvj, r) + dv, r);
+        if (has_gs) CAT(vstore, SUFFIX)(gsj, disjoint ? a1 * push : CAT(vload, SUFFIX)(gsj, r) + a1 * push, r);
+        ga += CAT(vselect, SUFFIX)(fast, push * sj, zero);
+    }
+    CAT(vstore, SUFFIX)(gac, CAT(vload, SUFFIX)(gac, r) + ga, r);
+    return CAT(vany, SUFFIX)(~fast); /* lanes past r: m = 0, fast */
+}
+
 /* out: (N, *out, C); stats: (2, N, *out, CS), the window max m and 1 / den per lane (m = NaN: a lane
    redone by the limits). Returns how many outputs are not finite. */
-int64_t CAT(softmax_pool_forward, SUFFIX)(const T *v, const T *s, const T *a, int64_t a_per_channel,
-                                          T *out, T *stats, const int64_t *g, int threads) {
-    const int64_t N = g[G_N], C = g[G_C], CS = g[G_CS];
-    const int64_t IS = g[G_IN] * g[G_IN + 1] * g[G_IN + 2], OS = g[G_OUT] * g[G_OUT + 1] * g[G_OUT + 2];
-    const int64_t K = g[G_K] * g[G_K + 1] * g[G_K + 2];
-    int64_t bad = 0;
+int64_t CAT(softmax_pool_forward, SUFFIX)(const gp_geometry *g, const gp_tensors *ts, int threads) {
+    const int64_t N = g->n, C = g->c, CS = g->cs, a_per_channel = g->ca == C;
+    const int64_t IS = volume(g->in_size), OS = volume(g->out_size), K = volume(g->kernel);
+    const T *v = ts->v, *s = ts->s, *a = ts->a;
+    T *out = ts->out, *stats = ts->stats;
+    int64_t bad = 0, *windows = windows_of(g);
 #pragma omp parallel num_threads(threads) reduction(+ : bad)
     {
-        int64_t *taps = malloc(sizeof(int64_t) * K);
         double *z = malloc(sizeof(double) * 3 * K), *vals = z + K, *gate = z + 2 * K;
-        T *mx = malloc(sizeof(T) * 3 * C), *den = mx + C, *av = mx + 2 * C; /* av: a per channel */
-        for (int64_t c = 0; c < C; c++) av[c] = a[a_per_channel ? c : 0];
+        int64_t *toff = malloc(sizeof(int64_t) * K);
+        T *av = malloc(sizeof(T) * C); /* a per channel, times SCALE (EXP's base) */
+        for (int64_t c = 0; c < C; c++) av[c] = a[a_per_channel ? c : 0] * SCALE;
 #pragma omp for schedule(static)
         for (int64_t no = 0; no < N * OS; no++) {
             int64_t n = no / OS;
-            int nt = taps_of(g, no % OS, taps), finite_top, slow = 0;
+            const int64_t *taps = windows + (no % OS) * (K + 1) + 1;
+            int nt = (int)taps[-1], finite_top, slow = 0;
             T *y = out + no * C, *mm = stats + no * CS, *rd = stats + (N * OS + no) * CS;
-            if (CS == C) { /* a score per channel */
-                for (int64_t c = 0; c < C; c++) { mx[c] = -INFINITY; den[c] = 0; y[c] = 0; }
-                for (int t = 0; t < nt; t++) {
-                    const T *sj = s + (n * IS + taps[t]) * C;
-#pragma omp simd
-                    for (int64_t c = 0; c < C; c++) {
-                        T zc = av[c] * sj[c];
-                        mx[c] = zc > mx[c] ? zc : mx[c];
-                    }
-                }
-                for (int t = 0; t < nt; t++) {
-                    const T *sj = s + (n * IS + taps[t]) * C, *vj = v + (n * IS + taps[t]) * C;
-#pragma omp simd
-                    for (int64_t c = 0; c < C; c++) {
-                        T e = EXP(av[c] * sj[c] - mx[c]);
-                        den[c] += e;
-                        y[c] += e * vj[c];
-                    }
-                }
-                for (int64_t c = 0; c < C; c++) {
-                    rd[c] = 1 / den[c];
-                    y[c] *= rd[c];
-                    mm[c] = mx[c];
-                    slow |= !isfinite(y[c]);
-                }
+            if (CS == C) { /* a score per channel: channel blocks of LANES, then the rest */
+                for (int t = 0; t < nt; t++) toff[t] = (n * IS + taps[t]) * C;
+                int64_t c0 = 0;
+                for (; c0 + 2 * LANES <= C; c0 += 2 * LANES)
+                    slow |= CAT(forward_vec, SUFFIX)(s + c0, v + c0, toff, nt, av + c0, y + c0, mm + c0, rd + c0, 2,
+                                                     LANES);
+                for (; c0 < C; c0 += LANES) /* a block, and the last one's r lanes */
+                    slow |= CAT(forward_vec, SUFFIX)(s + c0, v + c0, toff, nt, av + c0, y + c0, mm + c0, rd + c0, 1,
+                                                     C - c0 < LANES ? (int)(C - c0) : LANES);
             } else { /* one score per position, shared by the channels */
                 T m = -INFINITY, d = 0;
                 for (int t = 0; t < nt; t++) {
-                    T zt = a[0] * s[n * IS + taps[t]];
+                    T zt = av[0] * s[n * IS + taps[t]];
                     m = zt > m ? zt : m;
                 }
                 for (int64_t c = 0; c < C; c++) y[c] = 0;
                 for (int t = 0; t < nt; t++) {
                     const T *vj = v + (n * IS + taps[t]) * C;
-                    T e = EXP(a[0] * s[n * IS + taps[t]] - m);
+                    T e = EXP(av[0] * s[n * IS + taps[t]] - m);
                     d += e;
 #pragma omp simd
                     for (int64_t c = 0; c < C; c++) y[c] += e * vj[c];
@@ -85,88 +161,84 @@ int64_t CAT(softmax_pool_forward, SUFFIX)(const T *v, const T *s, const T *a, in
             if (!slow) continue;
             for (int64_t c = 0; c < C; c++) { /* non-finite lanes (all of them for shared scores): the limits */
                 if (CS == C && isfinite(y[c])) continue;
-                y[c] = CAT(limit_lane, SUFFIX)(v, s, a, a_per_channel, g, n, taps, nt, c, z, vals, gate,
-                                               &finite_top);
+                y[c] = CAT(limit_lane, SUFFIX)(g, ts, n, taps, nt, c, z, vals, gate, &finite_top);
                 if (CS == C) mm[c] = NAN;
                 bad += !isfinite(y[c]);
             }
             if (CS != C) mm[0] = NAN;
         }
-        free(taps);
+        free(toff);
         free(z);
-        free(mx);
+        free(av);
     }
+    free(windows);
     return bad;
-}
-
-/* One tap's gradients over the C lanes of a score-per-channel window (the backward's inner loop).
-   has_gs and disjoint are constants at each call, so the branches on them vanish and the loop vectorizes. */
-static inline void CAT(backward_lanes, SUFFIX)(int64_t C, const T *av, const T *sj, const T *vj, const T *y,
-                                               const T *mm, const T *rd, const T *go, T *gvj, T *gsj,
-                                               T *gac, const int has_gs, const int disjoint) {
-#pragma omp simd
-    for (int64_t c = 0; c < C; c++) {
-        T ac = av[c];
-        int fast = mm[c] == mm[c]; /* m = NaN: a lane redone by the limits afterwards */
-        T gj = fast ? EXP(ac * sj[c] - mm[c]) * rd[c] : 0;
-        T push = fast ? gj * (vj[c] - y[c]) * go[c] : 0; /* g_j (v_j − out) G */
-        T dv = has_gs ? gj * go[c] : gj * go[c] + ac * push;
-        gvj[c] = disjoint ? dv : gvj[c] + dv;
-        if (has_gs) gsj[c] = disjoint ? ac * push : gsj[c] + ac * push;
-        gac[c] += fast ? push * sj[c] : 0; /* not 0 · inf */
-    }
 }
 
 /* gv (and gs, unless NULL: soft pooling, where s = v and both gradients go to gv) are filled here;
    ga: (threads × C or threads × 1) partial sums of ∂L/∂a, or NULL when a needs no gradient.
    Where no two windows share an input (tiling windows), each gradient is written once, not zeroed
    and then added to (a third of the memory traffic); inputs no window reads are zeroed. */
-void CAT(softmax_pool_backward, SUFFIX)(const T *v, const T *s, const T *a, int64_t a_per_channel,
-                                        const T *out, const T *stats, const T *gout, T *gv, T *gs, T *ga,
-                                        const int64_t *g, int threads) {
-    const int64_t N = g[G_N], C = g[G_C], CS = g[G_CS];
-    const int64_t IS = g[G_IN] * g[G_IN + 1] * g[G_IN + 2], OS = g[G_OUT] * g[G_OUT + 1] * g[G_OUT + 2];
-    const int64_t K = g[G_K] * g[G_K + 1] * g[G_K + 2], AC = a_per_channel ? C : 1;
+void CAT(softmax_pool_backward, SUFFIX)(const gp_geometry *g, const gp_tensors *ts, int threads) {
+    const int64_t N = g->n, C = g->c, CS = g->cs, a_per_channel = g->ca == C, AC = g->ca;
+    const int64_t IS = volume(g->in_size), OS = volume(g->out_size), K = volume(g->kernel);
+    const T *v = ts->v, *s = ts->s, *a = ts->a, *out = ts->out, *stats = ts->stats, *gout = ts->gout;
+    T *gv = ts->gv, *gs = ts->gs, *ga = ts->ga;
     char *covered = disjoint_windows(g) ? coverage(g) : NULL; /* NULL: windows overlap, accumulate */
     const int disjoint = covered != NULL;
+    int64_t *windows = windows_of(g);
 #pragma omp parallel num_threads(threads)
     {
-        int64_t *taps = malloc(sizeof(int64_t) * K);
         double *z = malloc(sizeof(double) * 3 * K), *vals = z + K, *gate = z + 2 * K;
         T *gaw = ga ? ga + (int64_t)THREAD_ID * AC : NULL;
-        T *av = malloc(sizeof(T) * 2 * C), *gac = av + C; /* a per channel; ∂L/∂a per channel (CS = C) */
-        for (int64_t c = 0; c < C; c++) { av[c] = a[a_per_channel ? c : 0]; gac[c] = 0; }
+        int64_t *toff = malloc(sizeof(int64_t) * K);
+        T *av = malloc(sizeof(T) * 3 * C), *ac = av + C, *gac = av + 2 * C; /* a · SCALE, a; ∂L/∂a (CS = C) */
+        for (int64_t c = 0; c < C; c++) { ac[c] = a[a_per_channel ? c : 0]; av[c] = ac[c] * SCALE; gac[c] = 0; }
         if (gaw)
             for (int64_t c = 0; c < AC; c++) gaw[c] = 0;
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; n++) {
-            for (int64_t i = 0; i < IS; i++) {
-                if (covered && covered[i]) continue;
+            if (!covered) { /* overlapping windows: add up from 0 */
+                memset(gv + n * IS * C, 0, sizeof(T) * IS * C);
+                if (gs) memset(gs + n * IS * CS, 0, sizeof(T) * IS * CS);
+            }
+            for (int64_t i = 0; covered && i < IS; i++) { /* tiling: only the inputs no window reads */
+                if (covered[i]) continue;
                 memset(gv + (n * IS + i) * C, 0, sizeof(T) * C);
                 if (gs) memset(gs + (n * IS + i) * CS, 0, sizeof(T) * CS);
             }
             for (int64_t o = 0; o < OS; o++) {
-                int nt = taps_of(g, o, taps), finite_top, slow = 0;
+                const int64_t *taps = windows + o * (K + 1) + 1;
+                int nt = (int)taps[-1], finite_top, slow = 0;
                 const T *y = out + (n * OS + o) * C, *mm = stats + (n * OS + o) * CS;
                 const T *rd = stats + (N * OS + n * OS + o) * CS;
                 const T *go = gout + (n * OS + o) * C;
-                for (int64_t c = 0; c < CS; c++) slow |= isnan(mm[c]);
+                if (CS != C) slow = isnan(mm[0]); /* CS = C: the blocks below say */
                 if (CS == C) {
-                    for (int t = 0; t < nt; t++) {
-                        int64_t j = n * IS + taps[t];
-                        const T *vj = v + j * C, *sj = s + j * C;
-                        T *gvj = gv + j * C, *gsj = gs ? gs + j * C : NULL;
-                        /* four loops without branches inside, so that each vectorizes */
-                        if (gs && disjoint) CAT(backward_lanes, SUFFIX)(C, av, sj, vj, y, mm, rd, go, gvj, gsj, gac, 1, 1);
-                        else if (gs) CAT(backward_lanes, SUFFIX)(C, av, sj, vj, y, mm, rd, go, gvj, gsj, gac, 1, 0);
-                        else if (disjoint) CAT(backward_lanes, SUFFIX)(C, av, sj, vj, y, mm, rd, go, gvj, gsj, gac, 0, 1);
-                        else CAT(backward_lanes, SUFFIX)(C, av, sj, vj, y, mm, rd, go, gvj, gsj, gac, 0, 0);
-                    }
+                    for (int t = 0; t < nt; t++) toff[t] = (n * IS + taps[t]) * C;
+                    /* four specializations without branches inside, each vectorized */
+#define GP_BLOCKS(HAS_GS, DISJOINT)                                                                         \
+    do {                                                                                                    \
+        int64_t c0 = 0;                                                                                     \
+        for (; c0 + LANES <= C; c0 += LANES)                                                                \
+            slow |= CAT(backward_vec, SUFFIX)(s + c0, v + c0, toff, nt, av + c0, ac + c0, y + c0, mm + c0,   \
+                                              rd + c0, go + c0, gv + c0, HAS_GS ? gs + c0 : NULL, gac + c0, \
+                                              HAS_GS, DISJOINT, LANES);                                     \
+        if (c0 < C)                                                                                         \
+            slow |= CAT(backward_vec, SUFFIX)(s + c0, v + c0, toff, nt, av + c0, ac + c0, y + c0, mm + c0,   \
+                                              rd + c0, go + c0, gv + c0, HAS_GS ? gs + c0 : NULL, gac + c0, \
+                                              HAS_GS, DISJOINT, (int)(C - c0));                             \
+    } while (0)
+                    if (gs && disjoint) GP_BLOCKS(1, 1);
+                    else if (gs) GP_BLOCKS(1, 0);
+                    else if (disjoint) GP_BLOCKS(0, 1);
+                    else GP_BLOCKS(0, 0);
+#undef GP_BLOCKS
                 } else if (!slow) {
                     for (int t = 0; t < nt; t++) {
                         int64_t j = n * IS + taps[t];
                         const T *vj = v + j * C;
-                        T *gvj = gv + j * C, gj = EXP(a[0] * s[j] - mm[0]) * rd[0], push = 0;
+                        T *gvj = gv + j * C, gj = EXP(av[0] * s[j] - mm[0]) * rd[0], push = 0;
 #pragma omp simd reduction(+ : push)
                         for (int64_t c = 0; c < C; c++) {
                             gvj[c] = (disjoint ? 0 : gvj[c]) + gj * go[c];
@@ -184,8 +256,7 @@ void CAT(softmax_pool_backward, SUFFIX)(const T *v, const T *s, const T *a, int6
                     }
                 for (int64_t c = 0; c < C; c++) { /* the lanes the forward redid: the same limits */
                     if (CS == C && mm[c] == mm[c]) continue;
-                    double yc = CAT(limit_lane, SUFFIX)(v, s, a, a_per_channel, g, n, taps, nt, c, z, vals,
-                                                        gate, &finite_top);
+                    double yc = CAT(limit_lane, SUFFIX)(g, ts, n, taps, nt, c, z, vals, gate, &finite_top);
                     double ac = a[a_per_channel ? c : 0];
                     for (int t = 0; t < nt; t++) {
                         if (gate[t] == 0) continue; /* gate 0: no gradient (not 0 · inf) */
@@ -202,12 +273,15 @@ void CAT(softmax_pool_backward, SUFFIX)(const T *v, const T *s, const T *a, int6
         }
         if (gaw && CS == C)
             for (int64_t c = 0; c < C; c++) gaw[a_per_channel ? c : 0] += gac[c];
-        free(taps);
+        free(toff);
         free(z);
         free(av);
     }
+    free(windows);
     free(covered);
 }
 
+#undef VEC
+#undef IVEC
 #undef CAT
 #undef CAT_
