@@ -510,23 +510,37 @@ class GroupNorm:
         return t.reshape(self.G, -1, *t.shape[1:])
 
     def forward(self, x: Field) -> Field:
+        """x − µ_g, the sample's own group mean: Cov(x_p − µ_g, x_q − µ_g) = Cov(p, q) − c_p − c_q + V,
+        c_p = Cov(x_p, µ_g) = (1/n) √v_p Σ_e ρ(e) √v_{p+e},  V = Var(µ_g) = (1/n²) Σ_c Σ_e T_c(e);
+        over the pairs at lag e, c_p + c_q is taken as its mean 2 b_c (b_c = Σ_e T_c(e) / (n·HW))."""
         self.x = x
         C, H, W = x.shape
         n = C // self.G * H * W
-        m, v = self._group(x.mean), self._group(x.var)
+        T = x.lag_sums()
+        V = self._group(T).sum((1, 2, 3)) / n**2  # (G,) Var of the sample's group mean
+        Vc = V.repeat_interleave(C // self.G)[:, None, None]  # (C, 1, 1)
+        s = x.var.clamp_min(0).sqrt()
+        # Σ_e ρ(e) s(p+e) = (ρ ⋆ s)(p): a correlation of s with the lag kernel, by FFT
+        size = (3 * H - 2, 3 * W - 2)
+        conv = torch.fft.irfft2(torch.fft.rfft2(s, s=size) * torch.fft.rfft2(torch.flip(x.corr, (-2, -1)), s=size),
+                                s=size)[:, 2 * H - 2:3 * H - 2, 2 * W - 2:3 * W - 2]
+        c = s * conv / n  # (C, H, W) Cov(x_p, µ_g)
+        var = (x.var - 2 * c + Vc).clamp_min(0)
+        b = T.sum((1, 2))[:, None, None] / (n * H * W)  # (C, 1, 1)
+        N = xcorr(torch.ones((1, H, W), dtype=_DT), torch.ones((1, H, W), dtype=_DT))
+        Tc = T - N * (2 * b - Vc)
+        m = self._group(x.mean)
         mu = m.mean((1, 2, 3))  # (G,)
-        vbar = v.mean((1, 2, 3))
-        var_mean = self._group(x.lag_sums()).sum((1, 2, 3)) / n**2  # Var of the sample's group mean
-        sigma2 = (v + m * m).mean((1, 2, 3)) - mu * mu - var_mean + self.eps
-        k = ((vbar - var_mean) / vbar.clamp_min(1e-300)).clamp_min(0)
+        sigma2 = self._group(var + x.mean**2).mean((1, 2, 3)) - mu * mu + self.eps
         self.sigma2 = sigma2
-        xhat_m = (m - mu[:, None, None, None]) / sigma2.sqrt()[:, None, None, None]
-        xhat_v = v * (k / sigma2)[:, None, None, None]
-        self.xhat = Field(xhat_m.reshape(C, H, W), xhat_v.reshape(C, H, W), x.corr)
+        s2 = sigma2.repeat_interleave(C // self.G)[:, None, None]
+        xhat_m = (x.mean - mu.repeat_interleave(C // self.G)[:, None, None]) / s2.sqrt()
+        Tc[:, H - 1, W - 1] = var.sum((1, 2))
+        self.xhat = _field_from_sums(xhat_m, var / s2, Tc / s2)
         gam = torch.ones(C, dtype=_DT) if self.gamma is None else self.gamma
         bet = torch.zeros(C, dtype=_DT) if self.beta is None else self.beta
         return Field(gam[:, None, None] * self.xhat.mean + bet[:, None, None],
-                     gam[:, None, None] ** 2 * self.xhat.var, x.corr)
+                     gam[:, None, None] ** 2 * self.xhat.var, self.xhat.corr)
 
     def backward(self, g: Field) -> Field:
         C, H, W = g.shape
