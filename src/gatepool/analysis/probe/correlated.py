@@ -48,7 +48,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Field", "measure_field", "measure_input", "neighbour_corr", "xcorr"]
+__all__ = ["Field", "measure_field", "measure_fields", "measure_input", "neighbour_corr", "xcorr"]
 
 _DT = torch.float64
 
@@ -615,3 +615,24 @@ def unit_noise(channels: int) -> Field:
 
 def with_yy(f: Field, yy) -> Field:
     return replace(f, yy=yy)
+
+
+def measure_fields(model: torch.nn.Module, x: torch.Tensor, names=None) -> dict[str, Field]:
+    """The measured :class:`Field` of every named module's (B, C, H, W) or (B, F) output on ``x``
+    (forward hooks, removed after; the measurement side, never the prediction's)."""
+    out: dict[str, Field] = {}
+    handles = []
+    for n, m in model.named_modules():
+        if n and (names is None or n in names):
+            def hook(mod, args, y, n=n):
+                if isinstance(y, torch.Tensor) and y.dim() in (2, 4) and n not in out:
+                    out[n] = measure_field(y)
+
+            handles.append(m.register_forward_hook(hook))
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return out

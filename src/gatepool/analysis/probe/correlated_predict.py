@@ -281,10 +281,14 @@ def predict_correlated(model: nn.Module, input_stats: cr.Field, *, backward: str
                     parts.setdefault(a, []).append(gi)
 
     rows: dict[str, CorrelatedRow] = {}
+    placeholder = next(n for n in nodes if n.op == "placeholder")
+    rows["(input)"] = CorrelatedRow("(input)", "input", input_stats, grad.get(placeholder))
     for name, node in tracer.calls:
         kind = type(model.get_submodule(name)).__name__
         rows[name] = CorrelatedRow(name, kind, value.get(node), grad.get(node),
                                    note="" if value.get(node) is not None else why.get(node, "no prediction"))
+    rows["(output)"] = CorrelatedRow("(output)", type(model).__name__, value.get(out_node),
+                                     grad.get(out_node), note=why.get(out_node, ""))
     notes = []
     if out_node is not None and value.get(out_node) is None:
         notes.append(f"no prediction at the output: {why.get(out_node, '')}")

@@ -21,7 +21,7 @@ import statistics
 import torch
 
 from gatepool.analysis.probe import measure
-from gatepool.analysis.probe.correlated import measure_field, measure_input, neighbour_corr
+from gatepool.analysis.probe.correlated import measure_fields, measure_input, neighbour_corr
 from gatepool.analysis.probe.correlated_predict import predict_correlated
 from gatepool.data import mnist_batch
 from gatepool.lab.claims import Claim, Context, experiment
@@ -62,21 +62,6 @@ def _claims(setup: dict) -> list[Claim]:
     return claims
 
 
-def _measured_fields(model, x, names) -> dict:
-    """The measured Field at each named module's output (forward hooks: the measurement side)."""
-    out, handles = {}, []
-    for n in names:
-        handles.append(model.get_submodule(n).register_forward_hook(
-            lambda mod, a, y, n=n: out.__setitem__(n, measure_field(y))))
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in handles:
-            h.remove()
-    return out
-
-
 @experiment("orange-numbers", title="the orange numbers explained: Tuesday's CNN predicted from the "
             "input's statistics", order=7.2, setup=SETUP, quick=QUICK, claims=_claims)
 def orange_numbers(ctx: Context) -> None:
@@ -88,7 +73,7 @@ def orange_numbers(ctx: Context) -> None:
         model = ResidualCNN(pool=ctx["pool"])
         pred = predict_correlated(model, stats)
         rep = measure(model, x, backward="unit-noise", seed=seed, samples=0)
-        runs.append((pred, rep, _measured_fields(model, x, CORR_AT)))
+        runs.append((pred, rep, measure_fields(model, x, CORR_AT)))
 
     def mean(fn):
         return statistics.fmean(fn(r) for r in runs)
