@@ -18,22 +18,26 @@ Rules (each from the module's actual weights; ``sΔ`` the input lag of output la
 
     conv      mean  m_out = conv(m, W) + b
               var   v_out(p) = Σ_d conv(P_d, W_d)(p),  P_d(q) = √(v_q v_{q+d}) ρ(d),  W_d(u) = W(u) W(u+d)
-              lags  T_out(Δ) = s⁻² Σ_i Σ_d A[o,i,d] T_i(sΔ + d),   A[o,i,d] = Σ_u W[o,i,u] W[o,i,u+d]
-              back  v_g,in = Σ_Δ convᵀ(Q_Δ, W(u) W(u − sΔ)),    T_g,in(e) = Σ_o Σ_Δ A[o,i,e − sΔ] T_g,o(Δ)
+              lags  T_out(o, Δ) = Σ_i Σ_{u,u'} W[o,i,u] W[o,i,u'] ρ_i(sΔ + u' − u) Σ_P √v(sP+u) √v(sP+sΔ+u'),
+                    the output pairs whose taps both land inside the map (away from the border this is
+                    Σ_i Σ_d A[o,i,d] T_i(sΔ + d), A[o,i,d] = Σ_u W[o,i,u] W[o,i,u+d], the filter's autocorrelation)
+              back  v_g,in = Σ_Δ convᵀ(Q_Δ, W(u) W(u − sΔ)), the lags the same sum over tap pairs (A(−d))
     ReLU      per position the rectified normal; per lag the bivariate normal integral
               E[ReLU(x_p) ReLU(x_q)] (one Gauss–Legendre quadrature over x_p of the conditional rectified
               mean: the arccos kernel when the means are 0) for |e| ≤ ``exact_lags``, Price's first
               order Φ(α_p) Φ(α_q) Cov(x_p, x_q) beyond. Back: Cov(g_p, g_q) · P(x_p > 0, x_q > 0)
-    max pool  Clark (1961): the taps of a window one after the other, max(M, x_l) with its moments
-              and Cov(max(M, x_l), y) = Φ(α) Cov(M, y) + Φ(−α) Cov(x_l, y); so a window's max is a
-              weighted sum of its taps in every covariance, the weights w_j ≈ P(tap j wins).
+    max pool  per window the max of its correlated Gaussian taps: mean, variance and w_j = P(tap j wins)
+              from 2048 draws of the window (its n×n covariance from the stencil, a fixed seed), or by
+              Clark's (1961) recursion (``method="clark"``); between windows Cov(M_A, M_B) =
+              Σ w_Aj w_Bl Cov(x_j, x_l) (Stein: exact for a max and one Gaussian, first order for two).
               Back: v_g,in(q) = w(q) v_g(P); windows' winners independent of each other
     avg pool  a conv with the box filter (adaptive and global pools too: every position-mean pattern kept)
     GroupNorm the divisor from the predicted group variance: mean over the group of v + m², less µ̄²,
               less the variance of the sample's own group mean, (1/n²) Σ_c Σ_e T_c(e).
               Back: γ/σ · (g − mean(g) − x̂ · mean(g x̂)); over a group E[g_x²] = (E[g²] − E[m_g²] −
               E[t²]) / σ², E[m_g²] = (1/n²) Σ T_g, E[t²] = (1/n²) Σ_{p,q} E[g_p g_q x̂_p x̂_q] (from
-              the ReLU after the norm where there is one: g independent of the ReLU's input)
+              the ReLU after the norm where there is one: g independent of the ReLU's input), and
+              1/σ² → E[1/σ_b²] ≈ (1 + Var(σ_b²)/σ̄⁴)/σ̄² for the sample's own fluctuating divisor
     add       x + f(x): the two independent (the stream–branch cross term is zero in expectation over
               the branch's zero-mean last weights: it is not carried); T and v add. Back: the same.
     linear    on (C, 1, 1) features: m_out = W m + b, v_out = W² v; back v_g,in = (W²)ᵀ v_g
@@ -261,16 +265,6 @@ def _at_lag(corr: torch.Tensor, dh: int, dw: int) -> torch.Tensor:
     return corr[:, H - 1 + dh, W - 1 + dw]
 
 
-def _strided_lags(full: torch.Tensor, in_hw, out_hw, stride) -> torch.Tensor:
-    """Pick input lag s·Δ of ``full`` (C, 2H−1, 2W−1) for every output lag Δ: (C, 2Ho−1, 2Wo−1)."""
-    (H, W), (Ho, Wo), (sh, sw) = in_hw, out_hw, stride
-    ih = (H - 1) + sh * torch.arange(-(Ho - 1), Ho)
-    iw = (W - 1) + sw * torch.arange(-(Wo - 1), Wo)
-    okh, okw = (ih >= 0) & (ih < 2 * H - 1), (iw >= 0) & (iw < 2 * W - 1)
-    out = full[:, ih.clamp(0, 2 * H - 2)][:, :, iw.clamp(0, 2 * W - 2)]
-    return out * (okh[:, None] & okw[None, :]).to(out.dtype)
-
-
 class Conv:
     """A 2-D conv from its actual weights (dense over channel pairs; groups by zeros), zero padding."""
 
@@ -286,9 +280,22 @@ class Conv:
         self.W = W
         self.b = None if bias is None else bias.detach().to("cpu", _DT)
         self.stride, self.padding = stride, padding
-        self.A = autocorr(W)
         self.lags = _lags(*W.shape[-2:])
         self.Wd = torch.cat([_shift_prod(W, dh, dw) for dh, dw in self.lags], 1)  # (Co, nd·Ci, kh, kw)
+
+    def _taps(self, f: torch.Tensor, out_hw) -> list[torch.Tensor]:
+        """f(s·P + u − p) on the output grid for every tap u (zero where it falls in the padding)."""
+        (kh, kw), (sh, sw), (ph, pw), (Ho, Wo) = self.W.shape[-2:], self.stride, self.padding, out_hw
+        pad = F.pad(f, (pw, pw, ph, ph))
+        return [pad[:, a:a + sh * (Ho - 1) + 1:sh, b:b + sw * (Wo - 1) + 1:sw] for a in range(kh) for b in range(kw)]
+
+    def _pairs(self):
+        kh, kw = self.W.shape[-2:]
+        taps = [(a, b) for a in range(kh) for b in range(kw)]
+        Wf = self.W.flatten(2)  # (Co, Ci, k)
+        for j, (a1, b1) in enumerate(taps):
+            for l, (a2, b2) in enumerate(taps):
+                yield j, l, (a2 - a1, b2 - b1), Wf[:, :, j] * Wf[:, :, l]  # (Co, Ci)
 
     def forward(self, x: Field) -> Field:
         self.x = x
@@ -297,10 +304,20 @@ class Conv:
         P = torch.cat([s * _shifted(s, dh, dw) * _at_lag(x.corr, dh, dw)[:, None, None]
                        for dh, dw in self.lags], 0)  # (nd·Ci, H, W)
         var = F.conv2d(P[None], self.Wd, None, self.stride, self.padding)[0].clamp_min(0)
-        kh, kw = self.W.shape[-2:]
-        full = F.conv2d(x.lag_sums()[None], self.A, padding=(kh - 1, kw - 1))[0]  # by input lag
-        T = _strided_lags(full, x.shape[1:], var.shape[1:], self.stride) / math.prod(self.stride)
-        T[:, T.shape[1] // 2, T.shape[2] // 2] = var.sum((1, 2))
+        # T_out(o, Δ) = Σ_{u,u'} Σ_i W_u W_u' ρ_i(sΔ + u' − u) Σ_P s(sP+u−p) s(sP+sΔ+u'−p): the output pairs
+        # exactly (both taps inside the map), every pair of taps
+        Ho, Wo = var.shape[1:]
+        S = self._taps(s, (Ho, Wo))
+        size = (2 * Ho - 1, 2 * Wo - 1)
+        FS = [torch.fft.rfft2(t, s=size) for t in S]
+        T = torch.zeros((self.W.shape[0], *size), dtype=_DT)
+        for j, l, (ch, cw), ww in self._pairs():
+            if not bool(ww.any()):
+                continue
+            xc = torch.roll(torch.fft.irfft2(FS[j].conj() * FS[l], s=size), (Ho - 1, Wo - 1), (-2, -1))
+            rho = _rho_strided(x.corr, x.shape[1:], (Ho, Wo), self.stride, ch, cw)
+            T += torch.einsum("oi,ihw->ohw", ww, rho * xc)
+        T[:, Ho - 1, Wo - 1] = var.sum((1, 2))
         return _field_from_sums(mean, var, T)
 
     def backward(self, g: Field) -> Field:
@@ -315,16 +332,32 @@ class Conv:
         ph, pw = self.padding
         op = (H - ((Ho - 1) * sh - 2 * ph + kh), W - ((Wo - 1) * sw - 2 * pw + kw))
         var = F.conv_transpose2d(Q[None], Wp, None, self.stride, self.padding, op)[0].clamp_min(0)
-        Z = torch.zeros((g.shape[0], 2 * H - 1, 2 * W - 1), dtype=_DT)  # T_g,o(Δ) at input lag sΔ
-        Tg = g.lag_sums()
-        for a in range(-(Ho - 1), Ho):
-            for b in range(-(Wo - 1), Wo):
-                ih, iw = H - 1 + sh * a, W - 1 + sw * b
-                if 0 <= ih < 2 * H - 1 and 0 <= iw < 2 * W - 1:
-                    Z[:, ih, iw] = Tg[:, Ho - 1 + a, Wo - 1 + b]
-        T = F.conv2d(Z[None], self.A.transpose(0, 1), padding=(kh - 1, kw - 1))[0]
+        # T_in(i, e) = Σ_{u,u'} Σ_o W_u W_u' Σ_Δ ρ_g(Δ) Σ_P sg(P) sg(P+Δ) [both taps inside], e = sΔ + u' − u
+        masks = self._taps(torch.ones((1, H, W), dtype=_DT), (Ho, Wo))
+        size = (2 * Ho - 1, 2 * Wo - 1)
+        FS = [torch.fft.rfft2(sg * m, s=size) for m in masks]
+        kk = max(kh, kw)
+        big = torch.zeros((x.shape[0], 2 * H - 1 + 2 * kk, 2 * W - 1 + 2 * kk), dtype=_DT)
+        for j, l, (ch, cw), ww in self._pairs():
+            if not bool(ww.any()):
+                continue
+            xc = torch.roll(torch.fft.irfft2(FS[j].conj() * FS[l], s=size), (Ho - 1, Wo - 1), (-2, -1))
+            vals = torch.einsum("oi,ohw->ihw", ww, g.corr * xc)
+            h0, w0 = H - 1 + kk - sh * (Ho - 1) + ch, W - 1 + kk - sw * (Wo - 1) + cw
+            big[:, h0:h0 + sh * (2 * Ho - 2) + 1:sh, w0:w0 + sw * (2 * Wo - 2) + 1:sw] += vals
+        T = big[:, kk:kk + 2 * H - 1, kk:kk + 2 * W - 1].clone()
         T[:, H - 1, W - 1] = var.sum((1, 2))
         return _field_from_sums(torch.zeros_like(var), var, T)
+
+
+def _rho_strided(corr, in_hw, out_hw, stride, ch, cw):
+    """ρ(s·Δ + c) for every output lag Δ: (C, 2Ho−1, 2Wo−1), zero outside the input's lags."""
+    (H, W), (Ho, Wo), (sh, sw) = in_hw, out_hw, stride
+    ih = (H - 1) + sh * torch.arange(-(Ho - 1), Ho) + ch
+    iw = (W - 1) + sw * torch.arange(-(Wo - 1), Wo) + cw
+    okh, okw = (ih >= 0) & (ih < 2 * H - 1), (iw >= 0) & (iw < 2 * W - 1)
+    out = corr[:, ih.clamp(0, 2 * H - 2)][:, :, iw.clamp(0, 2 * W - 2)]
+    return out * (okh[:, None] & okw[None, :]).to(out.dtype)
 
 
 def box_conv(channels: int, kernel, stride, padding) -> Conv:
@@ -417,14 +450,86 @@ def clark_max(mu1, v1, mu2, v2, c):
 
 
 class MaxPool:
-    """k×k max pool, stride s, no padding, no dilation: Clark's recursion over the taps in raster order."""
+    """k×k max pool, stride s, no padding, no dilation, of the Gaussian field.
 
-    def __init__(self, kernel, stride) -> None:
-        self.k, self.s = kernel, stride
+    Each window's max: its mean, variance and each tap's probability of winning w_j, either by
+    ``method="mc"`` (the default): ``samples`` draws of the window's taps from the predicted statistics
+    (mean map, variance map, stencil: one n×n covariance per window), from a fixed seed (the prediction
+    never sees the data); or by ``method="clark"``: Clark's (1961) recursion over the taps in raster order
+    (exact for two taps; for four independent N(0, 1) it gives Var 0.470 where the exact value is 0.4917).
+    Between windows, Cov(M_A, M_B) = Σ_{j,l} w_Aj w_Bl Cov(x_j, x_l): Cov(max(x), y) = Σ_j P(j wins)
+    Cov(x_j, y) holds exactly for jointly Gaussian x, y (Stein's lemma); applied on both sides it is the
+    first order in the windows' cross-covariance.
+    """
+
+    def __init__(self, kernel, stride, method: str = "mc", samples: int = 2048, seed: int = 0) -> None:
+        if method not in ("mc", "clark"):
+            raise ValueError(f"method must be 'mc' or 'clark', got {method!r}")
+        self.k, self.s, self.method, self.samples, self.seed = kernel, stride, method, samples, seed
 
     def _taps(self, f: torch.Tensor, Ho, Wo):
         (kh, kw), (sh, sw) = self.k, self.s
         return [f[:, a:a + sh * (Ho - 1) + 1:sh, b:b + sw * (Wo - 1) + 1:sw] for a in range(kh) for b in range(kw)]
+
+    def _monte_carlo(self, m, cov):
+        """Per window (mean, Var, [P(tap j wins)]) from draws of N(m, cov); m (n, ...), cov (n, n, ...)."""
+        n, shape = len(m), m[0].shape
+        mu = torch.stack(m).reshape(n, -1).T  # (windows, n)
+        S = torch.stack([torch.stack(row) for row in cov]).reshape(n, n, -1).permute(2, 0, 1)  # (windows, n, n)
+        lam, vec = torch.linalg.eigh(S)
+        L = vec * lam.clamp_min(0).sqrt()[:, None, :]  # S = L Lᵀ, also where S is singular
+        gen = torch.Generator().manual_seed(self.seed)
+        mean, var, wins = [], [], []
+        for i in range(0, len(mu), 512):
+            z = torch.randn((min(512, len(mu) - i), self.samples, n), generator=gen, dtype=_DT)
+            x = mu[i:i + 512, None, :] + z @ L[i:i + 512].transpose(1, 2)
+            top, arg = x.max(-1)
+            mean.append(top.mean(1))
+            var.append(top.var(1))
+            wins.append(F.one_hot(arg, n).to(_DT).mean(1))
+        w = torch.cat(wins).T.reshape(n, *shape)
+        return torch.cat(mean).reshape(shape), torch.cat(var).reshape(shape), list(w)
+
+    NEIGHBOURS = ((0, 1), (1, 0), (1, 1), (1, -1))  # window lags drawn jointly (and their negatives)
+
+    def _joint(self, x: Field, dh: int, dw: int, Ho: int, Wo: int):
+        """Windows P and P + Δ drawn together: (Σ_P Cov(M_P, M_{P+Δ}) (C,), J (n, n, C, h, w): the
+        probability that tap j wins P and tap l wins P + Δ) over the valid P."""
+        (kh, kw), (sh, sw) = self.k, self.s
+        offs = [(a, b) for a in range(kh) for b in range(kw)]
+        n = len(offs)
+        hs, ws = slice(max(0, -dh), Ho - max(0, dh)), slice(max(0, -dw), Wo - max(0, dw))
+        s = x.var.clamp_min(0).sqrt()
+        C = x.shape[0]
+        P = [(a, b, 0, 0) for a, b in offs] + [(a + sh * dh, b + sw * dw, dh, dw) for a, b in offs]
+        m = [self._taps(x.mean, Ho, Wo)[j % n] for j in range(n)]
+        sd = self._taps(s, Ho, Wo)
+
+        def view(t, j):  # tap j of window P (j < n) or of window P + Δ
+            ph, pw = (max(0, -dh), max(0, -dw)) if j < n else (max(0, dh), max(0, dw))
+            h, w = Ho - abs(dh), Wo - abs(dw)
+            return t[j % n][:, ph:ph + h, pw:pw + w]
+
+        mu = torch.stack([view(m, j) for j in range(2 * n)], -1)  # (C, h, w, 2n)
+        sds = torch.stack([view(sd, j) for j in range(2 * n)], -1)
+        rho = torch.stack([torch.stack([_at_lag(x.corr, P[l][0] - P[j][0], P[l][1] - P[j][1])
+                                        for l in range(2 * n)], -1) for j in range(2 * n)], -2)  # (C, 2n, 2n)
+        S = sds[..., :, None] * sds[..., None, :] * rho[:, None, None]
+        shape = mu.shape[:3]
+        mu, S = mu.reshape(-1, 2 * n), S.reshape(-1, 2 * n, 2 * n)
+        lam, vec = torch.linalg.eigh(S)
+        L = vec * lam.clamp_min(0).sqrt()[:, None, :]
+        gen = torch.Generator().manual_seed(self.seed + 1 + 7 * (dh + 2) + (dw + 2))
+        cov, J = [], []
+        for i in range(0, len(mu), 256):
+            z = torch.randn((min(256, len(mu) - i), self.samples // 2, 2 * n), generator=gen, dtype=_DT)
+            xs = mu[i:i + 256, None, :] + z @ L[i:i + 256].transpose(1, 2)
+            (ma, ia), (mb, ib) = xs[..., :n].max(-1), xs[..., n:].max(-1)
+            cov.append((ma * mb).mean(1) - ma.mean(1) * mb.mean(1))
+            J.append((F.one_hot(ia, n).to(_DT)[..., :, None] * F.one_hot(ib, n).to(_DT)[..., None, :]).mean(1))
+        cov = torch.cat(cov).reshape(shape).sum((1, 2))
+        J = torch.cat(J).reshape(*shape, n, n).permute(3, 4, 0, 1, 2)
+        return cov, J
 
     def forward(self, x: Field) -> Field:
         self.x = x
@@ -440,12 +545,15 @@ class MaxPool:
             (a1, b1), (a2, b2) = offs[j], offs[l]
             return sd[j] * sd[l] * _at_lag(x.corr, a2 - a1, b2 - b1)[:, None, None]
 
-        mu, var = m[0], sd[0] ** 2
-        w = [torch.ones_like(mu)] + [torch.zeros_like(mu) for _ in range(n - 1)]
-        for l in range(1, n):
-            c = sum(w[j] * cov(j, l) for j in range(l))
-            mu, var, p, q = clark_max(mu, var, m[l], sd[l] ** 2, c)
-            w = [wj * p for wj in w[:l]] + [q] + w[l + 1:]
+        if self.method == "mc":
+            mu, var, w = self._monte_carlo(m, [[cov(j, l) for l in range(n)] for j in range(n)])
+        else:
+            mu, var = m[0], sd[0] ** 2
+            w = [torch.ones_like(mu)] + [torch.zeros_like(mu) for _ in range(n - 1)]
+            for l in range(1, n):
+                c = sum(w[j] * cov(j, l) for j in range(l))
+                mu, var, p, q = clark_max(mu, var, m[l], sd[l] ** 2, c)
+                w = [wj * p for wj in w[:l]] + [q] + w[l + 1:]
         self.w, self.offs, self.out_hw = w, offs, (Ho, Wo)
         # T_out(Δ) = Σ_{j,l} ρ(sΔ + l − j) Σ_P U_j(P) U_l(P + Δ),  U_j = w_j √v(tap j)
         U = [w[j] * sd[j] for j in range(n)]
@@ -453,19 +561,18 @@ class MaxPool:
         for j in range(n):
             for l in range(n):
                 (a1, b1), (a2, b2) = offs[j], offs[l]
-                rho = self._rho_at(x.corr, (H, W), (Ho, Wo), a2 - a1, b2 - b1)
+                rho = _rho_strided(x.corr, (H, W), (Ho, Wo), self.s, a2 - a1, b2 - b1)
                 T += rho * xcorr(U[j], U[l])
+        self.joint = {}
+        if self.method == "mc":  # the neighbouring windows drawn jointly: their covariance, joint wins
+            for dh, dw in self.NEIGHBOURS:
+                if abs(dh) < Ho and abs(dw) < Wo:
+                    cov_ab, J = self._joint(x, dh, dw, Ho, Wo)
+                    self.joint[(dh, dw)] = J
+                    T[:, Ho - 1 + dh, Wo - 1 + dw] = cov_ab
+                    T[:, Ho - 1 - dh, Wo - 1 - dw] = cov_ab
         T[:, Ho - 1, Wo - 1] = var.sum((1, 2))
         return _field_from_sums(mu, var, T)
-
-    def _rho_at(self, corr, in_hw, out_hw, ch, cw):
-        """ρ(sΔ + c) for every output lag Δ (zero outside the input's lags)."""
-        (H, W), (Ho, Wo), (sh, sw) = in_hw, out_hw, self.s
-        ih = (H - 1) + sh * torch.arange(-(Ho - 1), Ho) + ch
-        iw = (W - 1) + sw * torch.arange(-(Wo - 1), Wo) + cw
-        okh, okw = (ih >= 0) & (ih < 2 * H - 1), (iw >= 0) & (iw < 2 * W - 1)
-        out = corr[:, ih.clamp(0, 2 * H - 2)][:, :, iw.clamp(0, 2 * W - 2)]
-        return out * (okh[:, None] & okw[None, :]).to(out.dtype)
 
     def backward(self, g: Field) -> Field:
         x, (sh, sw) = self.x, self.s
@@ -481,9 +588,18 @@ class MaxPool:
         U = [wj * sg for wj in self.w]
         mask = torch.ones((2 * Ho - 1, 2 * Wo - 1), dtype=_DT)
         mask[Ho - 1, Wo - 1] = 0.0
+        for dh, dw in self.joint:  # these window pairs from their joint wins, below
+            mask[Ho - 1 + dh, Wo - 1 + dw] = mask[Ho - 1 - dh, Wo - 1 - dw] = 0.0
         for j, (a1, b1) in enumerate(self.offs):
             for l, (a2, b2) in enumerate(self.offs):
                 vals = xcorr(U[j], U[l]) * g.corr * mask
+                for (dh, dw), J in self.joint.items():  # Σ_P P(j wins P, l wins P+Δ) sg(P) sg(P+Δ) ρ_g(Δ)
+                    a, b = _valid(sg, dh, dw)
+                    t = (J[j, l] * a * b).sum((1, 2)) * _at_lag(g.corr, dh, dw)
+                    vals[:, Ho - 1 + dh, Wo - 1 + dw] += t
+                    # the pair (P+Δ, P) at lag −Δ: tap l of the later window first: J[l, j] there
+                    t2 = (J[l, j] * a * b).sum((1, 2)) * _at_lag(g.corr, dh, dw)
+                    vals[:, Ho - 1 - dh, Wo - 1 - dw] += t2
                 h0 = H - 1 + kk - sh * (Ho - 1) + (a2 - a1)
                 w0 = W - 1 + kk - sw * (Wo - 1) + (b2 - b1)
                 big[:, h0:h0 + sh * (2 * Ho - 2) + 1:sh, w0:w0 + sw * (2 * Wo - 2) + 1:sw] += vals
@@ -523,7 +639,7 @@ class GroupNorm:
         # Σ_e ρ(e) s(p+e) = (ρ ⋆ s)(p): a correlation of s with the lag kernel, by FFT
         size = (3 * H - 2, 3 * W - 2)
         conv = torch.fft.irfft2(torch.fft.rfft2(s, s=size) * torch.fft.rfft2(torch.flip(x.corr, (-2, -1)), s=size),
-                                s=size)[:, 2 * H - 2:3 * H - 2, 2 * W - 2:3 * W - 2]
+                                s=size)[:, H - 1:2 * H - 1, W - 1:2 * W - 1]
         c = s * conv / n  # (C, H, W) Cov(x_p, µ_g)
         var = (x.var - 2 * c + Vc).clamp_min(0)
         b = T.sum((1, 2))[:, None, None] / (n * H * W)  # (C, 1, 1)
@@ -533,6 +649,14 @@ class GroupNorm:
         mu = m.mean((1, 2, 3))  # (G,)
         sigma2 = self._group(var + x.mean**2).mean((1, 2, 3)) - mu * mu + self.eps
         self.sigma2 = sigma2
+        # the sample's own σ_b² fluctuates: E[1/σ_b²] ≈ (1 + Var(σ_b²)/σ̄⁴)/σ̄², with (Gaussian)
+        # Var(σ_b²) = (2 Σ_{p,q} Cov² + 4 Σ_{p,q} m̃_p m̃_q Cov) / n², m̃ = m − µ̄ (the backward's divisor)
+        sv = var.sqrt()
+        mt = x.mean - mu.repeat_interleave(C // self.G)[:, None, None]
+        cov2 = (Tc / xcorr(sv, sv).clamp_min(1e-300)).clamp(-1, 1) ** 2 * xcorr(var, var)
+        mcov = (Tc / xcorr(sv, sv).clamp_min(1e-300)).clamp(-1, 1) * xcorr(mt * sv, mt * sv)
+        var_s2 = self._group(2 * cov2 + 4 * mcov).sum((1, 2, 3)) / n**2
+        self.jensen = 1 + var_s2 / sigma2**2
         s2 = sigma2.repeat_interleave(C // self.G)[:, None, None]
         xhat_m = (x.mean - mu.repeat_interleave(C // self.G)[:, None, None]) / s2.sqrt()
         Tc[:, H - 1, W - 1] = var.sum((1, 2))
@@ -559,7 +683,7 @@ class GroupNorm:
             e_t2 = self._group((g.corr * X).sum((1, 2))).sum(1) / n**2
         e_g2 = self._group(g.var * g2).mean((1, 2, 3))
         f = ((e_g2 - e_m2 - e_t2) / e_g2.clamp_min(1e-300)).clamp_min(0)  # the projection's share kept
-        var = (g.var * g2).reshape(self.G, -1, H, W) * (f / self.sigma2)[:, None, None, None]
+        var = (g.var * g2).reshape(self.G, -1, H, W) * (f * self.jensen / self.sigma2)[:, None, None, None]
         var = var.reshape(C, H, W)
         # the lags: T − N(e) E[m²] − E[t²] Σ_p E[x̂_p x̂_{p+e}], over σ²
         xh = self.xhat
@@ -567,7 +691,7 @@ class GroupNorm:
         X = xh.corr * xcorr(s, s) + xcorr(xh.mean, xh.mean)  # (C, 2H−1, 2W−1)
         N = xcorr(torch.ones((1, H, W), dtype=_DT), torch.ones((1, H, W), dtype=_DT))
         rep = C // self.G
-        em2, et2, s2 = (t.repeat_interleave(rep)[:, None, None] for t in (e_m2, e_t2, self.sigma2))
+        em2, et2, s2 = (t.repeat_interleave(rep)[:, None, None] for t in (e_m2, e_t2, self.sigma2 / self.jensen))
         T = (Tg - N * em2 - X * et2) / s2
         T[:, H - 1, W - 1] = var.sum((1, 2))
         return _field_from_sums(torch.zeros_like(var), var, T)
