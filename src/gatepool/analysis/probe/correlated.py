@@ -290,13 +290,13 @@ class Conv:
         pad = F.pad(f, (pw, pw, ph, ph))
         return [pad[:, a:a + sh * (Ho - 1) + 1:sh, b:b + sw * (Wo - 1) + 1:sw] for a in range(kh) for b in range(kw)]
 
-    def _pairs(self):
+    def _tap_offsets(self):
         kh, kw = self.W.shape[-2:]
-        taps = [(a, b) for a in range(kh) for b in range(kw)]
-        Wf = self.W.flatten(2)  # (Co, Ci, k)
-        for j, (a1, b1) in enumerate(taps):
-            for l, (a2, b2) in enumerate(taps):
-                yield j, l, (a2 - a1, b2 - b1), Wf[:, :, j] * Wf[:, :, l]  # (Co, Ci)
+        return [(a, b) for a in range(kh) for b in range(kw)]
+
+    def _tap_xcorr(self, FS, j, size, Ho, Wo):
+        """Σ_P S_j(P) S_l(P + Δ) for every tap l: (k, C, 2Ho−1, 2Wo−1), from the taps' FFTs FS (k, C, …)."""
+        return torch.roll(torch.fft.irfft2(FS[j].conj()[None] * FS, s=size), (Ho - 1, Wo - 1), (-2, -1))
 
     def forward(self, x: Field) -> Field:
         self.x = x
@@ -308,16 +308,20 @@ class Conv:
         # T_out(o, Δ) = Σ_{u,u'} Σ_i W_u W_u' ρ_i(sΔ + u' − u) Σ_P s(sP+u−p) s(sP+sΔ+u'−p): the output pairs
         # exactly (both taps inside the map), every pair of taps
         Ho, Wo = var.shape[1:]
-        S = self._taps(s, (Ho, Wo))
         size = (2 * Ho - 1, 2 * Wo - 1)
-        FS = [torch.fft.rfft2(t, s=size) for t in S]
+        FS = torch.fft.rfft2(torch.stack(self._taps(s, (Ho, Wo))), s=size)  # (k, Ci, …)
+        taps, Wf = self._tap_offsets(), self.W.flatten(2)  # Wf (Co, Ci, k)
+        rho = {}
         T = torch.zeros((self.W.shape[0], *size), dtype=_DT)
-        for j, l, (ch, cw), ww in self._pairs():
-            if not bool(ww.any()):
-                continue
-            xc = torch.roll(torch.fft.irfft2(FS[j].conj() * FS[l], s=size), (Ho - 1, Wo - 1), (-2, -1))
-            rho = _rho_strided(x.corr, x.shape[1:], (Ho, Wo), self.stride, ch, cw)
-            T += torch.einsum("oi,ihw->ohw", ww, rho * xc)
+        for j, (a1, b1) in enumerate(taps):
+            R = []
+            for a2, b2 in taps:
+                off = (a2 - a1, b2 - b1)
+                if off not in rho:
+                    rho[off] = _rho_strided(x.corr, x.shape[1:], (Ho, Wo), self.stride, *off)
+                R.append(rho[off])
+            ww = (Wf[:, :, j:j + 1] * Wf).permute(2, 0, 1)  # (k, Co, Ci): W_j W_l
+            T += torch.einsum("loi,lihw->ohw", ww, torch.stack(R) * self._tap_xcorr(FS, j, size, Ho, Wo))
         T[:, Ho - 1, Wo - 1] = var.sum((1, 2))
         return _field_from_sums(mean, var, T)
 
@@ -336,16 +340,16 @@ class Conv:
         # T_in(i, e) = Σ_{u,u'} Σ_o W_u W_u' Σ_Δ ρ_g(Δ) Σ_P sg(P) sg(P+Δ) [both taps inside], e = sΔ + u' − u
         masks = self._taps(torch.ones((1, H, W), dtype=_DT), (Ho, Wo))
         size = (2 * Ho - 1, 2 * Wo - 1)
-        FS = [torch.fft.rfft2(sg * m, s=size) for m in masks]
+        FS = torch.fft.rfft2(torch.stack([sg * m for m in masks]), s=size)  # (k, Co, …)
         kk = max(kh, kw)
         big = torch.zeros((x.shape[0], 2 * H - 1 + 2 * kk, 2 * W - 1 + 2 * kk), dtype=_DT)
-        for j, l, (ch, cw), ww in self._pairs():
-            if not bool(ww.any()):
-                continue
-            xc = torch.roll(torch.fft.irfft2(FS[j].conj() * FS[l], s=size), (Ho - 1, Wo - 1), (-2, -1))
-            vals = torch.einsum("oi,ohw->ihw", ww, g.corr * xc)
-            h0, w0 = H - 1 + kk - sh * (Ho - 1) + ch, W - 1 + kk - sw * (Wo - 1) + cw
-            big[:, h0:h0 + sh * (2 * Ho - 2) + 1:sh, w0:w0 + sw * (2 * Wo - 2) + 1:sw] += vals
+        taps, Wf = self._tap_offsets(), self.W.flatten(2)
+        for j, (a1, b1) in enumerate(taps):
+            ww = (Wf[:, :, j:j + 1] * Wf).permute(2, 0, 1)  # (k, Co, Ci)
+            vals = torch.einsum("loi,lohw->lihw", ww, g.corr[None] * self._tap_xcorr(FS, j, size, Ho, Wo))
+            for l, (a2, b2) in enumerate(taps):
+                h0, w0 = H - 1 + kk - sh * (Ho - 1) + a2 - a1, W - 1 + kk - sw * (Wo - 1) + b2 - b1
+                big[:, h0:h0 + sh * (2 * Ho - 2) + 1:sh, w0:w0 + sw * (2 * Wo - 2) + 1:sw] += vals[l]
         T = big[:, kk:kk + 2 * H - 1, kk:kk + 2 * W - 1].clone()
         T[:, H - 1, W - 1] = var.sum((1, 2))
         return _field_from_sums(torch.zeros_like(var), var, T)
