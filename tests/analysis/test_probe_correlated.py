@@ -201,7 +201,7 @@ def test_predict_takes_only_the_model_and_the_statistics():
     pred = predict_correlated(model, stats)  # not one module sees a tensor
     for h in handles:
         h.remove()
-    assert pred["block2"].var > 0 and pred["stem"].grad_e2 > 0
+    assert pred["block2"].var > 0 and pred["stem"].grad_e2 > 0 and pred["(input)"].grad_e2 > 0
     with pytest.raises(TypeError, match="input_stats"):
         predict_correlated(model, x)
 

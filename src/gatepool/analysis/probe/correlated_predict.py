@@ -263,7 +263,7 @@ def predict_correlated(model: nn.Module, input_stats: cr.Field, *, backward: str
         if backward is not None and out_node is not None and value.get(out_node) is not None:
             parts: dict[fx.Node, list] = {out_node: [cr.unit_noise(value[out_node].shape[0])]}
             for n in reversed(nodes):
-                if n.op in ("output", "placeholder") or n not in parts:
+                if n.op == "output" or n not in parts:
                     continue
                 ps = parts[n]
                 if any(p is None for p in ps):
@@ -273,6 +273,8 @@ def predict_correlated(model: nn.Module, input_stats: cr.Field, *, backward: str
                     for p in ps[1:]:
                         g = cr.add_grads(g, p)
                 grad[n] = g
+                if n.op == "placeholder":
+                    continue
                 step = steps.get(n)
                 for a in inputs.get(n, []):
                     gi = None
