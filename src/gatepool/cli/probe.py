@@ -49,6 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="unit-noise",
         help="seed of the backward pass: unit-variance noise at the output, or the summed cross-entropy",
     )
+    p.add_argument("--no-predicted", action="store_true",
+                   help="leave out the correlation-aware 'predicted' column (seconds on a large model)")
     add_device(p)
     p.add_argument("--out", default=None, help="folder for probe.json and the figures")
     p.add_argument(
@@ -107,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
         prediction=ideal,
         maps=True,
     )
-    if inputs.dim() == 4:
+    if inputs.dim() == 4 and not args.no_predicted:
         _add_correlated(report, model, inputs, args.backward)
     report.setup = {
         "model": args.model,
