@@ -41,9 +41,10 @@ REF_BWD = "lecture, Tuesday's CNN backward, E[g²] per stage (its measured colum
 
 def _claims(setup: dict) -> list[Claim]:
     why_fwd = ("the prediction from the input's statistics, mean over the seeds' inits, held to the "
-               "lecture's measured number (the issue's bar: 10%)")
+               "lecture's measured number (the issue's bar: 10%); the quick profile's two inits spread as "
+               "the measurement's do (network-forward: ±30%), hence its 40%")
     claims = [Claim(f"predicted-{s}", f"predicted σ² after {s} (from the 512 digits' statistics)", v, 0.10,
-                    why_fwd, kind="rel", depends=("pool",), source="prediction",
+                    why_fwd, kind="rel", quick_tolerance=0.4, depends=("pool",), source="prediction",
                     ref=REF_FWD + "; rule: probe.correlated_predict") for s, v in FORWARD.items()]
     claims.append(Claim("predicted-relu-keeps", "predicted E[p²] after the first ReLU of each block", 0.64, 0.10,
                         "mean of three blocks and the seeds' inits; the lecture says 'about 0.64'",
@@ -51,7 +52,8 @@ def _claims(setup: dict) -> list[Claim]:
                         ref="lecture, Tuesday's CNN forward: 'the ReLU keeps about 0.64, not ½'"))
     claims += [Claim(f"predicted-g2-{s}", f"predicted E[g²] at {s}'s output (unit noise at the logits)", v, 0.15,
                      "the prediction's mean over the seeds' inits against the lecture's measured number "
-                     "(the issue's bar: 15%)", kind="rel", depends=("pool",), source="prediction",
+                     "(the issue's bar: 15%); quick: two inits, ±40% (network-backward), hence 50%",
+                     kind="rel", quick_tolerance=0.5, depends=("pool",), source="prediction",
                      ref=REF_BWD + "; rule: probe.correlated_predict") for s, v in BACKWARD.items()]
     for lag in (1, 2):
         claims += [Claim(f"corr{lag}-{m}", f"|predicted − measured| correlation at lag {lag} after {m}", 0.0,
