@@ -35,7 +35,7 @@ def gaussian_field(C=2, H=10, W=10, ell=1.0, mean=None, var=None, seed=0, batch=
     z = F.conv2d(z, k[None, None]).reshape(batch, C, H, W)
     rho = cr.autocorr(k[None, None])[0, 0]  # (9, 9), lags |e| ≤ 4
     corr = torch.zeros((C, 2 * H - 1, 2 * W - 1), dtype=DT)
-    corr[:, H - 5:H + 4, W - 5:W + 4] = rho
+    corr[:, H - 5 : H + 4, W - 5 : W + 4] = rho
     mean = torch.zeros((C, H, W), dtype=DT) if mean is None else mean
     var = torch.ones((C, H, W), dtype=DT) if var is None else var
     return mean + var.sqrt() * z, cr.Field(mean, var, corr)

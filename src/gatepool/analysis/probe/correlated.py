@@ -20,7 +20,8 @@ Rules (each from the module's actual weights; ``sΔ`` the input lag of output la
               var   v_out(p) = Σ_d conv(P_d, W_d)(p),  P_d(q) = √(v_q v_{q+d}) ρ(d),  W_d(u) = W(u) W(u+d)
               lags  T_out(o, Δ) = Σ_i Σ_{u,u'} W[o,i,u] W[o,i,u'] ρ_i(sΔ + u' − u) Σ_P √v(sP+u) √v(sP+sΔ+u'),
                     the output pairs whose taps both land inside the map (away from the border this is
-                    Σ_i Σ_d A[o,i,d] T_i(sΔ + d), A[o,i,d] = Σ_u W[o,i,u] W[o,i,u+d], the filter's autocorrelation)
+                    Σ_i Σ_d A[o,i,d] T_i(sΔ + d), A[o,i,d] = Σ_u W[o,i,u] W[o,i,u+d]: the filter's
+                    autocorrelation)
               back  v_g,in = Σ_Δ convᵀ(Q_Δ, W(u) W(u − sΔ)), the lags the same sum over tap pairs (A(−d))
     ReLU      per position the rectified normal; per lag the bivariate normal integral
               E[ReLU(x_p) ReLU(x_q)] (one Gauss–Legendre quadrature over x_p of the conditional rectified
@@ -99,7 +100,9 @@ def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     """num / den where den is not ~0 (relative to its largest value), else 0; clamped to [−1, 1]."""
     big = den.flatten(-2).amax(-1)[..., None, None].clamp_min(1e-300)
     ok = den > 1e-9 * big
-    return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(den)).clamp(-1, 1)
+    return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(den)).clamp(
+        -1, 1
+    )
 
 
 def _field_from_sums(mean: torch.Tensor, var: torch.Tensor, T: torch.Tensor, yy=None) -> Field:
@@ -133,7 +136,7 @@ def measure_field(x: torch.Tensor, chunk: int = 64) -> Field:
     var = xc.pow(2).mean(0)
     T = torch.zeros((x.shape[1], 2 * x.shape[2] - 1, 2 * x.shape[3] - 1), dtype=_DT)
     for i in range(0, x.shape[0], chunk):
-        part = xc[i:i + chunk]
+        part = xc[i : i + chunk]
         T += xcorr(part, part).sum(0)
     return _field_from_sums(mean, var, T / x.shape[0])
 
@@ -234,7 +237,7 @@ def _shift_prod(W: torch.Tensor, dh: int, dw: int) -> torch.Tensor:
     h0, h1 = max(0, -dh), min(kh, kh - dh)
     w0, w1 = max(0, -dw), min(kw, kw - dw)
     if h0 < h1 and w0 < w1:
-        out[..., h0:h1, w0:w1] = W[..., h0:h1, w0:w1] * W[..., h0 + dh:h1 + dh, w0 + dw:w1 + dw]
+        out[..., h0:h1, w0:w1] = W[..., h0:h1, w0:w1] * W[..., h0 + dh : h1 + dh, w0 + dw : w1 + dw]
     return out
 
 
@@ -254,7 +257,7 @@ def _shifted(f: torch.Tensor, dh: int, dw: int) -> torch.Tensor:
     h0, h1 = max(0, -dh), min(H, H - dh)
     w0, w1 = max(0, -dw), min(W, W - dw)
     if h0 < h1 and w0 < w1:
-        out[..., h0:h1, w0:w1] = f[..., h0 + dh:h1 + dh, w0 + dw:w1 + dw]
+        out[..., h0:h1, w0:w1] = f[..., h0 + dh : h1 + dh, w0 + dw : w1 + dw]
     return out
 
 
@@ -276,7 +279,7 @@ class Conv:
             dense = torch.zeros((co, ci_g * groups, *W.shape[2:]), dtype=_DT)
             per = co // groups
             for g in range(groups):
-                dense[g * per:(g + 1) * per, g * ci_g:(g + 1) * ci_g] = W[g * per:(g + 1) * per]
+                dense[g * per : (g + 1) * per, g * ci_g : (g + 1) * ci_g] = W[g * per : (g + 1) * per]
             W = dense
         self.W = W
         self.b = None if bias is None else bias.detach().to("cpu", _DT)
@@ -288,7 +291,11 @@ class Conv:
         """f(s·P + u − p) on the output grid for every tap u (zero where it falls in the padding)."""
         (kh, kw), (sh, sw), (ph, pw), (Ho, Wo) = self.W.shape[-2:], self.stride, self.padding, out_hw
         pad = F.pad(f, (pw, pw, ph, ph))
-        return [pad[:, a:a + sh * (Ho - 1) + 1:sh, b:b + sw * (Wo - 1) + 1:sw] for a in range(kh) for b in range(kw)]
+        return [
+            pad[:, a : a + sh * (Ho - 1) + 1 : sh, b : b + sw * (Wo - 1) + 1 : sw]
+            for a in range(kh)
+            for b in range(kw)
+        ]
 
     def _tap_offsets(self):
         kh, kw = self.W.shape[-2:]
@@ -302,8 +309,9 @@ class Conv:
         self.x = x
         mean = F.conv2d(x.mean[None], self.W, self.b, self.stride, self.padding)[0]
         s = x.var.clamp_min(0).sqrt()
-        P = torch.cat([s * _shifted(s, dh, dw) * _at_lag(x.corr, dh, dw)[:, None, None]
-                       for dh, dw in self.lags], 0)  # (nd·Ci, H, W)
+        P = torch.cat(
+            [s * _shifted(s, dh, dw) * _at_lag(x.corr, dh, dw)[:, None, None] for dh, dw in self.lags], 0
+        )  # (nd·Ci, H, W)
         var = F.conv2d(P[None], self.Wd, None, self.stride, self.padding)[0].clamp_min(0)
         # T_out(o, Δ) = Σ_{u,u'} Σ_i W_u W_u' ρ_i(sΔ + u' − u) Σ_P s(sP+u−p) s(sP+sΔ+u'−p): the output pairs
         # exactly (both taps inside the map), every pair of taps
@@ -320,7 +328,7 @@ class Conv:
                 if off not in rho:
                     rho[off] = _rho_strided(x.corr, x.shape[1:], (Ho, Wo), self.stride, *off)
                 R.append(rho[off])
-            ww = (Wf[:, :, j:j + 1] * Wf).permute(2, 0, 1)  # (k, Co, Ci): W_j W_l
+            ww = (Wf[:, :, j : j + 1] * Wf).permute(2, 0, 1)  # (k, Co, Ci): W_j W_l
             T += torch.einsum("loi,lihw->ohw", ww, torch.stack(R) * self._tap_xcorr(FS, j, size, Ho, Wo))
         T[:, Ho - 1, Wo - 1] = var.sum((1, 2))
         return _field_from_sums(mean, var, T)
@@ -330,8 +338,11 @@ class Conv:
         H, W = x.shape[1:]
         Ho, Wo = g.shape[1:]
         sg = g.var.clamp_min(0).sqrt()
-        deltas = [(a, b) for a in range(-((kh - 1) // sh), (kh - 1) // sh + 1)
-                  for b in range(-((kw - 1) // sw), (kw - 1) // sw + 1)]
+        deltas = [
+            (a, b)
+            for a in range(-((kh - 1) // sh), (kh - 1) // sh + 1)
+            for b in range(-((kw - 1) // sw), (kw - 1) // sw + 1)
+        ]
         Q = torch.cat([sg * _shifted(sg, a, b) * _at_lag(g.corr, a, b)[:, None, None] for a, b in deltas], 0)
         Wp = torch.cat([_shift_prod(self.W, -sh * a, -sw * b) for a, b in deltas], 0)  # W(u) W(u − sΔ)
         ph, pw = self.padding
@@ -345,12 +356,12 @@ class Conv:
         big = torch.zeros((x.shape[0], 2 * H - 1 + 2 * kk, 2 * W - 1 + 2 * kk), dtype=_DT)
         taps, Wf = self._tap_offsets(), self.W.flatten(2)
         for j, (a1, b1) in enumerate(taps):
-            ww = (Wf[:, :, j:j + 1] * Wf).permute(2, 0, 1)  # (k, Co, Ci)
+            ww = (Wf[:, :, j : j + 1] * Wf).permute(2, 0, 1)  # (k, Co, Ci)
             vals = torch.einsum("loi,lohw->lihw", ww, g.corr[None] * self._tap_xcorr(FS, j, size, Ho, Wo))
             for l, (a2, b2) in enumerate(taps):
                 h0, w0 = H - 1 + kk - sh * (Ho - 1) + a2 - a1, W - 1 + kk - sw * (Wo - 1) + b2 - b1
-                big[:, h0:h0 + sh * (2 * Ho - 2) + 1:sh, w0:w0 + sw * (2 * Wo - 2) + 1:sw] += vals[l]
-        T = big[:, kk:kk + 2 * H - 1, kk:kk + 2 * W - 1].clone()
+                big[:, h0 : h0 + sh * (2 * Ho - 2) + 1 : sh, w0 : w0 + sw * (2 * Wo - 2) + 1 : sw] += vals[l]
+        T = big[:, kk : kk + 2 * H - 1, kk : kk + 2 * W - 1].clone()
         T[:, H - 1, W - 1] = var.sum((1, 2))
         return _field_from_sums(torch.zeros_like(var), var, T)
 
@@ -380,8 +391,8 @@ def box_conv(channels: int, kernel, stride, padding) -> Conv:
 def _valid(f: torch.Tensor, dh: int, dw: int):
     """(f(p), f(p + d)) over the positions p with both inside: two (..., H−|dh|, W−|dw|) views."""
     H, W = f.shape[-2:]
-    a = f[..., max(0, -dh):H - max(0, dh), max(0, -dw):W - max(0, dw)]
-    b = f[..., max(0, dh):H - max(0, -dh), max(0, dw):W - max(0, -dw)]
+    a = f[..., max(0, -dh) : H - max(0, dh), max(0, -dw) : W - max(0, dw)]
+    b = f[..., max(0, dh) : H - max(0, -dh), max(0, dw) : W - max(0, -dw)]
     return a, b
 
 
@@ -393,8 +404,12 @@ class ReLU:
 
     def _half_lags(self, H, W):
         R = self.R
-        return [(a, b) for a in range(0, min(R, H - 1) + 1) for b in range(-min(R, W - 1), min(R, W - 1) + 1)
-                if a > 0 or b >= 0]
+        return [
+            (a, b)
+            for a in range(0, min(R, H - 1) + 1)
+            for b in range(-min(R, W - 1), min(R, W - 1) + 1)
+            if a > 0 or b >= 0
+        ]
 
     def forward(self, x: Field) -> Field:
         self.x = x
@@ -421,14 +436,15 @@ class ReLU:
         return _field_from_sums(mu, var, T)
 
     def backward(self, g: Field) -> Field:
-        x, C, (H, W) = self.x, g.shape[0], g.shape[1:]
+        x, (H, W) = self.x, g.shape[1:]
         sg = g.var.clamp_min(0).sqrt()
         phi = _pdf(x.mean / self.s.clamp_min(1e-300)) * (self.s > 0)
         var = g.var * self.pos
         # beyond the exact lags: P(both > 0) ≈ Φ_p Φ_q + φ_p φ_q ρ; E[ReLU ReLU] ≈ µ⁺µ⁺ + Φ_p Φ_q Cov
         T = g.corr * (xcorr(sg * self.pos, sg * self.pos) + x.corr * xcorr(sg * phi, sg * phi))
-        YY = g.corr * (xcorr(sg * self.mu, sg * self.mu) + x.corr * xcorr(sg * self.pos * self.s,
-                                                                           sg * self.pos * self.s))
+        YY = g.corr * (
+            xcorr(sg * self.mu, sg * self.mu) + x.corr * xcorr(sg * self.pos * self.s, sg * self.pos * self.s)
+        )
         for (dh, dw), (e, p) in self.pairs.items():
             a, b = _valid(sg, dh, dw)
             cg = a * b * _at_lag(g.corr, dh, dw)[:, None, None]
@@ -478,7 +494,8 @@ class MaxPool:
     ``method="mc"`` (the default): ``samples`` draws of the window's taps from the predicted statistics
     (mean map, variance map, stencil: one n×n covariance per window), from a fixed seed (the prediction
     never sees the data; :func:`_base_draws`), neighbouring windows drawn together (``samples / 4``
-    draws of 2n taps: their covariance and each pair of taps' probability of winning jointly); or by ``method="clark"``: Clark's (1961) recursion over the taps in raster order
+    draws of 2n taps: their covariance and each pair of taps' probability of winning jointly); or by
+    ``method="clark"``: Clark's (1961) recursion over the taps in raster order
     (exact for two taps; for four independent N(0, 1) it gives Var 0.470 where the exact value is 0.4917).
     Between windows, Cov(M_A, M_B) = Σ_{j,l} w_Aj w_Bl Cov(x_j, x_l): Cov(max(x), y) = Σ_j P(j wins)
     Cov(x_j, y) holds exactly for jointly Gaussian x, y (Stein's lemma); applied on both sides it is the
@@ -492,20 +509,26 @@ class MaxPool:
 
     def _taps(self, f: torch.Tensor, Ho, Wo):
         (kh, kw), (sh, sw) = self.k, self.s
-        return [f[:, a:a + sh * (Ho - 1) + 1:sh, b:b + sw * (Wo - 1) + 1:sw] for a in range(kh) for b in range(kw)]
+        return [
+            f[:, a : a + sh * (Ho - 1) + 1 : sh, b : b + sw * (Wo - 1) + 1 : sw]
+            for a in range(kh)
+            for b in range(kw)
+        ]
 
     def _monte_carlo(self, m, cov):
         """Per window (mean, Var, [P(tap j wins)]) from draws of N(m, cov); m (n, ...), cov (n, n, ...)."""
         n, shape = len(m), m[0].shape
         mu = torch.stack(m).reshape(n, -1).T  # (windows, n)
-        S = torch.stack([torch.stack(row) for row in cov]).reshape(n, n, -1).permute(2, 0, 1)  # (windows, n, n)
+        S = (
+            torch.stack([torch.stack(row) for row in cov]).reshape(n, n, -1).permute(2, 0, 1)
+        )  # (windows, n, n)
         lam, vec = torch.linalg.eigh(S)
         L = vec * lam.clamp_min(0).sqrt()[:, None, :]  # S = L Lᵀ, also where S is singular
         base = _base_draws(self.samples, n, self.seed)
         mean, var, wins = [], [], []
         for i in range(0, len(mu), 256):
-            z = _draws_for(base, i, len(mu[i:i + 256]))
-            x = mu[i:i + 256, None, :] + z @ L[i:i + 256].transpose(1, 2)  # (w, samples, n)
+            z = _draws_for(base, i, len(mu[i : i + 256]))
+            x = mu[i : i + 256, None, :] + z @ L[i : i + 256].transpose(1, 2)  # (w, samples, n)
             top = x.amax(-1)
             mean.append(top.mean(1))
             var.append(top.var(1, unbiased=False))
@@ -521,9 +544,7 @@ class MaxPool:
         (kh, kw), (sh, sw) = self.k, self.s
         offs = [(a, b) for a in range(kh) for b in range(kw)]
         n = len(offs)
-        hs, ws = slice(max(0, -dh), Ho - max(0, dh)), slice(max(0, -dw), Wo - max(0, dw))
         s = x.var.clamp_min(0).sqrt()
-        C = x.shape[0]
         P = [(a, b, 0, 0) for a, b in offs] + [(a + sh * dh, b + sw * dw, dh, dw) for a, b in offs]
         m = [self._taps(x.mean, Ho, Wo)[j % n] for j in range(n)]
         sd = self._taps(s, Ho, Wo)
@@ -531,23 +552,28 @@ class MaxPool:
         def view(t, j):  # tap j of window P (j < n) or of window P + Δ
             ph, pw = (max(0, -dh), max(0, -dw)) if j < n else (max(0, dh), max(0, dw))
             h, w = Ho - abs(dh), Wo - abs(dw)
-            return t[j % n][:, ph:ph + h, pw:pw + w]
+            return t[j % n][:, ph : ph + h, pw : pw + w]
 
         mu = torch.stack([view(m, j) for j in range(2 * n)], -1)  # (C, h, w, 2n)
         sds = torch.stack([view(sd, j) for j in range(2 * n)], -1)
-        rho = torch.stack([torch.stack([_at_lag(x.corr, P[l][0] - P[j][0], P[l][1] - P[j][1])
-                                        for l in range(2 * n)], -1) for j in range(2 * n)], -2)  # (C, 2n, 2n)
+        rho = torch.stack(
+            [
+                torch.stack([_at_lag(x.corr, P[l][0] - P[j][0], P[l][1] - P[j][1]) for l in range(2 * n)], -1)
+                for j in range(2 * n)
+            ],
+            -2,
+        )  # (C, 2n, 2n)
         S = sds[..., :, None] * sds[..., None, :] * rho[:, None, None]
         shape = mu.shape[:3]
         mu, S = mu.reshape(-1, 2 * n), S.reshape(-1, 2 * n, 2 * n)
         lam, vec = torch.linalg.eigh(S)
         L = vec * lam.clamp_min(0).sqrt()[:, None, :]
         base = _base_draws(self.samples // 4, 2 * n, self.seed + 1).float()  # float32: the draws' own error
-        mu, L = mu.float(), L.float()                                          # is far above its rounding
+        mu, L = mu.float(), L.float()  # is far above its rounding
         cov, J = [], []
         for i in range(0, len(mu), 256):
-            z = _draws_for(base, i, len(mu[i:i + 256]))
-            xs = torch.baddbmm(mu[i:i + 256, None, :], z, L[i:i + 256].transpose(1, 2))
+            z = _draws_for(base, i, len(mu[i : i + 256]))
+            xs = torch.baddbmm(mu[i : i + 256, None, :], z, L[i : i + 256].transpose(1, 2))
             ma, mb = xs[..., :n].amax(-1), xs[..., n:].amax(-1)
             cov.append((ma * mb).mean(1, dtype=_DT) - ma.mean(1, dtype=_DT) * mb.mean(1, dtype=_DT))
             wa, wb = (xs[..., :n] == ma[..., None]).float(), (xs[..., n:] == mb[..., None]).float()
@@ -578,7 +604,7 @@ class MaxPool:
             for l in range(1, n):
                 c = sum(w[j] * cov(j, l) for j in range(l))
                 mu, var, p, q = clark_max(mu, var, m[l], sd[l] ** 2, c)
-                w = [wj * p for wj in w[:l]] + [q] + w[l + 1:]
+                w = [wj * p for wj in w[:l]] + [q] + w[l + 1 :]
         self.w, self.offs, self.out_hw = w, offs, (Ho, Wo)
         # T_out(Δ) = Σ_{j,l} ρ(sΔ + l − j) Σ_P U_j(P) U_l(P + Δ),  U_j = w_j √v(tap j)
         U = [w[j] * sd[j] for j in range(n)]
@@ -606,7 +632,7 @@ class MaxPool:
         sg = g.var.clamp_min(0).sqrt()
         var = torch.zeros((C, H, W), dtype=_DT)
         for wj, (a, b) in zip(self.w, self.offs):
-            var[:, a:a + sh * (Ho - 1) + 1:sh, b:b + sw * (Wo - 1) + 1:sw] += wj * g.var
+            var[:, a : a + sh * (Ho - 1) + 1 : sh, b : b + sw * (Wo - 1) + 1 : sw] += wj * g.var
         # Σ over window pairs P ≠ P' of w_Pj w_P'l Cov(g_P, g_P'), at input lag sΔ + l − j
         big = torch.zeros((C, 2 * H - 1 + 2 * max(self.k), 2 * W - 1 + 2 * max(self.k)), dtype=_DT)
         kk = max(self.k)
@@ -627,8 +653,8 @@ class MaxPool:
                     vals[:, Ho - 1 - dh, Wo - 1 - dw] += t2
                 h0 = H - 1 + kk - sh * (Ho - 1) + (a2 - a1)
                 w0 = W - 1 + kk - sw * (Wo - 1) + (b2 - b1)
-                big[:, h0:h0 + sh * (2 * Ho - 2) + 1:sh, w0:w0 + sw * (2 * Wo - 2) + 1:sw] += vals
-        T = big[:, kk:kk + 2 * H - 1, kk:kk + 2 * W - 1].clone()
+                big[:, h0 : h0 + sh * (2 * Ho - 2) + 1 : sh, w0 : w0 + sw * (2 * Wo - 2) + 1 : sw] += vals
+        T = big[:, kk : kk + 2 * H - 1, kk : kk + 2 * W - 1].clone()
         T[:, H - 1, W - 1] = var.sum((1, 2))
         return _field_from_sums(torch.zeros_like(var), var, T)
 
@@ -663,8 +689,9 @@ class GroupNorm:
         s = x.var.clamp_min(0).sqrt()
         # Σ_e ρ(e) s(p+e) = (ρ ⋆ s)(p): a correlation of s with the lag kernel, by FFT
         size = (3 * H - 2, 3 * W - 2)
-        conv = torch.fft.irfft2(torch.fft.rfft2(s, s=size) * torch.fft.rfft2(torch.flip(x.corr, (-2, -1)), s=size),
-                                s=size)[:, H - 1:2 * H - 1, W - 1:2 * W - 1]
+        conv = torch.fft.irfft2(
+            torch.fft.rfft2(s, s=size) * torch.fft.rfft2(torch.flip(x.corr, (-2, -1)), s=size), s=size
+        )[:, H - 1 : 2 * H - 1, W - 1 : 2 * W - 1]
         c = s * conv / n  # (C, H, W) Cov(x_p, µ_g)
         var = (x.var - 2 * c + Vc).clamp_min(0)
         b = T.sum((1, 2))[:, None, None] / (n * H * W)  # (C, 1, 1)
@@ -688,8 +715,11 @@ class GroupNorm:
         self.xhat = _field_from_sums(xhat_m, var / s2, Tc / s2)
         gam = torch.ones(C, dtype=_DT) if self.gamma is None else self.gamma
         bet = torch.zeros(C, dtype=_DT) if self.beta is None else self.beta
-        return Field(gam[:, None, None] * self.xhat.mean + bet[:, None, None],
-                     gam[:, None, None] ** 2 * self.xhat.var, self.xhat.corr)
+        return Field(
+            gam[:, None, None] * self.xhat.mean + bet[:, None, None],
+            gam[:, None, None] ** 2 * self.xhat.var,
+            self.xhat.corr,
+        )
 
     def backward(self, g: Field) -> Field:
         C, H, W = g.shape
@@ -716,7 +746,9 @@ class GroupNorm:
         X = xh.corr * xcorr(s, s) + xcorr(xh.mean, xh.mean)  # (C, 2H−1, 2W−1)
         N = xcorr(torch.ones((1, H, W), dtype=_DT), torch.ones((1, H, W), dtype=_DT))
         rep = C // self.G
-        em2, et2, s2 = (t.repeat_interleave(rep)[:, None, None] for t in (e_m2, e_t2, self.sigma2 / self.jensen))
+        em2, et2, s2 = (
+            t.repeat_interleave(rep)[:, None, None] for t in (e_m2, e_t2, self.sigma2 / self.jensen)
+        )
         T = (Tg - N * em2 - X * et2) / s2
         T[:, H - 1, W - 1] = var.sum((1, 2))
         return _field_from_sums(torch.zeros_like(var), var, T)
@@ -743,7 +775,9 @@ class Linear:
 
     def backward(self, g: Field) -> Field:
         v = (self.W**2).T @ g.var[:, 0, 0]
-        return Field(torch.zeros_like(v)[:, None, None], v[:, None, None], torch.ones((len(v), 1, 1), dtype=_DT))
+        return Field(
+            torch.zeros_like(v)[:, None, None], v[:, None, None], torch.ones((len(v), 1, 1), dtype=_DT)
+        )
 
 
 def add(a: Field, b: Field) -> Field:
@@ -758,8 +792,11 @@ def add_grads(a: Field, b: Field) -> Field:
 
 def unit_noise(channels: int) -> Field:
     """The backward seed: ∂L/∂logits ~ N(0, 1), independent (a (F, 1, 1) field)."""
-    return Field(torch.zeros((channels, 1, 1), dtype=_DT), torch.ones((channels, 1, 1), dtype=_DT),
-                 torch.ones((channels, 1, 1), dtype=_DT))
+    return Field(
+        torch.zeros((channels, 1, 1), dtype=_DT),
+        torch.ones((channels, 1, 1), dtype=_DT),
+        torch.ones((channels, 1, 1), dtype=_DT),
+    )
 
 
 def with_yy(f: Field, yy) -> Field:
@@ -773,6 +810,7 @@ def measure_fields(model: torch.nn.Module, x: torch.Tensor, names=None) -> dict[
     handles = []
     for n, m in model.named_modules():
         if n and (names is None or n in names):
+
             def hook(mod, args, y, n=n):
                 if isinstance(y, torch.Tensor) and y.dim() in (2, 4) and n not in out:
                     out[n] = measure_field(y)

@@ -1,8 +1,8 @@
 """Predicted vs measured correlation stencils, per module (PNG).
 
-    plot_stencils(report, path)   one column per module with a map output: the correlation pooled over
-                                  channels, Σ_c T_c(e) / Σ_c Σ_p √(v_p v_{p+e}), at lags |e| ≤ 4,
-                                  measured (top) and predicted (bottom, ``predict_correlated``)
+plot_stencils(report, path)   one column per module with a map output: the correlation pooled over
+                              channels, Σ_c T_c(e) / Σ_c Σ_p √(v_p v_{p+e}), at lags |e| ≤ 4,
+                              measured (top) and predicted (bottom, ``predict_correlated``)
 """
 
 from __future__ import annotations
@@ -27,13 +27,21 @@ def pooled_stencil(f: Field, radius: int = 4) -> torch.Tensor:
     rho = T / G.sum(0).clamp_min(1e-300)
     out = torch.full((2 * radius + 1, 2 * radius + 1), float("nan"), dtype=torch.float64)
     rh, rw = min(radius, H - 1), min(radius, W - 1)
-    out[radius - rh:radius + rh + 1, radius - rw:radius + rw + 1] = rho[H - 1 - rh:H + rh, W - 1 - rw:W + rw]
+    out[radius - rh : radius + rh + 1, radius - rw : radius + rw + 1] = rho[
+        H - 1 - rh : H + rh, W - 1 - rw : W + rw
+    ]
     return out
 
 
 def plot_stencils(report: ProbeReport, path: str | Path, max_modules: int = 16, radius: int = 4) -> Path:
-    rows = [r for r in report.rows.values() if r.predicted is not None and r.predicted.field is not None
-            and r.measured_field is not None and r.measured_field.shape[1] > 1][:max_modules]
+    rows = [
+        r
+        for r in report.rows.values()
+        if r.predicted is not None
+        and r.predicted.field is not None
+        and r.measured_field is not None
+        and r.measured_field.shape[1] > 1
+    ][:max_modules]
     plt = pyplot()
     fig, axes = plt.subplots(2, max(len(rows), 1), figsize=(1.6 * max(len(rows), 1) + 1, 3.6), squeeze=False)
     for j, r in enumerate(rows):

@@ -168,9 +168,18 @@ class CorrelatedRow:
         def num(v):
             return None if v is None or not math.isfinite(v) else v
 
-        return {"name": self.name, "kind": self.kind, "mean": num(self.mean), "var": num(self.var),
-                "e2": num(self.e2), "corr1": num(self.corr(1)), "corr2": num(self.corr(2)),
-                "grad_e2": num(self.grad_e2), "grad_corr1": num(self.grad_corr(1)), "note": self.note}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "mean": num(self.mean),
+            "var": num(self.var),
+            "e2": num(self.e2),
+            "corr1": num(self.corr(1)),
+            "corr2": num(self.corr(2)),
+            "grad_e2": num(self.grad_e2),
+            "grad_corr1": num(self.grad_corr(1)),
+            "note": self.note,
+        }
 
 
 @dataclass
@@ -188,8 +197,9 @@ class CorrelatedPrediction:
         return {"notes": list(self.notes), "modules": [r.to_dict() for r in self.rows.values()]}
 
 
-def predict_correlated(model: nn.Module, input_stats: cr.Field, *, backward: str | None = "unit-noise",
-                       exact_lags: int = 4) -> CorrelatedPrediction:
+def predict_correlated(
+    model: nn.Module, input_stats: cr.Field, *, backward: str | None = "unit-noise", exact_lags: int = 4
+) -> CorrelatedPrediction:
     """Every module's output :class:`correlated.Field` from the input's statistics and the weights.
 
     Args:
@@ -199,8 +209,9 @@ def predict_correlated(model: nn.Module, input_stats: cr.Field, *, backward: str
         exact_lags: ReLU's bivariate integral for lags |e| ≤ this along each axis, Price's first order beyond.
     """
     if not isinstance(input_stats, cr.Field):
-        raise TypeError(f"input_stats must be a correlated.Field (measure_input(batch)), got "
-                        f"{type(input_stats).__name__}")
+        raise TypeError(
+            f"input_stats must be a correlated.Field (measure_input(batch)), got {type(input_stats).__name__}"
+        )
     if backward not in ("unit-noise", None):
         raise ValueError(f"backward must be 'unit-noise' or None, got {backward!r}")
     tracer = _Tracer()
@@ -228,7 +239,11 @@ def predict_correlated(model: nn.Module, input_stats: cr.Field, *, backward: str
             missing = next((a for a in args if value.get(a) is None), None)
             if missing is not None or not args:
                 value[n] = None
-                why[n] = why.get(missing, f"no input for {n.name}") if missing is not None else f"{n.name}: no rule"
+                why[n] = (
+                    why.get(missing, f"no input for {n.name}")
+                    if missing is not None
+                    else f"{n.name}: no rule"
+                )
                 continue
             try:
                 if n.op == "call_module":
@@ -253,7 +268,9 @@ def predict_correlated(model: nn.Module, input_stats: cr.Field, *, backward: str
                     value[n] = step.forward(value[args[0]])
                     steps[n] = step
                 else:
-                    raise NotImplementedError(f"no correlated rule for {n.op} {getattr(n.target, '__name__', n.target)}")
+                    raise NotImplementedError(
+                        f"no correlated rule for {n.op} {getattr(n.target, '__name__', n.target)}"
+                    )
                 if isinstance(steps.get(n), cr.ReLU):
                     steps[n].R = exact_lags
             except NotImplementedError as e:
@@ -287,10 +304,16 @@ def predict_correlated(model: nn.Module, input_stats: cr.Field, *, backward: str
     rows["(input)"] = CorrelatedRow("(input)", "input", input_stats, grad.get(placeholder))
     for name, node in tracer.calls:
         kind = type(model.get_submodule(name)).__name__
-        rows[name] = CorrelatedRow(name, kind, value.get(node), grad.get(node),
-                                   note="" if value.get(node) is not None else why.get(node, "no prediction"))
-    rows["(output)"] = CorrelatedRow("(output)", type(model).__name__, value.get(out_node),
-                                     grad.get(out_node), note=why.get(out_node, ""))
+        rows[name] = CorrelatedRow(
+            name,
+            kind,
+            value.get(node),
+            grad.get(node),
+            note="" if value.get(node) is not None else why.get(node, "no prediction"),
+        )
+    rows["(output)"] = CorrelatedRow(
+        "(output)", type(model).__name__, value.get(out_node), grad.get(out_node), note=why.get(out_node, "")
+    )
     notes = []
     if out_node is not None and value.get(out_node) is None:
         notes.append(f"no prediction at the output: {why.get(out_node, '')}")

@@ -4,7 +4,8 @@
     <prefix>_histograms.png      the values of each tensor; the spike at 0 after a ReLU shows
     <prefix>_grad_histograms.png the gradients that have exact zeros: below a ReLU, 75% below a 2×2 max pool
     <prefix>_padding_<name>.png  per-position Var(y) / middle beside the share of taps on real inputs
-    <prefix>_stencils.png        predicted vs measured correlation stencils per module (``correlated_figures``)
+    <prefix>_stencils.png        predicted vs measured correlation stencils per module
+                                 (``correlated_figures``)
 """
 
 from __future__ import annotations
