@@ -10,6 +10,10 @@
 ``figures`` show them. A model without a rule is traced by ``torch.fx`` (``graph``) and its
 call_function / call_method nodes follow ``functions`` (``register_function_rule(target, rule)``);
 ``build_model("torchvision:resnet18")`` builds a model of torchvision or timm (``models``).
+
+The correlation-aware prediction (``predicted`` beside ``ideal`` and ``measured``) lives in
+``correlated`` (the state: mean map, variance map, correlation at every lag; the rules) and
+``correlated_predict`` (``predict_correlated(model, measure_input(batch))``, a torch.fx walk).
 """
 
 from gatepool.analysis.probe.figures import save_figures

@@ -4,6 +4,8 @@
     <prefix>_histograms.png      the values of each tensor; the spike at 0 after a ReLU shows
     <prefix>_grad_histograms.png the gradients that have exact zeros: below a ReLU, 75% below a 2×2 max pool
     <prefix>_padding_<name>.png  per-position Var(y) / middle beside the share of taps on real inputs
+    <prefix>_stencils.png        predicted vs measured correlation stencils per module
+                                 (``correlated_figures``)
 """
 
 from __future__ import annotations
@@ -151,4 +153,8 @@ def save_figures(report: ProbeReport, directory: str | Path, prefix: str = "prob
         paths.append(plot_padding(*maps, directory / f"{prefix}_padding_{safe}.png", title=r.name,
                                   annotate=False))
         n += 1
+    if any(r.predicted is not None and r.measured_field is not None for r in report.rows.values()):
+        from gatepool.analysis.probe.correlated_figures import plot_stencils
+
+        paths.append(plot_stencils(report, directory / f"{prefix}_stencils.png"))
     return paths

@@ -65,6 +65,8 @@ class Row:
     grad_samples: torch.Tensor | None = None  # and of the gradient's
     meta: dict[str, Any] = field(default_factory=dict)  # conv geometry, input shape
     notes: list[str] = field(default_factory=list)
+    predicted: Any = None  # correlated_predict.CorrelatedRow: the correlation-aware prediction
+    measured_field: Any = None  # correlated.Field of the output, measured: its correlation stencil
 
     def ratio(self, what: str = "var") -> float | None:
         """measured / ideal for ``what`` in "mean", "var", "e2", "grad_e2"; None without both."""
@@ -89,6 +91,12 @@ class Row:
             "ratio": {w: self.ratio(w) for w in ("var", "e2", "grad_e2")},
             "notes": list(self.notes),
         }
+        if self.predicted is not None:
+            d["predicted"] = self.predicted.to_dict()
+        if self.measured_field is not None:
+            from gatepool.analysis.probe.correlated import neighbour_corr
+
+            d["measured_corr"] = {str(k): _num(neighbour_corr(self.measured_field, k)) for k in (1, 2)}
         if self.meta:
             d["meta"] = {k: list(v) if isinstance(v, tuple) else v for k, v in self.meta.items()}
         if detail and self.per_channel:
@@ -155,17 +163,22 @@ class ProbeReport:
 
     def table(self) -> str:
         """Plain text: per tensor, forward Var ideal | measured | ratio, then E[g²] the same way."""
+        pred = any(r.predicted is not None for r in self.rows.values())  # the correlated prediction
+        hp = f" {'predicted':>9}" if pred else ""
         hdr = (f"{'tensor':<22} {'type':<13} {'shape':<16}│{'mean':>7} {'zeros':>6} │ {'Var ideal':>9} "
-               f"{'measured':>9} {'ratio':>6} │ {'E[g²] ideal':>11} {'measured':>10} {'ratio':>6} {'g=0':>5}")
+               f"{'measured':>9} {'ratio':>6}{hp} │ {'E[g²] ideal':>11} {'measured':>10} {'ratio':>6}"
+               f"{hp} {'g=0':>5}")
         lines = [hdr, "─" * len(hdr)]
         for r in self.rows.values():
-            f, b, i = r.forward, r.backward, r.ideal
+            f, b, i, p = r.forward, r.backward, r.ideal, r.predicted
             shape = "×".join(map(str, r.shape)) if r.shape else "?"
+            pv = f" {_fmt(p and p.var, 9)}" if pred else ""
+            pg = f" {_fmt(p and p.grad_e2, 9)}" if pred else ""
             lines.append(
                 f"{r.name:<22.22} {r.kind:<13.13} {shape:<16.16}│{_fmt(f and f.mean, 7, '.3f')} "
                 f"{_fmt(f and f.zero_share, 6, '.1%')} │ {_fmt(i and i.var, 9)} {_fmt(f and f.var, 9)} "
-                f"{_fmt(r.ratio('var'), 6, '.2f')} │ {_fmt(i and i.grad_e2, 11)} {_fmt(b and b.e2, 10)} "
-                f"{_fmt(r.ratio('grad_e2'), 6, '.2f')} {_fmt(b and b.zero_share, 5, '.0%')}"
+                f"{_fmt(r.ratio('var'), 6, '.2f')}{pv} │ {_fmt(i and i.grad_e2, 11)} {_fmt(b and b.e2, 10)} "
+                f"{_fmt(r.ratio('grad_e2'), 6, '.2f')}{pg} {_fmt(b and b.zero_share, 5, '.0%')}"
                 + (f"  {i.note}" if i is not None and i.note else "")
             )
         if self.params:

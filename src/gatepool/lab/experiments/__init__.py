@@ -14,7 +14,7 @@ from gatepool.lab.claims import Experiment, declared
 # Claim groups, in the lecture's order.
 GROUPS: list[str] = ["conv_variance", "pool_variance", "network", "soft_gate", "pool_comparison",
                      "attention_reach", "sqrt_d", "attention_cost", "flashcards", "seq_demo", "vit_mnist",
-                     "init_rules", "conv_unrolled", "max_normals", "transformer_variants",
+                     "init_rules", "conv_unrolled", "max_normals", "transformer_variants", "orange_numbers",
                      # beyond the lecture (``Experiment.beyond``): `reproduce --beyond`
                      "gate_matters", "distractor_study"]
 

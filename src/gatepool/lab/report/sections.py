@@ -16,7 +16,7 @@ SECTIONS: list[tuple[str, str, tuple[str, ...]]] = [
      ("conv-forward", "he-init", "he-fan-mode", "padding-map", "conv-unrolled", "conv-backward",
       "weight-uses")),
     ("pooling", "Pooling", ("pool-forward", "max-normals", "pool-backward", "pool-compound")),
-    ("signal", "The network's signal", ("network-forward", "stream-skew", "network-backward", "head-chain")),
+    ("signal", "The network's signal", ("network-forward", "stream-skew", "network-backward", "orange-numbers", "head-chain")),
     ("soft-gate", "The soft gate",
      ("soft-gate", "temperature-dial", "soft-gradient", "gradient-share", "pool-comparison")),
     ("attention", "Attention", ("attention-reach", "sqrt-d", "attention-maps", "shuffle", "attention-cost")),

@@ -1,0 +1,320 @@
+"""The correlation-aware prediction: the input's statistics walked through a traced model.
+
+    stats = measure_input(images)                    # the data: the only thing measured
+    pred = predict_correlated(model, stats)          # the model's weights and those statistics, no batch
+    pred["pool1"].var, pred["pool1"].corr(1), pred["block3"].grad_e2
+
+``predict_correlated(model, input_stats)`` traces ``model`` with ``torch.fx`` (as the probe's
+:mod:`graph` walk does: the same :class:`graph.Untraceable` when torch cannot), the modules with a
+correlated rule (:mod:`correlated`) as leaves, everything else traced through; it never runs the model
+on data and puts no hook on it. Forward node by node, each tensor node's :class:`correlated.Field`;
+backward in reverse from ∂L/∂logits ~ N(0, 1) (the lecture's unit-noise seed), a node used twice
+getting the sum of its two (independent) gradients. A node without a rule has no prediction, nor has
+anything computed from it; ``notes`` says which.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from gatepool.analysis.probe import correlated as cr
+from gatepool.analysis.probe.graph import Untraceable
+
+__all__ = ["CorrelatedPrediction", "CorrelatedRow", "predict_correlated"]
+
+
+def _pair(v) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _conv(m: nn.Conv2d):
+    if m.padding_mode != "zeros" or _pair(m.dilation) != (1, 1) or isinstance(m.padding, str):
+        raise NotImplementedError("conv rule: zero padding given as numbers, no dilation")
+    return cr.Conv(m.weight, m.bias, _pair(m.stride), _pair(m.padding), m.groups)
+
+
+def _maxpool(m: nn.MaxPool2d):
+    if _pair(m.padding) != (0, 0) or _pair(m.dilation) != (1, 1) or m.ceil_mode:
+        raise NotImplementedError("max pool rule: no padding, no dilation, floor mode")
+    k = _pair(m.kernel_size)
+    return cr.MaxPool(k, _pair(m.stride) if m.stride else k)
+
+
+class _Adaptive:
+    """AdaptiveAvgPool2d: the box filter of the window an output averages (even windows only)."""
+
+    def __init__(self, m: nn.AdaptiveAvgPool2d) -> None:
+        self.out = _pair(m.output_size)
+
+    def forward(self, x: cr.Field):
+        C, H, W = x.shape
+        if H % self.out[0] or W % self.out[1]:
+            raise NotImplementedError(f"adaptive pool {H}×{W} → {self.out}: uneven windows")
+        k = (H // self.out[0], W // self.out[1])
+        self.conv = cr.box_conv(C, k, k, (0, 0))
+        return self.conv.forward(x)
+
+    def backward(self, g):
+        return self.conv.backward(g)
+
+
+class _AvgPool:
+    def __init__(self, m: nn.AvgPool2d) -> None:
+        if not m.count_include_pad or m.ceil_mode or m.divisor_override:
+            raise NotImplementedError("avg pool rule: count_include_pad, floor mode")
+        self.k = _pair(m.kernel_size)
+        self.s = _pair(m.stride) if m.stride else self.k
+        self.p = _pair(m.padding)
+
+    def forward(self, x):
+        self.conv = cr.box_conv(x.shape[0], self.k, self.s, self.p)
+        return self.conv.forward(x)
+
+    def backward(self, g):
+        return self.conv.backward(g)
+
+
+class _Identity:
+    def forward(self, x):
+        return x
+
+    def backward(self, g):
+        return g
+
+
+def _groupnorm(m: nn.GroupNorm):
+    return cr.GroupNorm(m.num_groups, m.weight if m.affine else None, m.bias if m.affine else None, m.eps)
+
+
+_RULES = {
+    nn.Conv2d: _conv,
+    nn.Linear: lambda m: cr.Linear(m.weight, m.bias),
+    nn.ReLU: lambda m: cr.ReLU(),
+    nn.MaxPool2d: _maxpool,
+    nn.AvgPool2d: _AvgPool,
+    nn.AdaptiveAvgPool2d: _Adaptive,
+    nn.GroupNorm: _groupnorm,
+    nn.Flatten: lambda m: _Identity(),
+    nn.Identity: lambda m: _Identity(),
+}
+
+
+def _rule(m: nn.Module):
+    for cls in type(m).__mro__:
+        if cls in _RULES:
+            return _RULES[cls]
+    return None
+
+
+class _Tracer(fx.Tracer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, fx.Node]] = []
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return (_rule(m) is not None and type(m) is not nn.Sequential) or super().is_leaf_module(m, qualname)
+
+    def call_module(self, m, forward, args, kwargs):
+        out = super().call_module(m, forward, args, kwargs)
+        if isinstance(out, fx.Proxy):
+            self.calls.append((self.path_of_module(m), out.node))
+        return out
+
+
+_ADDS = (operator.add, torch.add, operator.iadd)
+_FLAT = (torch.flatten,)
+_RELU = (torch.relu, torch.nn.functional.relu)
+
+
+@dataclass
+class CorrelatedRow:
+    """The prediction at one module's output: its field, and its gradient's field (None: no rule)."""
+
+    name: str
+    kind: str
+    field: cr.Field | None = None
+    grad: cr.Field | None = None
+    note: str = ""
+
+    @property
+    def var(self) -> float | None:
+        return None if self.field is None else self.field.moments()["var"]
+
+    @property
+    def mean(self) -> float | None:
+        return None if self.field is None else self.field.moments()["mean"]
+
+    @property
+    def e2(self) -> float | None:
+        return None if self.field is None else self.field.moments()["e2"]
+
+    @property
+    def grad_e2(self) -> float | None:
+        return None if self.grad is None else float(self.grad.var.mean())
+
+    def corr(self, lag: int) -> float | None:
+        return None if self.field is None else cr.neighbour_corr(self.field, lag)
+
+    def grad_corr(self, lag: int) -> float | None:
+        return None if self.grad is None else cr.neighbour_corr(self.grad, lag)
+
+    def to_dict(self) -> dict:
+        def num(v):
+            return None if v is None or not math.isfinite(v) else v
+
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "mean": num(self.mean),
+            "var": num(self.var),
+            "e2": num(self.e2),
+            "corr1": num(self.corr(1)),
+            "corr2": num(self.corr(2)),
+            "grad_e2": num(self.grad_e2),
+            "grad_corr1": num(self.grad_corr(1)),
+            "note": self.note,
+        }
+
+
+@dataclass
+class CorrelatedPrediction:
+    rows: dict[str, CorrelatedRow]
+    notes: list[str] = field(default_factory=list)
+
+    def __getitem__(self, name: str) -> CorrelatedRow:
+        return self.rows[name]
+
+    def __contains__(self, name) -> bool:
+        return name in self.rows
+
+    def to_dict(self) -> dict:
+        return {"notes": list(self.notes), "modules": [r.to_dict() for r in self.rows.values()]}
+
+
+def predict_correlated(
+    model: nn.Module, input_stats: cr.Field, *, backward: str | None = "unit-noise", exact_lags: int = 4
+) -> CorrelatedPrediction:
+    """Every module's output :class:`correlated.Field` from the input's statistics and the weights.
+
+    Args:
+        model: the network (traced by ``torch.fx``; never run on data, no hooks).
+        input_stats: what :func:`correlated.measure_input` returns for one input (C, H, W).
+        backward: "unit-noise" (∂L/∂logits ~ N(0, 1) independent, the lecture's seed) or None.
+        exact_lags: ReLU's bivariate integral for lags |e| ≤ this along each axis, Price's first order beyond.
+    """
+    if not isinstance(input_stats, cr.Field):
+        raise TypeError(
+            f"input_stats must be a correlated.Field (measure_input(batch)), got {type(input_stats).__name__}"
+        )
+    if backward not in ("unit-noise", None):
+        raise ValueError(f"backward must be 'unit-noise' or None, got {backward!r}")
+    tracer = _Tracer()
+    try:
+        graph = tracer.trace(model)
+    except Exception as e:
+        raise Untraceable(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    gm = fx.GraphModule(model, graph)
+    nodes = list(graph.nodes)
+    value: dict[fx.Node, cr.Field | None] = {}
+    steps: dict[fx.Node, object] = {}
+    why: dict[fx.Node, str] = {}
+    inputs: dict[fx.Node, list[fx.Node]] = {}
+    out_node = None
+    with torch.no_grad():
+        for n in nodes:
+            args = [a for a in n.args if isinstance(a, fx.Node)]
+            if n.op == "placeholder":
+                value[n] = input_stats
+                continue
+            if n.op == "output":
+                out_node = n.args[0] if isinstance(n.args[0], fx.Node) else None
+                continue
+            inputs[n] = args
+            missing = next((a for a in args if value.get(a) is None), None)
+            if missing is not None or not args:
+                value[n] = None
+                why[n] = (
+                    why.get(missing, f"no input for {n.name}")
+                    if missing is not None
+                    else f"{n.name}: no rule"
+                )
+                continue
+            try:
+                if n.op == "call_module":
+                    m = gm.get_submodule(str(n.target))
+                    make = _rule(m)
+                    if make is None:
+                        raise NotImplementedError(f"no correlated rule for {type(m).__name__}")
+                    step = make(m)
+                    value[n] = step.forward(value[args[0]])
+                    steps[n] = step
+                elif n.target in _ADDS and len(args) == 2 and len(n.args) == 2:
+                    value[n] = cr.add(value[args[0]], value[args[1]])
+                    steps[n] = "add"
+                elif n.target in _FLAT or (n.op == "call_method" and n.target in ("flatten", "view")):
+                    f = value[args[0]]
+                    if f.shape[1:] != (1, 1):
+                        raise NotImplementedError("flatten of a map with positions")
+                    value[n] = f
+                    steps[n] = _Identity()
+                elif n.target in _RELU or (n.op == "call_method" and n.target == "relu"):
+                    step = cr.ReLU(exact_lags)
+                    value[n] = step.forward(value[args[0]])
+                    steps[n] = step
+                else:
+                    raise NotImplementedError(
+                        f"no correlated rule for {n.op} {getattr(n.target, '__name__', n.target)}"
+                    )
+                if isinstance(steps.get(n), cr.ReLU):
+                    steps[n].R = exact_lags
+            except NotImplementedError as e:
+                value[n], why[n] = None, f"{n.name}: {e}"
+
+        grad: dict[fx.Node, cr.Field | None] = {}
+        if backward is not None and out_node is not None and value.get(out_node) is not None:
+            parts: dict[fx.Node, list] = {out_node: [cr.unit_noise(value[out_node].shape[0])]}
+            for n in reversed(nodes):
+                if n.op == "output" or n not in parts:
+                    continue
+                ps = parts[n]
+                if any(p is None for p in ps):
+                    g = None
+                else:
+                    g = ps[0]
+                    for p in ps[1:]:
+                        g = cr.add_grads(g, p)
+                grad[n] = g
+                if n.op == "placeholder":
+                    continue
+                step = steps.get(n)
+                for a in inputs.get(n, []):
+                    gi = None
+                    if g is not None and step is not None:
+                        gi = g if step == "add" else step.backward(g)
+                    parts.setdefault(a, []).append(gi)
+
+    rows: dict[str, CorrelatedRow] = {}
+    placeholder = next(n for n in nodes if n.op == "placeholder")
+    rows["(input)"] = CorrelatedRow("(input)", "input", input_stats, grad.get(placeholder))
+    for name, node in tracer.calls:
+        kind = type(model.get_submodule(name)).__name__
+        rows[name] = CorrelatedRow(
+            name,
+            kind,
+            value.get(node),
+            grad.get(node),
+            note="" if value.get(node) is not None else why.get(node, "no prediction"),
+        )
+    rows["(output)"] = CorrelatedRow(
+        "(output)", type(model).__name__, value.get(out_node), grad.get(out_node), note=why.get(out_node, "")
+    )
+    notes = []
+    if out_node is not None and value.get(out_node) is None:
+        notes.append(f"no prediction at the output: {why.get(out_node, '')}")
+    return CorrelatedPrediction(rows, notes)
