@@ -122,6 +122,7 @@ def run_experiment(
         ],
         "claims": ctx.claim_records(),
         "notes": ctx.notes,
+        "literature": ctx.literature,
         "data": plain(ctx.data),
         "pretrained": dict(sorted(ctx.pretrained.items())),  # shipped models used: name -> SHA-256
         "status": "error" if error else "complete",

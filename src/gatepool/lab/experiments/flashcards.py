@@ -111,8 +111,8 @@ def _claims(setup: dict) -> list[Claim]:
         ),
         Claim("layernorm-batch-independent", "LayerNorm: a sample's output does not depend on the rest "
               "of the batch", 0.0, RTOL, ROUNDING, kind="max",
-            source="lecture",
-            ref="flashcards: LayerNorm normalizes each sample by itself",
+            source="arithmetic",
+            ref="flashcards: LayerNorm normalizes each sample by itself (torch's LayerNorm by definition)",
         ),
         Claim("batchnorm-train-batch-dependent", "BatchNorm in training mode: it does", FAR, 0.0, FAR_WHY,
               kind="min",
@@ -121,16 +121,18 @@ def _claims(setup: dict) -> list[Claim]:
         ),
         Claim("batchnorm-eval-batch-independent", "BatchNorm in eval mode (running statistics): it does not",
               0.0, RTOL, ROUNDING, kind="max",
-            source="lecture",
-            ref="flashcards: BatchNorm in eval mode uses its running statistics",
+            source="arithmetic",
+            ref="flashcards: BatchNorm in eval mode uses its running statistics (torch's BatchNorm by "
+            "definition)",
         ),
     ]
     axes = {"batch": "N, H, W", "layer": "C, H, W", "instance": "H, W", "group": "group, H, W"}
     claims += [Claim(f"norm-axes-{k}", f"{k} norm = (x − mean) / √(var + ε) over ({axes[k]}), "
                      "by hand vs torch", 0.0, RTOL, ROUNDING + "; the hand computation is float64",
                      kind="max",
-        source="lecture",
-        ref="flashcards: the axes each norm averages over",
+        source="arithmetic",
+        ref="flashcards: the axes each norm averages over (torch's norms against their definition: any "
+        "correct norm meets it; norm-axes-distinct is the check that could fail)",
     ) for k in NORMS]
     claims.append(Claim("norm-axes-distinct", "no other flashcard axis set reproduces a norm (smallest "
                         "relative difference off the diagonal)", FAR, 0.0, FAR_WHY, kind="min",

@@ -244,8 +244,9 @@ EXACT_SHARE = "exact: each 7×7 output's gradient lands on one of its 16 inputs 
             1 / 16,
             1e-9,
             EXACT_SHARE,
-            source="lecture",
-            ref="lecture, two max pools compound: ÷16 in the backward",
+            source="arithmetic",
+            ref="lecture, two max pools compound: ÷16 in the backward (exact by construction for any "
+            "correct max pool: one winner in 16)",
         ),
         Claim(
             "g2-ratio",
@@ -254,8 +255,9 @@ EXACT_SHARE = "exact: each 7×7 output's gradient lands on one of its 16 inputs 
             1e-5,
             EXACT_SHARE + "; so the ratio is 16 up to float32 rounding",
             kind="rel",
-            source="lecture",
-            ref="lecture, two max pools compound: ÷16 in the backward",
+            source="arithmetic",
+            ref="lecture, two max pools compound: ÷16 in the backward (exact by construction for any "
+            "correct max pool: one winner in 16)",
         ),
         Claim(
             "one-pool-ratio",
@@ -264,8 +266,8 @@ EXACT_SHARE = "exact: each 7×7 output's gradient lands on one of its 16 inputs 
             1e-5,
             EXACT_SHARE,
             kind="rel",
-            source="ours",
-            ref="one pool's ÷4 (pool-backward), the step of the 16",
+            source="arithmetic",
+            ref="one pool's ÷4 (pool-backward), the step of the 16: exact by construction",
         ),
     ],
 )

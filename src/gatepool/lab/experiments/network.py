@@ -120,8 +120,9 @@ def _forward_claims(setup: dict) -> list[Claim]:
             0.01,
             "GroupNorm normalizes each group exactly (up to eps)",
             kind="max",
-            source="lecture",
-            ref="lecture, Tuesday's CNN forward: every branch and the head see σ² = 1 after their norm",
+            source="arithmetic",
+            ref="lecture, Tuesday's CNN forward: every branch and the head see σ² = 1 after their norm "
+            "(GroupNorm's definition: any correct GroupNorm meets it)",
         ),
     ]
     return claims
