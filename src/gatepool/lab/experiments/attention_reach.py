@@ -207,8 +207,9 @@ def _reach_claims(setup: dict[str, Any]) -> list[Claim]:
         Claim("layers-to-see-28", f"stacked {k}×{k} convs (stride 1) a unit needs to see all {p} pixels: "
               f"1 + L(k − 1) ≥ {p}", 7, 0,
               "a count: exact", kind="equal", depends=("rf_kernel", "rf_pixels"),
-            source="lecture",
-            ref="lecture, the reach of stacked convs: 5×5 convs need 7 layers to see all 28 pixels",
+            source="arithmetic",
+            ref="lecture, the reach of stacked convs: 5×5 convs need 7 layers to see all 28 pixels (the "
+            "receptive width 1 + L(k − 1), read off autograd's support: fixed by the convs' construction)",
         ),
     ]
 
