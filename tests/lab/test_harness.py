@@ -55,7 +55,7 @@ def test_every_claim_says_where_its_bar_comes_from():
 
     for exp in registry().values():
         for c in exp.claims(exp.resolve_setup("full")):
-            assert c.source in ("lecture", "ours", "prediction", "beyond") and c.ref, (exp.name, c.id)
+            assert c.source in ("lecture", "arithmetic", "ours", "prediction", "beyond") and c.ref, (exp.name, c.id)
             assert (c.source == "beyond") == exp.beyond, (exp.name, c.id)  # extensions' claims only
 
 
@@ -66,12 +66,12 @@ def test_records_carry_the_source_and_the_report_counts_them_apart(toy, tmp_path
     c = {c["id"]: c for c in rec["claims"]}
     assert (c["sum"]["source"], c["sum"]["ref"], c["sum"]["bar"]) == ("lecture", "a toy passage", 4)
     assert c["never"]["source"] == "ours" and c["never"]["lecture"] is None and c["never"]["bar"] == 1
-    assert summary([rec], "lecture") == {"ok": 1, "off": 0, "not run": 0}
-    assert summary([rec], "ours") == {"ok": 0, "off": 0, "not run": 1}
+    assert summary([rec], "lecture") == {"ok": 1, "off": 0, "undecided": 0, "not run": 0}
+    assert summary([rec], "ours") == {"ok": 0, "off": 0, "undecided": 0, "not run": 1}
     line = headline([rec], {"profile": "full"})
     assert (
-        "the lecture's claims: 1 ok, 0 off, 0 not run" in line
-        and "our own checks: 0 ok, 0 off, 1 not run" in line
+        "the lecture's measured claims: 1 ok of 1 (0 off, 0 undecided, 0 not run)" in line
+        and "our own checks: 0 ok of 1 (0 off, 0 undecided, 1 not run)" in line
     )
     assert "(lecture: a toy passage)" in markdown([rec], {"profile": "full"})
 

@@ -340,14 +340,15 @@ def _header(spec: Claim, on_setup: bool) -> dict[str, Any]:
     """A record's first fields: what is claimed, the bar and where it comes from.
 
     ``bar`` is the value the claim holds the measurement to on the lecture's setup (None once ``--set``
-    moved it); ``lecture`` is that bar only when it is the lecture's own number.
+    moved it); ``lecture`` is that bar only when it comes from the lecture (a measured claim, or its
+    arithmetic restated).
     """
     bar = plain(spec.lecture) if on_setup else None
     return {
         "id": spec.id,
         "statement": spec.statement,
         "bar": bar,
-        "lecture": bar if spec.source == "lecture" else None,
+        "lecture": bar if spec.source in ("lecture", "arithmetic") else None,
         "source": spec.source,
         "ref": spec.ref,
     }
