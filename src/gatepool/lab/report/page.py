@@ -184,6 +184,8 @@ def experiment_html(rec: dict[str, Any], out: Path) -> str:
     if rec.get("status") != "complete":
         parts.append(f"<p class='status'><b>{esc(str(rec.get('status', 'not run')))}</b> "
                      f"{esc(str(rec.get('error') or ''))}</p>")
+    if rec.get("rejudged"):
+        parts.append(f"<p class='note'>Judged again: {esc(str(rec['rejudged']))}</p>")
     if "setup" in rec:
         setup = ", ".join(f"{k}={fmt(v)}" for k, v in rec["setup"].items())
         parts.append(f"<p class='setup'>{esc(str(rec.get('profile')))} profile, "

@@ -150,6 +150,8 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                 f"**{rec.get('status', 'not run')}**" + (f": {rec['error']}" if rec.get("error") else "")
             )
             out.append("")
+        if rec.get("rejudged"):
+            out += [f"*Judged again:* {rec['rejudged']}", ""]
         if "setup" in rec:
             setup = ", ".join(f"{k}={fmt(v)}" for k, v in rec["setup"].items())
             out.append(f"Setup ({rec.get('profile')} profile, {rec.get('seconds', 0):.1f} s): {setup}")
