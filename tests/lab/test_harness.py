@@ -183,3 +183,31 @@ def test_report_states_bounds_plainly():
     assert tolerance({"kind": "max", "tolerance": 0.0, "expected": 0.3}) == "≤ 0.3"
     assert tolerance({"kind": "rel", "tolerance": 0.05, "expected": 2.0}) == "±5%"
     assert tolerance({"kind": "equal", "tolerance": 0, "expected": True}) == "exact"
+
+
+def test_rejudge_keeps_the_measurements_and_applies_the_declared_claims():
+    import copy
+    import json
+    from pathlib import Path
+
+    from gatepool.lab.harness import rejudge
+
+    root = Path(__file__).resolve().parents[2]
+    runs = json.loads((root / "results" / "full" / "results.json").read_text(encoding="utf-8"))["experiments"]
+    rec = copy.deepcopy(next(r for r in runs if r["name"] == "pool-comparison"))
+    by_id = {c["id"]: c for c in rec["claims"]}
+    by_id["tau-min"]["measured"] = 1.0  # a τ that never moved: the two-sided bar catches it
+    rec["claims"] = [c for c in rec["claims"] if c["id"] != "tau-max"]  # a claim the record lacks
+    out = {c["id"]: c for c in rejudge(rec, "a test")["claims"]}
+    assert out["tau-min"]["verdict"] == "off"
+    assert out["tau-max"]["verdict"] == "not run" and "a test" in out["tau-max"]["note"]
+    assert out["spread"]["measured"] == by_id["spread"]["measured"]
+
+    maps = copy.deepcopy(next(r for r in runs if r["name"] == "attention-maps"))
+    for c in maps["claims"]:  # as a record read before `undecided` existed
+        if c["verdict"] == "undecided":
+            c.update(verdict="not run", measured=None, note="not judged: mean 0.789, but the seeds' nets "
+                     "disagree (2 std + half a unit = 0.640, more than half the bar); seeds [0, 1, 2]")
+    again = {c["id"]: c for c in rejudge(maps, "a test")["claims"]}
+    assert again["top3-r3c8"]["verdict"] == "undecided" and again["top3-r3c8"]["measured"] == 0.789
+    assert again["top3-r3c8"]["tolerance"] == 0.640
