@@ -51,11 +51,13 @@ def test_every_claim_says_where_its_bar_comes_from():
         Claim("a", "a source without a pointer", 1, 0, source="lecture")
     with pytest.raises(ValueError, match="source"):
         Claim("a", "an unknown source", 1, 0, source="folklore", ref="x")
+    from gatepool.lab.claims import SOURCES
     from gatepool.lab.experiments import registry
 
+    assert SOURCES == ("lecture", "arithmetic", "ours", "prediction", "beyond")
     for exp in registry().values():
         for c in exp.claims(exp.resolve_setup("full")):
-            assert c.source in ("lecture", "arithmetic", "ours", "prediction", "beyond") and c.ref, (exp.name, c.id)
+            assert c.source in SOURCES and c.ref, (exp.name, c.id)
             assert (c.source == "beyond") == exp.beyond, (exp.name, c.id)  # extensions' claims only
 
 

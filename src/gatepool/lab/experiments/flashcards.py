@@ -429,7 +429,8 @@ def _definition_claims(setup: dict) -> list[Claim]:
                      ref=f"lecture, {where} (a structural fact of the library's block)")
 
     return [
-        exact("sdpa-formula", "scaled_dot_product_attention(q, k, v) = softmax(q kᵀ/√d) v, by hand in float64 "
+        exact("sdpa-formula", "scaled_dot_product_attention(q, k, v) = softmax(q kᵀ/√d) v, by "
+                              "hand in float64 "
               "(largest relative |difference|)", "the attention formula"),
         exact("sdpa-rows-sum-1", "every row of the gate softmax(q kᵀ/√d) sums to 1 (largest |Σ_j G_ij − 1|)",
               "the attention formula: each query's gates are a softmax, so they sum to 1"),
@@ -449,12 +450,16 @@ def _definition_claims(setup: dict) -> list[Claim]:
               f"{setup['image']}×{setup['image']} image equals each {setup['patch']}×{setup['patch']} patch "
               "flattened times one shared matrix (largest relative |difference|)",
               "the ViT: patchify is a conv with kernel = stride = the patch"),
-        exact("attention-pool-formula", "the attention gate pool: out = Σ_j softmax(s/τ)_j · V x_j, s_j = x_j · w, "
-              "by hand over each 2×2 window (largest relative |difference|)", "the attention-pooling formula"),
+        exact("attention-pool-formula", "the attention gate pool: out = Σ_j softmax(s/τ)_j · V "
+                                        "x_j, s_j = x_j · w, "
+              "by hand over each 2×2 window (largest relative |difference|)", "the "
+                  "attention-pooling formula"),
         exact("conv-linear-in-v", "the conv gate is linear in V: pool(aV + bW) = a·pool(V) + b·pool(W) "
               "(largest relative |difference|)", "'a conv is linear in V, a gate is not'"),
-        far("gate-not-linear", "the soft gate is not: pool(aV + bW) ≠ a·pool(V) + b·pool(W) (largest relative "
-            "|difference|, at least 1e-3)", "the lecture's 'a gate is not [linear in V]': the bar 100× float32 "
+        far("gate-not-linear", "the soft gate is not: pool(aV + bW) ≠ a·pool(V) + b·pool(W) "
+                               "(largest relative "
+            "|difference|, at least 1e-3)", "the lecture's 'a gate is not [linear in V]': the "
+                                            "bar 100× float32 "
             "rounding is ours"),
         Claim("shift-equivariant", "Tuesday's CNN (stem, pool 1, block 1) is shift-equivariant: a digit on a "
               "56×56 canvas shifted by 2 pixels (pool 1's stride) gives the feature map shifted by 1 cell "
@@ -511,8 +516,8 @@ def definitions(ctx: Context) -> None:
         v2 = v.clone()
         v2[..., 0] *= 2
         out2 = scaled_dot_product_attention(q, k, v2)
-        ctx.check("one-gate-all-channels", max(_rel(out2[..., 0], 2 * out[..., 0]), _rel(out2[..., 1:], out[..., 1:])),
-                  theory=0.0)
+        moved = max(_rel(out2[..., 0], 2 * out[..., 0]), _rel(out2[..., 1:], out[..., 1:]))
+        ctx.check("one-gate-all-channels", moved, theory=0.0)
 
         mha = MultiHeadAttention(d, h).eval()
         x = torch.randn(2, t, d, generator=gen)  # (B, T, D)
@@ -522,8 +527,8 @@ def definitions(ctx: Context) -> None:
             by_hand = mha.to_out(heads.transpose(1, 2).reshape(2, t, d))  # concat, then W_O
             ctx.check("multihead-concat", _rel(mha(x), by_hand), theory=0.0)
         ctx.check("encoder-ops", _count_calls(EncoderBlock(d, h).eval(), x), theory=4)
-        ctx.check("decoder-ops", _count_calls(DecoderBlock(d, h).eval(), x, torch.randn(2, 3, d, generator=gen)),
-                  theory=6)
+        context = torch.randn(2, 3, d, generator=gen)  # (B, M, D)
+        ctx.check("decoder-ops", _count_calls(DecoderBlock(d, h).eval(), x, context), theory=6)
 
         block = PreActBlock(d, groups=8).eval()
         nn.init.zeros_(block.conv2.weight)  # the branch f ≡ 0
@@ -559,8 +564,8 @@ def definitions(ctx: Context) -> None:
             ys = torch.randn(2, c, 6, 6, generator=gen, dtype=torch.float64)
             conv_pool = create_pool("conv", 2, channels=c).double()
             nn.init.normal_(conv_pool.mixing)
-            ctx.check("conv-linear-in-v", _rel(conv_pool(a * xs + b * ys), a * conv_pool(xs) + b * conv_pool(ys)),
-                      theory=0.0)
+            mixed = conv_pool(a * xs + b * ys)
+            ctx.check("conv-linear-in-v", _rel(mixed, a * conv_pool(xs) + b * conv_pool(ys)), theory=0.0)
             soft = create_pool("soft", 2)
             ctx.check("gate-not-linear", _rel(soft(a * xs + b * ys), a * soft(xs) + b * soft(ys)), theory=FAR)
 
@@ -579,6 +584,7 @@ def definitions(ctx: Context) -> None:
                    for i in (0, 1) for j in (0, 1))
         ctx.check("shift-by-1-breaks", best, theory=FAR)
         ctx.cite("ViT-H/14 pre-trained on JFT-300M reaches 88.55% ImageNet top-1 and ViT-L/16 87.76%, beside "
-                 "BiT-L (ResNet152x4, same data) at 87.54%; pre-trained on ImageNet alone the ViTs fall behind "
+                 "BiT-L (ResNet152x4, same data) at 87.54%; pre-trained on ImageNet alone the "
+                 "ViTs fall behind "
                  "the ResNets: a ViT needs more data to beat a CNN",
                  "Dosovitskiy et al., 'An image is worth 16x16 words', ICLR 2021, Table 2 and Fig. 3")

@@ -349,8 +349,8 @@ def backward_products(batch: int, seed: int = 0) -> dict[int, dict[str, float]]:
         g = seen[size]["g"][:, 0].reshape(batch, -1)  # (B, L): filter 0's output gradient
         products = (g.double() * cols[:, centre].double()).reshape(-1)  # one product per image and position
         auto = conv.weight.grad[0, 0, k // 2, k // 2].double()
-        out[size] = {"products": products.numel(), "error": ((products.sum() - auto).abs() / auto.abs()).item(),
-                     "map": seen[size]["x"].shape[-1]}
+        error = ((products.sum() - auto).abs() / auto.abs()).item()
+        out[size] = {"products": products.numel(), "error": error, "map": seen[size]["x"].shape[-1]}
     return out
 
 
@@ -360,7 +360,8 @@ def _uses_claims(setup: dict) -> list[Claim]:
         claims.append(
             Claim(
                 f"uses-{size}",
-                f"one conv weight of Tuesday's CNN at {size} × {size} ({USES_CONV.get(size, '?')}) is used at "
+                f"one conv weight of Tuesday's CNN at {size} × {size} "
+                f"({USES_CONV.get(size, '?')}) is used at "
                 f"every output position of every image: its gradient in a real backward pass on "
                 f"{setup['batch']} digits is a sum of {setup['batch']}·{size}² products",
                 LECTURE_USES.get(size) if setup["batch"] == 128 else None,

@@ -444,7 +444,8 @@ def _head_claims(setup: dict) -> list[Claim]:
             kind="max",
             depends=dep,
             source="ours",
-            ref="the lecture's ideal chain assumes a symmetric stream; stream-skew measures the real one's skew",
+            ref="the lecture's ideal chain assumes a symmetric stream; stream-skew measures the "
+                "real one's skew",
         ),
         Claim(
             "norm-digits",
@@ -468,7 +469,8 @@ def _head_claims(setup: dict) -> list[Claim]:
             quick_tolerance=0.5,
             depends=dep,
             source="ours",
-            ref="the lecture's measured 13.3e-6 at block 3 (held as the lecture's claim in network-backward's "
+            ref="the lecture's measured 13.3e-6 at block 3 (held as the lecture's claim in "
+                "network-backward's "
             "g2-block3); here through the head alone, a consistency check of ours",
         ),
     ]
@@ -504,7 +506,8 @@ def head_chain(ctx: Context) -> None:
     ctx.check("relu", mean(ideal, "relu"), theory=0.5, note=seeds(ideal, "relu"))
     ctx.check("norm", mean(ideal, "norm"), theory=IDEAL_VAR,
               note=f"{seeds(ideal, 'norm')}; the stream's σ² {mean(ideal, 'var'):.3f}; divisor/σ² = "
-              f"{mean(ideal, 'norm') / IDEAL_VAR:.2f}: GroupNorm's backward also removes the group mean of the "
+              f"{mean(ideal, 'norm') / IDEAL_VAR:.2f}: GroupNorm's backward also removes the "
+              f"group mean of the "
               "incoming gradient, and the average pool hands all 49 positions of a channel the same g/49, so "
               "more is removed than the ÷σ² of the lecture's chain counts")
     ctx.check("chain", mean(ideal, "chain"), theory=HEAD_IDEAL,
@@ -520,10 +523,12 @@ def head_chain(ctx: Context) -> None:
         "norm-digits",
         mean(real, "norm"),
         theory=None,
-        note=f"{seeds(real, 'norm')}; the measured σ² of block 3's output (pooled) is {mean(real, 'var'):.2f} "
+        note=f"{seeds(real, 'norm')}; the measured σ² of block 3's output (pooled) is "
+             f"{mean(real, 'var'):.2f} "
         f"({seeds(real, 'var', '.2f')}), divisor/σ² = {mean(real, 'norm') / mean(real, 'var'):.2f}: "
         "GroupNorm divides by about the real σ² of its input, not the rules' ideal 2.68",
     )
     ctx.check("chain-digits", mean(real, "chain"), theory=None,
-              note=f"{seeds(real, 'chain', '.3g')}; the ideal chain's 24.3e-6 assumes σ² = 2.68 and a symmetric "
+              note=f"{seeds(real, 'chain', '.3g')}; the ideal chain's 24.3e-6 assumes σ² = 2.68 "
+                   f"and a symmetric "
               "stream")

@@ -310,7 +310,8 @@ def _backward_claims(setup: dict) -> list[Claim]:
     claims += [
         Claim(
             "stem-to-image",
-            "the stem conv multiplies E[g²] by fan_out · E[w²] = 32 · 25 · (1/25) = 32 on its way to the image "
+            "the stem conv multiplies E[g²] by fan_out · E[w²] = 32 · 25 · (1/25) = 32 on its "
+            "way to the image "
             "(E[(∂L/∂image)²] / E[(∂L/∂stem out)²], mean over the seeds' inits)",
             32.0,
             3 * math.sqrt(2 / n_stem) / math.sqrt(s),
@@ -319,7 +320,8 @@ def _backward_claims(setup: dict) -> list[Claim]:
             kind="rel",
             depends=("pool",),
             source="lecture",
-            ref="lecture, Tuesday's CNN backward: the stem multiplies the gradient by 32 on its way to the image",
+            ref="lecture, Tuesday's CNN backward: the stem multiplies the gradient by 32 on its "
+                "way to the image",
         ),
         Claim(
             "spike-stem",

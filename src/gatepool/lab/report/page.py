@@ -24,9 +24,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from gatepool.lab.claims import VERDICTS
 from gatepool.lab.report.dials import KERNELS, SQRT_D_CHOICES, TAU_RANGE
 from gatepool.lab.report.sections import group
-from gatepool.lab.claims import VERDICTS
 from gatepool.lab.report.text import SOURCE_NAMES, counts_text, fmt, summary, title, tolerance
 
 esc = html.escape
@@ -104,7 +104,8 @@ def summary_html(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     restated = summary(records, "arithmetic")
     arithmetic_card = (
         f"<div class='card' id='arithmetic-counts'><h3>Arithmetic and definitions restated: "
-        f"{sum(restated.values())}</h3>{_counts_html(restated)}<div class='why'>The lecture's own arithmetic, "
+        f"{sum(restated.values())}</h3>{_counts_html(restated)}<div class='why'>The lecture's "
+        f"own arithmetic, "
         "counts fixed by construction, identities any correct torch operation meets: checked, but they "
         "cannot fail, so they are not counted as reproductions.</div></div>"
         if sum(restated.values()) else ""
