@@ -18,7 +18,7 @@ def test_attention_cost(tmp_path):
     assert rec["status"] == "complete"
     assert all(x["verdict"] == "ok" for x in c.values()), [x for x in c.values() if x["verdict"] != "ok"]
     for t in (144, 576, 196, 50176):
-        assert c[f"arithmetic-{t}"]["measured"] == t * t and c[f"arithmetic-{t}"]["source"] == "lecture"
+        assert c[f"arithmetic-{t}"]["measured"] == t * t and c[f"arithmetic-{t}"]["source"] == "arithmetic"
     assert c["bytes-50176"]["measured"] == 4 * 50176**2
     assert round(c["patch-saving"]["measured"]) == 65536
     # a lecture value printed to two digits: 144² = 20,736 is 2.1e4, not 2.0e4

@@ -237,7 +237,9 @@ def test_a_wide_spread_over_seeds_refutes_but_does_not_confirm(tmp_path):
     assert ctx.claims["top3-r2c6"]["verdict"] == "ok"
     check_over_seeds(ctx, "top3-r2c6", [0.80, 0.83], 0.005, "far, seeds agree")
     assert ctx.claims["top3-r2c6"]["verdict"] == "off"
-    check_over_seeds(ctx, "top3-r2c6", [0.05, 0.60], 0.005, "wide")  # the bar inside ±0.78: no verdict
-    assert ctx.claims["top3-r2c6"]["verdict"] == "not run" and "not judged" in ctx.claims["top3-r2c6"]["note"]
+    check_over_seeds(ctx, "top3-r2c6", [0.05, 0.60], 0.005, "wide")  # the bar inside ±0.78: undecided
+    wide = ctx.claims["top3-r2c6"]
+    assert wide["verdict"] == "undecided" and wide["note"].startswith("undecided: the seeds' nets disagree")
+    assert wide["measured"] == pytest.approx(0.325)  # it ran: the mean is kept
     check_over_seeds(ctx, "top3-r2c6", [1.0, 1.2], 0.005, "wide but far")  # 1.1 ± 0.29, wider than .155
     assert ctx.claims["top3-r2c6"]["verdict"] == "off"  # ... and still far from .31: refuted

@@ -51,11 +51,13 @@ def test_every_claim_says_where_its_bar_comes_from():
         Claim("a", "a source without a pointer", 1, 0, source="lecture")
     with pytest.raises(ValueError, match="source"):
         Claim("a", "an unknown source", 1, 0, source="folklore", ref="x")
+    from gatepool.lab.claims import SOURCES
     from gatepool.lab.experiments import registry
 
+    assert SOURCES == ("lecture", "arithmetic", "ours", "prediction", "beyond")
     for exp in registry().values():
         for c in exp.claims(exp.resolve_setup("full")):
-            assert c.source in ("lecture", "ours", "prediction", "beyond") and c.ref, (exp.name, c.id)
+            assert c.source in SOURCES and c.ref, (exp.name, c.id)
             assert (c.source == "beyond") == exp.beyond, (exp.name, c.id)  # extensions' claims only
 
 
@@ -66,12 +68,12 @@ def test_records_carry_the_source_and_the_report_counts_them_apart(toy, tmp_path
     c = {c["id"]: c for c in rec["claims"]}
     assert (c["sum"]["source"], c["sum"]["ref"], c["sum"]["bar"]) == ("lecture", "a toy passage", 4)
     assert c["never"]["source"] == "ours" and c["never"]["lecture"] is None and c["never"]["bar"] == 1
-    assert summary([rec], "lecture") == {"ok": 1, "off": 0, "not run": 0}
-    assert summary([rec], "ours") == {"ok": 0, "off": 0, "not run": 1}
+    assert summary([rec], "lecture") == {"ok": 1, "off": 0, "undecided": 0, "not run": 0}
+    assert summary([rec], "ours") == {"ok": 0, "off": 0, "undecided": 0, "not run": 1}
     line = headline([rec], {"profile": "full"})
     assert (
-        "the lecture's claims: 1 ok, 0 off, 0 not run" in line
-        and "our own checks: 0 ok, 0 off, 1 not run" in line
+        "the lecture's measured claims: 1 ok of 1 (0 off, 0 undecided, 0 not run)" in line
+        and "our own checks: 0 ok of 1 (0 off, 0 undecided, 1 not run)" in line
     )
     assert "(lecture: a toy passage)" in markdown([rec], {"profile": "full"})
 
@@ -183,3 +185,31 @@ def test_report_states_bounds_plainly():
     assert tolerance({"kind": "max", "tolerance": 0.0, "expected": 0.3}) == "≤ 0.3"
     assert tolerance({"kind": "rel", "tolerance": 0.05, "expected": 2.0}) == "±5%"
     assert tolerance({"kind": "equal", "tolerance": 0, "expected": True}) == "exact"
+
+
+def test_rejudge_keeps_the_measurements_and_applies_the_declared_claims():
+    import copy
+    import json
+    from pathlib import Path
+
+    from gatepool.lab.harness import rejudge
+
+    root = Path(__file__).resolve().parents[2]
+    runs = json.loads((root / "results" / "full" / "results.json").read_text(encoding="utf-8"))["experiments"]
+    rec = copy.deepcopy(next(r for r in runs if r["name"] == "pool-comparison"))
+    by_id = {c["id"]: c for c in rec["claims"]}
+    by_id["tau-min"]["measured"] = 1.0  # a τ that never moved: the two-sided bar catches it
+    rec["claims"] = [c for c in rec["claims"] if c["id"] != "tau-max"]  # a claim the record lacks
+    out = {c["id"]: c for c in rejudge(rec, "a test")["claims"]}
+    assert out["tau-min"]["verdict"] == "off"
+    assert out["tau-max"]["verdict"] == "not run" and "a test" in out["tau-max"]["note"]
+    assert out["spread"]["measured"] == by_id["spread"]["measured"]
+
+    maps = copy.deepcopy(next(r for r in runs if r["name"] == "attention-maps"))
+    for c in maps["claims"]:  # as a record read before `undecided` existed
+        if c["verdict"] == "undecided":
+            c.update(verdict="not run", measured=None, note="not judged: mean 0.789, but the seeds' nets "
+                     "disagree (2 std + half a unit = 0.640, more than half the bar); seeds [0, 1, 2]")
+    again = {c["id"]: c for c in rejudge(maps, "a test")["claims"]}
+    assert again["top3-r3c8"]["verdict"] == "undecided" and again["top3-r3c8"]["measured"] == 0.789
+    assert again["top3-r3c8"]["tolerance"] == 0.640

@@ -152,7 +152,8 @@ def test_beyond_claims_get_their_own_card_only_when_present(run):
     page = html_page(records + [beyond], meta, QUICK)
     card = page.split("id='beyond-counts'")[1].split("</div></div>")[0]
     assert "<h3>Beyond the lecture</h3>" in card and "'off' here means the gates differ" in card
-    assert re.findall(r"data-count='([^']*)'>(\d+)<", card) == [("ok", "0"), ("off", "1"), ("not run", "1")]
+    assert re.findall(r"data-count='([^']*)'>(\d+)<", card) == [
+        ("ok", "0"), ("off", "1"), ("undecided", "0"), ("not run", "1")]
     own = page.split("id='own-counts'")[1].split("<div class='why'>")[0]
     assert own == own_before  # the own-checks card does not count them
     lecture = page.split("id='lecture-counts'")[1].split("</div>")[0]
@@ -260,7 +261,8 @@ def test_report_only_shows_the_named_experiments_and_keeps_results_whole(tmp_pat
     assert main(["report", str(run_dir), "--only", "gate-matters"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(
-        "Profile quick: beyond the lecture ('off': the gates differ): 0 ok, 1 off, 0 not run.")
+        "Profile quick: beyond the lecture ('off': the gates differ): 0 ok of 1 (1 off, 0 "
+        "undecided, 0 not run).")
     assert (run_dir / "results.json").read_bytes() == before
     page = (run_dir / "report.html").read_text(encoding="utf-8")
     assert "<h1>gatepool: beyond the lecture (quick profile)</h1>" in page

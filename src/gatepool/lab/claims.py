@@ -28,13 +28,23 @@ from gatepool.utils.io import json_copy, to_json
 from gatepool.utils.plotting import save_png
 
 PROFILES = ("quick", "full")
-VERDICTS = ("ok", "off", "not run")
-# Where a claim's bar comes from: the lecture's own number ("lecture", ``ref`` points to the passage);
-# a bar of ours ("ours", ``ref`` says why that bar); or our rule engine's prediction checked against
-# the lecture's arithmetic ("prediction", ``ref`` names the rule): a check of ours, not a reproduction;
-# or a question beyond the lecture ("beyond", ``ref`` says what is asked): no bar of the lecture's, the
-# answer as measured (only ``gatepool reproduce --beyond`` runs these experiments).
-SOURCES = ("lecture", "ours", "prediction", "beyond")
+# ``ok`` / ``off``: the measurement ran and meets / misses its bar; ``undecided``: it ran but cannot
+# decide (the seeds' spread is wider than half the bar: the note gives the measured spread);
+# ``not run``: the measurement did not run (the note says why, e.g. "needs the full profile's second seed").
+VERDICTS = ("ok", "off", "undecided", "not run")
+# Where a claim's bar comes from:
+# "lecture": the lecture's own number (``ref`` points to the passage), and the measurement runs our code
+#   on data or on a model, so it could come out otherwise: a reproduction;
+# "arithmetic": the lecture's arithmetic or a definition restated (a sum of its own printed numbers, a
+#   count fixed by construction, an identity every correct torch operation satisfies): checked, but it
+#   cannot fail, so it is counted apart from the reproductions;
+# "ours": a bar of ours (``ref`` says why that bar);
+# "prediction": our rule engine's prediction checked against the lecture's arithmetic (``ref`` names the
+#   rule): a check of ours, not a reproduction;
+# "beyond": a question beyond the lecture (``ref`` says what is asked): no bar of the lecture's, the
+#   answer as measured (only ``gatepool reproduce --beyond`` runs these experiments).
+# Numbers the lecture cites from the literature are not claims: ``Context.cite`` lists them, unjudged.
+SOURCES = ("lecture", "arithmetic", "ours", "prediction", "beyond")
 
 
 @dataclass(frozen=True)
@@ -71,10 +81,13 @@ class Claim:
             )
 
 
-def verdict(kind: str, measured: Any, expected: Any, tol: float) -> str:
-    """'ok' or 'off' for one comparison; 'not run' when there is nothing to compare."""
+def verdict(kind: str, measured: Any, expected: Any, tol: float, undecided: bool = False) -> str:
+    """'ok' or 'off' for one comparison; 'not run' when there is nothing to compare; 'undecided' when
+    there is a measurement but its caller says it cannot decide."""
     if measured is None or expected is None:
         return "not run"
+    if undecided:
+        return "undecided"
     if kind == "equal":
         return "ok" if measured == expected else "off"
     m, e = float(measured), float(expected)
@@ -210,6 +223,7 @@ class Context:
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)
     figures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    literature: list[dict[str, str]] = field(default_factory=list)  # cited numbers: {text, ref}, unjudged
     data: dict[str, Any] = field(default_factory=dict)
     pretrained: dict[str, str] = field(default_factory=dict)  # shipped models used: name -> SHA-256
 
@@ -247,8 +261,12 @@ class Context:
         note: str = "",
         tolerance: float | None = None,
         shipped_model: str | None = None,
+        undecided: str = "",
     ) -> str:
         """Record the measurement for a declared claim and return its verdict.
+
+        ``undecided`` (a reason): the measurement ran but cannot decide (the verdict ``undecided``, the
+        measured value kept); ``measured=None`` with a ``note`` saying why: the measurement did not run.
 
         ``tolerance`` replaces the declared one where the claim's ``why`` says it is measured in the run
         (the spread over seeds, a fit's error). ``shipped_model`` names the shipped model(s) the
@@ -272,8 +290,9 @@ class Context:
             "tolerance": tol,
             "kind": spec.kind,
             "why": spec.why,
-            "verdict": verdict(spec.kind, measured, expected, tol),
+            "verdict": verdict(spec.kind, measured, expected, tol, undecided=bool(undecided)),
         }
+        note = "; ".join(t for t in (f"undecided: {undecided}" if undecided else "", note) if t)
         if note:
             record["note"] = note
         if shipped_model is not None:
@@ -303,6 +322,11 @@ class Context:
         if self.progress:
             print(f"  {self.experiment.name}: {text}", flush=True)
 
+    def cite(self, text: str, ref: str) -> None:
+        """A number the lecture cites from the literature (``ref``: the paper): listed in the report as
+        literature, neither reproduced nor judged."""
+        self.literature.append({"text": text, "ref": ref})
+
     def claim_records(self) -> list[dict[str, Any]]:
         """Every declared claim, in declaration order; those never checked are 'not run'."""
         rows = []
@@ -316,14 +340,15 @@ def _header(spec: Claim, on_setup: bool) -> dict[str, Any]:
     """A record's first fields: what is claimed, the bar and where it comes from.
 
     ``bar`` is the value the claim holds the measurement to on the lecture's setup (None once ``--set``
-    moved it); ``lecture`` is that bar only when it is the lecture's own number.
+    moved it); ``lecture`` is that bar only when it comes from the lecture (a measured claim, or its
+    arithmetic restated).
     """
     bar = plain(spec.lecture) if on_setup else None
     return {
         "id": spec.id,
         "statement": spec.statement,
         "bar": bar,
-        "lecture": bar if spec.source == "lecture" else None,
+        "lecture": bar if spec.source in ("lecture", "arithmetic") else None,
         "source": spec.source,
         "ref": spec.ref,
     }

@@ -19,7 +19,7 @@ from typing import Any
 from gatepool.lab.claims import SOURCES, jsonable, not_run_record
 from gatepool.lab.experiments import registry
 from gatepool.lab.harness import environment, load_result, run_experiment
-from gatepool.lab.report import summary, table, write_report
+from gatepool.lab.report import counts_text, summary, table, write_report
 from gatepool.train.sweep import device_for
 from gatepool.utils.lock import RunLock
 
@@ -99,8 +99,7 @@ def _reproduce(
         if progress:
             counts = summary([rec])
             print(
-                f"[{name}] {rec['status']} in {rec['seconds']:.1f} s: {counts['ok']} ok, "
-                f"{counts['off']} off, {counts['not run']} not run",
+                f"[{name}] {rec['status']} in {rec['seconds']:.1f} s: {counts_text(counts)}",
                 flush=True,
             )
         records.append(rec)

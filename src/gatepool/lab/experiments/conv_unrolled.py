@@ -25,10 +25,11 @@ from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.layers.blocks import MLP
 from gatepool.utils.checks import check_int
 
-# A window and filter of ours (the lecture's own numbers are not known to us): products 2, 0, −1, 1, 0,
-# 0, 1, 0, 0, summing to 3 as the lecture's example does.
-WINDOW = [[2.0, 0.0, 1.0], [1.0, 1.0, 0.0], [1.0, 2.0, 0.0]]
-FILTER = [[1.0, 0.0, -1.0], [1.0, 0.0, -1.0], [1.0, 0.0, -1.0]]
+# The lecture's filter, (−1, 0, 1) in each row (a vertical-edge detector); its input rows are not quoted in
+# any of our references, so the window is ours: products −1, 0, 2, 0, 0, 1, 0, 0, 1 (the window's right
+# column minus its left), summing to 3 as the lecture's example does.
+WINDOW = [[1.0, 0.0, 2.0], [0.0, 1.0, 1.0], [0.0, 2.0, 1.0]]
+FILTER = [[-1.0, 0.0, 1.0], [-1.0, 0.0, 1.0], [-1.0, 0.0, 1.0]]
 FLOAT32 = "float32 rounding (sums of ≤ 3 products of O(1) values; 1e-6 relative)"
 
 # ----------------------------------------------------------------------------- helpers (tested directly)
@@ -101,9 +102,10 @@ def _claims(setup: dict) -> list[Claim]:
             3.0,
             1e-6,
             FLOAT32,
-            source="ours",
-            ref="the lecture's example sums to 3 but its window and filter are unknown to us: ours "
-            f"(window {WINDOW}, filter {FILTER}) sums to 3",
+            source="arithmetic",
+            ref="the lecture's example: its filter (−1, 0, 1) per row, a window of ours (the lecture's input "
+            f"rows are not quoted in our references): {WINDOW}; conv2d = the sum of the products is the "
+            "conv's definition",
         ),
         Claim(
             "nine-products-map",
@@ -153,7 +155,7 @@ def _claims(setup: dict) -> list[Claim]:
             0,
             "exact",
             kind="equal",
-            source="ours",
+            source="arithmetic",
             ref="the construction's property, checked entry by entry",
         ),
         Claim(
@@ -164,8 +166,9 @@ def _claims(setup: dict) -> list[Claim]:
             "a count",
             kind="equal",
             depends=("length", "kernel", "padding"),
-            source="lecture",
-            ref="lecture, the conv as a matrix: 'W has 50 zeros' (issue #14)",
+            source="arithmetic",
+            ref="lecture, the conv as a matrix: 'W has 50 zeros' (issue #14): a count fixed by the band's "
+            "construction, so the lecture's arithmetic, held to the count",
         ),
         Claim(
             "zeros-band",
@@ -175,7 +178,7 @@ def _claims(setup: dict) -> list[Claim]:
             "a count",
             kind="equal",
             depends=("kernel", "padding"),
-            source="ours",
+            source="arithmetic",
             ref="counting the band: n on the diagonal, n − 1 on each side",
         ),
         Claim(
@@ -186,7 +189,7 @@ def _claims(setup: dict) -> list[Claim]:
             "a count",
             kind="equal",
             depends=("length", "kernel", "padding"),
-            source="ours",
+            source="arithmetic",
             ref="counted from the band (a corner tap meets the pad once); issue #14 quotes 7/8/7",
         ),
         Claim(

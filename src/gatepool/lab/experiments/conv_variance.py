@@ -113,7 +113,8 @@ _relu_mean, _relu_var, _relu_e2, _ = relu_moments()
             1.00,
             0.01,
             "GroupNorm normalizes each group exactly (up to eps)",
-            depends=STEP, source="lecture", ref=FORWARD_REF,
+            depends=STEP, source="arithmetic",
+            ref=FORWARD_REF + " (E[x̂²] = 1 is GroupNorm's definition: any correct GroupNorm meets it)",
         ),
         Claim(
             "relu-e2",

@@ -133,8 +133,9 @@ def _he_claims(setup: dict) -> list[Claim]:
             3 * se_normal + 0.00005,
             why + ", plus half a unit of the printed 0.0070",
             depends=("channels", "kernel"),
-            source="lecture",
-            ref="lecture, He init: 'E[w²] = 2/288 = 0.0070'",
+            source="arithmetic",
+            ref="lecture, He init: 'E[w²] = 2/288 = 0.0070' (torch's own kaiming_normal_: its definition, "
+            "sampled; he-block is the library's init)",
         ),
         Claim(
             "he-block",
@@ -308,8 +309,49 @@ def he_fan_mode(ctx: Context) -> None:
 
 # ----------------------------------------------------------------------------- 3.5 weight-uses
 
-USES_SETUP = {"batch": 128, "sizes": [28, 14], "kernel": 3}
+USES_SETUP = {"batch": 128, "sizes": [28, 14], "kernel": 3, "seed": 0}
 LECTURE_USES = {28: 100_352, 14: 25_088}
+USES_CONV = {28: "stem", 14: "block1.conv1"}  # Tuesday's CNN's convs at 28 × 28 and at 14 × 14
+
+
+def backward_products(batch: int, seed: int = 0) -> dict[int, dict[str, float]]:
+    """Per map size (28: the stem, 14: block 1's first conv), from one real backward pass of Tuesday's CNN
+    (cross-entropy summed over the first ``batch`` MNIST digits): the number of products ``g · x`` that
+    make the centre tap's ∂L/∂w of filter 0, channel 0, and how far their sum is from autograd's
+    (relative). The products are read off the conv's real input (``F.unfold``, the padding included) and
+    the real gradient at its output: ∂L/∂w = Σ over images and positions of g · x.
+    """
+    from gatepool.data import mnist_batch
+
+    torch.manual_seed(seed)
+    model = ResidualCNN()
+    convs = {size: model.get_submodule(name) for size, name in USES_CONV.items()}
+    seen: dict[int, dict[str, torch.Tensor]] = {size: {} for size in convs}
+    hooks = []
+
+    def keep(size: int, inputs: tuple, out: torch.Tensor) -> None:
+        seen[size]["x"] = inputs[0].detach()
+        out.register_hook(lambda g: seen[size].update(g=g.detach()))  # ∂L/∂(conv output)
+
+    for size, conv in convs.items():
+        hooks.append(conv.register_forward_hook(lambda m, a, out, s=size: keep(s, a, out)))
+    x, y = mnist_batch(batch)
+    try:
+        F.cross_entropy(model(x), y, reduction="sum").backward()
+    finally:
+        for h in hooks:
+            h.remove()
+    out = {}
+    for size, conv in convs.items():
+        k, pad = conv.kernel_size[0], conv.padding[0]
+        cols = F.unfold(seen[size]["x"], k, padding=pad)  # (B, C_in·k², L)
+        centre = (k // 2) * k + k // 2  # channel 0's centre tap
+        g = seen[size]["g"][:, 0].reshape(batch, -1)  # (B, L): filter 0's output gradient
+        products = (g.double() * cols[:, centre].double()).reshape(-1)  # one product per image and position
+        auto = conv.weight.grad[0, 0, k // 2, k // 2].double()
+        error = ((products.sum() - auto).abs() / auto.abs()).item()
+        out[size] = {"products": products.numel(), "error": error, "map": seen[size]["x"].shape[-1]}
+    return out
 
 
 def _uses_claims(setup: dict) -> list[Claim]:
@@ -318,12 +360,16 @@ def _uses_claims(setup: dict) -> list[Claim]:
         claims.append(
             Claim(
                 f"uses-{size}",
-                f"a conv weight is used at every output position of every image: {setup['batch']}·{size}²",
-                LECTURE_USES.get(size) if setup["batch"] == 128 and setup["kernel"] == 3 else None,
+                f"one conv weight of Tuesday's CNN at {size} × {size} "
+                f"({USES_CONV.get(size, '?')}) is used at "
+                f"every output position of every image: its gradient in a real backward pass on "
+                f"{setup['batch']} digits is a sum of {setup['batch']}·{size}² products",
+                LECTURE_USES.get(size) if setup["batch"] == 128 else None,
                 0,
-                "a count (float32 sums of ones are exact below 2²⁴)",
+                "a count; the sum of that many products must give autograd's ∂L/∂w (relative 1e-5), or the "
+                "count is not the one the backward sums",
                 kind="equal",
-                depends=("batch", "kernel"),
+                depends=("batch", "sizes"),
                 source="lecture",
                 ref=f"lecture, weight gradient: {LECTURE_USES.get(size, '?'):,} products per weight "
                 f"= 128·{size}·{size}",
@@ -339,8 +385,9 @@ def _uses_claims(setup: dict) -> list[Claim]:
                 "a count",
                 kind="equal",
                 depends=("kernel",),
-                source="ours",
-                ref="'same' padding 1: a corner tap falls on the pad along one row and one column",
+                source="arithmetic",
+                ref="'same' padding 1: a corner tap falls on the pad along one row and one column (counted "
+                "by autograd of conv(ones): fixed by construction)",
             )
         )
     claims.append(
@@ -351,8 +398,9 @@ def _uses_claims(setup: dict) -> list[Claim]:
             0,
             "a count",
             kind="equal",
-            source="ours",
-            ref="the weight is shared: its count does not depend on which filter or channel it sits in",
+            source="arithmetic",
+            ref="the weight is shared: its count does not depend on which filter or channel it sits in "
+            "(fixed by construction)",
         )
     )
     return claims
@@ -369,12 +417,21 @@ def weight_uses_experiment(ctx: Context) -> None:
     k = ctx["kernel"]
     if check_int(k, "--set kernel") % 2 == 0:
         raise ValueError(f"--set kernel={k}: must be odd")
+    unknown = sorted(set(ctx["sizes"]) - set(USES_CONV))
+    if unknown:
+        raise ValueError(f"--set sizes: Tuesday's CNN has convs at {sorted(USES_CONV)} only, got {unknown}")
+    real = backward_products(check_int(ctx["batch"], "--set batch"), ctx["seed"])
     same = True
     for size in ctx["sizes"]:
+        row = real[size]
+        matches = row["error"] <= 1e-5
+        ctx.check(f"uses-{size}", row["products"] if matches else -1, theory=ctx["batch"] * size * size,
+                  note=f"{USES_CONV[size]}: {row['products']:,} products g·x over {ctx['batch']} digits × "
+                  f"{row['map']}² positions; their sum vs autograd's ∂L/∂w: relative {row['error']:.1e}"
+                  + ("" if matches else " (no match: -1 recorded)"))
         counts = weight_uses(ctx["batch"], size, k)  # (C, C, k, k)
         centre = counts[:, :, k // 2, k // 2]
         same = same and bool(centre.min() == centre.max())
-        ctx.check(f"uses-{size}", int(centre[0, 0].round()), theory=ctx["batch"] * size * size)
         ctx.check(
             f"corner-real-{size}", int(counts[0, 0, 0, 0].round()), theory=ctx["batch"] * (size - k // 2) ** 2
         )
@@ -396,8 +453,9 @@ def _bn_claims(setup: dict) -> list[Claim]:
             0.1,
             1e-6,
             "float32 rounding of a single update",
-            source="lecture",
-            ref="lecture, BatchNorm: running statistics are an exponential average with momentum 0.1",
+            source="arithmetic",
+            ref="torch's default BatchNorm momentum: neither the lecture nor the flashcards give 0.1 (the "
+            "lecture says the running statistics are an exponential average; ema-mean checks that)",
         ),
         Claim(
             "ema-mean",

@@ -30,6 +30,10 @@ SETUP = {"batch": 512, "channels": 32, "size": 14, "window": 2, "seed": 0}
 QUICK = {"batch": 64}
 FORWARD_REF = "lecture, a 2 × 2 pool of N(0, 1) values: average Var ¼; max mean 1.03, Var 0.49"
 BACKWARD_REF = "lecture, the same pools backward: max passes g to one input in four, average g/4 to all"
+BACKWARD_EXACT = (
+    BACKWARD_REF + " (exact for any correct pool: each output's g goes to one input of four, or g/4 to "
+    "each, so the ratios are 1/4 and 1/16 and the zero shares 3/4 and 0 by construction)"
+)
 SAMPLES = "512·32·49 windows: the standard error is below 0.005"
 
 
@@ -142,8 +146,8 @@ def pool_forward(ctx: Context) -> None:
             SAMPLES,
             quick_tolerance=0.02,
             depends=("window", "size"),
-            source="lecture",
-            ref=BACKWARD_REF,
+            source="arithmetic",
+            ref=BACKWARD_EXACT,
         ),
         Claim(
             "max-zeros",
@@ -152,8 +156,8 @@ def pool_forward(ctx: Context) -> None:
             0.001,
             "exact up to ties, which have probability 0 for continuous inputs",
             depends=("window", "size"),
-            source="lecture",
-            ref=BACKWARD_REF,
+            source="arithmetic",
+            ref=BACKWARD_EXACT,
         ),
         Claim(
             "avg-grad",
@@ -163,8 +167,8 @@ def pool_forward(ctx: Context) -> None:
             SAMPLES,
             quick_tolerance=0.005,
             depends=("window", "size"),
-            source="lecture",
-            ref=BACKWARD_REF,
+            source="arithmetic",
+            ref=BACKWARD_EXACT,
         ),
         Claim(
             "avg-zeros",
@@ -173,8 +177,8 @@ def pool_forward(ctx: Context) -> None:
             0.0001,
             "a zero needs g exactly 0 (probability 0)",
             depends=("window", "size"),
-            source="lecture",
-            ref=BACKWARD_REF,
+            source="arithmetic",
+            ref=BACKWARD_EXACT,
         ),
     ],
 )

@@ -85,8 +85,8 @@ def _soft_gate_claims(setup: dict) -> list[Claim]:
             LECTURE_EXP[j],
             0.5 + LECTURE_EXP[j] * math.expm1(0.005),
             "both are rounded: half a unit of e^v plus e^v · (e^0.005 − 1) for the window's two decimals",
-            source="lecture",
-            ref=WINDOW_REF,
+            source="arithmetic",
+            ref=WINDOW_REF + " (math.exp of the lecture's printed v: its own arithmetic, no code of ours)",
         )
         for j in range(4)
     ]
@@ -99,8 +99,8 @@ def _soft_gate_claims(setup: dict) -> list[Claim]:
             "half a unit of the printed sum plus half a unit of each of the four printed e^v "
             "it is built from",
             depends=("window",),
-            source="lecture",
-            ref=WINDOW_REF,
+            source="arithmetic",
+            ref=WINDOW_REF + " (the window is defined from the printed e^v, so the sum re-adds them)",
         ),
         Claim(
             "max-out",
@@ -312,8 +312,8 @@ def _gradient_claims(setup: dict) -> list[Claim]:
             1e-6,
             "exact: the winner passes the gradient, the rest get exact zeros",
             depends=("window",),
-            source="lecture",
-            ref=GRADIENT_REF,
+            source="arithmetic",
+            ref=GRADIENT_REF + " (0/1 by the max's definition: any correct max pool meets it)",
         )
         for j in range(n)
     ]
@@ -383,8 +383,9 @@ def _share_claims(setup: dict) -> list[Claim]:
             0.25 if p == "max" else 1.0,
             0.01,
             "the share is exact up to ties and gradients that are exactly zero upstream (rare events)",
-            source="lecture" if p in ("max", "avg", "soft") else "ours",
-            ref="lecture, the gradient share: max pool reaches ¼ of its inputs, average and soft pooling all"
+            source="arithmetic" if p in ("max", "avg", "soft") else "ours",
+            ref="lecture, the gradient share: max pool reaches ¼ of its inputs, average and soft pooling all "
+            "(by the gates' definitions: one winner in four, or every input a positive weight)"
             if p in ("max", "avg", "soft")
             else "the lecture's 'a soft gate reaches every input', applied to our other gates",
         )

@@ -1,9 +1,10 @@
 """The report as one self-contained page: ``report.html`` (CSS, JavaScript and figures inline; no network,
 opens from disk).
 
-    summary (the lecture's claims ok / off / not run; the project's own checks apart; the extensions'
+    summary (the lecture's measured claims: N ok of M, off / undecided / not run; the arithmetic and
+             definitions restated, counted apart; the project's own checks apart; the extensions'
              "beyond the lecture" claims in a card of their own, only when the run has any)
-    a filter (all | off | not run | off or not run) and a side navigation by the lecture's sections
+    a filter (all | off | undecided | not run | all but ok) and a side navigation by the lecture's sections
     per experiment: each claim's statement, bar (the lecture's value, or ours, with its source), our value,
     the tolerance and its reason, the verdict; notes; figures; and four interactive figures
     (τ dial, √d dial, padding map, attention explorer) beside the experiments they belong to
@@ -23,13 +24,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from gatepool.lab.claims import VERDICTS
 from gatepool.lab.report.dials import KERNELS, SQRT_D_CHOICES, TAU_RANGE
 from gatepool.lab.report.sections import group
 from gatepool.lab.report.text import SOURCE_NAMES, counts_text, fmt, summary, title, tolerance
 
 esc = html.escape
-VERDICT_CLASS = {"ok": "ok", "off": "off", "not run": "notrun"}
-FILTERS = [("all", "all claims"), ("off", "only off"), ("not run", "only not run"), ("bad", "off or not run")]
+VERDICT_CLASS = {"ok": "ok", "off": "off", "undecided": "undecided", "not run": "notrun"}
+FILTERS = [("all", "all claims"), ("off", "only off"), ("undecided", "only undecided"),
+           ("not run", "only not run"), ("bad", "all but ok")]
 
 
 def asset(name: str) -> str:
@@ -50,7 +53,7 @@ def slug(name: str) -> str:
 # ----------------------------------------------------------------------------------------------- summary
 
 
-APART = ("lecture", "beyond")  # sources with a card of their own
+APART = ("lecture", "arithmetic", "beyond")  # sources with a card of their own
 
 
 def own_sources(records: list[dict[str, Any]]) -> list[str]:
@@ -64,14 +67,14 @@ def own_sources(records: list[dict[str, Any]]) -> list[str]:
 def _counts_html(counts: dict[str, int]) -> str:
     return "".join(
         f"<span class='n {VERDICT_CLASS[v]}' data-count='{v}'>{counts.get(v, 0)}</span>{v} "
-        for v in ("ok", "off", "not run")
+        for v in VERDICTS
     )
 
 
 def summary_html(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     env = meta.get("environment", {})
     lecture = summary(records, "lecture")
-    own = {"ok": 0, "off": 0, "not run": 0}
+    own = {v: 0 for v in VERDICTS}
     lines = []
     for src in own_sources(records):
         c = summary(records, src)
@@ -93,8 +96,19 @@ def summary_html(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     # a card only where its claims are in the report (``gatepool report --only gate-matters`` has none of
     # the lecture's)
     lecture_card = (
-        f"<div class='card' id='lecture-counts'><h3>The lecture's claims</h3>{_counts_html(lecture)}</div>"
+        f"<div class='card' id='lecture-counts'><h3>The lecture's measured claims: {lecture['ok']} ok of "
+        f"{sum(lecture.values())}</h3>{_counts_html(lecture)}<div class='why'>Each runs our code on data or "
+        "on a model and could come out otherwise.</div></div>"
         if sum(lecture.values()) else ""
+    )
+    restated = summary(records, "arithmetic")
+    arithmetic_card = (
+        f"<div class='card' id='arithmetic-counts'><h3>Arithmetic and definitions restated: "
+        f"{sum(restated.values())}</h3>{_counts_html(restated)}<div class='why'>The lecture's "
+        f"own arithmetic, "
+        "counts fixed by construction, identities any correct torch operation meets: checked, but they "
+        "cannot fail, so they are not counted as reproductions.</div></div>"
+        if sum(restated.values()) else ""
     )
     own_card = (
         f"<div class='card' id='own-counts'><h3>The project's own checks</h3>{_counts_html(own)}"
@@ -111,7 +125,7 @@ def summary_html(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"{sum(r.get('seconds') or 0 for r in records):.0f} s of experiments (the last invocation, which "
         f"resumes finished ones: {meta.get('seconds', 0):.0f} s). Machine: {esc(machine)}. Every experiment "
         f"states its setup and seeds.</p><div class='cards'>"
-        f"{lecture_card}{own_card}{beyond_card}</div>"
+        f"{lecture_card}{arithmetic_card}{own_card}{beyond_card}</div>"
         f"<div id='filter'>Show: {radios}</div></section>"
     )
 
@@ -122,7 +136,8 @@ def summary_html(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 def bar_cell(c: dict[str, Any]) -> str:
     if c.get("basis") == "theory":
         return f"{esc(fmt(c.get('expected')))}<div class='why'>theory (the setup was changed)</div>"
-    label = {"lecture": "lecture", "ours": "our bar", "prediction": "prediction"}.get(
+    label = {"lecture": "lecture", "arithmetic": "lecture's arithmetic", "ours": "our bar",
+             "prediction": "prediction"}.get(
         c.get("source") or "", c.get("source") or "?"
     )
     return f"{esc(fmt(c.get('bar')))}<div class='why'>{esc(label)}</div>"
@@ -170,6 +185,8 @@ def experiment_html(rec: dict[str, Any], out: Path) -> str:
     if rec.get("status") != "complete":
         parts.append(f"<p class='status'><b>{esc(str(rec.get('status', 'not run')))}</b> "
                      f"{esc(str(rec.get('error') or ''))}</p>")
+    if rec.get("rejudged"):
+        parts.append(f"<p class='note'>Judged again: {esc(str(rec['rejudged']))}</p>")
     if "setup" in rec:
         setup = ", ".join(f"{k}={fmt(v)}" for k, v in rec["setup"].items())
         parts.append(f"<p class='setup'>{esc(str(rec.get('profile')))} profile, "
@@ -181,6 +198,10 @@ def experiment_html(rec: dict[str, Any], out: Path) -> str:
         parts.append("</tbody></table>")
     if rec.get("notes"):
         parts.append("<ul class='notes'>" + "".join(f"<li>{esc(n)}</li>" for n in rec["notes"]) + "</ul>")
+    if rec.get("literature"):
+        parts.append("<ul class='literature'>" + "".join(
+            f"<li><span class='badge'>literature</span> {esc(c['text'])} <span class='ref'>({esc(c['ref'])})"
+            "</span> (cited by the lecture, not reproduced)</li>" for c in rec["literature"]) + "</ul>")
     widget = WIDGETS.get(rec["name"])
     if widget:
         parts.append(widget(rec))
@@ -282,7 +303,7 @@ def nav_html(grouped: list[tuple[str, str, list[dict[str, Any]]]]) -> str:
         for rec in recs:
             c = summary([rec])
             dots = "".join(f"<span class='dot {VERDICT_CLASS[v]}'>{c[v]} {v}</span>"
-                           for v in ("off", "not run") if c.get(v))
+                           for v in ("off", "undecided", "not run") if c.get(v))
             sub.append(f"<li class='exp'><a href='#{slug(rec['name'])}'><span>{esc(rec['name'])}</span>"
                        f"<span>{dots}</span></a></li>")
         items.append(f"<li class='sec'><a href='#sec-{sid}'>{esc(heading)}</a><ul>{''.join(sub)}</ul></li>")

@@ -19,9 +19,9 @@ SECTIONS: list[tuple[str, str, tuple[str, ...]]] = [
     ("signal", "The network's signal",
      ("network-forward", "stream-skew", "network-backward", "orange-numbers", "head-chain")),
     ("soft-gate", "The soft gate",
-     ("soft-gate", "temperature-dial", "soft-gradient", "gradient-share", "pool-comparison")),
+     ("soft-gate", "temperature-dial", "soft-gradient", "gradient-share", "pool-comparison", "adam-reach")),
     ("attention", "Attention", ("attention-reach", "sqrt-d", "attention-maps", "shuffle", "attention-cost")),
-    ("flashcards", "Normalisation and the flashcards", ("batchnorm", "flashcards")),
+    ("flashcards", "Normalisation and the flashcards", ("batchnorm", "flashcards", "definitions")),
     ("transformers", "Transformers", ("vit-mnist", "seq-demo", "seq-demo-encdec", "transformer-variants")),
     ("beyond", "Beyond the lecture", ("gate-matters", "distractor-study")),  # `reproduce --beyond`
 ]

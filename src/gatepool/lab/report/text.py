@@ -1,8 +1,10 @@
 """The report as text: for every claim, its bar and where the bar comes from, our measurement and the verdict.
 
-A bar is the lecture's own number (``lecture``), one of ours (``ours``, with the reason), or our rule
-engine's prediction held to the lecture's arithmetic (``prediction``: a check of ours, not a
-reproduction); the summary counts the three apart.
+A bar is the lecture's own number on a measurement that could come out otherwise (``lecture``), the
+lecture's arithmetic or a definition restated (``arithmetic``: checked, but it cannot fail), one of ours
+(``ours``, with the reason), or our rule engine's prediction held to the lecture's arithmetic
+(``prediction``: a check of ours, not a reproduction); the summary counts them apart: "the lecture's
+measured claims: N ok of M" and "arithmetic and definitions restated: K".
 
 ``table(records)`` is the plain-text table printed at the end of ``gatepool reproduce``;
 ``markdown(records, meta)`` is ``report.md``.
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from gatepool.lab.claims import VERDICTS
 
 
 def fmt(x: Any) -> str:
@@ -68,7 +72,7 @@ def table(records: list[dict[str, Any]]) -> str:
 
 def summary(records: list[dict[str, Any]], source: str | None = None) -> dict[str, int]:
     """Verdict counts over every claim, or over the claims whose bar comes from ``source``."""
-    counts = {"ok": 0, "off": 0, "not run": 0}
+    counts = {v: 0 for v in VERDICTS}
     for rec in records:
         for c in rec.get("claims", []):
             if source is None or c.get("source") == source:
@@ -77,7 +81,8 @@ def summary(records: list[dict[str, Any]], source: str | None = None) -> dict[st
 
 
 SOURCE_NAMES = {
-    "lecture": "the lecture's claims",
+    "lecture": "the lecture's measured claims",
+    "arithmetic": "arithmetic and definitions restated",
     "ours": "our own checks",
     "prediction": "prediction checks",
     "beyond": "beyond the lecture ('off': the gates differ)",
@@ -85,8 +90,19 @@ SOURCE_NAMES = {
 
 
 def counts_text(counts: dict[str, int]) -> str:
-    """'3 ok, 1 off, 0 not run'."""
-    return f"{counts['ok']} ok, {counts['off']} off, {counts['not run']} not run"
+    """'3 ok of 5 (1 off, 0 undecided, 1 not run)'."""
+    rest = ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS if v != "ok")
+    return f"{counts.get('ok', 0)} ok of {sum(counts.values())} ({rest})"
+
+
+def source_text(src: str, counts: dict[str, int]) -> str:
+    """One source's line: 'the lecture's measured claims: 3 ok of 5 (...)'; the restated arithmetic
+    by its count ('arithmetic and definitions restated: 12 (12 ok)'), since it cannot fail."""
+    name = SOURCE_NAMES.get(src, src)
+    if src == "arithmetic":
+        bad = ", ".join(f"{counts[v]} {v}" for v in VERDICTS if v != "ok" and counts.get(v))
+        return f"{name}: {sum(counts.values())} ({counts.get('ok', 0)} ok{', ' + bad if bad else ''})"
+    return f"{name}: {counts_text(counts)}"
 
 
 def _md_cell(s: str) -> str:
@@ -105,8 +121,8 @@ def headline(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     env = meta.get("environment", {})
     present = {c.get("source") for rec in records for c in rec.get("claims", [])}
     parts = "; ".join(
-        f"{name}: {counts_text(summary(records, src))}"
-        for src, name in SOURCE_NAMES.items()
+        source_text(src, summary(records, src))
+        for src in SOURCE_NAMES
         if src in present  # e.g. "beyond" only where a claim has it (a report of --only beyond experiments)
     )
     return (
@@ -134,6 +150,8 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                 f"**{rec.get('status', 'not run')}**" + (f": {rec['error']}" if rec.get("error") else "")
             )
             out.append("")
+        if rec.get("rejudged"):
+            out += [f"*Judged again:* {rec['rejudged']}", ""]
         if "setup" in rec:
             setup = ", ".join(f"{k}={fmt(v)}" for k, v in rec["setup"].items())
             out.append(f"Setup ({rec.get('profile')} profile, {rec.get('seconds', 0):.1f} s): {setup}")
@@ -148,6 +166,8 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             )
         for n in rec.get("notes", []):
             out.append(f"- {n}")
+        for cite in rec.get("literature", []):
+            out.append(f"- Literature (cited by the lecture, not reproduced): {cite['text']} ({cite['ref']})")
         for f in rec.get("figures", []):
             out += ["", f"![{Path(f).stem}]({f})"]
     return "\n".join(out) + "\n"
