@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--zoo", choices=["all", "torchvision", "timm"], default="all", help="which zoo (default all)"
     )
     p.add_argument("--models", nargs="+", default=None, help="these models instead (tv:NAME, timm:NAME)")
+    p.add_argument("--exclude", nargs="+", default=[], help="leave these models out (named on the page)")
     p.add_argument("--gates", nargs="+", default=None, help="the gates to try (default: every gate)")
     p.add_argument("--compile", action="store_true", help="also torch.compile each (slow)")
     p.add_argument(
@@ -57,6 +58,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"convert-check needs torchvision and timm (pip install gatepool[vision]): {e}"
         ) from e
+    models = [m for m in models if m not in args.exclude]
     torch.set_num_threads(1)
 
     versions = {"torch": torch.__version__}
@@ -95,6 +97,8 @@ def _run(args: argparse.Namespace) -> int:
         ]
         with open(args.out, "w") as f:
             f.write("\n".join(page))
+        s["meta"] = {"command": "gatepool convert-check " + " ".join(sys.argv[2:]), "finished": when,
+                     "machine": machine, "versions": versions, "compile": args.compile, "gates": gates}
         return s
 
     def log(r):
@@ -106,7 +110,10 @@ def _run(args: argparse.Namespace) -> int:
             flush=True,
         )
         if r.gate == gates[-1]:
-            write_page(done)  # after every model: an interrupted sweep leaves its table so far
+            s = write_page(done)  # after every model: an interrupted sweep leaves its table so far
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(s, f, indent=1)
 
     results = zoo.sweep(models, gates, compile=args.compile, log=log)
     s = write_page(results)
