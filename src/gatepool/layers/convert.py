@@ -31,7 +31,8 @@ for them. A forward fx cannot trace is left as it is, with a warning naming the 
 Modules that ``convert`` built remember what they replaced: converting again treats them as that pool,
 so ``convert`` is idempotent (a pool already at the asked gate is left as it is, weights included), and
 ``gate="max"`` / ``"avg"`` on a converted model give torch's own pools back (``global_pool="avg"`` puts
-back the very module a global pool replaced). On a timm model, ``reset_classifier()`` rebuilds the head's
+back a copy of the very module a global pool replaced, still marked as convert's: converting it again
+to "avg" leaves it). On a timm model, ``reset_classifier()`` rebuilds the head's
 pool: after ``convert`` it converts the new one too (its gate starts afresh, as the new classifier).
 
 Modules match by exact type; a subclass (timm's ``MaxPool2dSame`` pads "same" in its own forward) has its
@@ -238,8 +239,7 @@ def convert(
 
     replaced = []
     for site, new in zip(sites, new_modules):
-        if new is not site.origin.module:
-            new._gatepool_origin = site.origin  # a plain attribute: not a child, not in the state_dict
+        new._gatepool_origin = site.origin  # a plain attribute: not a child, not in the state_dict
         for name in site.names:
             replaced.append(Replaced(name, type(site.origin.module), site.origin.text, new, site.origin.role,
                                      site.origin.source))
@@ -402,14 +402,17 @@ def _find(model, include, gates, gate_kwargs, traces) -> tuple[list[_Site], list
     sites: dict[int, _Site] = {}
     untraced, no_adaptive = [], []
     done = set()
+    pools = []  # the names of the pools met so far: a pool inside one (PoolSame's) is part of it
     for name, m in model.named_modules(remove_duplicate=False):
         if id(m) in sites:
             if name not in sites[id(m)].names:
                 sites[id(m)].names.append(name)
             continue
-        if id(m) in done:
+        if id(m) in done or any(name.startswith(p + ".") for p in pools):
             continue
         done.add(id(m))
+        if hasattr(m, "_gatepool_origin") or _kind(m) is not None:
+            pools.append(name)
         origin = getattr(m, "_gatepool_origin", None)
         if origin is None:
             base = m
@@ -487,8 +490,8 @@ def _site(m: nn.Module, name: str, origin: _Origin, gate: str, gate_kwargs: dict
         needs = gate in ("soft-learned", "attention")
         flatten = bool(getattr(base, "flatten", False)) or (type(base) is fp.SpatialMean and not base.keepdim)
         if gate == "avg" and hasattr(m, "_gatepool_origin"):
-            def build(c):  # the way back: the module it replaced
-                return origin.module
+            def build(c):  # the way back: (a copy of) the module it replaced
+                return copy.deepcopy(origin.module)
         else:
             _GLOBAL[d](gate, channels=1 if needs else None, flatten=flatten, **temp)  # the checks, now
 
