@@ -36,7 +36,8 @@ def test_same_pools_at_max_and_avg_are_timms(size):
     assert replaced[0].old_type is MaxPool2dSame
     convert(net, "avg", include=(nn.AvgPool2d,))
     assert all(isinstance(net[i], PoolSame) for i in (1, 2, 3, 4))
-    assert [type(net[i].pool) for i in (1, 2, 3, 4)] == [nn.MaxPool2d, nn.AvgPool2d, nn.MaxPool2d, nn.AvgPool2d]
+    inner = [type(net[i].pool) for i in (1, 2, 3, 4)]
+    assert inner == [nn.MaxPool2d, nn.AvgPool2d, nn.MaxPool2d, nn.AvgPool2d]
     want, got = ref(x), net(x)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     g = torch.randn_like(want)
@@ -49,7 +50,8 @@ def test_same_pools_take_every_gate_and_train(gate):
     net = _same_pools()
     want_shape = net(x).shape
     _, replaced = convert(net, gate, example_input=x)
-    assert len(replaced) == 4 and not any(isinstance(m, (MaxPool2dSame, AvgPool2dSame)) for m in net.modules())
+    assert len(replaced) == 4
+    assert not any(isinstance(m, (MaxPool2dSame, AvgPool2dSame)) for m in net.modules())
     out = net(x)
     out.square().mean().backward()
     assert out.shape == want_shape and out.isfinite().all()
@@ -74,7 +76,8 @@ def test_convmlp_at_avg_is_timms(size):
     x = torch.randn(2, 3, *size)
     ref, net = _head().eval(), _head().eval()
     _, replaced = convert(net, "avg")
-    assert [(r.name, r.role, r.source) for r in replaced] == [("1.adaptive_avg_pool2d", "adaptive", "function")]
+    assert [(r.name, r.role, r.source) for r in replaced] == [
+        ("1.adaptive_avg_pool2d", "adaptive", "function")]
     assert replaced[0].old == "F.adaptive_avg_pool2d(output_size=(max(7, H), max(7, W))) in ConvMlp.forward"
     assert isinstance(net[1], ConvMlp) and isinstance(net[1].adaptive_avg_pool2d, AtLeastPool)
     torch.testing.assert_close(net(x), ref(x), rtol=0, atol=0)

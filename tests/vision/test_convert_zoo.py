@@ -6,7 +6,8 @@ The sample holds a model for each way a pool hides: functional calls (DenseNet, 
 mean head, MobileNetV2), adaptive 6×6 / 7×7 heads (AlexNet, VGG), squeeze-and-excitation blocks whose
 head is followed by an in-place dropout (EfficientNet), timm's functional squeezes (efficientnet_b0, an
 ECA ResNet), "same"-padded pools (timm's tf_ models; MaxPool2dSame in vit_tiny_r_s16_p8_224 and
-pnasnet5large), a mean over (-1, -2) (pvt_v2) and VGG's ConvMlp. Needs torchvision / timm (``make test-vision``).
+pnasnet5large), a mean over (-1, -2) (pvt_v2) and VGG's ConvMlp. Needs torchvision / timm
+(``make test-vision``).
 """
 
 from __future__ import annotations
@@ -132,6 +133,7 @@ def test_convert_check_writes_the_page_and_merges_runs(tmp_path):
     (tmp_path / "b.json").write_text(json.dumps(broken))
     assert main(["convert-check", "--merge", str(data), str(tmp_path / "b.json"), "--out", str(page)]) == 0
     text = page.read_text()
-    assert text.count("## torchvision: gates max, avg") == 2 and "max: partial: features.2 (MaxPool2d)" in text
+    assert text.count("## torchvision: gates max, avg") == 2
+    assert "max: partial: features.2 (MaxPool2d)" in text
     assert "0 of 1 models with a pool convert fully (0%)** with every gate run on them; not fully: " \
            "tv:squeezenet1_0" in text

@@ -46,7 +46,8 @@ def _machine(threads: int) -> str:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
-    return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cores, {threads} torch thread, CPU"
+    cores = f"{os.cpu_count()} cores, {threads} torch thread"
+    return f"{platform.system()} {platform.machine()}, {cpu}, {cores}, CPU"
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -96,8 +97,8 @@ def _run(args: argparse.Namespace) -> int:
     done: list = []
 
     def save(results) -> dict:
-        run = {"meta": {**meta, "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M UTC")},
-               **zoo.summary(results)}
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M UTC")
+        run = {"meta": {**meta, "finished": now}, **zoo.summary(results)}
         _write(args.out, [run])
         if args.json:
             with open(args.json, "w") as f:

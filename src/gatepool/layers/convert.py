@@ -35,9 +35,13 @@ back a copy of the very module a global pool replaced, still marked as convert's
 to "avg" leaves it). On a timm model, ``reset_classifier()`` rebuilds the head's
 pool: after ``convert`` it converts the new one too (its gate starts afresh, as the new classifier).
 
-Modules match by exact type; a subclass (timm's ``MaxPool2dSame`` pads "same" in its own forward) has its
-forward rewritten as any module's: its functional pool is replaced, its padding kept. timm's classes are
-recognized by their names: neither torchvision nor timm is imported here. ``gatepool.convert`` is the
+Modules match by exact type, and a few of timm's by name (neither torchvision nor timm is imported here):
+``SelectAdaptivePool2d`` / ``FastAdaptiveAvgPool`` (the head); ``MaxPool2dSame`` / ``AvgPool2dSame``, which
+pad "SAME" from the input's size in their forward, become :class:`~gatepool.layers.dynamic_pools.PoolSame`
+(that padding, then the gate; "max" / "avg" are timm's exactly); VGG's ``ConvMlp``, whose forward pools a
+map smaller than its kernel up to it behind a branch fx cannot trace, runs an
+:class:`~gatepool.layers.dynamic_pools.AtLeastPool` (the gate's adaptive windows up to that size) first.
+Another subclass of a torch pool has its forward rewritten as any module's. ``gatepool.convert`` is the
 same function.
 """
 
@@ -339,7 +343,7 @@ def _rewrite_calls(model: nn.Module, include, gates: dict, traces: dict) -> list
     """Each pool call to convert becomes a call of a new child (torch's module for it); the undo steps."""
     undo = []
     if nn.AdaptiveAvgPool2d in include:  # timm's ConvMlp: its forward pools behind a branch on the size
-        for owner, m in list(model.named_modules()):
+        for m in list(model.modules()):
             k = fp.min_size_guard(m)
             if k is None:
                 continue

@@ -71,7 +71,8 @@ class AtLeastPool(nn.Module):
     def __init__(self, pool: nn.Module, size: tuple[int, ...]):
         super().__init__()
         out = getattr(pool, "output_size", None)
-        if (out,) * len(size) != tuple(size) and (not isinstance(out, (tuple, list)) or tuple(out) != tuple(size)):
+        out = tuple(out) if isinstance(out, (tuple, list)) else (out,) * len(size)
+        if out != tuple(size):
             raise ValueError(f"pool must be an adaptive pool to size={tuple(size)}, got {pool!r}")
         self.pool, self.size = pool, tuple(size)
 

@@ -38,8 +38,8 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["Call", "SpatialMean", "find_calls", "guard", "min_size_guard", "pool_role", "rewrite", "trace_own",
-           "undo", "unguard"]
+__all__ = ["Call", "SpatialMean", "find_calls", "guard", "min_size_guard", "pool_role", "rewrite",
+           "trace_own", "undo", "unguard"]
 
 
 class SpatialMean(nn.Module):
