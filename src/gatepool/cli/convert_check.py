@@ -64,7 +64,8 @@ def _run(args: argparse.Namespace) -> int:
         for path in args.merge:
             with open(path) as f:
                 runs.append(json.load(f))
-        _write(args.out, runs)
+        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        _write(args.out, runs, f"Put together by `{' '.join(['gatepool', *sys.argv[1:]])}` on {when}.")
         print(f"wrote {args.out} from {len(runs)} runs")
         return 0
     gates = tuple(args.gates or GATES)
@@ -140,11 +141,12 @@ here is the smallest-sounding name in it (`convert_zoo.timm_families`).
 """
 
 
-def _write(path: str, runs: list[dict]) -> None:
+def _write(path: str, runs: list[dict], merged: str = "") -> None:
     """The page: the intro, what each zoo's runs cover, then each run's section and table."""
     from gatepool.analysis import convert_zoo as zoo
 
     page = ["# convert() over the zoos", "", _INTRO.format(sizes=", ".join(map(str, zoo.SIZES))), ""]
+    page += [merged, ""] if merged else []
     for zoo_name, prefix in (("torchvision", "tv:"), ("timm", "timm:")):
         statuses: dict[str, set[str]] = {}  # every status a model had, over the gates and runs
         for run in runs:
