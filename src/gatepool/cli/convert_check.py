@@ -97,9 +97,10 @@ def _run(args: argparse.Namespace) -> int:
             "versions": versions, "compile": args.compile, "gates": list(gates), "excluded": excluded}
     done: list = []
 
-    def save(results) -> dict:
+    def save(results, complete=False) -> dict:
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M UTC")
-        run = {"meta": {**meta, "finished": now}, **zoo.summary(results)}
+        run = {"meta": {**meta, "finished": now, "complete": complete, "planned": len(models)},
+               **zoo.summary(results)}
         _write(args.out, [run])
         if args.json:
             with open(args.json, "w") as f:
@@ -118,7 +119,7 @@ def _run(args: argparse.Namespace) -> int:
             save(done)  # after every model: an interrupted sweep leaves its table so far
 
     results = zoo.sweep(models, gates, compile=args.compile, log=log)
-    run = save(results)
+    run = save(results, complete=True)
     print(f"{run['full']}/{run['models'] - run['no_pool']} with a pool full; wrote {args.out}")
     return 0 if not run["not_full"] else 1
 
@@ -168,6 +169,11 @@ def _write(path: str, runs: list[dict], merged: str = "") -> None:
     for run in runs:
         meta, results = run["meta"], [zoo.Result(**r) for r in run["results"]]
         gates = tuple(meta["gates"])
+        planned = meta.get("planned")
+        if planned is None and " --models " in meta["command"]:  # a run from before "planned" was kept
+            planned = len(meta["command"].split(" --models ")[1].split(" --")[0].split())
+        stopped = "" if meta.get("complete") or planned is None or planned == run["models"] else (
+            f" The run was stopped after {run['models']} of its {planned} models: the others did not run.")
         zoos = sorted({r.model.split(":")[0] for r in results})
         title = " and ".join({"tv": "torchvision", "timm": "timm"}[z] for z in zoos)
         page += [
@@ -181,7 +187,7 @@ def _write(path: str, runs: list[dict], merged: str = "") -> None:
             + f". {run['full']} of {run['models'] - run['no_pool']} models with a pool convert fully, "
             f"{run['no_pool']} have no pool"
             + (f"; left out (--exclude): {', '.join(meta['excluded'])}" if meta.get("excluded") else "")
-            + ".",
+            + "." + stopped,
             "",
             zoo.table(results, gates),
             "",
