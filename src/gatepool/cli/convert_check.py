@@ -148,6 +148,11 @@ def _write(path: str, runs: list[dict], merged: str = "") -> None:
 
     page = ["# convert() over the zoos", "", _INTRO.format(sizes=", ".join(map(str, zoo.SIZES))), ""]
     page += [merged, ""] if merged else []
+    def excluded(meta):  # a run from before "excluded" was kept: its command says
+        if "excluded" in meta or " --exclude " not in meta["command"]:
+            return meta.get("excluded", [])
+        return meta["command"].split(" --exclude ")[1].split(" --")[0].split()
+
     for zoo_name, prefix in (("torchvision", "tv:"), ("timm", "timm:")):
         statuses: dict[str, set[str]] = {}  # every status a model had, over the gates and runs
         for run in runs:
@@ -156,6 +161,7 @@ def _write(path: str, runs: list[dict], merged: str = "") -> None:
                     statuses.setdefault(r["model"], set()).add(r["status"])
         if not statuses:
             continue
+        out = sorted({m for run in runs for m in excluded(run["meta"]) if m.startswith(prefix)} - set(statuses))
         with_pool = {m: st for m, st in statuses.items() if st != {"no pool"} and "skipped" not in st}
         full = [m for m, st in with_pool.items() if st == {"full"}]
         rest = sorted(set(with_pool) - set(full))
@@ -165,6 +171,8 @@ def _write(path: str, runs: list[dict], merged: str = "") -> None:
                     f"{'' if not rest else '; not fully: ' + ', '.join(rest)}. "
                     f"{sum(st == {'no pool'} for st in statuses.values())} have no pool; "
                     f"{sum('skipped' in st for st in statuses.values())} skipped.")
+        if out:
+            page[-1] += f" Not run (--exclude): {', '.join(out)}."
         page.append("")
     for run in runs:
         meta, results = run["meta"], [zoo.Result(**r) for r in run["results"]]
@@ -186,7 +194,7 @@ def _write(path: str, runs: list[dict], merged: str = "") -> None:
             + ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
             + f". {run['full']} of {run['models'] - run['no_pool']} models with a pool convert fully, "
             f"{run['no_pool']} have no pool"
-            + (f"; left out (--exclude): {', '.join(meta['excluded'])}" if meta.get("excluded") else "")
+            + (f"; left out (--exclude): {', '.join(excluded(meta))}" if excluded(meta) else "")
             + "." + stopped,
             "",
             zoo.table(results, gates),
