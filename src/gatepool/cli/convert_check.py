@@ -161,7 +161,8 @@ def _write(path: str, runs: list[dict], merged: str = "") -> None:
                     statuses.setdefault(r["model"], set()).add(r["status"])
         if not statuses:
             continue
-        out = sorted({m for run in runs for m in excluded(run["meta"]) if m.startswith(prefix)} - set(statuses))
+        out = {m for run in runs for m in excluded(run["meta"]) if m.startswith(prefix)}
+        out = sorted(out - set(statuses))
         with_pool = {m: st for m, st in statuses.items() if st != {"no pool"} and "skipped" not in st}
         full = [m for m, st in with_pool.items() if st == {"full"}]
         rest = sorted(set(with_pool) - set(full))
