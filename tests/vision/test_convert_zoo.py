@@ -5,7 +5,9 @@ checkpointing, torchvision's fc replacement). The whole sweep: ``gatepool conver
 The sample holds a model for each way a pool hides: functional calls (DenseNet, Inception v3, MNASNet's
 mean head, MobileNetV2), adaptive 6×6 / 7×7 heads (AlexNet, VGG), squeeze-and-excitation blocks whose
 head is followed by an in-place dropout (EfficientNet), timm's functional squeezes (efficientnet_b0, an
-ECA ResNet) and "same"-padded pools (timm's tf_ models). Needs torchvision / timm (``make test-vision``).
+ECA ResNet), "same"-padded pools (timm's tf_ models; MaxPool2dSame in vit_tiny_r_s16_p8_224 and
+pnasnet5large), a mean over (-1, -2) (pvt_v2) and VGG's ConvMlp. Needs torchvision / timm
+(``make test-vision``).
 """
 
 from __future__ import annotations
@@ -29,11 +31,14 @@ SAMPLE = [
     ("tv:densenet121", "attention"), ("tv:inception_v3", "soft"), ("tv:mnasnet0_5", "soft-learned"),
     ("tv:mobilenet_v2", "max"), ("tv:alexnet", "attention"), ("tv:efficientnet_b0", "soft"),
     ("tv:regnet_y_400mf", "avg"), ("timm:efficientnet_b0", "attention"), ("timm:ecaresnet26t", "soft"),
-    ("timm:tf_mixnet_s", "soft"), ("tv:googlenet", "conv"),
+    ("timm:tf_mixnet_s", "soft"), ("tv:googlenet", "conv"), ("timm:pvt_v2_b0", "attention"),
+    ("timm:vit_tiny_r_s16_p8_224", "soft-learned"),
+    pytest.param("timm:vgg11", "attention", marks=pytest.mark.slow),
+    pytest.param("timm:pnasnet5large", "max", marks=pytest.mark.slow),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("name,gate", SAMPLE, ids=[f"{n}-{g}" for n, g in SAMPLE])
+@pytest.mark.parametrize("name,gate", SAMPLE)
 def test_sample_converts_fully(name, gate):
     torch.set_num_threads(1)
     r = zoo.check(name, gate)
@@ -104,3 +109,31 @@ def test_torchvision_fc_replacement_keeps_the_gate(arch, head):
     out = model(x)
     F.cross_entropy(out, torch.tensor([0, 3])).backward()
     assert out.shape == (2, 4) and seen and gate.score.weight.grad.abs().sum() > 0
+
+
+def test_convert_check_writes_the_page_and_merges_runs(tmp_path):
+    """``gatepool convert-check``: a run writes its page and JSON; ``--merge`` writes one page of runs."""
+    import json
+
+    from gatepool.cli import main
+
+    page, data = tmp_path / "zoo.md", tmp_path / "run.json"
+    args = ["convert-check", "--models", "tv:squeezenet1_0", "timm:resnet18", "--exclude", "timm:resnet18",
+            "--gates", "max", "avg", "--out", str(page), "--json", str(data)]  # fmt: skip
+    assert main(args) == 0
+    run = json.loads(data.read_text())
+    assert run["meta"]["gates"] == ["max", "avg"] and run["meta"]["excluded"] == ["timm:resnet18"]
+    assert [(r["model"], r["gate"], r["status"]) for r in run["results"]] == [
+        ("tv:squeezenet1_0", "max", "full"), ("tv:squeezenet1_0", "avg", "full")]  # fmt: skip
+    text = page.read_text()
+    assert "| tv:squeezenet1_0 | 64 | ✓ | ✓ |  |" in text and "left out (--exclude): timm:resnet18" in text
+    assert "**torchvision: 1 of 1 models with a pool convert fully (100%)**" in text
+    broken = dict(run, results=[dict(r, status="partial", left=["features.2 (MaxPool2d)"])
+                                for r in run["results"]])  # fmt: skip
+    (tmp_path / "b.json").write_text(json.dumps(broken))
+    assert main(["convert-check", "--merge", str(data), str(tmp_path / "b.json"), "--out", str(page)]) == 0
+    text = page.read_text()
+    assert text.count("## torchvision: gates max, avg") == 2
+    assert "max: partial: features.2 (MaxPool2d)" in text
+    assert "0 of 1 models with a pool convert fully (0%)** with every gate run on them; not fully: " \
+           "tv:squeezenet1_0" in text

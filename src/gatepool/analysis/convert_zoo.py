@@ -141,12 +141,12 @@ class _PoolCalls(TorchFunctionMode):
 
 def left_over(model: nn.Module, x: torch.Tensor) -> list[str]:
     """The original's pools still in ``model``: modules, and pool calls outside convert's modules."""
+    converted = [n for n, m in model.named_modules() if hasattr(m, "_gatepool_origin")]
     left = [
         f"{n} ({type(m).__name__})"
         for n, m in model.named_modules()
         if type(m) in POOLS + ADAPTIVE_POOLS + (nn.AdaptiveMaxPool2d,)
-        and not hasattr(m, "_gatepool_origin")
-        and not (type(m) in ADAPTIVE_POOLS and m.output_size in (1, (1, 1), (1, 1, 1)) and False)
+        and not any(n == c or n.startswith(c + ".") for c in converted)  # convert's (PoolSame's inner)
     ]
     stack: list = []
 

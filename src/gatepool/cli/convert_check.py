@@ -5,8 +5,9 @@
     gatepool convert-check --models tv:vgg11 timm:resnet18d --out /tmp/zoo.md
 
 See :mod:`gatepool.analysis.convert_zoo` for the checks. Writes the Markdown page (``--out``, default
-docs/convert-zoo.md) with its date, machine and versions, and ``--json`` the results. Exit 1 when a model
-is not converted fully. Needs torchvision / timm (``pip install gatepool[vision]``).
+docs/convert-zoo.md) with its date, machine and versions, and ``--json`` the results (after every model,
+so an interrupted run keeps what it did); ``--merge A.json B.json`` writes the page from several runs.
+Exit 1 when a model is not converted fully. Needs torchvision / timm (``pip install gatepool[vision]``).
 """
 
 from __future__ import annotations
@@ -23,25 +24,50 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--zoo", choices=["all", "torchvision", "timm"], default="all", help="which zoo (default all)"
     )
     p.add_argument("--models", nargs="+", default=None, help="these models instead (tv:NAME, timm:NAME)")
+    p.add_argument("--exclude", nargs="+", default=[], help="leave these models out (named on the page)")
     p.add_argument("--gates", nargs="+", default=None, help="the gates to try (default: every gate)")
     p.add_argument("--compile", action="store_true", help="also torch.compile each (slow)")
     p.add_argument(
         "--out", default="docs/convert-zoo.md", help="the Markdown page (default docs/convert-zoo.md)"
     )
     p.add_argument("--json", default=None, help="also write the results here as JSON")
+    p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                   help="write the page from these runs' --json files instead of running")
     p.set_defaults(func=_run)
+
+
+def _machine(threads: int) -> str:
+    import os
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    cores = f"{os.cpu_count()} cores, {threads} torch thread"
+    return f"{platform.system()} {platform.machine()}, {cpu}, {cores}, CPU"
 
 
 def _run(args: argparse.Namespace) -> int:
     import datetime
     import json
-    import platform
 
     import torch
 
     from gatepool.analysis import convert_zoo as zoo
     from gatepool.layers.gated_pool import GATES
 
+    if args.merge:
+        runs = []
+        for path in args.merge:
+            with open(path) as f:
+                runs.append(json.load(f))
+        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        _write(args.out, runs, f"Put together by `{' '.join(['gatepool', *sys.argv[1:]])}` on {when}.")
+        print(f"wrote {args.out} from {len(runs)} runs")
+        return 0
     gates = tuple(args.gates or GATES)
     bad = [g for g in gates if g not in GATES]
     if bad:
@@ -57,45 +83,29 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"convert-check needs torchvision and timm (pip install gatepool[vision]): {e}"
         ) from e
+    excluded = [m for m in args.exclude if m in models]
+    models = [m for m in models if m not in args.exclude]
     torch.set_num_threads(1)
-
     versions = {"torch": torch.__version__}
     for lib in ("torchvision", "timm"):
         try:
             versions[lib] = __import__(lib).__version__
         except ImportError:
             pass
-    machine = f"{platform.machine()}, {platform.system()}, {torch.get_num_threads()} thread, CPU"
+    began = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    meta = {"command": " ".join(["gatepool", *sys.argv[1:]]), "began": began, "machine": _machine(1),
+            "versions": versions, "compile": args.compile, "gates": list(gates), "excluded": excluded}
     done: list = []
 
-    def write_page(results) -> dict:
-        s = zoo.summary(results)
-        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        page = [
-            "# convert() over the zoos",
-            "",
-            f"Made by `gatepool convert-check {' '.join(sys.argv[2:])}`".rstrip()
-            + f" on {when}; {machine}; "
-            + ", ".join(f"{k} {v}" for k, v in versions.items())
-            + ". Random weights, batch 2, the smallest "
-            f"input of {list(zoo.SIZES)} the original accepts. For each gate: convert (global_pool and "
-            "squeeze_pool the same gate, 'soft' for 'conv'), forward and backward in train mode, a "
-            "state_dict "
-            "round trip into a fresh converted copy, and no pool of the original left (modules, or pool "
-            "functions run outside convert's modules)"
-            + (", torch.compile where the original compiles" if args.compile else "")
-            + ".",
-            "",
-            f"**{s['full']} of {s['models'] - s['no_pool']} models with a pool convert fully with every gate "
-            f"tried** ({s['no_pool']} have no pool). ✓ full, · no pool, ~ partial (what is left is named), "
-            "✗ refused or broken (why), – skipped.",
-            "",
-            zoo.table(results, gates),
-            "",
-        ]
-        with open(args.out, "w") as f:
-            f.write("\n".join(page))
-        return s
+    def save(results, complete=False) -> dict:
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M UTC")
+        run = {"meta": {**meta, "finished": now, "complete": complete, "planned": len(models)},
+               **zoo.summary(results)}
+        _write(args.out, [run])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(run, f, indent=1)
+        return run
 
     def log(r):
         done.append(r)
@@ -106,12 +116,90 @@ def _run(args: argparse.Namespace) -> int:
             flush=True,
         )
         if r.gate == gates[-1]:
-            write_page(done)  # after every model: an interrupted sweep leaves its table so far
+            save(done)  # after every model: an interrupted sweep leaves its table so far
 
     results = zoo.sweep(models, gates, compile=args.compile, log=log)
-    s = write_page(results)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(s, f, indent=1)
-    print(f"{s['full']}/{s['models'] - s['no_pool']} with a pool full; wrote {args.out}")
-    return 0 if not s["not_full"] else 1
+    run = save(results, complete=True)
+    print(f"{run['full']}/{run['models'] - run['no_pool']} with a pool full; wrote {args.out}")
+    return 0 if not run["not_full"] else 1
+
+
+_INTRO = """\
+What `gatepool.convert` does to every classification model of torchvision and to one model per timm
+family (module): random weights, `pretrained=False`, nothing downloaded. This page is written by
+`gatepool convert-check` (one run, or `--merge` of several runs' JSON); each section names its command,
+machine, versions and time. For each model and gate, at the smallest input of {sizes} the original
+accepts, batch 2: `convert(model, gate, global_pool=G, squeeze_pool=G, example_input=x)` (G the gate,
+"soft" for "conv"); a forward and a backward in train mode (finite); a state_dict round trip into a
+freshly converted copy built from another seed (the same outputs, exactly); no pool of the original left
+(no torch pool module that convert did not build, and no pool function, `F.max_pool*d`, `F.avg_pool*d`,
+`F.adaptive_avg_pool*d` or a mean over the spatial dims, run during a forward outside the modules convert
+built, as a `TorchFunctionMode` sees them); and, in the runs with `--compile`, `torch.compile(backend=
+"eager")` giving the eager output where the original compiles. A timm family is a timm module; its model
+here is the smallest-sounding name in it (`convert_zoo.timm_families`).
+
+✓ full · no pool (nothing to convert) ~ partial (what is left is named) ✗ refused or broken (why) – skipped.
+"""
+
+
+def _write(path: str, runs: list[dict], merged: str = "") -> None:
+    """The page: the intro, what each zoo's runs cover, then each run's section and table."""
+    from gatepool.analysis import convert_zoo as zoo
+
+    page = ["# convert() over the zoos", "", _INTRO.format(sizes=", ".join(map(str, zoo.SIZES))), ""]
+    page += [merged, ""] if merged else []
+    def excluded(meta):  # a run from before "excluded" was kept: its command says
+        if "excluded" in meta or " --exclude " not in meta["command"]:
+            return meta.get("excluded", [])
+        return meta["command"].split(" --exclude ")[1].split(" --")[0].split()
+
+    for zoo_name, prefix in (("torchvision", "tv:"), ("timm", "timm:")):
+        statuses: dict[str, set[str]] = {}  # every status a model had, over the gates and runs
+        for run in runs:
+            for r in run["results"]:
+                if r["model"].startswith(prefix):
+                    statuses.setdefault(r["model"], set()).add(r["status"])
+        if not statuses:
+            continue
+        out = {m for run in runs for m in excluded(run["meta"]) if m.startswith(prefix)}
+        out = sorted(out - set(statuses))
+        with_pool = {m: st for m, st in statuses.items() if st != {"no pool"} and "skipped" not in st}
+        full = [m for m, st in with_pool.items() if st == {"full"}]
+        rest = sorted(set(with_pool) - set(full))
+        what = "models" if prefix == "tv:" else "families"
+        page.append(f"**{zoo_name}: {len(full)} of {len(with_pool)} {what} with a pool convert fully "
+                    f"({100 * len(full) / max(len(with_pool), 1):.0f}%)** with every gate run on them"
+                    f"{'' if not rest else '; not fully: ' + ', '.join(rest)}. "
+                    f"{sum(st == {'no pool'} for st in statuses.values())} have no pool; "
+                    f"{sum('skipped' in st for st in statuses.values())} skipped.")
+        if out:
+            page[-1] += f" Not run (--exclude): {', '.join(out)}."
+        page.append("")
+    for run in runs:
+        meta, results = run["meta"], [zoo.Result(**r) for r in run["results"]]
+        gates = tuple(meta["gates"])
+        planned = meta.get("planned")
+        if planned is None and " --models " in meta["command"]:  # a run from before "planned" was kept
+            planned = len(meta["command"].split(" --models ")[1].split(" --")[0].split())
+        stopped = "" if meta.get("complete") or planned is None or planned == run["models"] else (
+            f" The run was stopped after {run['models']} of its {planned} models: the others did not run.")
+        zoos = sorted({r.model.split(":")[0] for r in results})
+        title = " and ".join({"tv": "torchvision", "timm": "timm"}[z] for z in zoos)
+        page += [
+            f"## {title}: gate{'s' if len(gates) > 1 else ''} {', '.join(gates)}"
+            + (", torch.compile" if meta["compile"] else ""),
+            "",
+            f"`{meta['command']}`, "
+            + (f"{meta['began']}–{meta['finished']}" if "began" in meta else f"finished {meta['finished']}")
+            + f"; {meta['machine']}; "
+            + ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
+            + f". {run['full']} of {run['models'] - run['no_pool']} models with a pool convert fully, "
+            f"{run['no_pool']} have no pool"
+            + (f"; left out (--exclude): {', '.join(excluded(meta))}" if excluded(meta) else "")
+            + "." + stopped,
+            "",
+            zoo.table(results, gates),
+            "",
+        ]
+    with open(path, "w") as f:
+        f.write("\n".join(page))

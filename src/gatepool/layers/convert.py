@@ -31,12 +31,17 @@ for them. A forward fx cannot trace is left as it is, with a warning naming the 
 Modules that ``convert`` built remember what they replaced: converting again treats them as that pool,
 so ``convert`` is idempotent (a pool already at the asked gate is left as it is, weights included), and
 ``gate="max"`` / ``"avg"`` on a converted model give torch's own pools back (``global_pool="avg"`` puts
-back the very module a global pool replaced). On a timm model, ``reset_classifier()`` rebuilds the head's
+back a copy of the very module a global pool replaced, still marked as convert's: converting it again
+to "avg" leaves it). On a timm model, ``reset_classifier()`` rebuilds the head's
 pool: after ``convert`` it converts the new one too (its gate starts afresh, as the new classifier).
 
-Modules match by exact type; a subclass (timm's ``MaxPool2dSame`` pads "same" in its own forward) has its
-forward rewritten as any module's: its functional pool is replaced, its padding kept. timm's classes are
-recognized by their names: neither torchvision nor timm is imported here. ``gatepool.convert`` is the
+Modules match by exact type, and a few of timm's by name (neither torchvision nor timm is imported here):
+``SelectAdaptivePool2d`` / ``FastAdaptiveAvgPool`` (the head); ``MaxPool2dSame`` / ``AvgPool2dSame``, which
+pad "SAME" from the input's size in their forward, become :class:`~gatepool.layers.dynamic_pools.PoolSame`
+(that padding, then the gate; "max" / "avg" are timm's exactly); VGG's ``ConvMlp``, whose forward pools a
+map smaller than its kernel up to it behind a branch fx cannot trace, runs an
+:class:`~gatepool.layers.dynamic_pools.AtLeastPool` (the gate's adaptive windows up to that size) first.
+Another subclass of a torch pool has its forward rewritten as any module's. ``gatepool.convert`` is the
 same function.
 """
 
@@ -59,6 +64,7 @@ from gatepool.layers.adaptive_pool import (
     AdaptiveGatedPool3d,
 )
 from gatepool.layers.create_pool import create_pool
+from gatepool.layers.dynamic_pools import SAME_FILL, AtLeastPool, PoolSame
 from gatepool.layers.gated_pool import GATES, GATES_WITH_TEMPERATURE, GATES_WITH_WEIGHTS
 from gatepool.layers.global_pool import (
     GLOBAL_GATES,
@@ -84,6 +90,7 @@ _TORCH_ADAPTIVE = {"max": {1: nn.AdaptiveMaxPool1d, 2: nn.AdaptiveMaxPool2d, 3: 
 _GATE_KWARGS = {"temperature", "count_include_pad"}  # what a user may set on every new layer
 _SELECT_AVG = ("avg", "fast", "fastavg")  # timm's SelectAdaptivePool2d pool types that average
 _NO_GLOBAL_CONV = " ('conv' weighs fixed window positions; a global window has none)"
+_SAME = {"MaxPool2dSame": nn.MaxPool2d, "AvgPool2dSame": nn.AvgPool2d}  # timm's "SAME"-padded pools
 
 
 @dataclass(frozen=True)
@@ -236,8 +243,7 @@ def convert(
 
     replaced = []
     for site, new in zip(sites, new_modules):
-        if new is not site.origin.module:
-            new._gatepool_origin = site.origin  # a plain attribute: not a child, not in the state_dict
+        new._gatepool_origin = site.origin  # a plain attribute: not a child, not in the state_dict
         for name in site.names:
             replaced.append(Replaced(name, type(site.origin.module), site.origin.text, new, site.origin.role,
                                      site.origin.source))
@@ -300,8 +306,25 @@ def _names(types) -> list[str]:
     return [f"nn.{t.__name__}" for t in types]
 
 
+def _unwrap(m: nn.Module) -> tuple[nn.Module, Callable[[nn.Module, str], nn.Module] | None]:
+    """The torch pool whose windows ``m`` pools, and how to wrap a successor of it as ``m`` does (a new
+    module, the gate -> the wrapped module), or None: ``m`` is that pool itself."""
+    name = type(m).__name__
+    if name in _SAME and isinstance(m, _SAME[name]) and type(m).__module__.startswith("timm."):
+        k, s = tuple(m.kernel_size), tuple(m.stride)
+        if isinstance(m, nn.MaxPool2d):
+            inner = nn.MaxPool2d(k, s, 0, m.dilation, ceil_mode=m.ceil_mode)
+        else:
+            inner = nn.AvgPool2d(k, s, 0, m.ceil_mode, m.count_include_pad, m.divisor_override)
+        return inner, lambda new, gate: PoolSame(new, k, s, SAME_FILL[gate])
+    if type(m) is AtLeastPool:
+        return m.pool, lambda new, gate: AtLeastPool(new, m.size)
+    return m, None
+
+
 def _kind(m: nn.Module) -> tuple[str, int] | None:
     """("window" | "adaptive" | "global", dim) for the pools convert knows, else None."""
+    m = _unwrap(m)[0]
     if type(m) in _DIM:
         return "window", _DIM[type(m)]
     if type(m) in _ADAPTIVE_AVG:
@@ -318,6 +341,19 @@ def _kind(m: nn.Module) -> tuple[str, int] | None:
 
 def _rewrite_calls(model: nn.Module, include, gates: dict, traces: dict) -> list[Callable[[], None]]:
     """Each pool call to convert becomes a call of a new child (torch's module for it); the undo steps."""
+    undo = []
+    if nn.AdaptiveAvgPool2d in include:  # timm's ConvMlp: its forward pools behind a branch on the size
+        for m in list(model.modules()):
+            k = fp.min_size_guard(m)
+            if k is None:
+                continue
+            name = _free_name(m, "adaptive_avg_pool2d")
+            child = AtLeastPool(nn.AdaptiveAvgPool2d((k, k)), (k, k))
+            child._gatepool_call = (f"F.adaptive_avg_pool2d(output_size=(max({k}, H), max({k}, W)))",
+                                    "adaptive")  # fmt: skip
+            m.add_module(name, child)
+            fp.guard(m, name)
+            undo += [functools.partial(delattr, m, name), functools.partial(fp.unguard, m)]
     skip = {id(m) for m in model.modules() if _kind(m) is not None or hasattr(m, "_gatepool_origin")}
     calls, failed = fp.find_calls(model, skip)
     notes = [f"{_label(n)} ({type(model.get_submodule(n) if n else model).__name__}): {why}"
@@ -336,23 +372,19 @@ def _rewrite_calls(model: nn.Module, include, gates: dict, traces: dict) -> list
             if gates[role] is None:
                 continue
         else:
-            role = kind
-            if type(call.module) not in include or (kind == "adaptive" and gates[kind] not in ADAPTIVE_GATES):
+            role = kind  # (an adaptive call the gate has no form for is rewritten: _find warns)
+            if type(call.module) not in include:
                 continue
         chosen.setdefault(call.owner, []).append((call, role))
     if notes:
         warnings.warn("convert left these pool calls as they are (fx could not rewrite them): "
                       + "; ".join(notes), stacklevel=3)
-    undo = []
     for owner, items in chosen.items():
         m = model.get_submodule(owner) if owner else model
         previous = m.__dict__.get("_gatepool_rewrite")
         pairs = []
         for call, role in items:
-            base = call.text.split("(")[0].replace("F.", "").replace(".", "_")
-            name, i = base, 1
-            while hasattr(m, name):
-                name, i = f"{base}_{i}", i + 1
+            name = _free_name(m, call.text.split("(")[0].replace("F.", "").replace(".", "_"))
             call.module._gatepool_call = (call.text, role)  # read by _find
             m.add_module(name, call.module)
             undo.append(functools.partial(delattr, m, name))
@@ -362,19 +394,29 @@ def _rewrite_calls(model: nn.Module, include, gates: dict, traces: dict) -> list
     return undo
 
 
+def _free_name(m: nn.Module, base: str) -> str:
+    name, i = base, 1
+    while hasattr(m, name):
+        name, i = f"{base}_{i}", i + 1
+    return name
+
+
 def _find(model, include, gates, gate_kwargs, traces) -> tuple[list[_Site], list[str]]:
     """The modules to replace (each once, with all its names), and what to warn about."""
     sites: dict[int, _Site] = {}
     untraced, no_adaptive = [], []
     done = set()
+    pools = []  # the names of the pools met so far: a pool inside one (PoolSame's) is part of it
     for name, m in model.named_modules(remove_duplicate=False):
         if id(m) in sites:
             if name not in sites[id(m)].names:
                 sites[id(m)].names.append(name)
             continue
-        if id(m) in done:
+        if id(m) in done or any(name.startswith(p + ".") for p in pools):
             continue
         done.add(id(m))
+        if hasattr(m, "_gatepool_origin") or _kind(m) is not None:
+            pools.append(name)
         origin = getattr(m, "_gatepool_origin", None)
         if origin is None:
             base = m
@@ -398,7 +440,7 @@ def _find(model, include, gates, gate_kwargs, traces) -> tuple[list[_Site], list
                         role = "head"
             text = f"{call[0]} in {type(_parent(model, name)).__name__}.forward" if call else repr(m)
             origin = _Origin(copy.deepcopy(m), role, "function" if call else "module", text)
-        if origin.role in ("window", "adaptive") and type(origin.module) not in include:
+        if origin.role in ("window", "adaptive") and type(_unwrap(origin.module)[0]) not in include:
             continue
         target = gates[origin.role]
         if target is None:
@@ -433,7 +475,7 @@ def _module_role(model: nn.Module, name: str, traces: dict) -> str:
 
 def _site(m: nn.Module, name: str, origin: _Origin, gate: str, gate_kwargs: dict) -> _Site | None:
     """How to replace ``m`` (whose first form is ``origin.module``) by ``gate``; None if it is there."""
-    base = origin.module
+    base, wrap = _unwrap(origin.module)
     kind, d = _kind(base)
     temp = {k: v for k, v in gate_kwargs.items() if k == "temperature" and gate in GATES_WITH_TEMPERATURE}
     if kind == "window":
@@ -452,13 +494,16 @@ def _site(m: nn.Module, name: str, origin: _Origin, gate: str, gate_kwargs: dict
         needs = gate in ("soft-learned", "attention")
         flatten = bool(getattr(base, "flatten", False)) or (type(base) is fp.SpatialMean and not base.keepdim)
         if gate == "avg" and hasattr(m, "_gatepool_origin"):
-            def build(c):  # the way back: the module it replaced
-                return origin.module
+            def build(c):  # the way back: (a copy of) the module it replaced
+                return copy.deepcopy(origin.module)
         else:
             _GLOBAL[d](gate, channels=1 if needs else None, flatten=flatten, **temp)  # the checks, now
 
             def build(c):
                 return _GLOBAL[d](gate, channels=c, flatten=flatten, **temp)
+    if wrap is not None:
+        def build(c, build=build):
+            return wrap(build(c), gate)
     if hasattr(m, "_gatepool_origin") and _same(m, build, needs):
         return None  # already this: convert is idempotent
     return _Site(m, [name], d, build, needs, origin)
@@ -467,6 +512,8 @@ def _site(m: nn.Module, name: str, origin: _Origin, gate: str, gate_kwargs: dict
 def _same(m: nn.Module, build, needs: bool) -> bool:
     """Whether ``m`` is what ``build`` would make (type and repr; the weights are not compared)."""
     channels = getattr(m, "channels", None)
+    if channels is None and isinstance(m, (PoolSame, AtLeastPool)):
+        channels = getattr(m.pool, "channels", None)
     if needs and channels is None:
         return False
     new = build(channels if needs else None)

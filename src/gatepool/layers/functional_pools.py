@@ -22,11 +22,13 @@ caller gets its name and the reason, for a warning (never a silent partial conve
 
 :func:`pool_role` tells a head's global pool from a squeeze by data flow: a squeeze's output is combined
 (multiplied, added) with a tensor that does not come from a pool, i.e. it rescales the map it came from;
-a head's flows only on to the output. A model ``torch.save``d whole keeps no rewrite: save its state_dict.
+a head's flows only on to the output. A rewritten module pickles (``torch.save(model)``, ``deepcopy``) as its
+own class rebuilt into the rewrite; the traces are made again at its first call after loading.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import operator
 from dataclasses import dataclass, field
@@ -36,21 +38,29 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["Call", "SpatialMean", "find_calls", "pool_role", "rewrite", "trace_own", "undo"]
+__all__ = ["Call", "SpatialMean", "find_calls", "guard", "min_size_guard", "pool_role", "rewrite",
+           "trace_own", "undo", "unguard"]
 
 
 class SpatialMean(nn.Module):
-    """``x.mean(dim, keepdim)`` over the spatial dims ``(2, …, d + 1)``: a global average pool as a module."""
+    """``x.mean(dims, keepdim)`` over the ``dim`` spatial dims: a global average pool as a module.
 
-    def __init__(self, dim: int, keepdim: bool = False) -> None:
+    ``dims`` as the call wrote them: ``(2, …, d + 1)``, or the last ``d`` dims counted from the end
+    (``x.mean((-1, -2))``, pvt_v2's head), which are the spatial dims of a ``(N, C, *spatial)`` map."""
+
+    def __init__(self, dim: int, keepdim: bool = False, from_end: bool = False) -> None:
         super().__init__()
-        self.dim, self.keepdim = dim, bool(keepdim)
+        self.dim, self.keepdim, self.from_end = dim, bool(keepdim), bool(from_end)
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return tuple(range(-self.dim, 0)) if self.from_end else tuple(range(2, 2 + self.dim))
 
     def extra_repr(self) -> str:
-        return f"dim={tuple(range(2, 2 + self.dim))}, keepdim={self.keepdim}"
+        return f"dim={self.dims}, keepdim={self.keepdim}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.mean(tuple(range(2, 2 + self.dim)), keepdim=self.keepdim)
+        return x.mean(self.dims, keepdim=self.keepdim)
 
 
 _MAX_ARGS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
@@ -74,7 +84,7 @@ for _d in (1, 2, 3):
 _MAX = {1: nn.MaxPool1d, 2: nn.MaxPool2d, 3: nn.MaxPool3d}
 _AVG = {1: nn.AvgPool1d, 2: nn.AvgPool2d, 3: nn.AvgPool3d}
 _ADAPTIVE = {1: nn.AdaptiveAvgPool1d, 2: nn.AdaptiveAvgPool2d, 3: nn.AdaptiveAvgPool3d}
-_MEAN_DIMS = {(2, 3): 2, (2, 3, 4): 3}  # the spatial dims of NCHW / NCDHW
+_MEAN_DIMS = {(2, 3): 2, (2, 3, 4): 3, (-2, -1): 2, (-3, -2, -1): 3}  # spatial dims: NCHW / NCDHW
 
 
 @dataclass
@@ -181,7 +191,8 @@ def _describe(node: fx.Node, owner: str) -> Call | None:
     text = f"mean(dim={tuple(dims)}, keepdim={keepdim})"
     if not isinstance(keepdim, bool):
         return Call(owner, text, (), None, "its keepdim is computed in forward", node)
-    return Call(owner, text, ("mean", d, keepdim), SpatialMean(d, keepdim), node=node)
+    from_end = min(dims) < 0
+    return Call(owner, text, ("mean", d, keepdim, from_end), SpatialMean(d, keepdim, from_end), node=node)
 
 
 def _hashable(v):
@@ -236,7 +247,7 @@ class _Rewrite:
     forwards: dict = field(default_factory=dict)  # state key -> generated forward(self, *args)
 
 
-_SUBCLASSES: dict[type, type] = {}
+_SUBCLASSES: dict[tuple[type, str], type] = {}
 
 
 def _rewritten_from(m: nn.Module):
@@ -294,13 +305,65 @@ def rewrite(m: nn.Module, calls: list[tuple[Call, str]]) -> None:
     old = m.__dict__.get("_gatepool_rewrite")
     children = (list(old.children) if old is not None else []) + [(c.signature, n) for c, n in calls]
     m.__dict__["_gatepool_rewrite"] = _Rewrite(cls, children, names, defaults, state)
-    if cls not in _SUBCLASSES:
-        _SUBCLASSES[cls] = type(
-            cls.__name__,
-            (cls,),
-            {"forward": _forward, "__module__": cls.__module__, "__qualname__": cls.__qualname__},
-        )
-    m.__class__ = _SUBCLASSES[cls]
+    m.__class__ = _subclass(cls, "calls")
+
+
+def _subclass(cls: type, kind: str) -> type:
+    """The class a rewritten ``cls`` module takes: ``cls`` with the forward of ``kind`` ("calls": the
+    traced forward with its pool calls rewritten; "guard": :func:`guard`'s). It pickles (``torch.save``
+    of the whole model, ``copy.deepcopy``) as ``cls`` rebuilt into it, without the traced forwards."""
+    if (cls, kind) not in _SUBCLASSES:
+        _SUBCLASSES[cls, kind] = type(cls.__name__, (cls,), {
+            "forward": _forward if kind == "calls" else _guard_forward, "__reduce_ex__": _reduce_ex,
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+        })  # fmt: skip
+    return _SUBCLASSES[cls, kind]
+
+
+def _reduce_ex(self, protocol):
+    state = dict(self.__dict__)
+    rw = state.get("_gatepool_rewrite")
+    if rw is not None:  # fx's generated forwards do not pickle: traced again at the first call
+        state["_gatepool_rewrite"] = dataclasses.replace(rw, forwards={})
+        return _rebuild, (rw.cls, "calls"), state
+    return _rebuild, (state["_gatepool_guard"][0], "guard"), state
+
+
+def _rebuild(cls: type, kind: str) -> nn.Module:
+    sub = _subclass(cls, kind)
+    return sub.__new__(sub)  # then nn.Module.__setstate__(state)
+
+
+# --------------------------------------------------------------------------------------------------
+# A pool behind a branch on the input's size: timm's ConvMlp
+
+
+def min_size_guard(m: nn.Module) -> int | None:
+    """k for timm's ``ConvMlp`` (VGG's head), whose forward pools a map smaller than k×k up to
+    ``max(k, H) × max(k, W)`` (``F.adaptive_avg_pool2d``, behind a branch on the input's size that fx
+    cannot trace); None for any other module, and for one already guarded."""
+    k = getattr(m, "input_kernel_size", None)
+    named = type(m).__name__ == "ConvMlp" and type(m).__module__.startswith("timm.")
+    if named and isinstance(k, int) and k >= 1 and "_gatepool_guard" not in m.__dict__:
+        return k
+    return None
+
+
+def guard(m: nn.Module, name: str) -> None:
+    """Give ``m`` a forward that runs its child ``name`` first, then its own forward: the child brings the
+    map up to the size its own branch would pool to (``AtLeastPool``), so that branch is never taken."""
+    cls = type(m)
+    m.__dict__["_gatepool_guard"] = (cls, name)
+    m.__class__ = _subclass(cls, "guard")
+
+
+def unguard(m: nn.Module) -> None:
+    m.__class__ = m.__dict__.pop("_gatepool_guard")[0]
+
+
+def _guard_forward(self, x):
+    cls, name = self.__dict__["_gatepool_guard"]
+    return cls.forward(self, getattr(self, name)(x))
 
 
 def undo(m: nn.Module, previous) -> None:
