@@ -230,26 +230,6 @@ def _lags(kh: int, kw: int):
     return [(dh, dw) for dh in range(-(kh - 1), kh) for dw in range(-(kw - 1), kw)]
 
 
-def _shift_prod(W: torch.Tensor, dh: int, dw: int) -> torch.Tensor:
-    """W(u) W(u + d) over the kernel (zero where u + d falls outside): (..., kh, kw)."""
-    kh, kw = W.shape[-2:]
-    out = torch.zeros_like(W)
-    h0, h1 = max(0, -dh), min(kh, kh - dh)
-    w0, w1 = max(0, -dw), min(kw, kw - dw)
-    if h0 < h1 and w0 < w1:
-        out[..., h0:h1, w0:w1] = W[..., h0:h1, w0:w1] * W[..., h0 + dh : h1 + dh, w0 + dw : w1 + dw]
-    return out
-
-
-def autocorr(W: torch.Tensor) -> torch.Tensor:
-    """A[o, i, d] = Σ_u W[o,i,u] W[o,i,u+d]: (C_out, C_in, 2kh−1, 2kw−1), centre d = 0."""
-    kh, kw = W.shape[-2:]
-    A = torch.zeros((*W.shape[:2], 2 * kh - 1, 2 * kw - 1), dtype=W.dtype)
-    for dh, dw in _lags(kh, kw):
-        A[:, :, kh - 1 + dh, kw - 1 + dw] = _shift_prod(W, dh, dw).sum((-2, -1))
-    return A
-
-
 def _shifted(f: torch.Tensor, dh: int, dw: int) -> torch.Tensor:
     """g(q) = f(q + d), zero outside."""
     H, W = f.shape[-2:]
@@ -259,6 +239,20 @@ def _shifted(f: torch.Tensor, dh: int, dw: int) -> torch.Tensor:
     if h0 < h1 and w0 < w1:
         out[..., h0:h1, w0:w1] = f[..., h0 + dh : h1 + dh, w0 + dw : w1 + dw]
     return out
+
+
+def _shift_prod(W: torch.Tensor, dh: int, dw: int) -> torch.Tensor:
+    """W(u) W(u + d) over the kernel (zero where u + d falls outside): (..., kh, kw)."""
+    return W * _shifted(W, dh, dw)
+
+
+def autocorr(W: torch.Tensor) -> torch.Tensor:
+    """A[o, i, d] = Σ_u W[o,i,u] W[o,i,u+d]: (C_out, C_in, 2kh−1, 2kw−1), centre d = 0."""
+    kh, kw = W.shape[-2:]
+    A = torch.zeros((*W.shape[:2], 2 * kh - 1, 2 * kw - 1), dtype=W.dtype)
+    for dh, dw in _lags(kh, kw):
+        A[:, :, kh - 1 + dh, kw - 1 + dw] = _shift_prod(W, dh, dw).sum((-2, -1))
+    return A
 
 
 def _at_lag(corr: torch.Tensor, dh: int, dw: int) -> torch.Tensor:
