@@ -16,15 +16,19 @@ pytestmark = pytest.mark.skipif(not fused_pool.available(), reason="no fused ker
 GEOMETRIES = [(2, 2, 0, 1, False), (3, 2, 1, 1, True), (3, 1, 1, 2, False)]
 
 
-def op_args(d, geo, scores, per_channel, dtype, channels_last=False):
+def op_args(d, geo, scores, per_channel, dtype, channels_last=False, channels=3):
+    """x, scores (None; True: a score map (N, 1, *spatial); "weights": score weights (C,)), τ, geometry."""
     k, s, p, dl, ceil = geo
-    shape = {1: (2, 3, 9), 2: (2, 3, 7, 8), 3: (2, 3, 5, 6, 5)}[d]
+    shape = {1: (2, channels, 9), 2: (2, channels, 7, 8), 3: (2, channels, 5, 6, 5)}[d]
     x = torch.randn(shape, dtype=dtype)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     x.requires_grad_()
-    tau = (torch.rand(3 if per_channel else 1, dtype=dtype) + 0.5).requires_grad_()
-    sc = torch.randn(shape[0], 1, *shape[2:], dtype=dtype, requires_grad=True) if scores else None
+    tau = (torch.rand(channels if per_channel else 1, dtype=dtype) + 0.5).requires_grad_()
+    if scores == "weights":
+        sc = torch.randn(channels, dtype=dtype, requires_grad=True)
+    else:
+        sc = torch.randn(shape[0], 1, *shape[2:], dtype=dtype, requires_grad=True) if scores else None
     g = fused_pool.encode(pool_geometry(x, d, k, s, p, dl, ceil))
     return x, sc, tau, g
 
@@ -32,12 +36,34 @@ def op_args(d, geo, scores, per_channel, dtype, channels_last=False):
 @pytest.mark.slow
 @pytest.mark.parametrize("d", [1, 2, 3])
 @pytest.mark.parametrize("geo", GEOMETRIES)
-@pytest.mark.parametrize("kind", ["soft", "soft-per-channel", "attention"])
+@pytest.mark.parametrize("kind", ["soft", "soft-per-channel", "attention", "attention-weights"])
 def test_opcheck(d, geo, kind):
     torch.manual_seed(0)
+    scores = {"attention": True, "attention-weights": "weights"}.get(kind)
     for dtype in (torch.float32, torch.float64):
-        args = op_args(d, geo, kind == "attention", kind == "soft-per-channel", dtype, channels_last=d == 2)
+        args = op_args(d, geo, scores, kind == "soft-per-channel", dtype, channels_last=d == 2)
         torch.library.opcheck(torch.ops.gatepool.softmax_pool.default, args)
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+@pytest.mark.parametrize("geo", GEOMETRIES)
+@pytest.mark.parametrize("channels", [1, 3, 37])  # one channel: the score is still one per position
+def test_score_weights_equal_the_score_map_they_make(d, geo, channels):
+    """Score weights w (s_j = w · v_j in the kernel) against the map w · v made outside and passed in:
+    the values, and the gradients of x, w and τ (the chain rule through the map by autograd)."""
+    torch.manual_seed(0)
+    x, w, tau, g = op_args(d, geo, "weights", False, torch.float64, channels_last=d == 2, channels=channels)
+    x = (3 * x).detach().requires_grad_()  # peaked gates: g_j (v_j − out) far from 0
+    out, stats = torch.ops.gatepool.softmax_pool(x, w, tau, g)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad((out * grad).sum(), (x, w, tau))
+    score_map = torch.einsum("nc...,c->n...", x, w).unsqueeze(1)
+    ref, ref_stats = torch.ops.gatepool.softmax_pool(x, score_map, tau, g)
+    expected = torch.autograd.grad((ref * grad).sum(), (x, w, tau))
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(stats, ref_stats)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
 
 
 def test_opcheck_backward():
@@ -52,8 +78,9 @@ def test_opcheck_backward():
 @pytest.mark.slow
 def test_gradcheck_through_the_op():
     torch.manual_seed(0)
-    for kind in ("soft-per-channel", "attention"):
-        x, sc, tau, g = op_args(2, GEOMETRIES[1], kind == "attention", kind != "attention", torch.float64)
+    for kind in ("soft-per-channel", "attention", "attention-weights"):
+        scores = {"attention": True, "attention-weights": "weights"}.get(kind)
+        x, sc, tau, g = op_args(2, GEOMETRIES[1], scores, kind == "soft-per-channel", torch.float64)
         inputs = (x, sc, tau) if sc is not None else (x, tau)
 
         def f(*a, g=g, sc=sc):

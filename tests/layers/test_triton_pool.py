@@ -322,6 +322,27 @@ def test_non_finite_windows_take_the_limits(kind):
 # ------------------------------------------------------------------------------------ the registration
 
 
+@pytest.mark.parametrize("channels", [1, 3])
+def test_score_weights_through_triton_equal_the_c_op(channels):
+    """Score weights (C,) on Triton (the map w · v made for the kernel, the chain rule after it) against
+    the C op, which computes the score in the kernel: values, stats and the gradients of x, w and τ."""
+    if not fused_pool.available():
+        pytest.skip("no fused C kernels here")
+    torch.manual_seed(0)
+    x = torch.randn(2, channels, 7, 8, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+    w, tau = torch.randn(channels, dtype=torch.float64), torch.tensor([0.7], dtype=torch.float64)
+    g = fused_pool.encode(pool_geometry(x, 2, 3, 2, 1, 1, True))
+    c_out, c_stats = torch.ops.gatepool.softmax_pool(x, w, tau, g)
+    t_out, t_stats = fused_pool._triton_forward(x.to(DEVICE), w.to(DEVICE), tau.to(DEVICE), g)
+    torch.testing.assert_close(t_out.cpu(), c_out)
+    torch.testing.assert_close(t_stats.cpu(), c_stats)
+    grad = torch.randn_like(c_out)
+    c_grads = torch.ops.gatepool.softmax_pool_backward(grad, x, w, tau, c_out, c_stats, g, True)
+    t_grads = fused_pool._triton_backward(*(t.to(DEVICE) for t in (grad, x, w, tau, t_out, t_stats)), g, True)
+    for c, t in zip(c_grads, t_grads):
+        torch.testing.assert_close(t.cpu(), c)
+
+
 def test_registered_as_the_ops_cuda_kernels():
     for op in ("gatepool::softmax_pool", "gatepool::softmax_pool_backward"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA")

@@ -6,8 +6,11 @@
 
 ``out = Σ_j softmax(s/τ)_j · v_j`` over each window, the equations of :mod:`gatepool.layers.soft_pool`;
 ``scores=None`` is soft pooling (s = v: each input is read once per pass), a score map ``(N, 1, *spatial)``
-is the attention gate's one score per position. ``tau`` is ``(C,)`` or ``(1,)``. ``geometry`` is a
-:class:`~gatepool.layers.windows.PoolGeometry` as a list of ints (:func:`encode`). Both ops take and give
+is the attention gate's one score per position, and score weights ``(C,)`` give that score as
+``s_j = w · v_j``, computed in the kernel at each tap (no score map is made, forward or backward; the
+backward's ``grad_scores`` is then ∂L/∂w, and ∂L/∂s_j · w is added into ``grad_values`` there).
+``tau`` is ``(C,)`` or ``(1,)``. ``geometry`` is a :class:`~gatepool.layers.windows.PoolGeometry` as a
+list of ints (:func:`encode`). Both ops take and give
 ``(N, C, *spatial)`` tensors in the input's memory format (channels_last in, channels_last out); the
 kernel works in channels-last memory, so :func:`softmax_pool` copies an NCHW input to it once (the
 copy autograd keeps for the backward) and the result back. float32 and float64; ``stats``
@@ -156,7 +159,9 @@ class Geometry(ctypes.Structure):
 class Tensors(ctypes.Structure):
     """``gp_tensors``: the operands' addresses (channels-last memory), None where one is absent."""
 
-    _fields_ = [(name, ctypes.c_void_p) for name in ("v", "s", "a", "out", "stats", "gout", "gv", "gs", "ga")]
+    _fields_ = [(name, ctypes.c_void_p) for name in ("v", "s", "a", "w", "out", "stats", "gout")] + [
+        (name, ctypes.c_void_p) for name in ("gv", "gs", "ga", "gw")
+    ]
 
 
 _STRUCTS = {"gp_geometry": Geometry, "gp_tensors": Tensors}
@@ -253,13 +258,26 @@ def _like(y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def _operands(values, scores, tau, geometry):
-    """What both ops start from: the geometry, N, C, the score channels, the kernel's views, a = 1/τ."""
+    """What both ops start from: the geometry, N, C, the score channels, the kernel's views (values, the
+    score map, the score weights), a = 1/τ."""
     geo = decode(geometry)
     n, c = values.shape[:2]
-    cs = c if scores is None else scores.shape[1]
     v = _last(values)
+    if _weights(scores):  # s_j = w · v_j, in the kernel
+        return geo, n, c, 1, v, None, scores.contiguous(), (1.0 / tau).contiguous()
+    cs = c if scores is None else scores.shape[1]
     s = v if scores is None else _last(scores)
-    return geo, n, c, cs, v, s, (1.0 / tau).contiguous()
+    return geo, n, c, cs, v, s, None, (1.0 / tau).contiguous()
+
+
+def _weights(scores: torch.Tensor | None) -> bool:
+    """Are ``scores`` the score weights ``(C,)`` (not a score map ``(N, 1, *spatial)``)?"""
+    return scores is not None and scores.dim() == 1
+
+
+def _score_map(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``s_j = w · v_j``: ``(N, C, *spatial)``, ``(C,)`` -> ``(N, 1, *spatial)``."""
+    return torch.einsum("nc...,c->n...", values, weights).unsqueeze(1)
 
 
 def _call(direction: str, geometry: Geometry, threads: int, **tensors: torch.Tensor | None) -> int | None:
@@ -284,11 +302,11 @@ def _call(direction: str, geometry: Geometry, threads: int, **tensors: torch.Ten
 def _forward(
     values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor, geometry: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    geo, n, c, cs, v, s, a = _operands(values, scores, tau, geometry)
+    geo, n, c, cs, v, s, w, a = _operands(values, scores, tau, geometry)
     y = values.new_empty((n, *geo.out_size, c))
     stats = values.new_empty((2, n, *geo.out_size, cs))
-    _call("forward", _geometry(geo, n, c, cs, a.numel()), torch.get_num_threads(), v=v, s=s, a=a, out=y,
-          stats=stats)  # fmt: skip
+    _call("forward", _geometry(geo, n, c, cs, a.numel()), torch.get_num_threads(), v=v, s=s, a=a, w=w,
+          out=y, stats=stats)  # fmt: skip
     return _like(y, values), stats
 
 
@@ -296,13 +314,15 @@ def _forward(
 def _(values, scores, tau, geometry):
     geo = decode(geometry)
     n, c = values.shape[:2]
-    cs = c if scores is None else scores.shape[1]
+    cs = c if scores is None else 1 if _weights(scores) else scores.shape[1]
     stats = values.new_empty((2, n, *geo.out_size, cs), dtype=compute_dtype(values.dtype))
     return _like(values.new_empty((n, *geo.out_size, c)), values), stats
 
 
 @_forward.register_kernel("cuda")
-def _(values, scores, tau, geometry):
+def _triton_forward(values, scores, tau, geometry):
+    """The op on Triton (its CUDA kernel; under ``TRITON_INTERPRET=1`` it also runs on CPU tensors)."""
+    scores = _score_map(values, scores) if _weights(scores) else scores  # Triton reads a score map
     return triton_pool.forward(values, scores, tau, decode(geometry))
 
 
@@ -317,15 +337,19 @@ def _backward_op(
     geometry: list[int],
     tau_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    geo, n, c, cs, v, s, a = _operands(values, scores, tau, geometry)
+    geo, n, c, cs, v, s, w, a = _operands(values, scores, tau, geometry)
     threads = torch.get_num_threads()
     gv = torch.empty_like(v)
-    gs = None if scores is None else torch.empty_like(s)
+    gs = None if s is None or scores is None else torch.empty_like(s)
     ga = values.new_zeros((threads, a.numel())) if tau_grad else None
+    gw = None if w is None else values.new_empty((threads, c))  # each thread zeroes its row
     y, stats, go = _last(out), stats.contiguous(), _last(grad_out)  # named: each must outlive the call
-    _call("backward", _geometry(geo, n, c, cs, a.numel()), threads, v=v, s=s, a=a, out=y, stats=stats,
-          gout=go, gv=gv, gs=gs, ga=ga)  # fmt: skip
-    grad_scores = values.new_empty(0) if gs is None else _like(gs, scores)
+    _call("backward", _geometry(geo, n, c, cs, a.numel()), threads, v=v, s=s, a=a, w=w, out=y, stats=stats,
+          gout=go, gv=gv, gs=gs, ga=ga, gw=gw)  # fmt: skip
+    if gw is not None:
+        grad_scores = gw.sum(0)  # ∂L/∂w
+    else:
+        grad_scores = values.new_empty(0) if gs is None else _like(gs, scores)
     grad_tau = -ga.sum(0) * a * a if tau_grad else values.new_empty(0)  # ∂L/∂τ = −∂L/∂a / τ²
     return _like(gv, values), grad_scores, grad_tau
 
@@ -337,8 +361,16 @@ def _(grad_out, values, scores, tau, out, stats, geometry, tau_grad):
 
 
 @_backward_op.register_kernel("cuda")
-def _(grad_out, values, scores, tau, out, stats, geometry, tau_grad):
-    return triton_pool.backward(grad_out, values, scores, tau, out, stats, decode(geometry), tau_grad)
+def _triton_backward(grad_out, values, scores, tau, out, stats, geometry, tau_grad):
+    """The backward op on Triton, as :func:`_triton_forward`."""
+    if not _weights(scores):
+        return triton_pool.backward(grad_out, values, scores, tau, out, stats, decode(geometry), tau_grad)
+    # score weights: Triton takes the score map; the chain rule through s_j = w · v_j here
+    gv, gs, gt = triton_pool.backward(grad_out, values, _score_map(values, scores), tau, out, stats,
+                                      decode(geometry), tau_grad)  # fmt: skip
+    gs = gs.to(values.dtype)  # ∂L/∂s (N, 1, *spatial)
+    grad_values = gv + gs * scores.view(1, -1, *[1] * (values.dim() - 2))  # + ∂L/∂s_j · w
+    return grad_values, torch.einsum("n...,nc...->c", gs[:, 0], values), gt  # ∂L/∂w = Σ_j ∂L/∂s_j v_j
 
 
 def _setup_context(ctx, inputs, output):
@@ -367,7 +399,7 @@ torch.library.register_autograd("gatepool::softmax_pool", _backward, setup_conte
 def _plain(values, scores, tau, geo: PoolGeometry) -> torch.Tensor:
     """The same pooling on the plain path (differentiable by autograd, double backward included)."""
     tau_view = channel_view(tau, geo.dim) if tau.numel() > 1 else tau.reshape(())
-    s = values if scores is None else scores
+    s = values if scores is None else _score_map(values, scores) if _weights(scores) else scores
     return softmax_pool_unfold(values, scale_scores(s, tau_view), geo)[0]
 
 
@@ -388,8 +420,9 @@ def softmax_pool(
     """``Σ_j softmax(s/τ)_j v_j`` per window by the fused kernels: ``(N, C, *spatial) -> (N, C, *out)``.
 
     ``values`` float32 or float64 on the CPU, float16/bfloat16/float32 on CUDA (check :func:`usable`
-    first); ``scores`` None (soft pooling: s = v) or ``(N, 1, *spatial)``; ``tau`` a float or a ``()``,
-    ``(1,)`` or ``(C,)`` tensor > 0.
+    first); ``scores`` None (soft pooling: s = v), a score map ``(N, 1, *spatial)``, or score weights
+    ``(C,)`` (s_j = w · v_j, computed in the kernel); ``tau`` a float or a ``()``, ``(1,)`` or ``(C,)``
+    tensor > 0.
     """
     if not isinstance(tau, torch.Tensor):
         tau = values.new_full((1,), float(tau))
@@ -398,7 +431,11 @@ def softmax_pool(
         raise ValueError(f"shared scores take one temperature, got {tau.numel()}")
     # The kernel reads channels-last memory: copy an NCHW input there once, here, so that autograd
     # saves that copy for the backward (instead of the op copying it again) and copies the gradient back.
-    v, s = _as_channels_last(values), None if scores is None else _as_channels_last(scores)
+    v = _as_channels_last(values)
+    if _weights(scores):
+        s = scores.to(values.dtype)
+    else:
+        s = None if scores is None else _as_channels_last(scores)
     out = torch.ops.gatepool.softmax_pool(v, s, tau, encode(geo))[0]
     return out if v is values else out.contiguous()
 

@@ -221,11 +221,12 @@ class GatedPoolNd(GateParameters):
     _soft_learned = _soft
 
     def _attention(self, x: torch.Tensor, geo: PoolGeometry):
-        scores = self.scores(x)  # (N, 1, *spatial)
-        if not self.return_weights and fused_pool.usable(x):  # one pass: score softmax and sum
-            pooled, weights = fused_pool.softmax_pool(x, scores, self.fixed_temperature, geo), None
+        if not self.return_weights and fused_pool.usable(x):  # one pass: the scores w · x_j, softmax, sum
+            pooled = fused_pool.softmax_pool(x, self.score.weight.view(-1), self.fixed_temperature, geo)
+            weights = None
         else:
-            pooled, weights = softmax_pool_unfold(x, scale_scores(scores, self.fixed_temperature), geo)
+            scores = scale_scores(self.scores(x), self.fixed_temperature)  # (N, 1, *spatial)
+            pooled, weights = softmax_pool_unfold(x, scores, geo)
         # V · Σ_j g_j x_j = Σ_j g_j V x_j (the gates sum to 1); weights (N, 1, *out, K)
         empty = None
         if max(geo.dilation) > 1 and geo.has_padding:  # only dilated windows can miss the input entirely

@@ -21,7 +21,11 @@
        ∂L/∂s_j += a g_j (v_j − out) G      (soft pooling, s = v: ∂L/∂x_j = g_j G (1 + a (x_j − out)))
        ∂L/∂a   += Σ_j g_j (v_j − out) s_j G                   (summed over batch and positions)
 
-   One score per position shared by the channels (the attention gate, cs = 1) sums ∂L/∂s_j over c.
+   One score per position shared by the channels (the attention gate, cs = 1) sums ∂L/∂s_j over c. Its
+   score can be given as weights w (C) instead of a map: s_j = w · v_j is then computed here, at each
+   tap, forward and backward (no score map is written or read), and the chain rule runs here too:
+
+       ∂L/∂v_j += ∂L/∂s_j · w,      ∂L/∂w += Σ_j ∂L/∂s_j · v_j      (per thread, summed by the caller)
 
    Non-finite windows take max pooling's limits, as the plain path does (windows.window_softmax): a
    NaN makes the window NaN; a top score of ±inf shares the gate among the taps at the top (no score
@@ -56,9 +60,11 @@ typedef struct {
 
 typedef struct { /* channels-last memory, (N, *spatial, channels); NULL where a tensor is absent */
     const void *v, *s, *a;         /* values (.., C), scores (.., CS; s = v for soft pooling), a = 1/τ (CA) */
+    const void *w;                 /* score weights (C) or NULL: s_j = w · v_j, computed here (CS = 1, s NULL) */
     void *out, *stats;             /* (N, *out, C), (2, N, *out, CS): the forward writes, the backward reads */
     const void *gout;              /* ∂L/∂out (N, *out, C): the backward's */
     void *gv, *gs, *ga;            /* ∂L/∂v, ∂L/∂s (NULL: soft pooling, into gv), ∂L/∂a (threads × CA or NULL) */
+    void *gw;                      /* ∂L/∂w (threads × C) with w: ∂L/∂s_j w goes into gv, ∂L/∂s_j v_j here */
 } gp_tensors;
 
 /* Every field of both structs as "struct.field offset size" lines after "struct size" ones, into buf
@@ -73,9 +79,9 @@ int64_t gp_layout(char *buf, int64_t cap) {
     GP_FIELD(gp_geometry, in_size); GP_FIELD(gp_geometry, out_size); GP_FIELD(gp_geometry, kernel);
     GP_FIELD(gp_geometry, stride); GP_FIELD(gp_geometry, padding); GP_FIELD(gp_geometry, dilation);
     GP_STRUCT(gp_tensors);
-    GP_FIELD(gp_tensors, v); GP_FIELD(gp_tensors, s); GP_FIELD(gp_tensors, a); GP_FIELD(gp_tensors, out);
-    GP_FIELD(gp_tensors, stats); GP_FIELD(gp_tensors, gout); GP_FIELD(gp_tensors, gv);
-    GP_FIELD(gp_tensors, gs); GP_FIELD(gp_tensors, ga);
+    GP_FIELD(gp_tensors, v); GP_FIELD(gp_tensors, s); GP_FIELD(gp_tensors, a); GP_FIELD(gp_tensors, w);
+    GP_FIELD(gp_tensors, out); GP_FIELD(gp_tensors, stats); GP_FIELD(gp_tensors, gout);
+    GP_FIELD(gp_tensors, gv); GP_FIELD(gp_tensors, gs); GP_FIELD(gp_tensors, ga); GP_FIELD(gp_tensors, gw);
 #undef GP_FIELD
 #undef GP_STRUCT
 #undef GP_PUT

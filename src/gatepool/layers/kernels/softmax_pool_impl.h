@@ -3,16 +3,27 @@
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
 
+/* The shared score of input element j (n · IS + tap): the score map's, or w · v_j where weights are given. */
+static inline T CAT(shared_score, SUFFIX)(const gp_tensors *ts, int64_t j, int64_t C) {
+    const T *w = ts->w, *vj = (const T *)ts->v + j * C;
+    if (!w) return ((const T *)ts->s)[j];
+    T s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t c = 0; c < C; c++) s += w[c] * vj[c];
+    return s;
+}
+
 /* Redo lane c of one window (taps[0..nt)) by the limits; returns out, leaves the gates in gate[]. */
 static double CAT(limit_lane, SUFFIX)(const gp_geometry *g, const gp_tensors *ts, int64_t n,
                                        const int64_t *taps, int nt, int64_t c, double *z, double *vals,
                                        double *gate, int *finite_top) {
     const int64_t C = g->c, CS = g->cs, IS = volume(g->in_size);
+    const int per_channel = CS == C && !ts->w; /* a score per channel, else one per position */
     const T *v = ts->v, *s = ts->s, *a = ts->a;
     double ac = a[g->ca == C ? c : 0];
     for (int t = 0; t < nt; t++) {
         int64_t j = n * IS + taps[t];
-        z[t] = ac * (double)(CS == C ? s[j * C + c] : s[j]);
+        z[t] = ac * (double)(per_channel ? s[j * C + c] : CAT(shared_score, SUFFIX)(ts, j, C));
         vals[t] = v[j * C + c];
     }
     return limit_window(nt, z, vals, gate, finite_top);
@@ -113,6 +124,7 @@ static inline __attribute__((always_inline)) int CAT(backward_vec, SUFFIX)(
 int64_t CAT(softmax_pool_forward, SUFFIX)(const gp_geometry *g, const gp_tensors *ts, int threads) {
     const int64_t N = g->n, C = g->c, CS = g->cs, a_per_channel = g->ca == C;
     const int64_t IS = volume(g->in_size), OS = volume(g->out_size), K = volume(g->kernel);
+    const int per_channel = CS == C && !ts->w; /* a score per channel, else one per position (C = 1 too) */
     const T *v = ts->v, *s = ts->s, *a = ts->a;
     T *out = ts->out, *stats = ts->stats;
     int64_t bad = 0, *windows = windows_of(g);
@@ -120,7 +132,7 @@ int64_t CAT(softmax_pool_forward, SUFFIX)(const gp_geometry *g, const gp_tensors
     {
         double *z = malloc(sizeof(double) * 3 * K), *vals = z + K, *gate = z + 2 * K;
         int64_t *toff = malloc(sizeof(int64_t) * K);
-        T *av = malloc(sizeof(T) * C); /* a per channel, times SCALE (EXP's base) */
+        T *av = malloc(sizeof(T) * (C + K)), *zs = av + C; /* a per channel, times SCALE (EXP's base); z */
         for (int64_t c = 0; c < C; c++) av[c] = a[a_per_channel ? c : 0] * SCALE;
 #pragma omp for schedule(static)
         for (int64_t no = 0; no < N * OS; no++) {
@@ -128,7 +140,7 @@ int64_t CAT(softmax_pool_forward, SUFFIX)(const gp_geometry *g, const gp_tensors
             const int64_t *taps = windows + (no % OS) * (K + 1) + 1;
             int nt = (int)taps[-1], finite_top, slow = 0;
             T *y = out + no * C, *mm = stats + no * CS, *rd = stats + (N * OS + no) * CS;
-            if (CS == C) { /* a score per channel: channel blocks of LANES, then the rest */
+            if (per_channel) { /* a score per channel: channel blocks of LANES, then the rest */
                 for (int t = 0; t < nt; t++) toff[t] = (n * IS + taps[t]) * C;
                 int64_t c0 = 0;
                 for (; c0 + 2 * LANES <= C; c0 += 2 * LANES)
@@ -137,16 +149,16 @@ int64_t CAT(softmax_pool_forward, SUFFIX)(const gp_geometry *g, const gp_tensors
                 for (; c0 < C; c0 += LANES) /* a block, and the last one's r lanes */
                     slow |= CAT(forward_vec, SUFFIX)(s + c0, v + c0, toff, nt, av + c0, y + c0, mm + c0, rd + c0, 1,
                                                      C - c0 < LANES ? (int)(C - c0) : LANES);
-            } else { /* one score per position, shared by the channels */
+            } else { /* one score per position, shared by the channels (the map's, or w · v_j) */
                 T m = -INFINITY, d = 0;
                 for (int t = 0; t < nt; t++) {
-                    T zt = av[0] * s[n * IS + taps[t]];
-                    m = zt > m ? zt : m;
+                    zs[t] = av[0] * CAT(shared_score, SUFFIX)(ts, n * IS + taps[t], C);
+                    m = zs[t] > m ? zs[t] : m;
                 }
                 for (int64_t c = 0; c < C; c++) y[c] = 0;
                 for (int t = 0; t < nt; t++) {
                     const T *vj = v + (n * IS + taps[t]) * C;
-                    T e = EXP(av[0] * s[n * IS + taps[t]] - m);
+                    T e = EXP(zs[t] - m);
                     d += e;
 #pragma omp simd
                     for (int64_t c = 0; c < C; c++) y[c] += e * vj[c];
@@ -160,12 +172,12 @@ int64_t CAT(softmax_pool_forward, SUFFIX)(const gp_geometry *g, const gp_tensors
             }
             if (!slow) continue;
             for (int64_t c = 0; c < C; c++) { /* non-finite lanes (all of them for shared scores): the limits */
-                if (CS == C && isfinite(y[c])) continue;
+                if (per_channel && isfinite(y[c])) continue;
                 y[c] = CAT(limit_lane, SUFFIX)(g, ts, n, taps, nt, c, z, vals, gate, &finite_top);
-                if (CS == C) mm[c] = NAN;
+                if (per_channel) mm[c] = NAN;
                 bad += !isfinite(y[c]);
             }
-            if (CS != C) mm[0] = NAN;
+            if (!per_channel) mm[0] = NAN;
         }
         free(toff);
         free(z);
@@ -176,26 +188,31 @@ int64_t CAT(softmax_pool_forward, SUFFIX)(const gp_geometry *g, const gp_tensors
 }
 
 /* gv (and gs, unless NULL: soft pooling, where s = v and both gradients go to gv) are filled here;
-   ga: (threads × C or threads × 1) partial sums of ∂L/∂a, or NULL when a needs no gradient.
+   ga: (threads × C or threads × 1) partial sums of ∂L/∂a, or NULL when a needs no gradient; with score
+   weights w, gw (threads × C) gets the partial sums of ∂L/∂w and gs is NULL.
    Where no two windows share an input (tiling windows), each gradient is written once, not zeroed
    and then added to (a third of the memory traffic); inputs no window reads are zeroed. */
 void CAT(softmax_pool_backward, SUFFIX)(const gp_geometry *g, const gp_tensors *ts, int threads) {
     const int64_t N = g->n, C = g->c, CS = g->cs, a_per_channel = g->ca == C, AC = g->ca;
     const int64_t IS = volume(g->in_size), OS = volume(g->out_size), K = volume(g->kernel);
+    const int per_channel = CS == C && !ts->w; /* a score per channel, else one per position (C = 1 too) */
     const T *v = ts->v, *s = ts->s, *a = ts->a, *out = ts->out, *stats = ts->stats, *gout = ts->gout;
-    T *gv = ts->gv, *gs = ts->gs, *ga = ts->ga;
+    T *gv = ts->gv, *gs = ts->gs, *ga = ts->ga, *gw = ts->gw;
+    const T *w = ts->w;
     char *covered = disjoint_windows(g) ? coverage(g) : NULL; /* NULL: windows overlap, accumulate */
     const int disjoint = covered != NULL;
     int64_t *windows = windows_of(g);
 #pragma omp parallel num_threads(threads)
     {
-        double *z = malloc(sizeof(double) * 3 * K), *vals = z + K, *gate = z + 2 * K;
-        T *gaw = ga ? ga + (int64_t)THREAD_ID * AC : NULL;
+        double *z = malloc(sizeof(double) * 4 * K), *vals = z + K, *gate = z + 2 * K, *ds = z + 3 * K;
+        T *gaw = ga ? ga + (int64_t)THREAD_ID * AC : NULL, *gww = w ? gw + (int64_t)THREAD_ID * C : NULL;
         int64_t *toff = malloc(sizeof(int64_t) * K);
         T *av = malloc(sizeof(T) * 3 * C), *ac = av + C, *gac = av + 2 * C; /* a · SCALE, a; ∂L/∂a (CS = C) */
         for (int64_t c = 0; c < C; c++) { ac[c] = a[a_per_channel ? c : 0]; av[c] = ac[c] * SCALE; gac[c] = 0; }
         if (gaw)
             for (int64_t c = 0; c < AC; c++) gaw[c] = 0;
+        if (gww)
+            for (int64_t c = 0; c < C; c++) gww[c] = 0;
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; n++) {
             if (!covered) { /* overlapping windows: add up from 0 */
@@ -213,8 +230,8 @@ void CAT(softmax_pool_backward, SUFFIX)(const gp_geometry *g, const gp_tensors *
                 const T *y = out + (n * OS + o) * C, *mm = stats + (n * OS + o) * CS;
                 const T *rd = stats + (N * OS + n * OS + o) * CS;
                 const T *go = gout + (n * OS + o) * C;
-                if (CS != C) slow = isnan(mm[0]); /* CS = C: the blocks below say */
-                if (CS == C) {
+                if (!per_channel) slow = isnan(mm[0]); /* CS = C: the blocks below say */
+                if (per_channel) {
                     for (int t = 0; t < nt; t++) toff[t] = (n * IS + taps[t]) * C;
                     /* four specializations without branches inside, each vectorized */
 #define GP_BLOCKS(HAS_GS, DISJOINT)                                                                         \
@@ -237,25 +254,37 @@ void CAT(softmax_pool_backward, SUFFIX)(const gp_geometry *g, const gp_tensors *
                 } else if (!slow) {
                     for (int t = 0; t < nt; t++) {
                         int64_t j = n * IS + taps[t];
-                        const T *vj = v + j * C;
-                        T *gvj = gv + j * C, gj = EXP(av[0] * s[j] - mm[0]) * rd[0], push = 0;
+                        const T *vj = v + j * C, sj = CAT(shared_score, SUFFIX)(ts, j, C);
+                        T *gvj = gv + j * C, gj = EXP(av[0] * sj - mm[0]) * rd[0], push = 0;
+                        if (!w) {
 #pragma omp simd reduction(+ : push)
-                        for (int64_t c = 0; c < C; c++) {
-                            gvj[c] = (disjoint ? 0 : gvj[c]) + gj * go[c];
-                            push += (vj[c] - y[c]) * go[c];
+                            for (int64_t c = 0; c < C; c++) {
+                                gvj[c] = (disjoint ? 0 : gvj[c]) + gj * go[c];
+                                push += (vj[c] - y[c]) * go[c];
+                            }
+                            gs[j] = (disjoint ? 0 : gs[j]) + a[0] * gj * push;
+                        } else { /* ∂L/∂s_j = a g_j push, through s_j = w · v_j */
+#pragma omp simd reduction(+ : push)
+                            for (int64_t c = 0; c < C; c++) push += (vj[c] - y[c]) * go[c];
+                            T dsj = a[0] * gj * push;
+#pragma omp simd
+                            for (int64_t c = 0; c < C; c++) {
+                                gvj[c] = (disjoint ? 0 : gvj[c]) + gj * go[c] + dsj * w[c];
+                                gww[c] += dsj * vj[c];
+                            }
                         }
-                        gs[j] = (disjoint ? 0 : gs[j]) + a[0] * gj * push;
-                        if (gaw) gaw[0] += gj * push * s[j];
+                        if (gaw) gaw[0] += gj * push * sj;
                     }
                 }
                 if (!slow) continue;
-                if (disjoint && CS != C) /* the shared-score window skipped above: its taps unwritten */
+                if (disjoint && !per_channel) /* the shared-score window skipped above: its taps unwritten */
                     for (int t = 0; t < nt; t++) {
                         memset(gv + (n * IS + taps[t]) * C, 0, sizeof(T) * C);
-                        gs[n * IS + taps[t]] = 0;
+                        if (gs) gs[n * IS + taps[t]] = 0;
                     }
+                for (int t = 0; w && t < nt; t++) ds[t] = 0; /* ∂L/∂s_j summed over the lanes, for w */
                 for (int64_t c = 0; c < C; c++) { /* the lanes the forward redid: the same limits */
-                    if (CS == C && mm[c] == mm[c]) continue;
+                    if (per_channel && mm[c] == mm[c]) continue;
                     double yc = CAT(limit_lane, SUFFIX)(g, ts, n, taps, nt, c, z, vals, gate, &finite_top);
                     double ac = a[a_per_channel ? c : 0];
                     for (int t = 0; t < nt; t++) {
@@ -264,14 +293,26 @@ void CAT(softmax_pool_backward, SUFFIX)(const gp_geometry *g, const gp_tensors *
                         gv[j * C + c] += (T)(gate[t] * go[c]);
                         if (!finite_top) continue; /* a hardmax over ±inf: no score or τ gradient */
                         double push = gate[t] * (vals[t] - yc) * go[c];
-                        T *gsj = gs ? (CS == C ? gs + j * C + c : gs + j) : gv + j * C + c;
-                        *gsj += (T)(ac * push);
                         if (gaw) gaw[a_per_channel ? c : 0] += (T)(push * z[t] / ac);
+                        if (w) { /* spread over v_j and w once the lanes are summed, below */
+                            ds[t] += ac * push;
+                            continue;
+                        }
+                        T *gsj = gs ? (per_channel ? gs + j * C + c : gs + j) : gv + j * C + c;
+                        *gsj += (T)(ac * push);
+                    }
+                }
+                for (int t = 0; w && t < nt; t++) { /* through s_j = w · v_j */
+                    const T *vj = v + (n * IS + taps[t]) * C;
+                    T *gvj = gv + (n * IS + taps[t]) * C;
+                    for (int64_t c = 0; c < C; c++) {
+                        gvj[c] += (T)(ds[t] * w[c]);
+                        gww[c] += (T)(ds[t] * vj[c]);
                     }
                 }
             }
         }
-        if (gaw && CS == C)
+        if (gaw && per_channel)
             for (int64_t c = 0; c < C; c++) gaw[a_per_channel ? c : 0] += gac[c];
         free(toff);
         free(z);
