@@ -21,13 +21,16 @@ def build_model(spec: str) -> nn.Module:
     """The model ``spec`` ("torchvision:NAME" or "timm:NAME") with random weights (none downloaded)."""
     library, sep, name = spec.partition(":")
     if not sep or library not in _LIBRARIES or not name:
-        raise ValueError(f"model spec {spec!r}: expected library:NAME with library one of "
-                         f"{', '.join(_LIBRARIES)} (e.g. torchvision:resnet18)")
+        raise ValueError(
+            f"model spec {spec!r}: expected library:NAME with library one of "
+            f"{', '.join(_LIBRARIES)} (e.g. torchvision:resnet18)"
+        )
     try:
         lib = importlib.import_module(library)
     except ImportError:
-        raise ValueError(f"model spec {spec!r} needs {library}, which is not installed: "
-                         "pip install gatepool[vision]") from None
+        raise ValueError(
+            f"model spec {spec!r} needs {library}, which is not installed: pip install gatepool[vision]"
+        ) from None
     try:
         if library == "torchvision":
             return importlib.import_module("torchvision.models").get_model(name, weights=None)
