@@ -72,8 +72,12 @@ class Field:
     step that knows it jointly (a max pool of a ReLU's output); the ReLU's backward then returns it.
     ``parts`` (optional): (b, y) where this tensor is b + ReLU(y), the two independent (a residual add
     whose stream is a ReLU's output): a ReLU of it then takes the skewed sum's own moments.
-    ``stream_grad`` (gradients only, optional): set by that ReLU's backward, the gradient at y through
-    the add and the stream's ReLU, whose gate 1[y > 0] is not independent of the ReLU's 1[b + ReLU(y) > 0].
+    ``stream_gate`` (gradients only, optional): set by that ReLU's backward, per position
+    P(y > 0 | b + ReLU(y) > 0) / P(y > 0): the gate 1[y > 0] of the stream's ReLU is not independent of
+    this one, 1[b + ReLU(y) > 0]; the stream's ReLU scales the gradient it passes by it.
+    ``components`` (the input only, optional): (mix (C, r), z) with x − m = mix (z − m_z) at every
+    position and z's r channels uncorrelated (:func:`measure_input`): a conv on x folds mix into its
+    weights and takes z, where the per-channel state of x would drop the channels' covariance.
     """
 
     mean: torch.Tensor
@@ -82,7 +86,8 @@ class Field:
     yy: torch.Tensor | None = field(default=None, repr=False)
     pre_relu: Field | None = field(default=None, repr=False)
     parts: tuple[Field, Field] | None = field(default=None, repr=False)
-    stream_grad: Field | None = field(default=None, repr=False)
+    stream_gate: torch.Tensor | None = field(default=None, repr=False)
+    components: tuple[torch.Tensor, Field] | None = field(default=None, repr=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -154,12 +159,27 @@ def measure_field(x: torch.Tensor, chunk: int = 64) -> Field:
 
 
 def measure_input(batch: torch.Tensor) -> Field:
-    """The input's statistics: per channel and position mean and variance, the correlation at every lag.
+    """The input's statistics: per channel and position mean and variance, the correlation at every lag,
+    and the channels' own covariance as uncorrelated components (``Field.components``).
 
-    The prediction (:func:`~gatepool.analysis.probe.correlated_predict.predict_correlated`) starts from
-    this and nothing else of the batch.
+    The channels of an image are not independent (a grey digit as RGB: three copies of one channel;
+    a photograph's colours: mostly one brightness). The pooled channel covariance S = E[(x − m)(x − m)ᵀ]
+    (over the batch and the positions, m the mean map) = V Λ Vᵀ; the components z = Vᵀ x with Λ > 1e-9 ·
+    max Λ (a copy adds none) are uncorrelated at lag 0 and x − m = V (z − m_z) where S has no other
+    direction. A first conv then acts on z with the weights W·V (exact where the channels' covariance
+    has the same spatial shape at every lag, as for copies). The prediction
+    (:func:`~gatepool.analysis.probe.correlated_predict.predict_correlated`) starts from this and
+    nothing else of the batch.
     """
-    return measure_field(batch)
+    f = measure_field(batch)
+    if batch.dim() != 4 or batch.shape[1] < 2:
+        return f
+    x = batch.detach().to("cpu", _DT)
+    xc = x - x.mean(0)
+    S = torch.einsum("bchw,bdhw->cd", xc, xc) / (x.shape[0] * x.shape[2] * x.shape[3])  # (C, C)
+    lam, V = torch.linalg.eigh(S)
+    V = V[:, lam > 1e-9 * lam.max().clamp_min(1e-300)]  # (C, r)
+    return replace(f, components=(V, measure_field(torch.einsum("bchw,cr->brhw", x, V))))
 
 
 def neighbour_corr(f: Field, lag: int) -> float:
@@ -341,6 +361,11 @@ class Conv:
 
     def forward(self, x: Field) -> Field:
         self.x = x
+        if x.components is not None:  # x = mix z: the weights W·mix on z's uncorrelated channels
+            mix, z = x.components
+            folded = Conv(torch.einsum("oiuv,ir->oruv", self.W, mix), None, self.stride, self.padding)
+            out = folded.forward(z)
+            return replace(out, mean=F.conv2d(x.mean[None], self.W, self.b, self.stride, self.padding)[0])
         mean = F.conv2d(x.mean[None], self.W, self.b, self.stride, self.padding)[0]
         s = x.var.clamp_min(0).sqrt()
         H, W = x.shape[1:]
@@ -542,25 +567,30 @@ class ReLU:
             sd_gauss, var = var.sqrt(), (e2 - mu * mu).clamp_min(0)
             T = _ratio(T, xcorr(sd_gauss, sd_gauss)) * xcorr(var.sqrt(), var.sqrt())
             self.mu, self.pos = mu, pos
-            self.stream_gate = torch.where(pos > 0, both / pos.clamp_min(1e-300), torch.zeros_like(pos))
+            p_y = relu_moments_map(y.mean, y.var)[2]
+            self.stream_gate = torch.where(
+                pos * p_y > 0, both / (pos * p_y).clamp_min(1e-300), torch.ones_like(pos)
+            )
         return _field_from_sums(mu, var, T)
 
     def backward(self, g: Field | list[Field]) -> Field:
         """The gradient at the input from the output's (or from its parts, each through the gate on its
         own: a part that knows the gate jointly brings ``pre_relu``). After an add b + ReLU(y) the
-        result carries ``stream_grad``: E[g_y²] = E[g_z²] P(y > 0 | z > 0), z = b + ReLU(y), by the
-        skewed sum's quadrature, the correlation the gradient's own."""
+        result carries ``stream_gate`` (see :class:`Field`): E[g_y²] = E[g_z²] P(y > 0 | z > 0),
+        z = b + ReLU(y), by the skewed sum's quadrature, where independent gates give E[g_z²] P(y > 0)."""
         gs = g if isinstance(g, list) else [g]
         out = functools.reduce(add_grads, [self._backward(p) for p in gs])
         if self.stream_gate is not None:
-            out = replace(
-                out, stream_grad=Field(torch.zeros_like(out.var), out.var * self.stream_gate, out.corr)
-            )
+            out = replace(out, stream_gate=self.stream_gate)
         return out
 
     def _backward(self, g: Field) -> Field:
         if g.pre_relu is not None:  # the step after knew the gradient through this ReLU
             return g.pre_relu
+        if g.stream_gate is not None:  # through the ReLU after an add, whose gate is not independent
+            out = self._backward(replace(g, stream_gate=None))
+            var = out.var * g.stream_gate
+            return _field_from_sums(out.mean, var, out.corr * xcorr(var.sqrt(), var.sqrt()), out.yy)
         x, (H, W) = self.x, g.shape[1:]
         sg = g.var.clamp_min(0).sqrt()
         var = g.var * self.pos

@@ -90,10 +90,10 @@ class _Add:
 
     def backward_to(self, g: cr.Field, i: int) -> cr.Field:
         """Each input gets the output's gradient; the ReLU input also its gradient through that ReLU's
-        gate jointly with the next one (``stream_grad``, set by the ReLU after the add)."""
-        if i == self.relu and g.stream_grad is not None:
-            return dataclasses.replace(g, stream_grad=None, pre_relu=g.stream_grad)
-        return dataclasses.replace(g, stream_grad=None, pre_relu=None)
+        gate jointly with the next one (``stream_gate``, set by the ReLU after the add)."""
+        if i == self.relu:
+            return dataclasses.replace(g, pre_relu=None)
+        return dataclasses.replace(g, stream_gate=None, pre_relu=None)
 
 
 class _Identity:
