@@ -407,9 +407,9 @@ class Conv:
         ]  # the output lags two taps of one input position span, within the map
         Q = torch.cat([sg * _shifted(sg, a, b) * _at_lag(g.corr, a, b)[:, None, None] for a, b in deltas], 0)
         Wp = _shift_prods(self.W, [(-sh * a, -sw * b) for a, b in deltas], 0)  # W(u) W(u − sΔ)
-        ph, pw = self.padding
-        op = (H - ((Ho - 1) * sh - 2 * ph + kh), W - ((Wo - 1) * sw - 2 * pw + kw))
-        var = F.conv_transpose2d(Q[None], Wp, None, self.stride, self.padding, op)[0].clamp_min(0)
+        # convᵀ(Q, Wp) as one matrix product and a fold (float64 conv_transpose2d is slow on the CPU)
+        cols = Wp.reshape(Wp.shape[0], -1).T @ Q.reshape(Q.shape[0], -1)  # (Ci·kh·kw, Ho·Wo)
+        var = F.fold(cols[None], (H, W), (kh, kw), padding=self.padding, stride=self.stride)[0].clamp_min(0)
         # T_in(i, e) = Σ_{u,u'} Σ_o W_u W_u' Σ_Δ ρ_g(Δ) Σ_P sg(P) sg(P+Δ) M_u(P) M_u'(P+Δ), e = sΔ + u' − u,
         # M_u the output positions whose tap u lands inside the input. Taps with the same M (all but the
         # border ones) share the sum over P: one FFT product per pair of mask classes.
