@@ -361,3 +361,21 @@ def test_relu_of_a_residual_sum_matches_monte_carlo():
     close(relu_y.backward(gz), yr.grad, rel=0.03, corr=0.06)
     independent = relu_y.backward(replace(gz, stream_gate=None))
     assert float(independent.var.mean()) < 0.95 * float(yr.grad.var(0).mean())
+
+
+def test_input_channels_that_are_copies_fold_into_the_first_conv():
+    # a grey image as RGB: three copies of one channel; a conv sums the three filters, which the
+    # per-channel state (channels independent) would not: its Var would be Σ_i |W_i|² instead of |Σ_i W_i|²
+    y, _ = gaussian_field(C=1, mean=_ramp(1, 10, 10, -0.5, 0.5), ell=1.5)
+    x = y.expand(-1, 3, -1, -1)  # (B, 3, H, W)
+    stats = cr.measure_input(x)
+    mix, z = stats.components
+    assert mix.shape == (3, 1) and z.shape == (1, 10, 10)  # one component
+    torch.manual_seed(3)
+    conv = nn.Conv2d(3, 4, 3, padding=1).double()
+    rule = cr.Conv(conv.weight, conv.bias, (1, 1), (1, 1))
+    with torch.no_grad():
+        out = conv(x)
+        close(rule.forward(stats), out)
+        per_channel = rule.forward(cr.measure_field(x)).var.mean((1, 2)) / out.var(0).mean((1, 2))
+    assert float((per_channel - 1).abs().max()) > 0.2  # the channels as independent: far off
