@@ -10,9 +10,11 @@ The state of one (C, H, W) tensor, over the batch (:class:`Field`):
 
 ASSUMPTIONS (the approximation, stated once): the centred field is a variance envelope √v times a
 stationary correlation ρ (ρ does not depend on the position); channels are uncorrelated (as in
-neural-tangents: cross-channel covariance 0); every value is Gaussian given its mean and variance where a
-nonlinear rule needs a distribution. ``T(c, e) = Σ_p Cov(x_p, x_{p+e})``, the sum over the valid pairs,
-is what linear rules move; ``ρ = T / Σ_p √(v_p v_{p+e})`` turns it back into the state.
+neural-tangents: cross-channel covariance 0; the input's own channels are made so, :func:`measure_input`);
+every value is Gaussian given its mean and variance where a nonlinear rule needs a distribution (but for
+the two shapes carried: a max pool of a ReLU's output, the ReLU of a residual sum b + ReLU(y)).
+``T(c, e) = Σ_p Cov(x_p, x_{p+e})``, the sum over the valid pairs, is what linear rules move;
+``ρ = T / Σ_p √(v_p v_{p+e})`` turns it back into the state.
 
 Rules (each from the module's actual weights; ``sΔ`` the input lag of output lag Δ at stride s):
 
@@ -23,18 +25,27 @@ Rules (each from the module's actual weights; ``sΔ`` the input lag of output la
                     Σ_i Σ_d A[o,i,d] T_i(sΔ + d), A[o,i,d] = Σ_u W[o,i,u] W[o,i,u+d]: the filter's
                     autocorrelation)
               back  v_g,in = Σ_Δ convᵀ(Q_Δ, W(u) W(u − sΔ)), the lags the same sum over tap pairs (A(−d))
+              input x = mix z (``Field.components``): the weights W·mix on z's uncorrelated channels
     ReLU      per position the rectified normal; per lag Mehler's series, a = m/s,
               Cov(ReLU x_p, ReLU x_q) = Σ_{n≥1} ρⁿ/n! c_n(p) c_n(q), c_1 = sΦ(a), c_n = sφ(a)He_{n−2}(−a)
               to n = 12 (one FFT per term: every lag at once; Price's theorem is its first term), and
               where it converges slowly (|ρ| > 0.5, lags |e| ≤ ``exact_lags``) the bivariate normal
               integral E[ReLU(x_p) ReLU(x_q)] (Gauss–Legendre over x_p of the conditional rectified
               mean: the arccos kernel when the means are 0). Back: Cov(g_p, g_q) · P(x_p > 0, x_q > 0),
-              P by the same series (k_n = φ(a)He_{n−1}(−a)) or the same integral
-    max pool  per window the max of its correlated Gaussian taps: mean, variance and w_j = P(tap j wins)
-              from 2048 draws of the window (its n×n covariance from the stencil, a fixed seed), or by
-              Clark's (1961) recursion (``method="clark"``); between windows Cov(M_A, M_B) =
-              Σ w_Aj w_Bl Cov(x_j, x_l) (Stein: exact for a max and one Gaussian, first order for two).
-              Back: v_g,in(q) = w(q) v_g(P); windows' winners independent of each other
+              P by the same series (k_n = φ(a)He_{n−1}(−a)) or the same integral.
+              Of b + ReLU(y) (``Field.parts``): the skewed sum's own mean and variance (quadrature over
+              y), its correlations a normal's of the sum's moments; back, the stream's gate jointly:
+              E[g_y²] = E[g²] P(y > 0 | b + ReLU(y) > 0) (``Field.stream_gate``)
+    max pool  per window the max of its correlated Gaussian taps (padded taps never win): mean, variance
+              and w_j = P(tap j wins) from 2048 draws of the window (its n×n covariance from the stencil,
+              a fixed seed), or by Clark's (1961) recursion (``method="clark"``); between windows
+              Cov(M_A, M_B) = Σ w_Aj w_Bl Cov(x_j, x_l) (Stein: exact for a max and one Gaussian, first
+              order for two), neighbouring windows drawn jointly. Of a ReLU's output: the draws are of
+              its input, the max rectified (max ReLU = ReLU max). Back: v_g,in(q) = Σ_P w_P(q) v_g(P)
+              + 2 P(q wins P and P') Cov(g_P, g_P') for overlapping windows; winners of windows that
+              are not neighbours independent of each other
+    BatchNorm train: µ_c, σ_c² over the positions (the variance plus the mean map's spread); eval: the
+              running ones; y = γ(x − µ_c)/σ_c + β per channel. Back: γ/σ_c g (O(1/B) terms dropped)
     avg pool  a conv with the box filter (adaptive and global pools too: every position-mean pattern kept)
     GroupNorm the divisor from the predicted group variance: mean over the group of v + m², less µ̄²,
               less the variance of the sample's own group mean, (1/n²) Σ_c Σ_e T_c(e).

@@ -10,7 +10,9 @@ correlated rule (:mod:`correlated`) as leaves, everything else traced through; i
 on data and puts no hook on it. Forward node by node, each tensor node's :class:`correlated.Field`;
 backward in reverse from ∂L/∂logits ~ N(0, 1) (the lecture's unit-noise seed), a node used twice
 getting the sum of its two (independent) gradients. A node without a rule has no prediction, nor has
-anything computed from it; ``notes`` says which.
+anything computed from it; ``notes`` says which. Two shapes are carried past a Gaussian: a max pool
+whose input is a ReLU's output draws the ReLU's input (``MaxPool.forward(x, pre=...)``), and an add of
+a ReLU's output and another tensor marks the sum b + ReLU(y) (``Field.parts``) for the ReLU after it.
 """
 
 from __future__ import annotations
@@ -257,7 +259,8 @@ def predict_correlated(
         model: the network (traced by ``torch.fx``; never run on data, no hooks).
         input_stats: what :func:`correlated.measure_input` returns for one input (C, H, W).
         backward: "unit-noise" (∂L/∂logits ~ N(0, 1) independent, the lecture's seed) or None.
-        exact_lags: ReLU's bivariate integral for lags |e| ≤ this along each axis, Price's first order beyond.
+        exact_lags: ReLU's bivariate integral where |ρ| > 0.5 for lags |e| ≤ this along each axis,
+            Mehler's series everywhere else.
     """
     if not isinstance(input_stats, cr.Field):
         raise TypeError(
