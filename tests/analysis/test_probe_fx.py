@@ -212,10 +212,68 @@ def test_resnet18_predicted():
         assert 0.7 < report[n].ratio("var") < 0.9, (n, report[n].ratio("var"))
     errors = [abs(r - 1) for r in holds.values()]
     grads = [abs(report[n].ratio("grad_e2") - 1) for n in predicted]
-    print(f"\nresnet18: {len(predicted)}/{len(names)} predicted; Var |meas/pred - 1| median "
-          f"{statistics.median(errors):.3f}, worst {max(errors):.3f}; not holding: "
-          + ", ".join(f"{n} {report[n].ratio('var'):.3f}" for n in sorted(NOT_INDEPENDENT))
-          + f"; E[g²] |meas/pred - 1| median {statistics.median(grads):.3f}, worst {max(grads):.3f}")
+    print(
+        f"\nresnet18: {len(predicted)}/{len(names)} predicted; Var |meas/pred - 1| median "
+        f"{statistics.median(errors):.3f}, worst {max(errors):.3f}; not holding: "
+        + ", ".join(f"{n} {report[n].ratio('var'):.3f}" for n in sorted(NOT_INDEPENDENT))
+        + f"; E[g²] |meas/pred - 1| median {statistics.median(grads):.3f}, worst {max(grads):.3f}"
+    )
     # the seed and the head's backward are exact; deeper, see the module docstring of graph.py
     assert report["fc"].ratio("grad_e2") == pytest.approx(1.0, abs=0.05)
     assert report["avgpool"].ratio("grad_e2") == pytest.approx(1.0, abs=0.05)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the correlated prediction (probe.correlated_predict) on ResNet-18: every module's forward Var and the
+# input's E[g²] within 10% (issue 25's bar), from the input's statistics alone
+# ---------------------------------------------------------------------------------------------------
+
+
+def _correlated_resnet18(x):
+    from gatepool.analysis.probe.correlated import measure_input
+    from gatepool.analysis.probe.correlated_predict import predict_correlated
+
+    torch.manual_seed(0)
+    model = build_model("torchvision:resnet18").train()
+    pred = predict_correlated(model, measure_input(x))
+    report = measure(model, x, samples=0, backward="unit-noise")
+    names = [n for n, _ in model.named_modules() if n]
+    assert not pred.notes and all(pred[n].var is not None and pred[n].grad_e2 is not None for n in names)
+    fwd = {n: report[n].forward.var / pred[n].var for n in names}
+    bwd = {n: report[n].backward.e2 / pred[n].grad_e2 for n in [*names, "(input)"]}
+    return fwd, bwd
+
+
+@pytest.mark.slow
+def test_resnet18_correlated_on_noise():
+    pytest.importorskip("torchvision")
+    x = torch.randn(64, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    fwd, bwd = _correlated_resnet18(x)
+    assert not {n: r for n, r in fwd.items() if abs(r - 1) > 0.1}  # the global pool included
+    assert not {n: r for n, r in bwd.items() if abs(r - 1) > 0.1}  # the input's: 0.98 (the ideal's 1.8)
+    assert fwd["avgpool"] == pytest.approx(1.0, abs=0.03)  # its pattern of means: the ideal's 0.81
+
+
+# Where it does not hold on digits: the stem's output is not Gaussian given its position (a stroke is
+# there or not), and the max of nine taps of such a mixture is lower than the max of normals of the
+# same mean, variance and correlation: the max pool's mean is predicted 19% high, which the next conv
+# carries (measured/predicted 0.88 at seed 0; the channels' independence adds 4% of it), and through its
+# BatchNorm's divisor the gradients below (1.1-1.3).
+NOT_GAUSSIAN = {"layer1.0.conv1": (0.8, 0.95)}
+
+
+@pytest.mark.slow
+def test_resnet18_correlated_on_digits():
+    pytest.importorskip("torchvision")
+    from gatepool.analysis.probe.models import resized_digits
+    from gatepool.data import DataError, load_dataset
+
+    try:
+        digits = torch.as_tensor(load_dataset("mnist", "train").normalized()[:64]).float()
+    except DataError as e:
+        pytest.skip(str(e))
+    fwd, bwd = _correlated_resnet18(resized_digits(digits, 64))
+    assert not {n: r for n, r in fwd.items() if n not in NOT_GAUSSIAN and abs(r - 1) > 0.1}
+    for n, (lo, hi) in NOT_GAUSSIAN.items():
+        assert lo < fwd[n] < hi, (n, fwd[n])
+    assert bwd["(input)"] == pytest.approx(1.0, abs=0.1)  # 1.04 (the ideal's 1.6)

@@ -1,8 +1,9 @@
-"""``gatepool bench train|pool|attention [--json] [--out FILE] [--quick] [--threads N] [--device D]``.
+"""``gatepool bench train|pool|attention|probe [--json] [--out FILE] [--quick] [--threads N] [--device D]``.
 
 Never part of the test suite. Each ``gatepool/bench/<name>.py`` has ``run(quick, device) -> record`` and
 ``table(record) -> str``; this command sets the threads, prints the table (or the JSON record) and
-saves the record atomically with ``--out``. torch's profiler (the benches' peak memory) logs two
+saves the record atomically with ``--out``. A bench whose ``REQUIRES`` names a library that is not
+installed stops with one line saying so (exit 2). torch's profiler (the benches' peak memory) logs two
 ``USDT … profiler_start/stop`` lines per use from its C++ side (kineto); the command sets
 ``KINETO_LOG_LEVEL=6`` (above kineto's USDT level 5, so its errors go too) unless one is set, so that
 only the table is printed.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
 
@@ -21,6 +23,7 @@ BENCHES = {
     "train": "our trainer vs a pytorch/examples-style loop, and achieved FLOP/s",
     "pool": "forward+backward time of every gate vs F.max_pool2d / F.avg_pool2d",
     "attention": "time and peak memory of our SDPA vs torch's",
+    "probe": "time of the correlated probe's prediction for ResNet-18 at 64x64 (needs torchvision)",
 }
 
 
@@ -53,6 +56,10 @@ def _run(args: argparse.Namespace) -> int:
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # read once, at the first profiler use: set it before
     where = device(args)
     module = importlib.import_module(f"gatepool.lab.bench.{args.bench}")
+    missing = [lib for lib in getattr(module, "REQUIRES", ()) if importlib.util.find_spec(lib) is None]
+    if missing:
+        raise UsageError(f"bench {args.bench} needs {', '.join(missing)}, which is not installed: "
+                         "pip install gatepool[vision] (make test-vision's .venv-vision has it)")  # fmt: skip
     with num_threads(args.threads):
         extra = {"compile": True} if getattr(args, "compile", False) else {}
         record = module.run(quick=args.quick, device=where, **extra)

@@ -2,6 +2,7 @@
 
     gatepool probe --model residual_cnn --pool max --data mnist --batch 512 --seed 0 --out DIR [--json]
     gatepool probe --model torchvision:resnet18 --batch 64 --size 64        (or timm:NAME; gatepool[vision])
+    gatepool probe --model torchvision:resnet18 --data mnist --batch 64     (digits resized to --size)
 
 Builds the model at initialization, takes ``--batch`` training images, predicts the ideal
 E[x²] forward and E[g²] backward after every module (:func:`gatepool.analysis.probe.predict`), and the
@@ -11,8 +12,9 @@ them (:func:`gatepool.analysis.probe.measure`), prints the side-by-side table an
 and the figures (``DIR/*.png``). ``--device`` (auto: CUDA, else MPS, else CPU): the model is built and
 the images drawn on the CPU (the same weights and batch anywhere), then both move there for the measurement.
 A ``torchvision:NAME`` or ``timm:NAME`` model (random weights, nothing downloaded) is probed on N(0, 1)
-noise images ``(batch, 3, size, size)``, its rules averaged over the border (``predict(border="average")``:
-small maps are mostly border).
+noise images ``(batch, 3, size, size)``, or with ``--data mnist`` on the digits resized to ``size`` with
+their channel repeated three times; its ideal rules averaged over the border
+(``predict(border="average")``: small maps are mostly border).
 """
 
 from __future__ import annotations
@@ -34,12 +36,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="gate of the model's pools (max, avg, soft, ...); default: the model's own",
     )
-    p.add_argument(
-        "--data", default="mnist", choices=["mnist", "noise"], help="MNIST digits, or N(0,1) noise inputs"
-    )
+    p.add_argument("--data", default=None, choices=["mnist", "noise"],
+                   help="MNIST digits, or N(0,1) noise inputs (default: mnist for gatepool's models, "
+                        "noise for torchvision/timm ones, whose digits are resized to --size)")  # fmt: skip
     p.add_argument("--batch", type=int_at_least(1), default=512, help="number of images (default 512)")
     p.add_argument("--size", type=int_at_least(8), default=64,
-                   help="side of the noise images for a torchvision/timm model (default 64)")  # fmt: skip
+                   help="side of the images for a torchvision/timm model (default 64)")  # fmt: skip
     p.add_argument(
         "--seed", type=int_at_least(0), default=0, help="seed for the weights and the image choice"
     )
@@ -49,8 +51,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="unit-noise",
         help="seed of the backward pass: unit-variance noise at the output, or the summed cross-entropy",
     )
-    p.add_argument("--no-predicted", action="store_true",
-                   help="leave out the correlation-aware 'predicted' column (seconds on a large model)")
+    p.add_argument(
+        "--no-predicted",
+        action="store_true",
+        help="leave out the correlation-aware 'predicted' column (seconds on a large model)",
+    )
     add_device(p)
     p.add_argument("--out", default=None, help="folder for probe.json and the figures")
     p.add_argument(
@@ -65,6 +70,7 @@ def _run(args: argparse.Namespace) -> int:
     import torch  # lazy: `gatepool --help` must not import torch
 
     from gatepool.analysis.probe import build_model, measure, predict, save_figures
+    from gatepool.analysis.probe.models import resized_digits
     from gatepool.data import DataError
     from gatepool.models import create_model
 
@@ -83,19 +89,22 @@ def _run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as e:  # a bad name, a model without pools, a library missing
         flag = "--pool" if args.pool is not None and "pool" in str(e) else "--model"
         raise UsageError(f"{flag}: {e}") from None
-    if external:
+    data = args.data or ("noise" if external else "mnist")
+    if external and data == "noise":
         g = torch.Generator().manual_seed(args.seed)
         inputs = torch.randn(args.batch, 3, args.size, args.size, generator=g)  # (B, 3, H, W)
         target = torch.randint(0, 10, (args.batch,), generator=g)
     else:
         try:
-            inputs, target = _load_inputs(args.data, args.batch, args.seed)
+            inputs, target = _load_inputs(data, args.batch, args.seed)
         except DataError as e:  # a missing or corrupt data file: the message names it and how to get it
             print(f"error: {e}", file=sys.stderr)
             return 1
+        if external:  # the digits as a torchvision/timm model takes images: resized, three channels
+            inputs = resized_digits(inputs, args.size)  # (B, 3, size, size)
     shape = tuple(inputs.shape)
     # the ideal starts from the batch's own mean and variance (N(0, 1) for noise)
-    noise = external or args.data == "noise"
+    noise = data == "noise"
     input_stats = (0.0, 1.0) if noise else (float(inputs.mean()), float(inputs.var()))
     ideal = predict(model, shape, input_stats=input_stats, backward=args.backward, loss_reduction="sum",
                     border="average" if external else "middle")  # fmt: skip
@@ -114,7 +123,7 @@ def _run(args: argparse.Namespace) -> int:
     report.setup = {
         "model": args.model,
         "pool": args.pool,
-        "data": "noise" if external else args.data,
+        "data": data,
         "batch": args.batch,
         "seed": args.seed,
         "backward": args.backward,
@@ -145,8 +154,9 @@ def _add_correlated(report, model, inputs, backward: str) -> None:
     from gatepool.analysis.probe.graph import Untraceable
 
     try:
-        pred = predict_correlated(model, measure_input(inputs),
-                                  backward="unit-noise" if backward == "unit-noise" else None)
+        pred = predict_correlated(
+            model, measure_input(inputs), backward="unit-noise" if backward == "unit-noise" else None
+        )
     except (Untraceable, NotImplementedError, RuntimeError, ValueError) as e:
         report.warnings.append(f"no correlated prediction: {type(e).__name__}: {e}")
         return

@@ -10,11 +10,15 @@ correlated rule (:mod:`correlated`) as leaves, everything else traced through; i
 on data and puts no hook on it. Forward node by node, each tensor node's :class:`correlated.Field`;
 backward in reverse from ∂L/∂logits ~ N(0, 1) (the lecture's unit-noise seed), a node used twice
 getting the sum of its two (independent) gradients. A node without a rule has no prediction, nor has
-anything computed from it; ``notes`` says which.
+anything computed from it; ``notes`` says which. Two shapes are carried past a Gaussian: a max pool
+whose input is a ReLU's output draws the ReLU's input (``MaxPool.forward(x, pre=...)``), and an add of
+a ReLU's output and another tensor marks the sum b + ReLU(y) (``Field.parts``) for the ReLU after it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import operator
 from dataclasses import dataclass, field
@@ -40,10 +44,10 @@ def _conv(m: nn.Conv2d):
 
 
 def _maxpool(m: nn.MaxPool2d):
-    if _pair(m.padding) != (0, 0) or _pair(m.dilation) != (1, 1) or m.ceil_mode:
-        raise NotImplementedError("max pool rule: no padding, no dilation, floor mode")
+    if _pair(m.dilation) != (1, 1) or m.ceil_mode:
+        raise NotImplementedError("max pool rule: no dilation, floor mode")
     k = _pair(m.kernel_size)
-    return cr.MaxPool(k, _pair(m.stride) if m.stride else k)
+    return cr.MaxPool(k, _pair(m.stride) if m.stride else k, _pair(m.padding))
 
 
 class _Adaptive:
@@ -80,6 +84,20 @@ class _AvgPool:
         return self.conv.backward(g)
 
 
+class _Add:
+    """x + y: the two independent; ``relu`` the index of the input that is a ReLU's output (or None)."""
+
+    def __init__(self, relu: int | None) -> None:
+        self.relu = relu
+
+    def backward_to(self, g: cr.Field, i: int) -> cr.Field:
+        """Each input gets the output's gradient; the ReLU input also its gradient through that ReLU's
+        gate jointly with the next one (``stream_gate``, set by the ReLU after the add)."""
+        if i == self.relu:
+            return dataclasses.replace(g, pre_relu=None)
+        return dataclasses.replace(g, stream_gate=None, pre_relu=None)
+
+
 class _Identity:
     def forward(self, x):
         return x
@@ -92,6 +110,18 @@ def _groupnorm(m: nn.GroupNorm):
     return cr.GroupNorm(m.num_groups, m.weight if m.affine else None, m.bias if m.affine else None, m.eps)
 
 
+def _batchnorm(m: nn.modules.batchnorm._BatchNorm):
+    """Training (or no running statistics): the batch's own; eval: the running ones, an affine map."""
+    running = not m.training and m.running_var is not None
+    return cr.BatchNorm(
+        m.weight if m.affine else None,
+        m.bias if m.affine else None,
+        m.eps,
+        m.running_mean if running else None,
+        m.running_var if running else None,
+    )
+
+
 _RULES = {
     nn.Conv2d: _conv,
     nn.Linear: lambda m: cr.Linear(m.weight, m.bias),
@@ -100,6 +130,7 @@ _RULES = {
     nn.AvgPool2d: _AvgPool,
     nn.AdaptiveAvgPool2d: _Adaptive,
     nn.GroupNorm: _groupnorm,
+    nn.modules.batchnorm._BatchNorm: _batchnorm,
     nn.Flatten: lambda m: _Identity(),
     nn.Identity: lambda m: _Identity(),
 }
@@ -132,31 +163,53 @@ _FLAT = (torch.flatten,)
 _RELU = (torch.relu, torch.nn.functional.relu)
 
 
+def _pooled(fields: list, key: str) -> float | None:
+    """Several calls' moments as one row, as the measurement pools them: by their sizes."""
+    if not fields or any(f is None for f in fields):
+        return None
+    sizes = [f.var.numel() for f in fields]
+    if key == "grad_e2":
+        return sum(n * float(f.var.mean()) for n, f in zip(sizes, fields)) / sum(sizes)
+    ms = [f.moments() for f in fields]
+    mean = sum(n * m["mean"] for n, m in zip(sizes, ms)) / sum(sizes)
+    e2 = sum(n * m["e2"] for n, m in zip(sizes, ms)) / sum(sizes)
+    return {"mean": mean, "e2": e2, "var": max(e2 - mean * mean, 0.0)}[key]
+
+
 @dataclass
 class CorrelatedRow:
-    """The prediction at one module's output: its field, and its gradient's field (None: no rule)."""
+    """The prediction at one module's output: its field, and its gradient's field (None: no rule).
+
+    A module called more than once (torchvision's BasicBlock calls its ``relu`` twice) has its first
+    call in ``field``/``grad`` (the stencils: the measured stencil is the first call's too) and the
+    later ones in ``more``; ``mean``, ``var``, ``e2`` and ``grad_e2`` pool every call by its size.
+    """
 
     name: str
     kind: str
     field: cr.Field | None = None
     grad: cr.Field | None = None
     note: str = ""
+    more: list = dataclasses.field(default_factory=list)  # [(field, grad)] of the later calls
+
+    def _all(self, i: int) -> list:
+        return [(self.field, self.grad)[i]] + [c[i] for c in self.more]
 
     @property
     def var(self) -> float | None:
-        return None if self.field is None else self.field.moments()["var"]
+        return _pooled(self._all(0), "var")
 
     @property
     def mean(self) -> float | None:
-        return None if self.field is None else self.field.moments()["mean"]
+        return _pooled(self._all(0), "mean")
 
     @property
     def e2(self) -> float | None:
-        return None if self.field is None else self.field.moments()["e2"]
+        return _pooled(self._all(0), "e2")
 
     @property
     def grad_e2(self) -> float | None:
-        return None if self.grad is None else float(self.grad.var.mean())
+        return _pooled(self._all(1), "grad_e2")
 
     def corr(self, lag: int) -> float | None:
         return None if self.field is None else cr.neighbour_corr(self.field, lag)
@@ -206,7 +259,8 @@ def predict_correlated(
         model: the network (traced by ``torch.fx``; never run on data, no hooks).
         input_stats: what :func:`correlated.measure_input` returns for one input (C, H, W).
         backward: "unit-noise" (∂L/∂logits ~ N(0, 1) independent, the lecture's seed) or None.
-        exact_lags: ReLU's bivariate integral for lags |e| ≤ this along each axis, Price's first order beyond.
+        exact_lags: ReLU's bivariate integral where |ρ| > 0.5 for lags |e| ≤ this along each axis,
+            Mehler's series everywhere else.
     """
     if not isinstance(input_stats, cr.Field):
         raise TypeError(
@@ -252,11 +306,19 @@ def predict_correlated(
                     if make is None:
                         raise NotImplementedError(f"no correlated rule for {type(m).__name__}")
                     step = make(m)
-                    value[n] = step.forward(value[args[0]])
+                    before = steps.get(args[0])
+                    if isinstance(step, cr.MaxPool) and isinstance(before, cr.ReLU):  # max ReLU = ReLU max
+                        value[n] = step.forward(value[args[0]], pre=before.x)
+                    else:
+                        value[n] = step.forward(value[args[0]])
                     steps[n] = step
                 elif n.target in _ADDS and len(args) == 2 and len(n.args) == 2:
                     value[n] = cr.add(value[args[0]], value[args[1]])
-                    steps[n] = "add"
+                    relus = [isinstance(steps.get(a), cr.ReLU) for a in args]
+                    r = relus.index(True) if sum(relus) == 1 else None
+                    if r is not None:  # b + ReLU(y): a ReLU after it takes the skewed sum's moments
+                        value[n] = dataclasses.replace(value[n], parts=(value[args[1 - r]], steps[args[r]].x))
+                    steps[n] = _Add(r)
                 elif n.target in _FLAT or (n.op == "call_method" and n.target in ("flatten", "view")):
                     f = value[args[0]]
                     if f.shape[1:] != (1, 1):
@@ -283,26 +345,30 @@ def predict_correlated(
                 if n.op == "output" or n not in parts:
                     continue
                 ps = parts[n]
-                if any(p is None for p in ps):
-                    g = None
-                else:
-                    g = ps[0]
-                    for p in ps[1:]:
-                        g = cr.add_grads(g, p)
+                g = None if any(p is None for p in ps) else functools.reduce(cr.add_grads, ps)
                 grad[n] = g
                 if n.op == "placeholder":
                     continue
                 step = steps.get(n)
-                for a in inputs.get(n, []):
-                    gi = None
-                    if g is not None and step is not None:
-                        gi = g if step == "add" else step.backward(g)
+                gi = None
+                if g is not None and step is not None and not isinstance(step, _Add):
+                    gi = (
+                        step.backward(ps) if isinstance(step, cr.ReLU) else step.backward(g)
+                    )  # ReLU: per part
+                for i, a in enumerate(inputs.get(n, [])):
+                    if g is not None and isinstance(step, _Add):
+                        gi = step.backward_to(g, i)
                     parts.setdefault(a, []).append(gi)
 
     rows: dict[str, CorrelatedRow] = {}
     placeholder = next(n for n in nodes if n.op == "placeholder")
     rows["(input)"] = CorrelatedRow("(input)", "input", input_stats, grad.get(placeholder))
     for name, node in tracer.calls:
+        if name in rows:  # a module called again: pooled with its first call
+            rows[name].more.append((value.get(node), grad.get(node)))
+            if value.get(node) is None and not rows[name].note:
+                rows[name].note = why.get(node, "no prediction")
+            continue
         kind = type(model.get_submodule(name)).__name__
         rows[name] = CorrelatedRow(
             name,

@@ -1,11 +1,11 @@
 """The probe's figures (matplotlib, Agg, PNG): ideal vs measured per layer, histograms, padding maps.
 
-    <prefix>_layers.png          bars per tensor: ideal vs measured Var forward, E[g²] backward (log scale)
-    <prefix>_histograms.png      the values of each tensor; the spike at 0 after a ReLU shows
-    <prefix>_grad_histograms.png the gradients that have exact zeros: below a ReLU, 75% below a 2×2 max pool
-    <prefix>_padding_<name>.png  per-position Var(y) / middle beside the share of taps on real inputs
-    <prefix>_stencils.png        predicted vs measured correlation stencils per module
-                                 (``correlated_figures``)
+<prefix>_layers.png          bars per tensor: ideal vs measured Var forward, E[g²] backward (log scale)
+<prefix>_histograms.png      the values of each tensor; the spike at 0 after a ReLU shows
+<prefix>_grad_histograms.png the gradients that have exact zeros: below a ReLU, 75% below a 2×2 max pool
+<prefix>_padding_<name>.png  per-position Var(y) / middle beside the share of taps on real inputs
+<prefix>_stencils.png        predicted vs measured correlation stencils per module
+                             (``correlated_figures``)
 """
 
 from __future__ import annotations
@@ -27,18 +27,31 @@ def plot_layers(report: ProbeReport, path: str | Path) -> Path:
     names = [r.name for r in rows]
     panels = [("forward Var", [r.ideal and r.ideal.var for r in rows], [r.forward.var for r in rows])]
     if any(r.backward is not None for r in rows):
-        panels.append(("backward E[(∂L/∂·)²]", [r.ideal and r.ideal.grad_e2 for r in rows],
-                       [r.backward.e2 if r.backward else None for r in rows]))
-    fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 0.38 * len(rows) + 2), 3.4 * len(panels)),
-                             squeeze=False)
+        panels.append(
+            (
+                "backward E[(∂L/∂·)²]",
+                [r.ideal and r.ideal.grad_e2 for r in rows],
+                [r.backward.e2 if r.backward else None for r in rows],
+            )
+        )
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(max(6.0, 0.38 * len(rows) + 2), 3.4 * len(panels)), squeeze=False
+    )
     x = range(len(rows))
     for ax, (title, ideal, measured) in zip(axes[:, 0], panels):
         ax.bar([i - 0.2 for i in x], [_pos(v) for v in ideal], width=0.4, label="ideal (rules)", color="#9ab")
         ax.bar([i + 0.2 for i in x], [_pos(v) for v in measured], width=0.4, label="measured", color="#d62")
         for i, v in zip(x, ideal):
             if v is None:
-                ax.annotate("—", (i - 0.2, 0), xycoords=("data", "axes fraction"), ha="center", va="bottom",
-                            fontsize=7, color="#678")
+                ax.annotate(
+                    "—",
+                    (i - 0.2, 0),
+                    xycoords=("data", "axes fraction"),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    color="#678",
+                )
         ax.set_yscale("log")
         ax.set_title(title + ("  (— : no prediction)" if any(v is None for v in ideal) else ""))
         ax.set_xticks(list(x))
@@ -52,8 +65,13 @@ def _pos(v: float | None) -> float:
     return v if v is not None and math.isfinite(v) and v > 0 else math.nan
 
 
-def plot_histograms(report: ProbeReport, path: str | Path, names: list[str] | None = None,
-                    which: str = "forward", max_panels: int = 30) -> Path:
+def plot_histograms(
+    report: ProbeReport,
+    path: str | Path,
+    names: list[str] | None = None,
+    which: str = "forward",
+    max_panels: int = 30,
+) -> Path:
     """A histogram per tensor of its sampled values (``which="backward"``: of its gradient), titled
     with the share of exact zeros: the spike at 0 after a ReLU, in the gradient below a max pool."""
     if which not in ("forward", "backward"):
@@ -79,8 +97,12 @@ def plot_histograms(report: ProbeReport, path: str | Path, names: list[str] | No
         s = pick(r)
         stats = r.forward if which == "forward" else r.backward
         zeros = stats.zero_share if stats else math.nan
-        ax.hist(s[torch.isfinite(s)].numpy(), bins=60, histtype="stepfilled",
-                color="#d62" if zeros > 0.05 else "#47a")
+        ax.hist(
+            s[torch.isfinite(s)].numpy(),
+            bins=60,
+            histtype="stepfilled",
+            color="#d62" if zeros > 0.05 else "#47a",
+        )
         ax.set_title(f"{r.name}\n{'zeros' if which == 'forward' else 'g = 0'}: {zeros:.0%}", fontsize=8)
         ax.tick_params(labelsize=6)
         ax.set_yticks([])  # counts say little; the shape and the spike at 0 do
@@ -96,8 +118,9 @@ def padding_maps(row: Row) -> tuple[torch.Tensor, torch.Tensor] | None:
     if not meta.get("zero_padding") or not any(meta["padding"]):
         return None
     h, w = meta["input_shape"][-2:]
-    theory = padding_variance_map(h, w, meta["kernel_size"], meta["padding"], meta["stride"],
-                                  meta["dilation"])
+    theory = padding_variance_map(
+        h, w, meta["kernel_size"], meta["padding"], meta["stride"], meta["dilation"]
+    )
     var = row.maps["var"]
     if theory.shape != var.shape:
         return None
@@ -105,8 +128,13 @@ def padding_maps(row: Row) -> tuple[torch.Tensor, torch.Tensor] | None:
     return theory, var / var[inner].mean()
 
 
-def plot_padding(theory: torch.Tensor, measured: torch.Tensor | None, path: str | Path,
-                 title: str = "", annotate: bool = True) -> Path:
+def plot_padding(
+    theory: torch.Tensor,
+    measured: torch.Tensor | None,
+    path: str | Path,
+    title: str = "",
+    annotate: bool = True,
+) -> Path:
     """Heat-maps: the share of taps on real inputs, and the measured Var(y) / middle beside it.
 
     ``annotate`` writes each cell's value (maps up to 16×16).
@@ -131,8 +159,9 @@ def plot_padding(theory: torch.Tensor, measured: torch.Tensor | None, path: str 
     return save_png(fig, path)
 
 
-def save_figures(report: ProbeReport, directory: str | Path, prefix: str = "probe",
-                 max_padding_maps: int = 2) -> list[Path]:
+def save_figures(
+    report: ProbeReport, directory: str | Path, prefix: str = "probe", max_padding_maps: int = 2
+) -> list[Path]:
     """Every figure the report supports, written into ``directory``."""
     directory = Path(directory)
     paths = []
@@ -140,8 +169,11 @@ def save_figures(report: ProbeReport, directory: str | Path, prefix: str = "prob
         paths.append(plot_layers(report, directory / f"{prefix}_layers.png"))
     if any(r.samples is not None for r in report.rows.values()):
         paths.append(plot_histograms(report, directory / f"{prefix}_histograms.png"))
-    sparse = [r.name for r in report.rows.values()  # gradients with exact zeros: below ReLUs and max pools
-              if r.grad_samples is not None and r.backward is not None and r.backward.zero_share > 0.01]
+    sparse = [
+        r.name
+        for r in report.rows.values()  # gradients with exact zeros: below ReLUs and max pools
+        if r.grad_samples is not None and r.backward is not None and r.backward.zero_share > 0.01
+    ]
     if sparse:
         paths.append(plot_histograms(report, directory / f"{prefix}_grad_histograms.png", sparse, "backward"))
     n = 0
@@ -150,8 +182,9 @@ def save_figures(report: ProbeReport, directory: str | Path, prefix: str = "prob
         if maps is None or n >= max_padding_maps:
             continue
         safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in r.name)
-        paths.append(plot_padding(*maps, directory / f"{prefix}_padding_{safe}.png", title=r.name,
-                                  annotate=False))
+        paths.append(
+            plot_padding(*maps, directory / f"{prefix}_padding_{safe}.png", title=r.name, annotate=False)
+        )
         n += 1
     if any(r.predicted is not None and r.measured_field is not None for r in report.rows.values()):
         from gatepool.analysis.probe.correlated_figures import plot_stencils

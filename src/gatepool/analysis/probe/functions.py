@@ -112,6 +112,7 @@ def as_op(spec) -> Op:
     if isinstance(spec, Op):
         return spec
     if isinstance(spec, Leaf):
+
         def forward(xs):
             return spec.forward(xs[0] if xs else None)
 
@@ -155,6 +156,7 @@ def _sum_rule(sign: float) -> FunctionRule:
             raise NoRule(f"{_name(call.target)} with a tensor alpha: no rule")
         ka, kb = sign * alpha, sign * alpha  # the factor on b
         if isinstance(a, TensorIn) and isinstance(b, TensorIn):  # independent inputs: variances add
+
             def forward(xs):
                 x, y = need(xs[0], "both inputs' moments"), need(xs[1], "both inputs' moments")
                 parts = (x, y) if kb == 1.0 else None  # a ReLU after it may take the sum's shape
@@ -215,8 +217,10 @@ def _mul_rule(call: Call) -> Op:
         if tensor is not a or c == 0:
             raise NoRule("division by a tensor: no rule")
         c = 1.0 / c
-    return Op(lambda xs: _shift(need(xs[0], "the input's moments"), c, 0.0),
-              lambda g, xs: [GradMoments(c * c * g.e2, g.zero)])
+    return Op(
+        lambda xs: _shift(need(xs[0], "the input's moments"), c, 0.0),
+        lambda g, xs: [GradMoments(c * c * g.e2, g.zero)],
+    )
 
 
 # ---------------------------------------------------------------------------------------------------

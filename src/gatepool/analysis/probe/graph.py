@@ -118,8 +118,13 @@ class GraphWalk:
     ``reason[node]`` why one is None, and ``calls`` the (module name, output node) of every module call.
     """
 
-    def __init__(self, module: nn.Module, input_shape: tuple[int, ...] | None, border: str,
-                 make_step: Callable[[str, nn.Module, tuple | None], Step]) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        input_shape: tuple[int, ...] | None,
+        border: str,
+        make_step: Callable[[str, nn.Module, tuple | None], Step],
+    ) -> None:
         self.gm, self.calls = trace(module)
         self.nodes = list(self.gm.graph.nodes)
         placeholders = [n for n in self.nodes if n.op == "placeholder"]
@@ -134,8 +139,9 @@ class GraphWalk:
         for n in self.nodes:
             if n.op == "call_module":
                 io = (self._shape(n.args[0]) if n.args else None, self._shape(n))
-                self.steps[n] = make_step(str(n.target), self.gm.get_submodule(str(n.target)),
-                                          io if None not in io else None)
+                self.steps[n] = make_step(
+                    str(n.target), self.gm.get_submodule(str(n.target)), io if None not in io else None
+                )
         self.value: dict[fx.Node, Moments | None] = {}
         self.grad: dict[fx.Node, GradMoments | None] = {}
         self.input_grad: GradMoments | None = None

@@ -91,8 +91,9 @@ class _Sums:
 class _Probe:
     """Everything measured about one tensor slot (a module output, an element of a tuple, an input)."""
 
-    def __init__(self, name: str, kind: str, *, per_channel: bool, maps: bool, samples: int,
-                 seed: int) -> None:
+    def __init__(
+        self, name: str, kind: str, *, per_channel: bool, maps: bool, samples: int, seed: int
+    ) -> None:
         self.row = Row(name=name, kind=kind)
         self.fwd, self.bwd = _Moments(), _Moments()
         self.chan, self.map = (_Sums() if per_channel else None), (_Sums() if maps else None)
@@ -244,8 +245,9 @@ def measure(
         if target is None:
             raise ValueError("backward='loss' needs target= (class indices, shape (B,))")
         if target.dim() != 1 or target.shape[0] != args[0].shape[0]:
-            raise ValueError(f"target must have shape ({args[0].shape[0]},) to match the batch, got "
-                             f"{tuple(target.shape)}")
+            raise ValueError(
+                f"target must have shape ({args[0].shape[0]},) to match the batch, got {tuple(target.shape)}"
+            )
     check_int(samples, "samples", 0)
     named = dict(model.named_modules())
     if modules is None:
@@ -256,13 +258,21 @@ def measure(
         if unknown:
             valid = [n for n in named if n]
             few = ", ".join(valid[:8]) + (f", ... ({len(valid)} in all)" if len(valid) > 8 else "")
-            raise ValueError(f"modules: no module named {unknown[0]!r} in {type(model).__name__}; "
-                             f"valid names include: {few or '(the model has no submodules)'}")
+            raise ValueError(
+                f"modules: no module named {unknown[0]!r} in {type(model).__name__}; "
+                f"valid names include: {few or '(the model has no submodules)'}"
+            )
     if prediction is True:
         x0 = args[0].detach().double()
         stats = (float(x0.mean()), float(x0.var(unbiased=False))) if x0.numel() > 1 else (0.0, 1.0)
-        prediction = predict(model, tuple(x0.shape), input_stats=stats, backward=backward,
-                             loss_reduction=loss_reduction, border=border)
+        prediction = predict(
+            model,
+            tuple(x0.shape),
+            input_stats=stats,
+            backward=backward,
+            loss_reduction=loss_reduction,
+            border=border,
+        )
     elif prediction is False:
         prediction = None
 
@@ -283,12 +293,14 @@ def measure(
                 if a and isinstance(a[0], torch.Tensor):
                     p.row.meta.setdefault("input_shape", tuple(a[0].shape))
                 p.forward(t)
+
         return hook
 
     def in_hook(name: str):
         def hook(m, a):
             for _, t in _tensors(a[:1]):
                 probe(f"{name}:in", type(m).__name__).forward(t)
+
         return hook
 
     # -- run, leaving the model as found ----------------------------------------------------------
@@ -296,8 +308,13 @@ def measure(
     buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
     grads = {p: p.grad for p in model.parameters()}
     handles = []
-    report = ProbeReport(rows={}, params=[], backward=backward, prediction=prediction,
-                         loss_reduction=loss_reduction if backward == "loss" else None)
+    report = ProbeReport(
+        rows={},
+        params=[],
+        backward=backward,
+        prediction=prediction,
+        loss_reduction=loss_reduction if backward == "loss" else None,
+    )
     devices = sorted({a.device.index or 0 for a in args if a.device.type == "cuda"})
     try:
         with torch.random.fork_rng(devices=devices):
@@ -392,7 +409,9 @@ def _warn(report: ProbeReport, x: torch.Tensor) -> None:
     for r in report.rows.values():
         for what, s in (("values", r.forward), ("gradients", r.backward)):
             if s is not None and s.nonfinite:
-                report.warnings.append(f"{r.name}: {s.nonfinite} NaN/inf {what} of {s.numel + s.nonfinite} "
-                                       "(moments over the finite ones)")
+                report.warnings.append(
+                    f"{r.name}: {s.nonfinite} NaN/inf {what} of {s.numel + s.nonfinite} "
+                    "(moments over the finite ones)"
+                )
     if x.dim() >= 1 and x.shape[0] < 2:
         report.warnings.append("batch of 1: the variance across the batch (var_batch) is undefined (NaN)")

@@ -94,8 +94,9 @@ class Prediction:
         }
 
     def table(self) -> str:
-        head = (f"{'module':<22} {'type':<16} {'mean':>8} {'Var':>9} {'E[x²]':>9} {'E[g²]':>10} {'g=0':>6}"
-                "  note")
+        head = (
+            f"{'module':<22} {'type':<16} {'mean':>8} {'Var':>9} {'E[x²]':>9} {'E[g²]':>10} {'g=0':>6}  note"
+        )
         lines = [head, "-" * len(head)]
         for r in self.rows.values():
             lines.append(
@@ -264,17 +265,24 @@ class _Graph(_Node):
             if node.op == "call_module" and node.target == sub:  # a module with a rule: built above
                 continue
             v, g = walk.value.get(node), walk.grad.get(node)
-            r = Ideal(full, type(self.m.get_submodule(sub)).__name__, walk._shape(node),
-                      None if v is None else v.mean, None if v is None else v.var,
-                      None if g is None else g.e2, None if g is None else g.zero,
-                      note="" if v is not None else walk.reason.get(node, "no prediction"))
+            r = Ideal(
+                full,
+                type(self.m.get_submodule(sub)).__name__,
+                walk._shape(node),
+                None if v is None else v.mean,
+                None if v is None else v.var,
+                None if g is None else g.e2,
+                None if g is None else g.zero,
+                note="" if v is not None else walk.reason.get(node, "no prediction"),
+            )
             calls.setdefault(full, []).append((r, _numel(walk._shape(node))))
         for key, recs in calls.items():
             self.rows[key] = _pool(key, recs)
         for sub, c in self.m.named_modules():
             if sub and self.prefix + sub not in self.rows:
-                self.rows[self.prefix + sub] = Ideal(self.prefix + sub, type(c).__name__,
-                                                     note="not called in the traced forward")
+                self.rows[self.prefix + sub] = Ideal(
+                    self.prefix + sub, type(c).__name__, note="not called in the traced forward"
+                )
 
 
 def _numel(shape) -> float:
@@ -297,8 +305,16 @@ def _pool(name: str, recs: list[tuple[Ideal, float]]) -> Ideal:
     e2 = avg([r.e2 for r, _ in recs])
     var = None if mean is None or e2 is None else max(e2 - mean * mean, 0.0)
     note = next((r.note for r, _ in recs if r.note), "")
-    return Ideal(name, first.kind, first.shape, mean, var, avg([r.grad_e2 for r, _ in recs]),
-                 avg([r.grad_zero_share for r, _ in recs]), note=note)
+    return Ideal(
+        name,
+        first.kind,
+        first.shape,
+        mean,
+        var,
+        avg([r.grad_e2 for r, _ in recs]),
+        avg([r.grad_zero_share for r, _ in recs]),
+        note=note,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -337,12 +353,18 @@ def _build(m: nn.Module, name: str, rows: dict[str, Ideal], shapes: dict, border
     if isinstance(spec, Residual):
         return _Residual(name, rec, chain(f"{name}:branch", Ideal(f"{name}:branch", "branch"), spec.branch))
     if spec is not None and not isinstance(spec, Leaf):
-        raise TypeError(f"the probe rule for {type(m).__name__} returned {type(spec).__name__}; "
-                        "a rule returns a Leaf, a Chain or a Residual")
+        raise TypeError(
+            f"the probe rule for {type(m).__name__} returned {type(spec).__name__}; "
+            "a rule returns a Leaf, a Chain or a Residual"
+        )
     for sub, c in m.named_modules():  # the insides of a leaf or of a module without a rule
         if sub:
-            rows[child(sub)] = Ideal(child(sub), type(c).__name__, _shape_out(shapes.get(child(sub))),
-                                     note=f"inside {type(m).__name__}: no prediction")
+            rows[child(sub)] = Ideal(
+                child(sub),
+                type(c).__name__,
+                _shape_out(shapes.get(child(sub))),
+                note=f"inside {type(m).__name__}: no prediction",
+            )
     if spec is None:
         return _Opaque(name, rec)
     return _Leaf(name, rec, spec.forward, spec.backward)

@@ -44,8 +44,10 @@ class TensorStats:
         return math.sqrt(self.e2) if self.e2 >= 0 else math.nan
 
     def to_dict(self) -> dict:
-        return {k: _num(getattr(self, k)) for k in ("numel", "mean", "var", "e2", "zero_share", "nonfinite",
-                                                     "var_batch")}
+        return {
+            k: _num(getattr(self, k))
+            for k in ("numel", "mean", "var", "e2", "zero_share", "nonfinite", "var_batch")
+        }
 
 
 @dataclass
@@ -122,8 +124,15 @@ class ParamRow:
         return self.grad_norm / self.norm if self.norm > 0 else math.nan
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "rms": _num(self.rms), "norm": _num(self.norm),
-                "grad_rms": _num(self.grad_rms), "grad_norm": _num(self.grad_norm), "ratio": _num(self.ratio)}
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "rms": _num(self.rms),
+            "norm": _num(self.norm),
+            "grad_rms": _num(self.grad_rms),
+            "grad_norm": _num(self.grad_norm),
+            "ratio": _num(self.ratio),
+        }
 
 
 @dataclass
@@ -165,9 +174,11 @@ class ProbeReport:
         """Plain text: per tensor, forward Var ideal | measured | ratio, then E[g²] the same way."""
         pred = any(r.predicted is not None for r in self.rows.values())  # the correlated prediction
         hp = f" {'predicted':>9}" if pred else ""
-        hdr = (f"{'tensor':<22} {'type':<13} {'shape':<16}│{'mean':>7} {'zeros':>6} │ {'Var ideal':>9} "
-               f"{'measured':>9} {'ratio':>6}{hp} │ {'E[g²] ideal':>11} {'measured':>10} {'ratio':>6}"
-               f"{hp} {'g=0':>5}")
+        hdr = (
+            f"{'tensor':<22} {'type':<13} {'shape':<16}│{'mean':>7} {'zeros':>6} │ {'Var ideal':>9} "
+            f"{'measured':>9} {'ratio':>6}{hp} │ {'E[g²] ideal':>11} {'measured':>10} {'ratio':>6}"
+            f"{hp} {'g=0':>5}"
+        )
         lines = [hdr, "─" * len(hdr)]
         for r in self.rows.values():
             f, b, i, p = r.forward, r.backward, r.ideal, r.predicted
@@ -182,16 +193,20 @@ class ProbeReport:
                 + (f"  {i.note}" if i is not None and i.note else "")
             )
         if self.params:
-            ph = (f"{'parameter':<28} {'shape':<16} {'rms W':>9} {'rms ∂L/∂W':>10} {'‖∂L/∂W‖':>10} "
-                  f"{'‖W‖':>9} {'‖∂L/∂W‖/‖W‖':>12}")
+            ph = (
+                f"{'parameter':<28} {'shape':<16} {'rms W':>9} {'rms ∂L/∂W':>10} {'‖∂L/∂W‖':>10} "
+                f"{'‖W‖':>9} {'‖∂L/∂W‖/‖W‖':>12}"
+            )
             lines += ["", ph, "─" * len(ph)]
             for p in self.params:
                 lines.append(
                     f"{p.name:<28.28} {'×'.join(map(str, p.shape)):<16.16} {_fmt(p.rms, 9)} "
                     f"{_fmt(p.grad_rms, 10)} {_fmt(p.grad_norm, 10)} {_fmt(p.norm, 9)} {_fmt(p.ratio, 12)}"
                 )
-        seed = {"unit-noise": "backward seeded with unit-variance noise at the output",
-                "loss": f"backward from the cross-entropy ({self.loss_reduction} over the batch)"}
+        seed = {
+            "unit-noise": "backward seeded with unit-variance noise at the output",
+            "loss": f"backward from the cross-entropy ({self.loss_reduction} over the batch)",
+        }
         if self.backward:
             lines += ["", seed[self.backward] + (f", loss {self.loss:.4g}" if self.loss is not None else "")]
         lines += [f"warning: {w}" for w in self.warnings]
@@ -212,7 +227,8 @@ class ProbeReport:
             "modules": [r.to_dict(detail) for r in self.rows.values()],
             "params": [p.to_dict() for p in self.params],
             "prediction": {k: v for k, v in self.prediction.to_dict().items() if k != "modules"}
-            if self.prediction else None,
+            if self.prediction
+            else None,
         }
 
     def to_json(self, detail: bool = True) -> str:
@@ -235,6 +251,8 @@ def _num(v):
 
 
 def _nums(t: torch.Tensor) -> list:
-    return [None if not math.isfinite(x) else x for x in t.double().flatten().tolist()] if t.dim() <= 1 else [
-        _nums(r) for r in t
-    ]
+    return (
+        [None if not math.isfinite(x) else x for x in t.double().flatten().tolist()]
+        if t.dim() <= 1
+        else [_nums(r) for r in t]
+    )

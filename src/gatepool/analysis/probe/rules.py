@@ -251,8 +251,9 @@ def _conv_rule(m: nn.Conv1d | nn.Conv2d | nn.Conv3d, site: Site) -> Leaf:
             ones = m._conv_forward(one, w, None)[0].flatten(1).cpu()  # (C_out, n_pos)
     elif site.border == "middle":
         ones = m.weight.detach().double().flatten(1).sum(1, keepdim=True).cpu()  # (C_out, 1)
-    bias = (torch.zeros(m.out_channels, dtype=torch.float64) if m.bias is None
-            else m.bias.detach().double().cpu())
+    bias = (
+        torch.zeros(m.out_channels, dtype=torch.float64) if m.bias is None else m.bias.detach().double().cpu()
+    )
     row2 = m.weight.detach().double().flatten(1).pow(2).sum(1).cpu()  # (C_out,) Σ_k w_ck² = fan_in · E_c[w²]
 
     def forward(x):
@@ -269,8 +270,12 @@ def _conv_rule(m: nn.Conv1d | nn.Conv2d | nn.Conv3d, site: Site) -> Leaf:
         e2 = theory.linear_forward(fan_in, w2, x.var * share) + float(pattern.pow(2).mean())
         # inside each channel: its own Σ_k w_ck² times the input's variance, plus its border pattern
         per_channel = row2 * _within(x) * share + pattern.var(dim=1, unbiased=False)  # (C_out,)
-        return Moments(mean, max(e2 - mean * mean, 0.0), within=float(per_channel.mean()),
-                       inv_within=_inv_mean(per_channel))
+        return Moments(
+            mean,
+            max(e2 - mean * mean, 0.0),
+            within=float(per_channel.mean()),
+            inv_within=_inv_mean(per_channel),
+        )
 
     def backward(g, x):
         zero = _all_zero(g.zero, m.out_channels // m.groups * k)
@@ -300,8 +305,9 @@ def _linear_rule(m: nn.Linear, site: Site) -> Leaf:
         mean = float(unit_mean.mean())
         e2 = theory.linear_forward(m.in_features, w2, x.var) + float(unit_mean.pow(2).mean())
         per_unit = row2 * _within(x)  # (out,) each unit's variance over the batch
-        return Moments(mean, max(e2 - mean * mean, 0.0), within=float(per_unit.mean()),
-                       inv_within=_inv_mean(per_unit))
+        return Moments(
+            mean, max(e2 - mean * mean, 0.0), within=float(per_unit.mean()), inv_within=_inv_mean(per_unit)
+        )
 
     def backward(g, x):
         zero = _all_zero(g.zero, m.out_features)

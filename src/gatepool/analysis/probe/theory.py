@@ -102,6 +102,7 @@ def relu_of_sum(mean: float, var: float, c_mean: float, c_var: float) -> tuple[f
 
     out = []
     for i in (0, 2, 3):  # E[p], E[p²], P(p > 0)
+
         def h(z: float, i: int = i) -> float:
             return moments(z)[i] * normal_pdf(z)
 
@@ -189,8 +190,9 @@ def activation_moments(name: str, mean: float = 0.0, var: float = 1.0) -> tuple[
 
     def e(h) -> float:
         kinks = [(k - mean) / sd for k in (-3.0, 0.0, 3.0, 6.0) if -12.0 < (k - mean) / sd < 12.0]
-        return integrate.quad(lambda z: h(mean + sd * z) * normal_pdf(z), -12.0, 12.0, limit=200,
-                              points=kinks or None)[0]
+        return integrate.quad(
+            lambda z: h(mean + sd * z) * normal_pdf(z), -12.0, 12.0, limit=200, points=kinks or None
+        )[0]
 
     m = e(f)
     e2 = e(lambda x: f(x) ** 2)
@@ -232,8 +234,12 @@ def tap_coverage(length: int, k: int, p: int, s: int, d: int) -> torch.Tensor:
 
 
 def padding_variance_map(
-    height: int, width: int, kernel_size: int | tuple[int, int], padding: int | tuple[int, int],
-    stride: int | tuple[int, int] = 1, dilation: int | tuple[int, int] = 1,
+    height: int,
+    width: int,
+    kernel_size: int | tuple[int, int],
+    padding: int | tuple[int, int],
+    stride: int | tuple[int, int] = 1,
+    dilation: int | tuple[int, int] = 1,
 ) -> torch.Tensor:
     """(H_out, W_out) share of kernel taps that land on real inputs, i.e. Var(y) relative to the middle.
 
@@ -245,8 +251,12 @@ def padding_variance_map(
     (sh, sw), (dh, dw) = _pair(stride, "stride"), _pair(dilation, "dilation")
     check_int(height, "height")
     check_int(width, "width")
-    for name, pair, low in (("kernel_size", (kh, kw), 1), ("stride", (sh, sw), 1), ("dilation", (dh, dw), 1),
-                            ("padding", (ph, pw), 0)):
+    for name, pair, low in (
+        ("kernel_size", (kh, kw), 1),
+        ("stride", (sh, sw), 1),
+        ("dilation", (dh, dw), 1),
+        ("padding", (ph, pw), 0),
+    ):
         for v in pair:
             check_int(v, name, low)
     if height + 2 * ph < dh * (kh - 1) + 1 or width + 2 * pw < dw * (kw - 1) + 1:
