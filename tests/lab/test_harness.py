@@ -213,3 +213,5 @@ def test_rejudge_keeps_the_measurements_and_applies_the_declared_claims():
     again = {c["id"]: c for c in rejudge(maps, "a test")["claims"]}
     assert again["top3-r3c8"]["verdict"] == "undecided" and again["top3-r3c8"]["measured"] == 0.789
     assert again["top3-r3c8"]["tolerance"] == 0.640
+    twice = {c["id"]: c for c in rejudge(rejudge(maps, "a test"), "again")["claims"]}
+    assert twice["top3-r3c8"] == again["top3-r3c8"]  # an undecided claim judged again stays undecided

@@ -119,9 +119,9 @@ def test_weight_uses_against_a_loop():
                 1 for i in range(size) for j in range(size) if 0 <= i + a - 1 < size and 0 <= j + c - 1 < size
             )
             assert counts[0, 0, a, c].item() == b * real
-    assert weight_uses(128, 28)[1, 0, 1, 1].item() == 100_352
-    assert weight_uses(128, 14)[0, 1, 1, 1].item() == 25_088
-    assert weight_uses(128, 28)[0, 0, 0, 0].item() == 128 * 27 * 27
+    assert weight_uses(512, 14)[1, 0, 1, 1].item() == 100_352  # the lecture's block 1 on 512 digits
+    assert weight_uses(512, 7)[0, 1, 1, 1].item() == 25_088  # and blocks 2–3 at 7 × 7
+    assert weight_uses(512, 14)[0, 0, 0, 0].item() == 512 * 13 * 13
 
 
 def test_fan_modes():
@@ -244,5 +244,5 @@ def test_every_new_experiment_runs_with_sourced_verdicts(tmp_path):
         records[name] = {c["id"]: c for c in rec["claims"]}
     z = records["conv-unrolled"]["zeros"]
     assert z["measured"] == 42 and z["lecture"] == 50 and z["verdict"] == "off"
-    assert records["weight-uses"]["uses-28"]["measured"] == 100_352
+    assert records["weight-uses"]["uses-14"]["measured"] == 100_352
     assert records["pool-compound"]["nonzero-share"]["measured"] == 1 / 16

@@ -36,8 +36,10 @@ VERDICTS = ("ok", "off", "undecided", "not run")
 # "lecture": the lecture's own number (``ref`` points to the passage), and the measurement runs our code
 #   on data or on a model, so it could come out otherwise: a reproduction;
 # "arithmetic": the lecture's arithmetic or a definition restated (a sum of its own printed numbers, a
-#   count fixed by construction, an identity every correct torch operation satisfies): checked, but it
-#   cannot fail, so it is counted apart from the reproductions;
+#   count or a share fixed by construction such as a max pool's one winner in four, an identity every
+#   correct implementation satisfies for any weights such as an equivariance, or a property of random
+#   draws computed with torch alone, no code of ours measured, such as Φ(1) or the lecture's √d
+#   simulation re-run): checked, but it cannot fail, so it is counted apart from the reproductions;
 # "ours": a bar of ours (``ref`` says why that bar);
 # "prediction": our rule engine's prediction checked against the lecture's arithmetic (``ref`` names the
 #   rule): a check of ours, not a reproduction;

@@ -141,7 +141,9 @@ def rejudge(record: dict[str, Any], why: str) -> dict[str, Any]:
     measured value, note and any tolerance measured in the run (one that differs from the declared one),
     and gets the verdict of the declared claim. A claim the record never measured is ``not run`` (the note
     says so); a record's "not judged: mean X" (the verdict before ``undecided`` existed) becomes
-    ``undecided`` with that mean. ``why`` goes into the record (``rejudged``), so the report can say it.
+    ``undecided`` with that mean, and a claim the record already judged ``undecided`` stays so (the
+    measured spread that made it so is in the run, not in the declared claim). ``why`` goes into the
+    record (``rejudged``), so the report can say it.
     """
     import re
 
@@ -165,7 +167,9 @@ def rejudge(record: dict[str, Any], why: str) -> dict[str, Any]:
         tol = prev["tolerance"] if prev.get("tolerance") not in (None, spec.tolerance, declared) else declared
         measured, note, undecided = prev.get("measured"), prev.get("note") or "", ""
         found = re.match(r"not judged: mean (-?[\d.]+), but (.*?)(?:; (.*))?$", note)
-        if measured is None and found:
+        if prev.get("verdict") == "undecided" and note.startswith("undecided: "):  # judged so before: stays
+            undecided, note = note.removeprefix("undecided: "), ""  # (its note is the reason, whole)
+        elif measured is None and found:
             measured, undecided, note = float(found[1]), found[2], found[3] or ""
             width = re.search(r"= (-?[\d.]+), more than half", undecided)
             tol = float(width[1]) if width else tol  # the spread the run measured

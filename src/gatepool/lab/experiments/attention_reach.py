@@ -159,28 +159,33 @@ def first_test_digit(label: int) -> tuple[torch.Tensor, int]:
 # ----------------------------------------------------------------------------- 13. attention-reach
 
 
-def receptive_width(layers: int, kernel: int) -> int:
-    """Pixels (along a row) that one output unit of ``layers`` stacked ``kernel``² convs sees, stride 1.
+def receptive_width(layers: int, kernel: int, pool: int = 1) -> int:
+    """Pixels (along a row) that one output unit of ``layers`` stacked ``kernel``² convs sees, stride 1;
+    with ``pool`` > 1, each conv is followed by a ``pool``² average pool of stride ``pool`` (a stage).
 
-    Measured, not computed: the support of ∂y/∂x for one unit of a stack of all-ones convs (positive
-    weights, so nothing cancels) on a canvas large enough for any answer.
+    Measured, not computed: the support of ∂y/∂x for one unit of a stack of all-ones convs and average
+    pools (positive weights, so nothing cancels) on a canvas large enough for any answer.
     """
-    side = layers * kernel + 1  # ≥ every receptive field of `layers` convs
+    side = (layers * kernel + 1) * pool**layers  # ≥ every receptive field of `layers` stages
     x = torch.zeros(1, 1, side, side, dtype=torch.float64, requires_grad=True)
     y = x
     for _ in range(layers):
         y = nn.functional.conv2d(y, torch.ones(1, 1, kernel, kernel, dtype=torch.float64))  # (1, 1, h, w)
+        if pool > 1:
+            y = nn.functional.avg_pool2d(y, pool)  # (1, 1, h/pool, w/pool)
     (grad,) = torch.autograd.grad(y[0, 0, 0, 0], x)  # the top-left output unit
     return int((grad[0, 0].abs().sum(0) > 0).sum())  # columns it depends on
 
 
-def layers_to_see(pixels: int, kernel: int) -> tuple[int, list[int]]:
-    """The fewest stacked ``kernel``² convs whose unit sees ``pixels`` pixels, and the widths on the way."""
+def layers_to_see(pixels: int, kernel: int, pool: int = 1) -> tuple[int, list[int]]:
+    """The fewest stacked ``kernel``² convs (each followed by a ``pool``² pool when ``pool`` > 1) whose unit
+    sees ``pixels`` pixels, and the widths on the way."""
     check_int(kernel, "rf_kernel", 2)
     check_int(pixels, "rf_pixels")
+    check_int(pool, "rf_pool")
     widths = [1]  # zero layers: a pixel sees itself
     while widths[-1] < pixels:
-        widths.append(receptive_width(len(widths), kernel))
+        widths.append(receptive_width(len(widths), kernel, pool))
     return len(widths) - 1, widths
 
 
@@ -280,6 +285,35 @@ def attention_reach(ctx: Context) -> None:
     ctx.data["seconds"] = {m: [r["seconds"] for t, r in zip(tasks, records) if t["config"]["model"] == m
                                and not t["shared"]] for m in LR_KEY}  # fmt: skip
     _reach_figure(ctx, tasks, records)
+
+
+# ----------------------------------------------------------------------------- 13.1 conv-reach
+
+
+def _conv_reach_claims(setup: dict[str, Any]) -> list[Claim]:
+    k, p, pool = setup["rf_kernel"], setup["rf_pixels"], setup["rf_pool"]
+    return [
+        Claim("pool-stages-to-see-28", f"stages of a {k}×{k} conv then a {pool}×{pool} stride-{pool} pool a "
+              f"unit needs to see all {p} pixels (read off autograd's support at each stage's output)", 3, 0,
+              "a count: exact", kind="equal", depends=("rf_kernel", "rf_pixels", "rf_pool"),
+              source="arithmetic",
+              ref="lecture, the reach of stacked convs: 'three pooling stages would be needed to reach that "
+              f"far' (all {p} pixels; a stage read as the conv stem's: a {k}×{k} conv then a 2×2 pool; the "
+              "receptive width is fixed by the stages' construction)"),
+    ]
+
+
+@experiment("conv-reach", title="pooling widens the reach: three conv + pool stages see all 28 pixels",
+            order=13.1, setup={"rf_kernel": 5, "rf_pixels": 28, "rf_pool": 2}, claims=_conv_reach_claims)
+def conv_reach(ctx: Context) -> None:
+    k, pixels, pool = ctx["rf_kernel"], ctx["rf_pixels"], ctx["rf_pool"]
+    stages, widths = layers_to_see(pixels, k, pool)
+    ctx.check("pool-stages-to-see-28", stages)
+    ctx.note(f"receptive field after S stages of a {k}×{k} conv and a {pool}×{pool} pool, measured by "
+             "autograd: "
+             + ", ".join(f"S={i}: {w}" for i, w in enumerate(widths)) + f" pixels; without pools "
+             f"{layers_to_see(pixels, k)[0]} convs are needed")
+    ctx.data["receptive_widths"] = widths
 
 
 def _check_accuracies(ctx: Context, mean: dict[str, float], extra: str = "",
@@ -562,22 +596,25 @@ def shuffle_pixels(x: torch.Tensor, seed: int) -> torch.Tensor:
 SHUFFLE_SETUP = {**TRAIN, "seed": 0, "digit": 7, "token_seed": 0, "digits": 500, "pixel_seed": 0,
                  "cnn": "conv_stem", "cnn_epochs": 3, "mlp_epochs": 10, "mlp_hidden": 256}  # fmt: skip
 SHUFFLE_QUICK = {**TRAIN_QUICK, "digits": 200, "mlp_epochs": 3}
+SHUFFLE_EXACT = (" (the library's attention without positions, then a mean: exact by construction for any "
+                 "weights, trained or not, up to rounding; a definition checked, not a reproduction)")
 SHUFFLE_CLAIMS = [
     Claim("equivariance", "max |attn(shuffle(X)) − shuffle(attn(X))| over the 7's 144 tokens × 32 features",
           0.0, 1e-4, "float rounding only: the softmax row sums and G·V's 144-term sums are added in "
           "another order (float32, ε = 1.2e-7, outputs of order 10); bound 1e-4", kind="max",
-        source="lecture",
-        ref="lecture, shuffling tokens: attn(πX) = π attn(X) exactly (the bar allows float rounding)",
+        source="arithmetic",
+        ref="lecture, shuffling tokens: attn(πX) = π attn(X) exactly (the bar allows float rounding)"
+        + SHUFFLE_EXACT,
     ),
     Claim("same-prediction", "after the mean pool the 7's prediction is the same with its tokens shuffled",
           True, 0, "exact", kind="equal",
-        source="lecture",
-        ref="lecture, shuffling tokens: after the mean pool the prediction cannot change",
+        source="arithmetic",
+        ref="lecture, shuffling tokens: after the mean pool the prediction cannot change" + SHUFFLE_EXACT,
     ),
     Claim("flips", "test digits whose prediction changes when their tokens are shuffled (each its own order)",
           0, 0, "exact up to float rounding: a flip needs two logits within ~1e-6", kind="equal",
-        source="lecture",
-        ref="lecture, shuffling tokens: the prediction cannot change, so no test digit flips",
+        source="arithmetic",
+        ref="lecture, shuffling tokens: the prediction cannot change, so no test digit flips" + SHUFFLE_EXACT,
     ),
     Claim("cnn-kept", "a CNN trained on plain digits, tested on pixel-shuffled ones, keeps almost none of "
           "its accuracy above chance: (acc shuffled − 10%) / (acc plain − 10%)", 0.0, 0.2,

@@ -9,7 +9,9 @@
 
 The lecture's numbers are for x ~ N(0, 1) (the rules' assumption); ``--set input=mnist`` feeds block 1's
 real input (the stem and first pool of Tuesday's CNN on MNIST digits) and compares with the same rules.
-Measurements come from ``gatepool.analysis.probe.measure``; the ideal beside them from
+The step is the library's own (``PreActBlock``'s gn1 → relu1 → conv1, seeded, its He init), so the
+claims measure the library's block, not a conv built here. Measurements come from
+``gatepool.analysis.probe.measure``; the ideal beside them from
 ``gatepool.analysis.probe.theory``.
 """
 
@@ -25,6 +27,7 @@ from gatepool.analysis.probe import measure, padding_variance_map, relu_moments
 from gatepool.data import mnist_batch
 from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.models import ResidualCNN
+from gatepool.models.residual_cnn import PreActBlock
 from gatepool.utils.checks import check_int
 from gatepool.utils.plotting import pyplot
 
@@ -40,7 +43,8 @@ SEED_SPREAD = (
 
 
 def boxed_step(ctx: Context, fresh: bool = False) -> tuple[nn.Sequential, torch.Tensor]:
-    """(GroupNorm → ReLU → conv, its input x): the step, He-initialized as in block 1.
+    """(GroupNorm → ReLU → conv, its input x): the first step of the library's block
+    (``PreActBlock``'s gn1, relu1, conv1, with the block's own He init), as the lecture boxes it in block 1.
 
     ``fresh``: the same step with an input it has not seen (another Gaussian draw, or test digits).
     """
@@ -50,9 +54,8 @@ def boxed_step(ctx: Context, fresh: bool = False) -> tuple[nn.Sequential, torch.
     if check_int(c, "--set channels") % ctx["groups"]:
         raise ValueError(f"--set channels={c}: must be a positive multiple of groups={ctx['groups']}")
     torch.manual_seed(ctx["seed"])
-    conv = nn.Conv2d(c, c, k, padding=k // 2, bias=False)
-    nn.init.normal_(conv.weight, 0.0, (2.0 / (c * k * k)) ** 0.5)  # He: σ_W² = 2/fan_in
-    step = nn.Sequential(OrderedDict(gn=nn.GroupNorm(ctx["groups"], c), relu=nn.ReLU(), conv=conv))
+    block = PreActBlock(c, groups=ctx["groups"], kernel_size=k)  # the library's block, its He init
+    step = nn.Sequential(OrderedDict(gn=block.gn1, relu=block.relu1, conv=block.conv1))
     if ctx["input"] == "gaussian":
         gen = torch.Generator().manual_seed(ctx["seed"] + 1) if fresh else None
         x = torch.randn(ctx["batch"], c, ctx["size"], ctx["size"], generator=gen)  # (B, C, H, W)

@@ -70,13 +70,16 @@ def _claims(setup: dict) -> list[Claim]:
         Claim("var-qk", f"Var(q·k) = d for unit-variance entries (d = {d}, {n:,} samples)", float(d),
               round(var_tol, 4), "4 standard errors of a sample variance: Var(s²)/d² = (2 + 6/d)/n for "
               "q·k a sum of d products of normals (E[(q·k)⁴] = 3d² + 6d)", kind="rel",
-            source="lecture",
-            ref="flashcards: Var(q·k) = d for unit-variance entries",
+            source="arithmetic",
+            ref="flashcards: Var(q·k) = d for unit-variance entries (torch's randn alone, no code of ours: "
+            "an identity of the normal distribution, sampled)",
         ),
         Claim("encoder-equivariant", "an encoder without positions is permutation-equivariant: "
               "max|f(πX) − πf(X)| / max|f(X)|", 0.0, RTOL, ROUNDING, kind="max",
-            source="lecture",
-            ref="flashcards: an encoder without positions is permutation-equivariant",
+            source="arithmetic",
+            ref="flashcards: an encoder without positions is permutation-equivariant (the library's encoder, "
+            "any weights: exact by construction up to rounding, a definition checked; "
+            "positions-break-equivariance is the contrast that could fail)",
         ),
         Claim("positions-break-equivariance", "a learned positional encoding (its init, N(0, 0.02²)) breaks "
               "it: max|f(πX) − πf(X)| / max|f(X)|", FAR, 0.0, FAR_WHY, kind="min",
@@ -86,8 +89,9 @@ def _claims(setup: dict) -> list[Claim]:
         Claim("causal-future-independent", "causal mask: outputs ≤ i do not move when tokens > i change "
               "(largest relative change over every i, fast and plain paths)", 0.0, RTOL, ROUNDING,
               kind="max",
-            source="lecture",
-            ref="flashcards: a causal mask keeps output i blind to the tokens after i",
+            source="arithmetic",
+            ref="flashcards: a causal mask keeps output i blind to the tokens after i (the library's mask, "
+            "any weights: exact by construction up to rounding, a definition checked)",
         ),
         Claim("unmasked-sees-future", "without the mask they do (smallest relative change over i)", FAR, 0.0,
               FAR_WHY, kind="min",
@@ -107,8 +111,9 @@ def _claims(setup: dict) -> list[Claim]:
         ),
         Claim("cross-attention-context-order", "cross-attention ignores the context's order: "
               "max|f(X, πC) − f(X, C)| / max|f|", 0.0, RTOL, ROUNDING, kind="max",
-            source="lecture",
-            ref="flashcards: cross-attention ignores the order of the context",
+            source="arithmetic",
+            ref="flashcards: cross-attention ignores the order of the context (any weights: exact by "
+            "construction up to rounding, a definition checked)",
         ),
         Claim("layernorm-batch-independent", "LayerNorm: a sample's output does not depend on the rest "
               "of the batch", 0.0, RTOL, ROUNDING, kind="max",
@@ -464,8 +469,10 @@ def _definition_claims(setup: dict) -> list[Claim]:
         Claim("shift-equivariant", "Tuesday's CNN (stem, pool 1, block 1) is shift-equivariant: a digit on a "
               "56×56 canvas shifted by 2 pixels (pool 1's stride) gives the feature map shifted by 1 cell "
               "(largest relative |difference| away from the border)", 0.0, RTOL, ROUNDING, kind="max",
-              source="lecture", ref="lecture, the CNN's shift equivariance (measured on MNIST digits through "
-              "the library's CNN with He init)"),
+              source="arithmetic", ref="lecture, the CNN's shift equivariance (MNIST digits through the "
+              "library's CNN with He init; exact by construction for any weights, up to rounding: convs and "
+              "a stride-2 pool commute with a shift by 2, so a definition checked; shift-by-1-breaks is the "
+              "contrast that could fail)"),
         far("shift-by-1-breaks", "shifted by 1 pixel (not a multiple of the pool's stride) it is not: the "
             "same difference for the best 1-cell match is at least 1e-3", "a contrast of ours: the pool's "
             "stride 2 makes the net equivariant to shifts by 2 only; the bar 100× float32 rounding is ours"),

@@ -8,7 +8,8 @@
                   fan_in  mode σ_W² = 2/(C_in k²):  forward 1,  backward C_out/C_in
                   fan_out mode σ_W² = 2/(C_out k²): forward C_in/C_out,  backward 1
     uses          a conv weight multiplies one input at every output position of every image:
-                  B · H · W products, 128 · 28 · 28 = 100,352 and 128 · 14 · 14 = 25,088.
+                  B · H · W products; on the lecture's 512 digits, block 1 at 14 × 14: 512 · 14 · 14 =
+                  100,352, and blocks 2–3 at 7 × 7: 512 · 7 · 7 = 25,088.
                   Counted by autograd: with an all-ones input and a ones upstream gradient,
                   ∂L/∂w_tap = Σ over outputs of the input it meets = the number of real (non-padding)
                   inputs it multiplies. The centre tap never meets padding ('same' padding, stride 1):
@@ -215,6 +216,10 @@ FAN_QUICK = {"batch": 16, "seeds": [0, 1, 2, 3]}
 # value); the backward sees only Σw² (zero-mean g): relative s.d. √(2/n_weights) = 1.5%.
 
 
+TORCH_INIT = (" (torch's own kaiming_normal_ and Conv2d on random draws, no code of ours: the rule's "
+              "expectation sampled, as he-torch; he-block holds the library's init to the lecture)")
+
+
 def _fan_claims(setup: dict) -> list[Claim]:
     s = len(setup["seeds"])
     ratio = setup["c_out"] / setup["c_in"]
@@ -244,8 +249,8 @@ def _fan_claims(setup: dict) -> list[Claim]:
             why_f,
             kind="rel",
             depends=dep,
-            source="lecture",
-            ref=rule,
+            source="arithmetic",
+            ref=rule + TORCH_INIT,
         ),
         Claim(
             "fan-in-backward",
@@ -277,8 +282,8 @@ def _fan_claims(setup: dict) -> list[Claim]:
             why_b,
             kind="rel",
             depends=dep,
-            source="lecture",
-            ref=rule,
+            source="arithmetic",
+            ref=rule + TORCH_INIT,
         ),
     ]
 
@@ -309,17 +314,17 @@ def he_fan_mode(ctx: Context) -> None:
 
 # ----------------------------------------------------------------------------- 3.5 weight-uses
 
-USES_SETUP = {"batch": 128, "sizes": [28, 14], "kernel": 3, "seed": 0}
-LECTURE_USES = {28: 100_352, 14: 25_088}
-USES_CONV = {28: "stem", 14: "block1.conv1"}  # Tuesday's CNN's convs at 28 × 28 and at 14 × 14
+USES_SETUP = {"batch": 512, "sizes": [14, 7], "kernel": 3, "seed": 0}
+LECTURE_USES = {14: 100_352, 7: 25_088}  # on the lecture's 512 digits: 512·14·14 and 512·7·7
+USES_CONV = {14: "block1.conv1", 7: "block2.conv1"}  # Tuesday's CNN's block convs at 14 × 14 and at 7 × 7
 
 
 def backward_products(batch: int, seed: int = 0) -> dict[int, dict[str, float]]:
-    """Per map size (28: the stem, 14: block 1's first conv), from one real backward pass of Tuesday's CNN
-    (cross-entropy summed over the first ``batch`` MNIST digits): the number of products ``g · x`` that
-    make the centre tap's ∂L/∂w of filter 0, channel 0, and how far their sum is from autograd's
-    (relative). The products are read off the conv's real input (``F.unfold``, the padding included) and
-    the real gradient at its output: ∂L/∂w = Σ over images and positions of g · x.
+    """Per map size (14: block 1's first conv, 7: block 2's first conv), from one real backward pass of
+    Tuesday's CNN (cross-entropy summed over the first ``batch`` MNIST digits): the number of products
+    ``g · x`` that make the centre tap's ∂L/∂w of filter 0, channel 0, and how far their sum is from
+    autograd's (relative). The products are read off the conv's real input (``F.unfold``, the padding
+    included) and the real gradient at its output: ∂L/∂w = Σ over images and positions of g · x.
     """
     from gatepool.data import mnist_batch
 
@@ -364,7 +369,7 @@ def _uses_claims(setup: dict) -> list[Claim]:
                 f"({USES_CONV.get(size, '?')}) is used at "
                 f"every output position of every image: its gradient in a real backward pass on "
                 f"{setup['batch']} digits is a sum of {setup['batch']}·{size}² products",
-                LECTURE_USES.get(size) if setup["batch"] == 128 else None,
+                LECTURE_USES.get(size) if setup["batch"] == 512 else None,
                 0,
                 "a count; the sum of that many products must give autograd's ∂L/∂w (relative 1e-5), or the "
                 "count is not the one the backward sums",
@@ -372,7 +377,7 @@ def _uses_claims(setup: dict) -> list[Claim]:
                 depends=("batch", "sizes"),
                 source="lecture",
                 ref=f"lecture, weight gradient: {LECTURE_USES.get(size, '?'):,} products per weight "
-                f"= 128·{size}·{size}",
+                f"= 512·{size}·{size} (its 512 digits)",
             )
         )
         claims.append(
@@ -408,7 +413,7 @@ def _uses_claims(setup: dict) -> list[Claim]:
 
 @experiment(
     "weight-uses",
-    title="one conv weight, 100,352 products: 128 images · 28 · 28 positions",
+    title="one conv weight, 100,352 products: 512 images · 14 · 14 positions",
     order=3.5,
     setup=USES_SETUP,
     claims=_uses_claims,

@@ -9,7 +9,9 @@
     the stream     on real digits the values of Tuesday's CNN are right-skewed after each pool and block,
                    skew = E[(x − μ)³]/σ³ > 0 (a max keeps the large values; the residual carries them on);
                    the stem before it (a conv with random-sign filters) has no sign of its own
-    the head       backward from the logits (unit-variance g) through Linear(32, 10) → mean over 49
+    the head       forward, GroupNorm → ReLU → mean over 49 positions narrows each channel to a tight bump
+                   (at least the ÷49 of independent positions: measured on real digits);
+                   backward from the logits (unit-variance g) through Linear(32, 10) → mean over 49
                    positions → ReLU → GroupNorm, the lecture's ideal chain:
                        ×10/32 (= 0.31: fan_out · E[w²] with E[w²] = 1/32)
                        ÷49²   (each of the 49 positions gets g/49)
@@ -92,7 +94,8 @@ def head_factors(model: ResidualCNN, images: torch.Tensor, seed: int, stream: to
 
     fc: at fc's input / at the logits; avg: at the pool's input / at its output; relu: at the ReLU's
     input / at its output; norm: at the norm's output / at its input (the divisor); also the ReLU's share
-    of positive inputs and the end-to-end ratio (block 3's output / the logits).
+    of positive inputs, the end-to-end ratio (block 3's output / the logits) and, forward, how much the
+    average pool narrows each channel (:func:`narrowing`).
     """
     head = model.head
     with torch.no_grad():
@@ -119,12 +122,25 @@ def head_factors(model: ResidualCNN, images: torch.Tensor, seed: int, stream: to
         "positive": (a > 0).double().mean().item(),
         "chain": e2(gfeat) / e2(g),
         "var": feat.detach().double().var().item(),
+        "narrowing": narrowing(b.detach(), c.detach()),
     }
+
+
+def narrowing(before: torch.Tensor, pooled: torch.Tensor) -> float:
+    """How much the head's average pool narrows each channel, averaged over the channels: the variance of
+    the ReLU's output (over images and positions) over that of the pooled feature (over images).
+
+    ``before`` (B, C, H, W), ``pooled`` (B, C, 1, 1). A mean of H·W independent positions divides by H·W.
+    """
+    c = before.shape[1]
+    spread = before.double().transpose(0, 1).reshape(c, -1).var(1)  # (C,)
+    return (spread / pooled.double().reshape(-1, c).var(0)).mean().item()
 
 
 # ----------------------------------------------------------------------------- 4.5 max-normals
 
 NS = [1, 2, 4, 9, 16]
+TORCH_ONLY = " (torch's own randn{x}, no code of ours: a property of the normal distribution, sampled)"
 MAX_SETUP = {"samples": 1_000_000, "ns": NS, "seed": 0}
 MAX_QUICK = {"samples": 200_000}
 
@@ -140,8 +156,8 @@ def _max_claims(setup: dict) -> list[Claim]:
             0.84,
             0.005 + 3 * se1,
             f"the lecture prints two digits (±0.005), plus 3 s.e. √(p(1−p)/{n_s}) = {3 * se1:.4f}",
-            source="lecture",
-            ref="lecture, the max of n normals: 'Φ(1) = 84%'",
+            source="arithmetic",
+            ref="lecture, the max of n normals: 'Φ(1) = 84%'" + TORCH_ONLY.format(x=""),
         ),
         Claim(
             "pool-exceeds-1",
@@ -159,8 +175,8 @@ def _max_claims(setup: dict) -> list[Claim]:
             0,
             "the steps (≥ 0.15 between these n) are > 100 s.e.",
             kind="equal",
-            source="lecture",
-            ref="lecture, the max of n normals: it moves right as n grows",
+            source="arithmetic",
+            ref="lecture, the max of n normals: it moves right as n grows" + TORCH_ONLY.format(x=" and max"),
         ),
         Claim(
             "narrows",
@@ -169,8 +185,8 @@ def _max_claims(setup: dict) -> list[Claim]:
             0,
             "the steps (≥ 0.05 between these n) are > 50 s.e.",
             kind="equal",
-            source="lecture",
-            ref="lecture, the max of n normals: it narrows as n grows",
+            source="arithmetic",
+            ref="lecture, the max of n normals: it narrows as n grows" + TORCH_ONLY.format(x=" and max"),
         ),
     ]
     for n in setup["ns"]:
@@ -435,6 +451,22 @@ def _head_claims(setup: dict) -> list[Claim]:
             ref=ref + " = 24.3e-6",
         ),
         Claim(
+            "bump",
+            "forward on real digits, the head's GroupNorm → ReLU → mean over the 49 positions narrows the "
+            "stream to a tight bump: each channel's variance falls by at least the ÷49 of a mean of 49 "
+            "independent positions (variance after the ReLU over images and positions / of the pooled "
+            "feature over images, mean over channels and seeds)",
+            49.0,
+            0.0,
+            "a direction, the bar ours for the lecture's words: at least the narrowing of a mean of 49 "
+            "independent values (positions that move together narrow less; a max instead of the mean "
+            "narrows about 2×)",
+            kind="min",
+            depends=dep,
+            source="lecture",
+            ref="lecture, the head forward: its GroupNorm and average pool narrow the stream to a tight bump",
+        ),
+        Claim(
             "relu-digits",
             "on real digits (block 3's output on MNIST) the ReLU passes less than ½: the stream is "
             "right-skewed, so after GroupNorm fewer than half its values are positive",
@@ -512,6 +544,9 @@ def head_chain(ctx: Context) -> None:
               "more is removed than the ÷σ² of the lecture's chain counts")
     ctx.check("chain", mean(ideal, "chain"), theory=HEAD_IDEAL,
               note=f"{seeds(ideal, 'chain', '.3g')}; end to end (= the product of the four measured factors)")
+    ctx.check("bump", mean(real, "narrowing"), theory=None,
+              note=f"{seeds(real, 'narrowing', '.1f')}; on the ideal stream N(0, 2.68) "
+              f"{mean(ideal, 'narrowing'):.1f} (GroupNorm's per-image normalization narrows more than ÷49)")
     ctx.check(
         "relu-digits",
         mean(real, "relu"),

@@ -38,6 +38,9 @@ LECTURE_MEASURED = {
 }
 SETUP = {"batch": 512, "pool": "max", "seeds": [0, 1, 2, 3, 4]}
 QUICK = {"batch": 256, "seeds": [0, 1, 2]}
+# backward, the quick profile keeps the lecture's 512 digits: a weight's gradient sums over the batch, so
+# ‖∂L/∂W‖ and rms ∂L/∂W on 256 digits would be another quantity than the lecture's
+BACK_QUICK = {"seeds": [0, 1, 2]}
 NORMS = ["block1.gn1", "block1.gn2", "block2.gn1", "block2.gn2", "block3.gn1", "block3.gn2", "head.norm"]
 RELUS = ["block1.relu1", "block2.relu1", "block3.relu1"]
 CONVS = [f"block{b}.conv{c}" for b in (1, 2, 3) for c in (1, 2)]
@@ -214,6 +217,7 @@ def network_forward(ctx: Context) -> None:
 LECTURE_BACK = {"block3": 13.3e-6, "block2": 16.7e-6, "pool2": 22.2e-6, "block1": 5.5e-6}
 BACK_REF = "lecture, Tuesday's CNN backward, E[g²] per stage (its measured column)"
 LECTURE_BACK_IDEAL = {"block3": 24.3e-6, "block2": 38.5e-6, "pool2": 90.3e-6, "block1": 22.6e-6}
+RMS_CONV = "block1.conv1"  # the conv of the lecture's first rms pair g → ∂L/∂W (0.0022 → 1.21)
 
 
 def _backward_claims(setup: dict) -> list[Claim]:
@@ -233,6 +237,7 @@ def _backward_claims(setup: dict) -> list[Claim]:
                 ref="our rules (probe.predict) held to the ratios of the lecture's ideal backward column",
             )
         )
+        through_pool = (a, b) == ("pool2", "block1")  # the max pool's ÷4: one winner in four, exact
         claims.append(
             Claim(
                 f"{a}-to-{b}",
@@ -243,8 +248,10 @@ def _backward_claims(setup: dict) -> list[Claim]:
                 kind="rel",
                 quick_tolerance=0.25,
                 depends=("pool",),
-                source="lecture",
-                ref=BACK_REF,
+                source="arithmetic" if through_pool else "lecture",
+                ref=BACK_REF + (" (through the max pool: each window's g goes to its one winner, so the "
+                                "ratio is ¼ exactly by construction, for any correct max pool; the lecture's "
+                                "5.5µ/22.2µ is ¼ rounded)" if through_pool else ""),
             )
         )
     for stage in LECTURE_BACK:
@@ -283,10 +290,11 @@ def _backward_claims(setup: dict) -> list[Claim]:
             "after the max pool (at its input) 75% of the gradients are exact zeros",
             0.75,
             0.01,
-            "exact up to ties, which smooth digits make possible",
+            "exact: each window's gradient goes to one winner, ties included (torch picks one)",
             depends=("pool",),
-            source="lecture",
-            ref="lecture, Tuesday's CNN backward: the max pool zeroes three gradients in four",
+            source="arithmetic",
+            ref="lecture, Tuesday's CNN backward: the max pool zeroes three gradients in four (exact by "
+            "construction for any correct max pool, as pool-backward's max-zeros)",
         ),
     ]
     claims += [
@@ -304,6 +312,37 @@ def _backward_claims(setup: dict) -> list[Claim]:
             ref="lecture, Tuesday's CNN backward: ‖∂L/∂W‖/‖W‖ ≈ 10–16 in every conv, stem to block 3",
         )
         for end, bar in (("low", 10.0), ("high", 16.0))
+    ]
+    pair_ref = ("lecture, Tuesday's CNN backward: the six rms pairs g → ∂L/∂W, the first 0.0022 → 1.21 (read "
+                "as block 1's first conv: the six pairs are the six block convs in order); the other five "
+                "pairs are not in our references, so ours are in the note, unjudged")
+    claims += [
+        Claim(
+            f"rms-g-{RMS_CONV}",
+            f"{RMS_CONV}: the rms of ∂L/∂(its output), mean over the seeds' inits: the lecture's 0.0022",
+            0.0022,
+            0.25,
+            "one init's rms g differs from the next by up to ±25% (seeds 0–4: 0.0017 to 0.0027), and the "
+            "lecture's is one init's",
+            kind="rel",
+            depends=("pool",),
+            source="lecture",
+            ref=pair_ref,
+        ),
+        Claim(
+            f"rms-dw-{RMS_CONV}",
+            f"{RMS_CONV}: the rms of ∂L/∂W (W its 32·32·9 weights), mean over the seeds' inits: the "
+            "lecture's 1.21, a weight's gradient ~500× the gradient at the conv's output (each weight sums "
+            "512·14·14 products g·x)",
+            1.21,
+            0.5,
+            "one init's rms ∂L/∂W differs from the next by up to ±50% (seeds 0–4: 0.79 to 2.16), and the "
+            "lecture's is one init's",
+            kind="rel",
+            depends=("pool",),
+            source="lecture",
+            ref=pair_ref,
+        ),
     ]
     n_stem = 32 * 25  # the stem's weights: Conv2d(1, 32, 5)
     s = len(setup["seeds"])
@@ -329,10 +368,11 @@ def _backward_claims(setup: dict) -> list[Claim]:
             "∂L/∂(stem output)",
             0.75,
             0.01,
-            "exact up to ties, which smooth digits make possible",
+            "exact: each window's gradient goes to one winner, ties included (torch picks one)",
             depends=("pool",),
-            source="lecture",
-            ref="lecture, Tuesday's CNN backward, its gradient histograms: a spike at 0 below each max pool",
+            source="arithmetic",
+            ref="lecture, Tuesday's CNN backward, its gradient histograms: a spike at 0 below each max pool "
+            "(its height, 3/4, is exact by construction for any correct max pool)",
         ),
     ]
     return claims
@@ -343,7 +383,7 @@ def _backward_claims(setup: dict) -> list[Claim]:
     title="Tuesday's CNN backward: E[(∂L/∂·)²] per stage, ÷4 at the max pool",
     order=7,
     setup=SETUP,
-    quick=QUICK,
+    quick=BACK_QUICK,
     claims=_backward_claims,
 )
 def network_backward(ctx: Context) -> None:
@@ -374,6 +414,18 @@ def network_backward(ctx: Context) -> None:
               note="seeds: " + ", ".join(f"{r['(input)'].backward.e2 / r['stem'].backward.e2:.1f}"
                                          for r in reports))
     ctx.check("spike-stem", statistics.fmean(r["stem"].backward.zero_share for r in reports), theory=0.75)
+    pairs = {name: ([r[name].backward.rms for r in reports],
+                    [next(p.grad_rms for p in r.params if p.name == f"{name}.weight") for r in reports])
+             for name in CONVS}  # per conv: (rms g at its output, rms ∂L/∂W) per seed
+    mean_pairs = "; ".join(f"{n} {statistics.fmean(g):.2g} → {statistics.fmean(w):.3g}"
+                           for n, (g, w) in pairs.items())
+    g_rms, w_rms = pairs[RMS_CONV]
+    ctx.check(f"rms-g-{RMS_CONV}", statistics.fmean(g_rms),
+              note="seeds: " + ", ".join(f"{v:.4f}" for v in g_rms)
+              + f"; the six pairs g → ∂L/∂W (means over the seeds): {mean_pairs}")
+    ctx.check(f"rms-dw-{RMS_CONV}", statistics.fmean(w_rms),
+              note="seeds: " + ", ".join(f"{v:.3f}" for v in w_rms) + "; ratio to rms g per seed: "
+              + ", ".join(f"{w / g:.0f}" for g, w in zip(g_rms, w_rms)))
     ctx.check("weight-ratio-low", ranges[0][0], note=f"per init, stem to block 3: {others}")
     ctx.check("weight-ratio-high", ranges[0][1], note=f"per init, stem to block 3: {others}")
     mu = 1e-6

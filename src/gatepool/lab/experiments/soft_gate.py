@@ -109,8 +109,9 @@ def _soft_gate_claims(setup: dict) -> list[Claim]:
             printed(2),
             TWO_DECIMALS,
             depends=("window",),
-            source="lecture",
-            ref=WINDOW_REF,
+            source="arithmetic",
+            ref=WINDOW_REF + " (the window's largest printed value, by the max's definition: any correct max "
+            "pool meets it, as hard-1…4)",
         ),
         Claim(
             "soft-out",

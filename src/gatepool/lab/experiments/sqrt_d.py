@@ -7,6 +7,8 @@ scores at unit variance and the gate as soft at d = 256 as at d = 1. The largest
 
 The std has a closed form (√d), which stands in for the lecture's value when ``--set`` changes d or the
 number of tokens; the mean largest gate has none, so off the lecture's setup it is reported as measured only.
+The draws, the products and the softmax are torch's alone: the claims re-run the lecture's simulation and
+are counted as its arithmetic (``arithmetic``), apart from the reproductions.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from gatepool.utils.checks import check_int
 from gatepool.utils.plotting import pyplot
 
 SQRT_D_REF = "lecture, why divide by √d: its table of std(q·k) and the mean largest gate, unscaled and scaled"
+TORCH_ONLY = (" (the lecture's own simulation re-run with torch's randn, matmul and softmax: no code of ours "
+              "is measured, so it checks the lecture's arithmetic, not a reproduction)")
 LECTURE = {  # d: (std of q·k, mean largest gate unscaled, scaled)
     1: (1.02, 0.063, 0.063),
     4: (2.04, 0.209, 0.065),
@@ -48,8 +52,8 @@ def _claims(setup: dict) -> list[Claim]:
                 kind="rel",
                 quick_tolerance=0.08,
                 depends=("tokens",),
-                source="lecture",
-                ref=SQRT_D_REF,
+                source="arithmetic",
+                ref=SQRT_D_REF + TORCH_ONLY,
             ),
             Claim(
                 f"max-gate-d{d}",
@@ -59,8 +63,8 @@ def _claims(setup: dict) -> list[Claim]:
                 "500 queries: the standard error of the mean largest gate is ≤ 0.015",
                 quick_tolerance=0.06,
                 depends=("tokens",),
-                source="lecture",
-                ref=SQRT_D_REF,
+                source="arithmetic",
+                ref=SQRT_D_REF + TORCH_ONLY,
             ),
             Claim(
                 f"max-gate-scaled-d{d}",
@@ -70,8 +74,8 @@ def _claims(setup: dict) -> list[Claim]:
                 "500 queries: the standard error of the scaled gate's mean is ~0.002",
                 quick_tolerance=0.02,
                 depends=("tokens",),
-                source="lecture",
-                ref=SQRT_D_REF,
+                source="arithmetic",
+                ref=SQRT_D_REF + TORCH_ONLY,
             ),
         ]
     return claims

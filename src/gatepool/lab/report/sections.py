@@ -20,7 +20,8 @@ SECTIONS: list[tuple[str, str, tuple[str, ...]]] = [
      ("network-forward", "stream-skew", "network-backward", "orange-numbers", "head-chain")),
     ("soft-gate", "The soft gate",
      ("soft-gate", "temperature-dial", "soft-gradient", "gradient-share", "pool-comparison", "adam-reach")),
-    ("attention", "Attention", ("attention-reach", "sqrt-d", "attention-maps", "shuffle", "attention-cost")),
+    ("attention", "Attention",
+     ("attention-reach", "conv-reach", "sqrt-d", "attention-maps", "shuffle", "attention-cost")),
     ("flashcards", "Normalisation and the flashcards", ("batchnorm", "flashcards", "definitions")),
     ("transformers", "Transformers", ("vit-mnist", "seq-demo", "seq-demo-encdec", "transformer-variants")),
     ("beyond", "Beyond the lecture", ("gate-matters", "distractor-study")),  # `reproduce --beyond`
