@@ -33,7 +33,7 @@ measurement (the input's statistics, and a tensor's for comparison). The walk th
 
 from gatepool.analysis.probe.correlated.add import add, add_grads
 from gatepool.analysis.probe.correlated.conv import Conv, autocorr, box_conv
-from gatepool.analysis.probe.correlated.field import Field, neighbour_corr, unit_noise, with_yy, xcorr
+from gatepool.analysis.probe.correlated.field import Field, neighbour_corr, unit_noise, xcorr
 from gatepool.analysis.probe.correlated.linear import Linear
 from gatepool.analysis.probe.correlated.maxpool import MaxPool, clark_max
 from gatepool.analysis.probe.correlated.measure import measure_field, measure_fields, measure_input
@@ -63,6 +63,5 @@ __all__ = [
     "relu_of_sum_map",
     "relu_series_maps",
     "unit_noise",
-    "with_yy",
     "xcorr",
 ]

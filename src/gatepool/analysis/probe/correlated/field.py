@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -141,7 +141,3 @@ def unit_noise(channels: int) -> Field:
         torch.ones((channels, 1, 1), dtype=_DT),
         torch.ones((channels, 1, 1), dtype=_DT),
     )
-
-
-def with_yy(f: Field, yy) -> Field:
-    return replace(f, yy=yy)
