@@ -40,19 +40,6 @@ def _shift_prod(W: torch.Tensor, dh: int, dw: int) -> torch.Tensor:
     return W * _shifted(W, dh, dw)
 
 
-def _shift_prods(W: torch.Tensor, lags, dim: int) -> torch.Tensor:
-    """:func:`_shift_prod` of (Co, Ci, kh, kw) weights at every lag, stacked along ``dim`` (0: the
-    lag-major (n·Co, Ci, kh, kw), 1: (Co, n·Ci, kh, kw)), written in place (no per-lag copies)."""
-    Co, Ci, kh, kw = W.shape
-    out = torch.zeros((len(lags), Co, Ci, kh, kw) if dim == 0 else (Co, len(lags), Ci, kh, kw), dtype=W.dtype)
-    for n, (dh, dw) in enumerate(lags):
-        h0, h1, w0, w1 = max(0, -dh), min(kh, kh - dh), max(0, -dw), min(kw, kw - dw)
-        if h0 < h1 and w0 < w1:
-            prod = W[..., h0:h1, w0:w1] * W[..., h0 + dh : h1 + dh, w0 + dw : w1 + dw]
-            (out[n] if dim == 0 else out[:, n])[..., h0:h1, w0:w1] = prod
-    return out.reshape(-1, Ci, kh, kw) if dim == 0 else out.reshape(Co, -1, kh, kw)
-
-
 def autocorr(W: torch.Tensor) -> torch.Tensor:
     """A[o, i, d] = Σ_u W[o,i,u] W[o,i,u+d]: (C_out, C_in, 2kh−1, 2kw−1), centre d = 0."""
     kh, kw = W.shape[-2:]
@@ -92,9 +79,12 @@ class Conv:
         kh, kw = self.W.shape[-2:]
         return [(a, b) for a in range(kh) for b in range(kw)]
 
-    def _tap_xcorr(self, FS, j, size, Ho, Wo):
-        """Σ_P S_j(P) S_l(P + Δ) for every tap l: (k, C, 2Ho−1, 2Wo−1), from the taps' FFTs FS (k, C, …)."""
-        return torch.roll(torch.fft.irfft2(FS[j].conj()[None] * FS, s=size), (Ho - 1, Wo - 1), (-2, -1))
+    @staticmethod
+    def _pair_xcorr(S: torch.Tensor, size) -> list[torch.Tensor]:
+        """Σ_P S_j(P) S_l(P + Δ) for every l ≥ j, one (k − j, C, 2Ho−1, 2Wo−1) tensor per j (the pairs
+        l < j are these at −Δ), from the maps S (k, C, Ho, Wo); centred as :func:`xcorr`."""
+        FS, FR = torch.fft.rfft2(S, s=size), torch.fft.rfft2(S.flip((-2, -1)), s=size)
+        return [torch.fft.irfft2(FR[j] * FS[j:], s=size) for j in range(len(S))]
 
     def forward(self, x: Field) -> Field:
         self.x = x
@@ -105,79 +95,109 @@ class Conv:
             return replace(out, mean=F.conv2d(x.mean[None], self.W, self.b, self.stride, self.padding)[0])
         mean = F.conv2d(x.mean[None], self.W, self.b, self.stride, self.padding)[0]
         s = x.var.clamp_min(0).sqrt()
+        (Co, _, kh, kw), (sh, sw), (ph, pw) = self.W.shape, self.stride, self.padding
         H, W = x.shape[1:]
-        lags = [(dh, dw) for dh, dw in _lags(*self.W.shape[-2:]) if abs(dh) < H and abs(dw) < W]  # in the map
-        P = torch.cat(
-            [s * _shifted(s, dh, dw) * _at_lag(x.corr, dh, dw)[:, None, None] for dh, dw in lags], 0
-        )
-        Wd = _shift_prods(self.W, lags, 1)  # (Co, nd·Ci, kh, kw)
-        var = F.conv2d(P[None], Wd, None, self.stride, self.padding)[0].clamp_min(0)  # (nd·Ci, H, W) in
-        # T_out(o, Δ) = Σ_{u,u'} Σ_i W_u W_u' ρ_i(sΔ + u' − u) Σ_P s(sP+u−p) s(sP+sΔ+u'−p): the output pairs
-        # exactly (both taps inside the map), every pair of taps
-        Ho, Wo = var.shape[1:]
+        Ho, Wo = (H + 2 * ph - kh) // sh + 1, (W + 2 * pw - kw) // sw + 1
         size = (2 * Ho - 1, 2 * Wo - 1)
-        FS = torch.fft.rfft2(torch.stack(self._taps(s, (Ho, Wo))), s=size)  # (k, Ci, …)
-        taps, Wf = self._tap_offsets(), self.W.flatten(2)  # Wf (Co, Ci, k)
+        n, m = size[0] * size[1], Ho * Wo
+        # over the pairs of taps (j, l), S_j(P) = √v(sP + u_j − p) (0 in the padding):
+        #   v_out(o, P)  = Σ_i Σ_{j,l} W_j W_l ρ_i(u_l − u_j) S_j(P) S_l(P)
+        #   T_out(o, Δ) = Σ_i Σ_{j,l} W_j W_l ρ_i(sΔ + u_l − u_j) Σ_P S_j(P) S_l(P + Δ)  (the output pairs
+        #                 exactly: both taps inside the map)
+        # the pair (l, j) is (j, l) at −Δ: the pairs l ≥ j (j = l halved), then v = 2·V, T = U(Δ) + U(−Δ);
+        # per j one matrix product over (l, i) of W_j W_l with the lag sums and the products S_j S_l
+        taps = self._tap_offsets()
+        Wt = self.W.flatten(2).transpose(1, 2)  # (Co, k, Ci)
+        S = torch.stack(self._taps(s, (Ho, Wo)))  # (k, Ci, Ho, Wo)
         rho = {}
-        T = torch.zeros((self.W.shape[0], *size), dtype=_DT)
-        for j, (a1, b1) in enumerate(taps):
+        U = torch.zeros((Co, n + m), dtype=_DT)
+        for j, X in enumerate(self._pair_xcorr(S, size)):  # (k − j, Ci, 2Ho−1, 2Wo−1)
+            a1, b1 = taps[j]
             R = []
-            for a2, b2 in taps:
+            for a2, b2 in taps[j:]:
                 off = (a2 - a1, b2 - b1)
                 if off not in rho:
-                    rho[off] = _rho_strided(x.corr, x.shape[1:], (Ho, Wo), self.stride, *off)
+                    rho[off] = _rho_strided(x.corr, (H, W), (Ho, Wo), self.stride, *off)
                 R.append(rho[off])
-            ww = (Wf[:, :, j : j + 1] * Wf).permute(2, 0, 1)  # (k, Co, Ci): W_j W_l
-            T += torch.einsum("loi,lihw->ohw", ww, torch.stack(R) * self._tap_xcorr(FS, j, size, Ho, Wo))
+            R = torch.stack(R)  # (k − j, Ci, 2Ho−1, 2Wo−1): ρ(sΔ + u_l − u_j)
+            Z = S[j] * S[j:] * R[:, :, Ho - 1 : Ho, Wo - 1 : Wo]  # (k − j, Ci, Ho, Wo)
+            X *= R
+            X[0] *= 0.5
+            Z[0] *= 0.5
+            ww = Wt[:, j : j + 1] * Wt[:, j:]  # (Co, k − j, Ci): W_j W_l
+            U += ww.reshape(Co, -1) @ torch.cat([X.reshape(-1, n), Z.reshape(-1, m)], 1)
+        var = (2 * U[:, n:]).reshape(Co, Ho, Wo).clamp_min(0)
+        U = U[:, :n].reshape(Co, *size)
+        T = U + U.flip((-2, -1))
         T[:, Ho - 1, Wo - 1] = var.sum((1, 2))
         return _field_from_sums(mean, var, T)
 
     def backward(self, g: Field) -> Field:
-        x, (kh, kw), (sh, sw) = self.x, self.W.shape[-2:], self.stride
+        x, (Co, Ci, kh, kw), (sh, sw), (ph, pw) = self.x, self.W.shape, self.stride, self.padding
         H, W = x.shape[1:]
         Ho, Wo = g.shape[1:]
+        size = (2 * Ho - 1, 2 * Wo - 1)
+        n, m = size[0] * size[1], Ho * Wo
         sg = g.var.clamp_min(0).sqrt()
-        deltas = [
-            (a, b)
-            for a in range(-min((kh - 1) // sh, Ho - 1), min((kh - 1) // sh, Ho - 1) + 1)
-            for b in range(-min((kw - 1) // sw, Wo - 1), min((kw - 1) // sw, Wo - 1) + 1)
-        ]  # the output lags two taps of one input position span, within the map
-        Q = torch.cat([sg * _shifted(sg, a, b) * _at_lag(g.corr, a, b)[:, None, None] for a, b in deltas], 0)
-        Wp = _shift_prods(self.W, [(-sh * a, -sw * b) for a, b in deltas], 0)  # W(u) W(u − sΔ)
-        # convᵀ(Q, Wp) as one matrix product and a fold (float64 conv_transpose2d is slow on the CPU)
-        cols = Wp.reshape(Wp.shape[0], -1).T @ Q.reshape(Q.shape[0], -1)  # (Ci·kh·kw, Ho·Wo)
-        var = F.fold(cols[None], (H, W), (kh, kw), padding=self.padding, stride=self.stride)[0].clamp_min(0)
-        # T_in(i, e) = Σ_{u,u'} Σ_o W_u W_u' Σ_Δ ρ_g(Δ) Σ_P sg(P) sg(P+Δ) M_u(P) M_u'(P+Δ), e = sΔ + u' − u,
-        # M_u the output positions whose tap u lands inside the input. Taps with the same M (all but the
-        # border ones) share the sum over P: one FFT product per pair of mask classes.
+        # over the pairs of taps (j, l), M_u the output positions whose tap u lands inside the input:
+        #   v_in(i, q)  = Σ_o Σ_{j,l} W_j W_l Cov(g_P, g_{P+Δ}), q = sP + u_j − p, sΔ = u_j − u_l
+        #   T_in(i, e)  = Σ_o Σ_{j,l} W_j W_l ρ_g(Δ) Σ_P sg(P) sg(P+Δ) M_j(P) M_l(P+Δ), e = sΔ + u_l − u_j
+        # Taps with the same M (all but the border ones) share the sum over P: one FFT product per pair of
+        # mask classes. As forward: the pairs (j, l) of class pairs c1 ≤ c2 (within a class j ≤ l, j = l
+        # halved), then v = 2·V, T = U(e) + U(−e); per class pair one matrix product over o.
         masks = self._taps(torch.ones((1, H, W), dtype=_DT), (Ho, Wo))
         classes: list[torch.Tensor] = []
         of = []  # each tap's class
-        for m in masks:
-            c = next((i for i, k in enumerate(classes) if torch.equal(k, m)), None)
+        for mask in masks:
+            c = next((i for i, k in enumerate(classes) if torch.equal(k, mask)), None)
             if c is None:
-                classes.append(m)
+                classes.append(mask)
                 c = len(classes) - 1
             of.append(c)
-        size = (2 * Ho - 1, 2 * Wo - 1)
-        FS = torch.fft.rfft2(torch.stack([sg * m for m in classes]), s=size)  # (K, Co, …)
+        members = [[j for j in range(len(of)) if of[j] == c] for c in range(len(classes))]
+        taps = self._tap_offsets()
         kk = max(kh, kw)
-        big = torch.zeros((x.shape[0], 2 * H - 1 + 2 * kk, 2 * W - 1 + 2 * kk), dtype=_DT)
-        taps, Wf = self._tap_offsets(), self.W.flatten(2)  # Wf (Co, Ci, k)
-        members = [[j for j in range(len(taps)) if of[j] == c] for c in range(len(classes))]
-        for c1, js in enumerate(members):
-            Y = g.corr[None] * self._tap_xcorr(FS, c1, size, Ho, Wo)  # (K, Co, …): ρ_g Σ_P S_c1 S_c2
-            for c2, ls in enumerate(members):
-                ww = Wf[:, :, js, None] * Wf[:, :, None, ls]  # (Co, Ci, |c1|, |c2|): W_j W_l
-                vals = torch.einsum("oijl,ohw->jlihw", ww, Y[c2])
-                for a, j in enumerate(js):
-                    for b, l in enumerate(ls):
-                        (a1, b1), (a2, b2) = taps[j], taps[l]
-                        h0, w0 = H - 1 + kk - sh * (Ho - 1) + a2 - a1, W - 1 + kk - sw * (Wo - 1) + b2 - b1
-                        big[
-                            :, h0 : h0 + sh * (2 * Ho - 2) + 1 : sh, w0 : w0 + sw * (2 * Wo - 2) + 1 : sw
-                        ] += vals[a, b]
-        T = big[:, kk : kk + 2 * H - 1, kk : kk + 2 * W - 1].clone()
+        big = torch.zeros((Ci, 2 * H - 1 + 2 * kk, 2 * W - 1 + 2 * kk), dtype=_DT)
+        vpad = torch.zeros((Ci, H + 2 * ph, W + 2 * pw), dtype=_DT)  # the input padded: tap j at sP + u_j
+        Wk = self.W.flatten(2).permute(2, 1, 0).contiguous()  # (k, Ci, Co)
+        Q = {}  # Δ: Cov(g_P, g_{P+Δ}) (Co, Ho·Wo)
+
+        def cov(dh: int, dw: int) -> torch.Tensor:
+            if (dh, dw) not in Q:
+                q = sg * _shifted(sg, dh, dw) * _at_lag(g.corr, dh, dw)[:, None, None]
+                Q[dh, dw] = q.reshape(Co, m)
+            return Q[dh, dw]
+
+        for c1, X in enumerate(self._pair_xcorr(torch.stack([sg * c for c in classes]), size)):
+            Y = (g.corr[None] * X).reshape(len(X), Co, n)  # ρ_g Σ_P S_c1 S_c2, c2 ≥ c1
+            for c2 in range(c1, len(classes)):
+                pairs = [(j, l) for j in members[c1] for l in members[c2] if c2 > c1 or l >= j]
+                ww = torch.empty((len(pairs), Ci, Co), dtype=_DT)  # W_j W_l
+                lags = []  # per pair: the output lag Δ of its var term (None: the two taps never meet)
+                for i, (j, l) in enumerate(pairs):
+                    torch.mul(Wk[j], Wk[l], out=ww[i])
+                    if j == l:
+                        ww[i] *= 0.5
+                    dh, dw = taps[j][0] - taps[l][0], taps[j][1] - taps[l][1]
+                    meet = dh % sh == 0 and dw % sw == 0 and abs(dh // sh) < Ho and abs(dw // sw) < Wo
+                    lags.append((dh // sh, dw // sw) if meet else None)
+                used = list(dict.fromkeys(d for d in lags if d is not None))
+                cols = torch.cat([Y[c2 - c1]] + [cov(*d) for d in used], 1)
+                out = (ww.reshape(-1, Co) @ cols).reshape(len(pairs), Ci, -1)  # (J, Ci, n + |used|·m)
+                for i, (j, l) in enumerate(pairs):
+                    (a1, b1), (a2, b2) = taps[j], taps[l]
+                    h0, w0 = H - 1 + kk - sh * (Ho - 1) + a2 - a1, W - 1 + kk - sw * (Wo - 1) + b2 - b1
+                    big[:, h0 : h0 + sh * (2 * Ho - 2) + 1 : sh, w0 : w0 + sw * (2 * Wo - 2) + 1 : sw] += out[
+                        i, :, :n
+                    ].reshape(Ci, *size)
+                    if lags[i] is not None:
+                        c = n + used.index(lags[i]) * m
+                        vpad[:, a1 : a1 + sh * (Ho - 1) + 1 : sh, b1 : b1 + sw * (Wo - 1) + 1 : sw] += out[
+                            i, :, c : c + m
+                        ].reshape(Ci, Ho, Wo)
+        var = (2 * vpad[:, ph : ph + H, pw : pw + W]).clamp_min(0)
+        U = big[:, kk : kk + 2 * H - 1, kk : kk + 2 * W - 1]
+        T = U + U.flip((-2, -1))
         T[:, H - 1, W - 1] = var.sum((1, 2))
         return _field_from_sums(torch.zeros_like(var), var, T)
 

@@ -65,11 +65,13 @@ class Field:
 
 
 def xcorr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """(..., 2H−1, 2W−1): ``out[..., H−1+e_h, W−1+e_w] = Σ_q a(q) b(q+e)`` over q, q+e inside the map."""
+    """(..., 2H−1, 2W−1): ``out[..., H−1+e_h, W−1+e_w] = Σ_q a(q) b(q+e)`` over q, q+e inside the map.
+
+    The linear convolution of b with a flipped, by FFTs of size 2H−1 (no wrap-around): its outputs come
+    out in that (centred) order."""
     H, W = a.shape[-2:]
     size = (2 * H - 1, 2 * W - 1)
-    c = torch.fft.irfft2(torch.fft.rfft2(a, s=size).conj() * torch.fft.rfft2(b, s=size), s=size)
-    return torch.roll(c, shifts=(H - 1, W - 1), dims=(-2, -1))
+    return torch.fft.irfft2(torch.fft.rfft2(a.flip((-2, -1)), s=size) * torch.fft.rfft2(b, s=size), s=size)
 
 
 def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
