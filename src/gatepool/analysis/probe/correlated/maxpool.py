@@ -25,7 +25,6 @@ from gatepool.analysis.probe.correlated.field import (
     _field_from_sums,
     _rho_strided,
     _valid,
-    xcorr,
 )
 from gatepool.analysis.probe.correlated.normal import _cdf, _pdf
 
@@ -53,22 +52,51 @@ def _base_draws(samples: int, dim: int, seed: int, blocks: int = 32) -> torch.Te
     return torch.linalg.solve_triangular(L, z.transpose(1, 2), upper=False).float().contiguous()
 
 
-def _draw_windows(mu: torch.Tensor, S: torch.Tensor, base: torch.Tensor, stats) -> list[torch.Tensor]:
-    """Per window the mean over draws x ~ N(mu, S) of each statistic ``stats(x, mu)`` returns.
+def _draw_windows(mu: torch.Tensor, sd: torch.Tensor, R: torch.Tensor, base: torch.Tensor, groups, stats):
+    """Per window the mean over draws x ~ N(mu, D R D), D = diag(sd), of each statistic of the draws'
+    maxima over groups of taps that ``stats`` returns.
 
-    mu (w, d), S (w, d, d) float64; ``base`` from :func:`_base_draws`, window i uses block i mod blocks;
-    ``stats`` maps float32 draws (n, d, samples) (float32: their own sampling error is far above the
-    rounding) and the windows' means (n, d) to (n, …) tensors, each a mean over the samples.
+    mu, sd (w, d) float64, the windows channel by channel (w / C each); R (C, d, d) the taps'
+    correlation, one per channel (the stencil is stationary: only the envelope sd differs between a
+    channel's windows). x = mu + sd ∘ (L z), L Lᵀ = R from R's eigendecomposition (negative eigenvalues,
+    where the stencil's R is not positive semi-definite, dropped), z from ``base``
+    (:func:`_base_draws`): window i uses block i mod blocks. ``groups``: [(a, b)] the taps a … b − 1 of
+    one window; ``stats`` maps [(top, last)] per group (the max over the group's taps of each draw,
+    float32 (n, samples) (float32: its own sampling error is far above the rounding), and b − a less
+    the first tap that reaches it, counted from a, as float32) and the windows' means (n, d) to (n, …)
+    tensors, each a mean over the samples. The draws are made tap by tap, never all at once.
     """
-    lam, vec = torch.linalg.eigh(S)
-    L = (vec * lam.clamp_min(0).sqrt()[:, None, :]).float()  # S = L Lᵀ, also where S is singular
-    mu_f = mu.float()
+    C, blocks = R.shape[0], base.shape[0]
+    per = len(mu) // C
+    lam, vec = torch.linalg.eigh(R)
+    L = (vec * lam.clamp_min(0).sqrt()[:, None, :]).float()  # (C, d, d)
+    mu_f, sd_f = mu.float(), sd.float()
     chunks = []
-    for i in range(0, len(mu), 256):
-        j = torch.arange(i, min(i + 256, len(mu)))
-        x = torch.baddbmm(mu_f[j, :, None], L[j], base[j % base.shape[0]])  # (n, d, samples)
-        chunks.append([r.to(_DT) for r in stats(x, mu[j])])
-    return [torch.cat(t) for t in zip(*chunks)]
+    for c in range(C):
+        # the channel's correlated draws (blocks, d, samples), window i's in row (i − c·per) mod blocks
+        Z = torch.roll(L[c] @ base, -(c * per % blocks), 0)
+        i, end = c * per, (c + 1) * per
+        while i < end:
+            t = min(8 * blocks, end - i)
+            t = t - t % blocks if t > blocks else t  # whole blocks, then the rest
+            q, r = (t // blocks, blocks) if t % blocks == 0 else (1, t)
+            Zt = Z if t % blocks == 0 else Z[:t]  # (r, d, samples)
+
+            def draw(j, i=i, t=t, q=q, r=r, Zt=Zt):  # tap j of the chunk's windows: (t, samples)
+                m, s = mu_f[i : i + t, j].reshape(q, r, 1), sd_f[i : i + t, j].reshape(q, r, 1)
+                return torch.addcmul(m, s, Zt[:, j]).reshape(t, -1)
+
+            found = []
+            for a, b in groups:  # the max, then its first tap: b − max_j (x_j ≥ top)·(b − j)
+                xs = [draw(j) for j in range(a, b)]
+                top = functools.reduce(torch.maximum, xs)
+                last = torch.zeros_like(top)
+                for j, x in enumerate(xs):
+                    last = torch.maximum(last, x.sub_(top).ge_(0).mul_(b - a - j))
+                found.append((top, last))
+            chunks.append([v.to(_DT) for v in stats(found, mu[i : i + t])])
+            i += t
+    return [torch.cat(v) for v in zip(*chunks)]
 
 
 def _first_tap(mu: torch.Tensor) -> torch.Tensor:
@@ -79,26 +107,37 @@ def _first_tap(mu: torch.Tensor) -> torch.Tensor:
 _PAD = -1e30  # the mean of a padded tap (variance 0): it never wins, as torch pads a max pool with −∞
 
 
-def _wins(x: torch.Tensor, top: torch.Tensor, first: torch.Tensor | None):
-    """The tap (w, samples) that wins each draw ``x`` (w, n, samples), as torch's max pool picks it (the
-    first maximum), and the tap through which the gradient reaches the pre-activation (n: none).
+def _wins(top: torch.Tensor, last: torch.Tensor, first: torch.Tensor | None, n: int):
+    """The tap (w, samples) that wins each draw as torch's max pool picks it, from the draws' max ``top``
+    and ``last`` = n − its first tap (w, samples), and the tap through which the gradient reaches the
+    pre-activation (n: none); both float32 (small integers: exact), as :func:`_counts` takes them.
 
-    ``first`` None: the max of x itself, the two are one. ``first`` (w,) the first tap that is not
-    padding, and x the pre-activations of ReLU outputs: the pool sees ReLU(x), so where the top is ≤ 0
-    every tap is 0 and torch picks ``first``; the pre-activation gets a gradient only where top > 0."""
-    n = x.shape[1]
-    last = torch.arange(n, 0, -1, dtype=x.dtype)[:, None]  # n … 1: the first maximum scores highest
-    arg = n - (x - top[:, None]).ge_(0).mul_(last).amax(1).long()  # (w, samples)
+    ``first`` None: the max of the draws themselves, the two are one. ``first`` (w,) the first tap that
+    is not padding, and the draws the pre-activations of ReLU outputs: the pool sees ReLU(x), so where
+    the top is ≤ 0 every tap is 0 and torch picks ``first``; the pre-activation gets a gradient only
+    where top > 0. (Arithmetic with the 0/1 float ``pos``: a where on a mask is far slower on the CPU.)"""
+    arg = n - last
     if first is None:
         return arg, arg
-    pos = top > 0
-    return torch.where(pos, arg, first[:, None].expand_as(arg)), torch.where(pos, arg, n)
+    pos = top.clamp_min(0).sign_()  # 1 where top > 0, else 0
+    f = first[:, None].to(top.dtype)
+    return f + pos * (arg - f), n - last * pos
 
 
 def _counts(idx: torch.Tensor, bins: int) -> torch.Tensor:
-    """(w, bins): the share of the samples of each row of ``idx`` (w, samples) in each bin."""
-    out = torch.zeros((idx.shape[0], bins), dtype=_DT)
-    return out.scatter_add_(1, idx, torch.ones_like(idx, dtype=_DT)) / idx.shape[1]
+    """(w, bins): the share of the samples of each row of ``idx`` (w, samples) in each bin; ``idx``
+    float32 holding integers (exact below 2²⁴) or an integer tensor."""
+    w = idx.shape[0]
+    flat = (idx + bins * torch.arange(w, dtype=idx.dtype)[:, None]).long().flatten()
+    return torch.bincount(flat, minlength=w * bins).reshape(w, bins).to(_DT) / idx.shape[1]
+
+
+def _tap_xcorrs(U: torch.Tensor) -> torch.Tensor:
+    """(n, n, C, 2Ho−1, 2Wo−1): :func:`xcorr` (U_j, U_l) for every pair of the maps U (n, C, Ho, Wo)."""
+    Ho, Wo = U.shape[-2:]
+    size = (2 * Ho - 1, 2 * Wo - 1)
+    F, Fr = torch.fft.rfft2(U, s=size), torch.fft.rfft2(U.flip((-2, -1)), s=size)
+    return torch.fft.irfft2(Fr[:, None] * F[None], s=size)
 
 
 class MaxPool:
@@ -161,22 +200,23 @@ class MaxPool:
             if dh > 0 or dw > 0
         ]
 
-    def _monte_carlo(self, m, cov, rect: bool):
-        """Per window (mean, Var, [P(tap j wins)], [w̃_j]) from draws of N(m, cov); m (n, ...), cov
-        (n, n, ...); ``rect``: the max is rectified (see the class)."""
+    def _monte_carlo(self, m, sd, R, rect: bool):
+        """Per window (mean, Var, [P(tap j wins)], [w̃_j]) from draws of N(m, D R D); m, sd (n, C, …) the
+        taps' means and sds, R (C, n, n) their correlation; ``rect``: the max is rectified (see the
+        class)."""
         n, shape = len(m), m[0].shape
         mu = torch.stack(m).reshape(n, -1).T  # (windows, n)
-        S = (
-            torch.stack([torch.stack(row) for row in cov]).reshape(n, n, -1).permute(2, 0, 1)
-        )  # (windows, n, n)
+        sds = torch.stack(sd).reshape(n, -1).T
 
-        def stats(x, mus):
-            top = x.amax(1)
-            w, wt = _wins(x, top, _first_tap(mus) if rect else None)
-            out = (top.clamp_min(0) if rect else top).to(_DT)
-            return out.mean(1), (out * out).mean(1), _counts(w, n), _counts(wt, n + 1)[:, :n]
+        def stats(found, mus):
+            ((top, last),) = found
+            w, wt = _wins(top, last, _first_tap(mus) if rect else None, n)
+            out = top.clamp_min(0) if rect else top
+            e1, e2 = out.mean(1, dtype=_DT), (out * out).mean(1, dtype=_DT)  # float64 sums
+            return e1, e2, _counts(w, n), _counts(wt, n + 1)[:, :n]
 
-        mean, e2, w, wt = _draw_windows(mu, S, _base_draws(self.samples, n, self.seed).float(), stats)
+        base = _base_draws(self.samples, n, self.seed)
+        mean, e2, w, wt = _draw_windows(mu, sds, R, base, [(0, n)], stats)
         var = (e2 - mean * mean).clamp_min(0)
         return (
             mean.reshape(shape),
@@ -210,23 +250,23 @@ class MaxPool:
             ],
             -2,
         )  # (C, 2n, 2n)
-        S = sds[..., :, None] * sds[..., None, :] * rho[:, None, None]
         shape = mu.shape[:3]
 
-        def stats(xs, mus):
-            (xa, xb) = xs[:, :n], xs[:, n:]
-            ma, mb = xa.amax(1), xb.amax(1)
-            wa, wta = _wins(xa, ma, _first_tap(mus[:, :n]) if rect else None)
-            wb, wtb = _wins(xb, mb, _first_tap(mus[:, n:]) if rect else None)
+        def stats(found, mus):
+            (ma, last_a), (mb, last_b) = found
+            wa, wta = _wins(ma, last_a, _first_tap(mus[:, :n]) if rect else None, n)
+            wb, wtb = _wins(mb, last_b, _first_tap(mus[:, n:]) if rect else None, n)
             if rect:
                 ma, mb = ma.clamp_min(0), mb.clamp_min(0)
-            ma, mb = ma.to(_DT), mb.to(_DT)
             J = _counts(wa * n + wb, n * n).reshape(-1, n, n)  # tap j wins P and tap l wins P + Δ
             Jt = _counts(wta * (n + 1) + wtb, (n + 1) ** 2).reshape(-1, n + 1, n + 1)[:, :n, :n]
-            return (ma * mb).mean(1), ma.mean(1), mb.mean(1), J, Jt
+            return (ma * mb).mean(1, dtype=_DT), ma.mean(1, dtype=_DT), mb.mean(1, dtype=_DT), J, Jt
 
-        base = _base_draws(self.samples // 4, 2 * n, self.seed + 1).float()
-        ab, a, b, J, Jt = _draw_windows(mu.reshape(-1, 2 * n), S.reshape(-1, 2 * n, 2 * n), base, stats)
+        base = _base_draws(self.samples // 4, 2 * n, self.seed + 1)
+        groups = [(0, n), (n, 2 * n)]
+        ab, a, b, J, Jt = _draw_windows(
+            mu.reshape(-1, 2 * n), sds.reshape(-1, 2 * n), rho, base, groups, stats
+        )
         cov = (ab - a * b).reshape(shape).sum((1, 2))
         J, Jt = (t.reshape(*shape, n, n).permute(3, 4, 0, 1, 2) for t in (J, Jt))
         return cov, J, Jt
@@ -251,7 +291,14 @@ class MaxPool:
             return sd[j] * sd[l] * _at_lag(src.corr, a2 - a1, b2 - b1)[:, None, None]
 
         if self.method == "mc":
-            mu, var, w, wt = self._monte_carlo(m, [[cov(j, l) for l in range(n)] for j in range(n)], rect)
+            R = torch.stack(
+                [
+                    torch.stack([_at_lag(src.corr, a2 - a1, b2 - b1) for a2, b2 in offs], -1)
+                    for a1, b1 in offs
+                ],
+                -2,
+            )  # (C, n, n): the taps' correlation
+            mu, var, w, wt = self._monte_carlo(m, sd, R, rect)
         else:
             mu, var = m[0], sd[0] ** 2
             w = [torch.ones_like(mu)] + [torch.zeros_like(mu) for _ in range(n - 1)]
@@ -262,13 +309,17 @@ class MaxPool:
             wt = w
         self.w, self.wt, self.offs, self.out_hw = w, wt, offs, (Ho, Wo)
         # T_out(Δ) = Σ_{j,l} ρ(sΔ + l − j) Σ_P U_j(P) U_l(P + Δ),  U_j = w̃_j √v(tap j)
-        U = [wt[j] * sd[j] for j in range(n)]
-        T = torch.zeros((C, 2 * Ho - 1, 2 * Wo - 1), dtype=_DT)
+        # the pair (l, j) is (j, l) at −Δ: the pairs l ≥ j (j = l halved), then T = V(Δ) + V(−Δ)
+        X = _tap_xcorrs(torch.stack([wt[j] * sd[j] for j in range(n)]))  # (n, n, C, 2Ho−1, 2Wo−1)
+        rho = {}
+        V = torch.zeros((C, 2 * Ho - 1, 2 * Wo - 1), dtype=_DT)
         for j in range(n):
-            for l in range(n):
-                (a1, b1), (a2, b2) = offs[j], offs[l]
-                rho = _rho_strided(src.corr, (H, W), (Ho, Wo), self.s, a2 - a1, b2 - b1)
-                T += rho * xcorr(U[j], U[l])
+            for l in range(j, n):
+                off = (offs[l][0] - offs[j][0], offs[l][1] - offs[j][1])
+                if off not in rho:
+                    rho[off] = _rho_strided(src.corr, (H, W), (Ho, Wo), self.s, *off)
+                V += (0.5 if l == j else 1.0) * rho[off] * X[j, l]
+        T = V + V.flip((-2, -1))
         self.joint, self.joint_t = {}, {}
         if self.method == "mc":  # the neighbouring windows drawn jointly: their covariance, joint wins
             for dh, dw in self.neighbours(Ho, Wo):
@@ -310,24 +361,22 @@ class MaxPool:
         # Σ over window pairs P ≠ P' of w_Pj w_P'l Cov(g_P, g_P'), at input lag sΔ + l − j
         kk = max(self.k)
         big = torch.zeros((C, 2 * H - 1 + 2 * kk, 2 * W - 1 + 2 * kk), dtype=_DT)
-        U = [wj * sg for wj in w]
         mask = torch.ones((2 * Ho - 1, 2 * Wo - 1), dtype=_DT)
         mask[Ho - 1, Wo - 1] = 0.0
         for dh, dw in joint:  # these window pairs from their joint wins, below
             mask[Ho - 1 + dh, Wo - 1 + dw] = mask[Ho - 1 - dh, Wo - 1 - dw] = 0.0
+        X = _tap_xcorrs(torch.stack([wj * sg for wj in w])) * (g.corr * mask)  # (n, n, C, …)
+        for (dh, dw), J in joint.items():  # Σ_P P(j wins P, l wins P+Δ) sg(P) sg(P+Δ) ρ_g(Δ), (n, n, C)
+            a, b = _valid(sg, dh, dw)
+            t = (J * (a * b)).sum((-2, -1)) * _at_lag(g.corr, dh, dw)
+            X[:, :, :, Ho - 1 + dh, Wo - 1 + dw] += t
+            # the pair (P+Δ, P) at lag −Δ: tap l of the later window first: J[l, j] there
+            X[:, :, :, Ho - 1 - dh, Wo - 1 - dw] += t.transpose(0, 1)
         for j, (a1, b1) in enumerate(self.offs):
             for l, (a2, b2) in enumerate(self.offs):
-                vals = xcorr(U[j], U[l]) * g.corr * mask
-                for (dh, dw), J in joint.items():  # Σ_P P(j wins P, l wins P+Δ) sg(P) sg(P+Δ) ρ_g(Δ)
-                    a, b = _valid(sg, dh, dw)
-                    t = (J[j, l] * a * b).sum((1, 2)) * _at_lag(g.corr, dh, dw)
-                    vals[:, Ho - 1 + dh, Wo - 1 + dw] += t
-                    # the pair (P+Δ, P) at lag −Δ: tap l of the later window first: J[l, j] there
-                    t2 = (J[l, j] * a * b).sum((1, 2)) * _at_lag(g.corr, dh, dw)
-                    vals[:, Ho - 1 - dh, Wo - 1 - dw] += t2
                 h0 = H - 1 + kk - sh * (Ho - 1) + (a2 - a1)
                 w0 = W - 1 + kk - sw * (Wo - 1) + (b2 - b1)
-                big[:, h0 : h0 + sh * (2 * Ho - 2) + 1 : sh, w0 : w0 + sw * (2 * Wo - 2) + 1 : sw] += vals
+                big[:, h0 : h0 + sh * (2 * Ho - 2) + 1 : sh, w0 : w0 + sw * (2 * Wo - 2) + 1 : sw] += X[j, l]
         T = big[:, kk : kk + 2 * H - 1, kk : kk + 2 * W - 1].clone()
         T[:, H - 1, W - 1] = var.sum((1, 2))
         return _field_from_sums(torch.zeros_like(var), var, T)
