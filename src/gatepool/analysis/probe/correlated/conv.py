@@ -17,7 +17,15 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from gatepool.analysis.probe.correlated.field import _DT, Field, _at_lag, _field_from_sums, _rho_strided
+from gatepool.analysis.probe.correlated.field import (
+    _DT,
+    Field,
+    _at_lag,
+    _field_from_sums,
+    _rho_strided,
+    lags_of,
+    spectra,
+)
 
 
 def _lags(kh: int, kw: int):
@@ -83,8 +91,8 @@ class Conv:
     def _pair_xcorr(S: torch.Tensor, size) -> list[torch.Tensor]:
         """Σ_P S_j(P) S_l(P + Δ) for every l ≥ j, one (k − j, C, 2Ho−1, 2Wo−1) tensor per j (the pairs
         l < j are these at −Δ), from the maps S (k, C, Ho, Wo); centred as :func:`xcorr`."""
-        FS, FR = torch.fft.rfft2(S, s=size), torch.fft.rfft2(S.flip((-2, -1)), s=size)
-        return [torch.fft.irfft2(FR[j] * FS[j:], s=size) for j in range(len(S))]
+        FS, FR = spectra(S)
+        return [lags_of(FR[j] * FS[j:], *S.shape[-2:]) for j in range(len(S))]
 
     def forward(self, x: Field) -> Field:
         self.x = x

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -64,14 +65,54 @@ class Field:
         return {"mean": mean, "var": max(e2 - mean * mean, 0.0), "e2": e2}
 
 
+def _fast_len(n: int) -> int:
+    """The smallest 2·3·5-smooth length ≥ n (the FFT is several times slower on a prime such as 31)."""
+    m = n
+    while True:
+        k = m
+        for p in (2, 3, 5):
+            while k % p == 0:
+                k //= p
+        if k == 1:
+            return m
+        m += 1
+
+
+@functools.lru_cache(maxsize=64)
+def _lag_fft(H: int, W: int):
+    """The FFT shape (N₁, N₂) ≥ (2H−1, 2W−1) for the lags of an H×W map, and the phase
+    e^{−2πi (k₁(H−1)/N₁ + k₂(W−1)/N₂)} (N₁, N₂/2 + 1) that turns a real map's spectrum, conjugated,
+    into the spectrum of the map flipped (f(H−1−q))."""
+    N1, N2 = _fast_len(2 * H - 1), _fast_len(2 * W - 1)
+    k1 = torch.arange(N1, dtype=_DT)[:, None] * ((H - 1) / N1)
+    k2 = torch.arange(N2 // 2 + 1, dtype=_DT)[None, :] * ((W - 1) / N2)
+    angle = -2 * math.pi * (k1 + k2)
+    return (N1, N2), torch.polar(torch.ones_like(angle), angle)
+
+
+def spectra(f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The spectra of maps f (..., H, W) and of f flipped, on :func:`_lag_fft`'s shape: their product
+    with another map's spectrum, through :func:`lags_of`, is the cross-correlation at every lag."""
+    shape, phase = _lag_fft(*f.shape[-2:])
+    F = torch.fft.rfft2(f, s=shape)
+    return F, phase * F.conj()
+
+
+def lags_of(X: torch.Tensor, H: int, W: int) -> torch.Tensor:
+    """The inverse FFT of a product of spectra (:func:`spectra`) of H×W maps: (..., 2H−1, 2W−1)."""
+    shape, _ = _lag_fft(H, W)
+    return torch.fft.irfft2(X, s=shape)[..., : 2 * H - 1, : 2 * W - 1]
+
+
 def xcorr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """(..., 2H−1, 2W−1): ``out[..., H−1+e_h, W−1+e_w] = Σ_q a(q) b(q+e)`` over q, q+e inside the map.
 
-    The linear convolution of b with a flipped, by FFTs of size 2H−1 (no wrap-around): its outputs come
-    out in that (centred) order."""
+    The linear convolution of b with a flipped, by FFTs of at least 2H−1 (no wrap-around): its outputs
+    come out in that (centred) order."""
     H, W = a.shape[-2:]
-    size = (2 * H - 1, 2 * W - 1)
-    return torch.fft.irfft2(torch.fft.rfft2(a.flip((-2, -1)), s=size) * torch.fft.rfft2(b, s=size), s=size)
+    Fa, Fa_flip = spectra(a)
+    Fb = Fa if b is a else torch.fft.rfft2(b, s=_lag_fft(H, W)[0])
+    return lags_of(Fa_flip * Fb, H, W)
 
 
 def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:

@@ -70,9 +70,12 @@ def bivariate_relu(m1, s1, m2, s2, r):
     half = (_Z - z0) / 2
     z = z0[..., None] + half[..., None] * (_GL_X + 1)  # (..., n)
     w = half[..., None] * _GL_W * _pdf(z)
-    mu2 = m2[..., None] + (s2 * r)[..., None] * z
-    sd2 = (s2 * (1 - r * r).clamp_min(0).sqrt())[..., None]
-    x1 = m1[..., None] + s1[..., None] * z
-    e = (w * x1 * _rect_mean(mu2, sd2)).sum(-1)
-    p = (w * _cdf(mu2 / sd2.clamp_min(1e-300))).sum(-1)
+    mu2 = torch.addcmul(m2[..., None], (s2 * r)[..., None], z)
+    sd2 = (s2 * (1 - r * r).clamp_min(0).sqrt())[..., None].clamp_min(1e-300)
+    a = mu2 / sd2
+    cdf = _cdf(a)  # P(y > 0 | z), and E[ReLU(y) | z] = mu2 Φ(a) + sd2 φ(a) (as _rect_mean)
+    rect = torch.addcmul(mu2.mul_(cdf), sd2, _pdf(a))
+    x1 = torch.addcmul(m1[..., None], s1[..., None], z)
+    e = x1.mul_(w).mul_(rect).sum(-1)
+    p = cdf.mul_(w).sum(-1)
     return e, p
