@@ -117,17 +117,11 @@ class Conv:
         taps = self._tap_offsets()
         Wt = self.W.flatten(2).transpose(1, 2)  # (Co, k, Ci)
         S = torch.stack(self._taps(s, (Ho, Wo)))  # (k, Ci, Ho, Wo)
-        rho = {}
+        offs, oi = _offsets(taps)
+        rho = torch.stack([_rho_strided(x.corr, (H, W), (Ho, Wo), self.stride, *o) for o in offs])
         U = torch.zeros((Co, n + m), dtype=_DT)
         for j, X in enumerate(self._pair_xcorr(S, size)):  # (k − j, Ci, 2Ho−1, 2Wo−1)
-            a1, b1 = taps[j]
-            R = []
-            for a2, b2 in taps[j:]:
-                off = (a2 - a1, b2 - b1)
-                if off not in rho:
-                    rho[off] = _rho_strided(x.corr, (H, W), (Ho, Wo), self.stride, *off)
-                R.append(rho[off])
-            R = torch.stack(R)  # (k − j, Ci, 2Ho−1, 2Wo−1): ρ(sΔ + u_l − u_j)
+            R = rho[oi[j, j:]]  # (k − j, Ci, 2Ho−1, 2Wo−1): ρ(sΔ + u_l − u_j)
             Z = S[j] * S[j:] * R[:, :, Ho - 1 : Ho, Wo - 1 : Wo]  # (k − j, Ci, Ho, Wo)
             X *= R
             X[0] *= 0.5
@@ -165,9 +159,10 @@ class Conv:
         members = [[j for j in range(len(of)) if of[j] == c] for c in range(len(classes))]
         taps = self._tap_offsets()
         kk = max(kh, kw)
-        big = torch.zeros((Ci, 2 * H - 1 + 2 * kk, 2 * W - 1 + 2 * kk), dtype=_DT)
-        vpad = torch.zeros((Ci, H + 2 * ph, W + 2 * pw), dtype=_DT)  # the input padded: tap j at sP + u_j
         Wk = self.W.flatten(2).permute(2, 1, 0).contiguous()  # (k, Ci, Co)
+        offs, oi = _offsets(taps)
+        acc_t = torch.zeros((len(offs), Ci, n), dtype=_DT)  # T's terms summed by tap offset u_l − u_j
+        acc_v = torch.zeros((len(taps), Ci, m), dtype=_DT)  # v's terms summed by tap j
         Q = {}  # Δ: Cov(g_P, g_{P+Δ}) (Co, Ho·Wo)
 
         def cov(dh: int, dw: int) -> torch.Tensor:
@@ -180,34 +175,43 @@ class Conv:
             Y = (g.corr[None] * X).reshape(len(X), Co, n)  # ρ_g Σ_P S_c1 S_c2, c2 ≥ c1
             for c2 in range(c1, len(classes)):
                 pairs = [(j, l) for j in members[c1] for l in members[c2] if c2 > c1 or l >= j]
-                ww = torch.empty((len(pairs), Ci, Co), dtype=_DT)  # W_j W_l
+                jj, ll = torch.tensor(pairs).T
+                ww = Wk.index_select(0, jj) * Wk.index_select(0, ll)  # (J, Ci, Co): W_j W_l
+                if c2 == c1:
+                    ww *= torch.where(jj == ll, 0.5, 1.0).to(_DT)[:, None, None]
                 lags = []  # per pair: the output lag Δ of its var term (None: the two taps never meet)
-                for i, (j, l) in enumerate(pairs):
-                    torch.mul(Wk[j], Wk[l], out=ww[i])
-                    if j == l:
-                        ww[i] *= 0.5
+                for j, l in pairs:
                     dh, dw = taps[j][0] - taps[l][0], taps[j][1] - taps[l][1]
                     meet = dh % sh == 0 and dw % sw == 0 and abs(dh // sh) < Ho and abs(dw // sw) < Wo
                     lags.append((dh // sh, dw // sw) if meet else None)
                 used = list(dict.fromkeys(d for d in lags if d is not None))
                 cols = torch.cat([Y[c2 - c1]] + [cov(*d) for d in used], 1)
                 out = (ww.reshape(-1, Co) @ cols).reshape(len(pairs), Ci, -1)  # (J, Ci, n + |used|·m)
-                for i, (j, l) in enumerate(pairs):
-                    (a1, b1), (a2, b2) = taps[j], taps[l]
-                    h0, w0 = H - 1 + kk - sh * (Ho - 1) + a2 - a1, W - 1 + kk - sw * (Wo - 1) + b2 - b1
-                    big[:, h0 : h0 + sh * (2 * Ho - 2) + 1 : sh, w0 : w0 + sw * (2 * Wo - 2) + 1 : sw] += out[
-                        i, :, :n
-                    ].reshape(Ci, *size)
-                    if lags[i] is not None:
-                        c = n + used.index(lags[i]) * m
-                        vpad[:, a1 : a1 + sh * (Ho - 1) + 1 : sh, b1 : b1 + sw * (Wo - 1) + 1 : sw] += out[
-                            i, :, c : c + m
-                        ].reshape(Ci, Ho, Wo)
+                acc_t.index_add_(0, oi[jj, ll], out[:, :, :n])
+                for u, d in enumerate(used):
+                    sel = torch.tensor([i for i, e in enumerate(lags) if e == d])
+                    acc_v.index_add_(0, jj[sel], out[sel, :, n + u * m : n + (u + 1) * m])
+        big = torch.zeros((Ci, 2 * H - 1 + 2 * kk, 2 * W - 1 + 2 * kk), dtype=_DT)
+        for (da, db), t in zip(offs, acc_t):
+            h0, w0 = H - 1 + kk - sh * (Ho - 1) + da, W - 1 + kk - sw * (Wo - 1) + db
+            big[:, h0 : h0 + sh * (2 * Ho - 2) + 1 : sh, w0 : w0 + sw * (2 * Wo - 2) + 1 : sw] += t.reshape(
+                Ci, *size
+            )
+        vpad = torch.zeros((Ci, H + 2 * ph, W + 2 * pw), dtype=_DT)  # the input padded: tap j at sP + u_j
+        for (a, b), v in zip(taps, acc_v):
+            vpad[:, a : a + sh * (Ho - 1) + 1 : sh, b : b + sw * (Wo - 1) + 1 : sw] += v.reshape(Ci, Ho, Wo)
         var = (2 * vpad[:, ph : ph + H, pw : pw + W]).clamp_min(0)
         U = big[:, kk : kk + 2 * H - 1, kk : kk + 2 * W - 1]
         T = U + U.flip((-2, -1))
         T[:, H - 1, W - 1] = var.sum((1, 2))
         return _field_from_sums(torch.zeros_like(var), var, T)
+
+
+def _offsets(taps):
+    """The tap offsets u_l − u_j that occur, and (k, k) the index of each pair's among them."""
+    offs = sorted({(a2 - a1, b2 - b1) for a1, b1 in taps for a2, b2 in taps})
+    where = {o: i for i, o in enumerate(offs)}
+    return offs, torch.tensor([[where[a2 - a1, b2 - b1] for a2, b2 in taps] for a1, b1 in taps])
 
 
 def box_conv(channels: int, kernel, stride, padding) -> Conv:

@@ -96,7 +96,7 @@ def _draw_windows(mu: torch.Tensor, sd: torch.Tensor, R: torch.Tensor, base: tor
                     torch.maximum(top, x, out=top)
                 last = torch.zeros_like(top)
                 for j, x in enumerate(xs):
-                    torch.maximum(last, x.sub_(top).ge_(0).mul_(b - a - j), out=last)
+                    torch.maximum(last, x.ge_(top).mul_(b - a - j), out=last)  # x ≥ top: 1.0, else 0.0
                 found.append((top, last))
             chunks.append([v.to(_DT) for v in stats(found, mu[i : i + t])])
             i += t
