@@ -1,0 +1,67 @@
+"""Second-order statistics with spatial correlation, and the rules that carry them through modules.
+
+The state of one (C, H, W) tensor, over the batch (:class:`Field`):
+
+    m(c, p)      the mean at channel c, position p (a map: borders, the data's layout, MNIST's margins)
+    v(c, p)      the variance there
+    ρ(c, e)      the correlation at spatial lag e, for every lag of the map (2H−1, 2W−1), ρ(c, 0) = 1
+
+    Cov(x_cp, x_c'q) = δ_cc' · √(v_cp v_cq) · ρ_c(q − p)
+
+ASSUMPTIONS (the approximation, stated once): the centred field is a variance envelope √v times a
+stationary correlation ρ (ρ does not depend on the position); channels are uncorrelated (as in
+neural-tangents: cross-channel covariance 0; the input's own channels are made so, :func:`measure_input`);
+every value is Gaussian given its mean and variance where a nonlinear rule needs a distribution (but for
+the two shapes carried: a max pool of a ReLU's output, the ReLU of a residual sum b + ReLU(y)).
+``T(c, e) = Σ_p Cov(x_p, x_{p+e})``, the sum over the valid pairs, is what linear rules move;
+``ρ = T / Σ_p √(v_p v_{p+e})`` turns it back into the state.
+
+The rules, each from the module's actual weights, one file each (its equations in the file's docstring;
+``sΔ`` there is the input lag of output lag Δ at stride s):
+
+    conv.py     conv (and avg pools, the global pool: a box filter)
+    relu.py     ReLU (and of the residual sum b + ReLU(y))
+    maxpool.py  max pool (window draws, Clark's recursion)
+    norms.py    GroupNorm, BatchNorm
+    add.py      residual adds, the sum of two gradients
+    linear.py   linear on (C, 1, 1) features
+
+``field.py`` holds the state and the lag helpers, ``normal.py`` the normal integrals, ``measure.py`` the
+measurement (the input's statistics, and a tensor's for comparison). The walk through a model is
+:mod:`gatepool.analysis.probe.correlated_predict`.
+"""
+
+from gatepool.analysis.probe.correlated.add import add, add_grads
+from gatepool.analysis.probe.correlated.conv import Conv, autocorr, box_conv
+from gatepool.analysis.probe.correlated.field import Field, neighbour_corr, unit_noise, xcorr
+from gatepool.analysis.probe.correlated.linear import Linear
+from gatepool.analysis.probe.correlated.maxpool import MaxPool, clark_max
+from gatepool.analysis.probe.correlated.measure import measure_field, measure_fields, measure_input
+from gatepool.analysis.probe.correlated.normal import bivariate_relu, relu_moments_map, relu_of_sum_map
+from gatepool.analysis.probe.correlated.norms import BatchNorm, GroupNorm
+from gatepool.analysis.probe.correlated.relu import ReLU, relu_series_maps
+
+__all__ = [
+    "BatchNorm",
+    "Conv",
+    "Field",
+    "GroupNorm",
+    "Linear",
+    "MaxPool",
+    "ReLU",
+    "add",
+    "add_grads",
+    "autocorr",
+    "bivariate_relu",
+    "box_conv",
+    "clark_max",
+    "measure_field",
+    "measure_fields",
+    "measure_input",
+    "neighbour_corr",
+    "relu_moments_map",
+    "relu_of_sum_map",
+    "relu_series_maps",
+    "unit_noise",
+    "xcorr",
+]

@@ -1,0 +1,23 @@
+"""Residual adds and the sum of a tensor's two gradients.
+
+add       x + f(x): the two independent (the stream–branch cross term is zero in expectation over
+          the branch's zero-mean last weights: it is not carried); T and v add. Back: the same.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gatepool.analysis.probe.correlated.field import Field, _field_from_sums
+
+
+def add(a: Field, b: Field) -> Field:
+    """a + b, the two independent: means, variances and lag sums add."""
+    return _field_from_sums(a.mean + b.mean, a.var + b.var, a.lag_sums() + b.lag_sums())
+
+
+def add_grads(a: Field, b: Field) -> Field:
+    """Two gradients of one tensor, independent: variances, lag sums and ``yy`` add (``yy`` is kept
+    only where both have it)."""
+    yy = None if a.yy is None or b.yy is None else a.yy + b.yy
+    return _field_from_sums(torch.zeros_like(a.var), a.var + b.var, a.lag_sums() + b.lag_sums(), yy)

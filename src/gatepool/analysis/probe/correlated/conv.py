@@ -1,0 +1,221 @@
+"""conv (and every linear map with a kernel: avg pools, the global pool).
+
+conv      mean  m_out = conv(m, W) + b
+          var   v_out(p) = Σ_d conv(P_d, W_d)(p),  P_d(q) = √(v_q v_{q+d}) ρ(d),  W_d(u) = W(u) W(u+d)
+          lags  T_out(o, Δ) = Σ_i Σ_{u,u'} W[o,i,u] W[o,i,u'] ρ_i(sΔ + u' − u) Σ_P √v(sP+u) √v(sP+sΔ+u'),
+                the output pairs whose taps both land inside the map (away from the border this is
+                Σ_i Σ_d A[o,i,d] T_i(sΔ + d), A[o,i,d] = Σ_u W[o,i,u] W[o,i,u+d]: the filter's
+                autocorrelation)
+          back  v_g,in = Σ_Δ convᵀ(Q_Δ, W(u) W(u − sΔ)), the lags the same sum over tap pairs (A(−d))
+avg pool  a conv with the box filter (adaptive and global pools too: every position-mean pattern kept)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+
+from gatepool.analysis.probe.correlated.field import (
+    _DT,
+    Field,
+    _at_lag,
+    _field_from_sums,
+    _rho_strided,
+    lags_of,
+    spectra,
+)
+
+
+def _lags(kh: int, kw: int):
+    return [(dh, dw) for dh in range(-(kh - 1), kh) for dw in range(-(kw - 1), kw)]
+
+
+def _shifted(f: torch.Tensor, dh: int, dw: int) -> torch.Tensor:
+    """g(q) = f(q + d), zero outside."""
+    H, W = f.shape[-2:]
+    out = torch.zeros_like(f)
+    h0, h1 = max(0, -dh), min(H, H - dh)
+    w0, w1 = max(0, -dw), min(W, W - dw)
+    if h0 < h1 and w0 < w1:
+        out[..., h0:h1, w0:w1] = f[..., h0 + dh : h1 + dh, w0 + dw : w1 + dw]
+    return out
+
+
+def _shift_prod(W: torch.Tensor, dh: int, dw: int) -> torch.Tensor:
+    """W(u) W(u + d) over the kernel (zero where u + d falls outside): (..., kh, kw)."""
+    return W * _shifted(W, dh, dw)
+
+
+def autocorr(W: torch.Tensor) -> torch.Tensor:
+    """A[o, i, d] = Σ_u W[o,i,u] W[o,i,u+d]: (C_out, C_in, 2kh−1, 2kw−1), centre d = 0."""
+    kh, kw = W.shape[-2:]
+    A = torch.zeros((*W.shape[:2], 2 * kh - 1, 2 * kw - 1), dtype=W.dtype)
+    for dh, dw in _lags(kh, kw):
+        A[:, :, kh - 1 + dh, kw - 1 + dw] = _shift_prod(W, dh, dw).sum((-2, -1))
+    return A
+
+
+class Conv:
+    """A 2-D conv from its actual weights (dense over channel pairs; groups by zeros), zero padding."""
+
+    def __init__(self, weight, bias, stride, padding, groups: int = 1) -> None:
+        W = weight.detach().to("cpu", _DT)
+        if groups > 1:  # block-diagonal dense weight
+            co, ci_g = W.shape[:2]
+            dense = torch.zeros((co, ci_g * groups, *W.shape[2:]), dtype=_DT)
+            per = co // groups
+            for g in range(groups):
+                dense[g * per : (g + 1) * per, g * ci_g : (g + 1) * ci_g] = W[g * per : (g + 1) * per]
+            W = dense
+        self.W = W
+        self.b = None if bias is None else bias.detach().to("cpu", _DT)
+        self.stride, self.padding = stride, padding
+
+    def _taps(self, f: torch.Tensor, out_hw) -> list[torch.Tensor]:
+        """f(s·P + u − p) on the output grid for every tap u (zero where it falls in the padding)."""
+        (kh, kw), (sh, sw), (ph, pw), (Ho, Wo) = self.W.shape[-2:], self.stride, self.padding, out_hw
+        pad = F.pad(f, (pw, pw, ph, ph))
+        return [
+            pad[:, a : a + sh * (Ho - 1) + 1 : sh, b : b + sw * (Wo - 1) + 1 : sw]
+            for a in range(kh)
+            for b in range(kw)
+        ]
+
+    def _tap_offsets(self):
+        kh, kw = self.W.shape[-2:]
+        return [(a, b) for a in range(kh) for b in range(kw)]
+
+    @staticmethod
+    def _pair_xcorr(S: torch.Tensor, size) -> list[torch.Tensor]:
+        """Σ_P S_j(P) S_l(P + Δ) for every l ≥ j, one (k − j, C, 2Ho−1, 2Wo−1) tensor per j (the pairs
+        l < j are these at −Δ), from the maps S (k, C, Ho, Wo); centred as :func:`xcorr`."""
+        FS, FR = spectra(S)
+        return [lags_of(FR[j] * FS[j:], *S.shape[-2:]) for j in range(len(S))]
+
+    def forward(self, x: Field) -> Field:
+        self.x = x
+        if x.components is not None:  # x = mix z: the weights W·mix on z's uncorrelated channels
+            mix, z = x.components
+            folded = Conv(torch.einsum("oiuv,ir->oruv", self.W, mix), None, self.stride, self.padding)
+            out = folded.forward(z)
+            return replace(out, mean=F.conv2d(x.mean[None], self.W, self.b, self.stride, self.padding)[0])
+        mean = F.conv2d(x.mean[None], self.W, self.b, self.stride, self.padding)[0]
+        s = x.var.clamp_min(0).sqrt()
+        (Co, _, kh, kw), (sh, sw), (ph, pw) = self.W.shape, self.stride, self.padding
+        H, W = x.shape[1:]
+        Ho, Wo = (H + 2 * ph - kh) // sh + 1, (W + 2 * pw - kw) // sw + 1
+        size = (2 * Ho - 1, 2 * Wo - 1)
+        n, m = size[0] * size[1], Ho * Wo
+        # over the pairs of taps (j, l), S_j(P) = √v(sP + u_j − p) (0 in the padding):
+        #   v_out(o, P)  = Σ_i Σ_{j,l} W_j W_l ρ_i(u_l − u_j) S_j(P) S_l(P)
+        #   T_out(o, Δ) = Σ_i Σ_{j,l} W_j W_l ρ_i(sΔ + u_l − u_j) Σ_P S_j(P) S_l(P + Δ)  (the output pairs
+        #                 exactly: both taps inside the map)
+        # the pair (l, j) is (j, l) at −Δ: the pairs l ≥ j (j = l halved), then v = 2·V, T = U(Δ) + U(−Δ);
+        # per j one matrix product over (l, i) of W_j W_l with the lag sums and the products S_j S_l
+        taps = self._tap_offsets()
+        Wt = self.W.flatten(2).transpose(1, 2)  # (Co, k, Ci)
+        S = torch.stack(self._taps(s, (Ho, Wo)))  # (k, Ci, Ho, Wo)
+        offs, oi = _offsets(taps)
+        rho = torch.stack([_rho_strided(x.corr, (H, W), (Ho, Wo), self.stride, *o) for o in offs])
+        U = torch.zeros((Co, n + m), dtype=_DT)
+        for j, X in enumerate(self._pair_xcorr(S, size)):  # (k − j, Ci, 2Ho−1, 2Wo−1)
+            R = rho[oi[j, j:]]  # (k − j, Ci, 2Ho−1, 2Wo−1): ρ(sΔ + u_l − u_j)
+            Z = S[j] * S[j:] * R[:, :, Ho - 1 : Ho, Wo - 1 : Wo]  # (k − j, Ci, Ho, Wo)
+            X *= R
+            X[0] *= 0.5
+            Z[0] *= 0.5
+            ww = Wt[:, j : j + 1] * Wt[:, j:]  # (Co, k − j, Ci): W_j W_l
+            U += ww.reshape(Co, -1) @ torch.cat([X.reshape(-1, n), Z.reshape(-1, m)], 1)
+        var = (2 * U[:, n:]).reshape(Co, Ho, Wo).clamp_min(0)
+        U = U[:, :n].reshape(Co, *size)
+        T = U + U.flip((-2, -1))
+        T[:, Ho - 1, Wo - 1] = var.sum((1, 2))
+        return _field_from_sums(mean, var, T)
+
+    def backward(self, g: Field) -> Field:
+        x, (Co, Ci, kh, kw), (sh, sw), (ph, pw) = self.x, self.W.shape, self.stride, self.padding
+        H, W = x.shape[1:]
+        Ho, Wo = g.shape[1:]
+        size = (2 * Ho - 1, 2 * Wo - 1)
+        n, m = size[0] * size[1], Ho * Wo
+        sg = g.var.clamp_min(0).sqrt()
+        # over the pairs of taps (j, l), M_u the output positions whose tap u lands inside the input:
+        #   v_in(i, q)  = Σ_o Σ_{j,l} W_j W_l Cov(g_P, g_{P+Δ}), q = sP + u_j − p, sΔ = u_j − u_l
+        #   T_in(i, e)  = Σ_o Σ_{j,l} W_j W_l ρ_g(Δ) Σ_P sg(P) sg(P+Δ) M_j(P) M_l(P+Δ), e = sΔ + u_l − u_j
+        # Taps with the same M (all but the border ones) share the sum over P: one FFT product per pair of
+        # mask classes. As forward: the pairs (j, l) of class pairs c1 ≤ c2 (within a class j ≤ l, j = l
+        # halved), then v = 2·V, T = U(e) + U(−e); per class pair one matrix product over o.
+        masks = self._taps(torch.ones((1, H, W), dtype=_DT), (Ho, Wo))
+        classes: list[torch.Tensor] = []
+        of = []  # each tap's class
+        for mask in masks:
+            c = next((i for i, k in enumerate(classes) if torch.equal(k, mask)), None)
+            if c is None:
+                classes.append(mask)
+                c = len(classes) - 1
+            of.append(c)
+        members = [[j for j in range(len(of)) if of[j] == c] for c in range(len(classes))]
+        taps = self._tap_offsets()
+        kk = max(kh, kw)
+        Wk = self.W.flatten(2).permute(2, 1, 0).contiguous()  # (k, Ci, Co)
+        offs, oi = _offsets(taps)
+        acc_t = torch.zeros((len(offs), Ci, n), dtype=_DT)  # T's terms summed by tap offset u_l − u_j
+        acc_v = torch.zeros((len(taps), Ci, m), dtype=_DT)  # v's terms summed by tap j
+        Q = {}  # Δ: Cov(g_P, g_{P+Δ}) (Co, Ho·Wo)
+
+        def cov(dh: int, dw: int) -> torch.Tensor:
+            if (dh, dw) not in Q:
+                q = sg * _shifted(sg, dh, dw) * _at_lag(g.corr, dh, dw)[:, None, None]
+                Q[dh, dw] = q.reshape(Co, m)
+            return Q[dh, dw]
+
+        for c1, X in enumerate(self._pair_xcorr(torch.stack([sg * c for c in classes]), size)):
+            Y = (g.corr[None] * X).reshape(len(X), Co, n)  # ρ_g Σ_P S_c1 S_c2, c2 ≥ c1
+            for c2 in range(c1, len(classes)):
+                pairs = [(j, l) for j in members[c1] for l in members[c2] if c2 > c1 or l >= j]
+                jj, ll = torch.tensor(pairs).T
+                ww = Wk.index_select(0, jj) * Wk.index_select(0, ll)  # (J, Ci, Co): W_j W_l
+                if c2 == c1:
+                    ww *= torch.where(jj == ll, 0.5, 1.0).to(_DT)[:, None, None]
+                lags = []  # per pair: the output lag Δ of its var term (None: the two taps never meet)
+                for j, l in pairs:
+                    dh, dw = taps[j][0] - taps[l][0], taps[j][1] - taps[l][1]
+                    meet = dh % sh == 0 and dw % sw == 0 and abs(dh // sh) < Ho and abs(dw // sw) < Wo
+                    lags.append((dh // sh, dw // sw) if meet else None)
+                used = list(dict.fromkeys(d for d in lags if d is not None))
+                cols = torch.cat([Y[c2 - c1]] + [cov(*d) for d in used], 1)
+                out = (ww.reshape(-1, Co) @ cols).reshape(len(pairs), Ci, -1)  # (J, Ci, n + |used|·m)
+                acc_t.index_add_(0, oi[jj, ll], out[:, :, :n])
+                for u, d in enumerate(used):
+                    sel = torch.tensor([i for i, e in enumerate(lags) if e == d])
+                    acc_v.index_add_(0, jj[sel], out[sel, :, n + u * m : n + (u + 1) * m])
+        big = torch.zeros((Ci, 2 * H - 1 + 2 * kk, 2 * W - 1 + 2 * kk), dtype=_DT)
+        for (da, db), t in zip(offs, acc_t):
+            h0, w0 = H - 1 + kk - sh * (Ho - 1) + da, W - 1 + kk - sw * (Wo - 1) + db
+            big[:, h0 : h0 + sh * (2 * Ho - 2) + 1 : sh, w0 : w0 + sw * (2 * Wo - 2) + 1 : sw] += t.reshape(
+                Ci, *size
+            )
+        vpad = torch.zeros((Ci, H + 2 * ph, W + 2 * pw), dtype=_DT)  # the input padded: tap j at sP + u_j
+        for (a, b), v in zip(taps, acc_v):
+            vpad[:, a : a + sh * (Ho - 1) + 1 : sh, b : b + sw * (Wo - 1) + 1 : sw] += v.reshape(Ci, Ho, Wo)
+        var = (2 * vpad[:, ph : ph + H, pw : pw + W]).clamp_min(0)
+        U = big[:, kk : kk + 2 * H - 1, kk : kk + 2 * W - 1]
+        T = U + U.flip((-2, -1))
+        T[:, H - 1, W - 1] = var.sum((1, 2))
+        return _field_from_sums(torch.zeros_like(var), var, T)
+
+
+def _offsets(taps):
+    """The tap offsets u_l − u_j that occur, and (k, k) the index of each pair's among them."""
+    offs = sorted({(a2 - a1, b2 - b1) for a1, b1 in taps for a2, b2 in taps})
+    where = {o: i for i, o in enumerate(offs)}
+    return offs, torch.tensor([[where[a2 - a1, b2 - b1] for a2, b2 in taps] for a1, b1 in taps])
+
+
+def box_conv(channels: int, kernel, stride, padding) -> Conv:
+    """An average pool as a depthwise conv with the box filter 1/(kh·kw) (zero padding counted)."""
+    kh, kw = kernel
+    w = torch.full((channels, 1, kh, kw), 1.0 / (kh * kw), dtype=_DT)
+    return Conv(w, None, stride, padding, groups=channels)

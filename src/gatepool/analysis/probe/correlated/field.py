@@ -1,0 +1,186 @@
+"""The state of one (C, H, W) tensor, over the batch (:class:`Field`), and the lag helpers every rule uses:
+
+    m(c, p)      the mean at channel c, position p (a map: borders, the data's layout, MNIST's margins)
+    v(c, p)      the variance there
+    ρ(c, e)      the correlation at spatial lag e, for every lag of the map (2H−1, 2W−1), ρ(c, 0) = 1
+
+    Cov(x_cp, x_c'q) = δ_cc' · √(v_cp v_cq) · ρ_c(q − p)
+
+``T(c, e) = Σ_p Cov(x_p, x_{p+e})``, the sum over the valid pairs, is what linear rules move;
+``ρ = T / Σ_p √(v_p v_{p+e})`` turns it back into the state.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+_DT = torch.float64
+
+
+@dataclass
+class Field:
+    """Mean map (C, H, W), variance map (C, H, W), correlation over all lags (C, 2H−1, 2W−1).
+
+    ``yy`` (gradients only, optional): per channel Σ_{p,q} E[g_p g_q y_p y_q] with y the tensor's value,
+    set by a ReLU's backward for the norm before it (:func:`groupnorm_backward`). ``pre_relu``
+    (gradients only, optional): the gradient at the input of the ReLU that made this tensor, set by a
+    step that knows it jointly (a max pool of a ReLU's output); the ReLU's backward then returns it.
+    ``parts`` (optional): (b, y) where this tensor is b + ReLU(y), the two independent (a residual add
+    whose stream is a ReLU's output): a ReLU of it then takes the skewed sum's own moments.
+    ``stream_gate`` (gradients only, optional): set by that ReLU's backward, per position
+    P(y > 0 | b + ReLU(y) > 0) / P(y > 0): the gate 1[y > 0] of the stream's ReLU is not independent of
+    this one, 1[b + ReLU(y) > 0]; the stream's ReLU scales the gradient it passes by it.
+    ``components`` (the input only, optional): (mix (C, r), z) with x − m = mix (z − m_z) at every
+    position and z's r channels uncorrelated (:func:`measure_input`): a conv on x folds mix into its
+    weights and takes z, where the per-channel state of x would drop the channels' covariance.
+    """
+
+    mean: torch.Tensor
+    var: torch.Tensor
+    corr: torch.Tensor
+    yy: torch.Tensor | None = field(default=None, repr=False)
+    pre_relu: Field | None = field(default=None, repr=False)
+    parts: tuple[Field, Field] | None = field(default=None, repr=False)
+    stream_gate: torch.Tensor | None = field(default=None, repr=False)
+    components: tuple[torch.Tensor, Field] | None = field(default=None, repr=False)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return tuple(self.mean.shape)  # type: ignore[return-value]
+
+    def lag_sums(self) -> torch.Tensor:
+        """T(c, e) = Σ_p Cov(x_p, x_{p+e}) over the valid pairs: ρ · Σ_p √(v_p v_{p+e})."""
+        s = self.var.clamp_min(0).sqrt()
+        return self.corr * xcorr(s, s)
+
+    def moments(self) -> dict:
+        """Pooled over channels and positions: mean, Var (E[x²] − mean²), E[x²]."""
+        mean = float(self.mean.mean())
+        e2 = float((self.var + self.mean**2).mean())
+        return {"mean": mean, "var": max(e2 - mean * mean, 0.0), "e2": e2}
+
+
+def _fast_len(n: int) -> int:
+    """The smallest 2·3·5-smooth length ≥ n (the FFT is several times slower on a prime such as 31)."""
+    m = n
+    while True:
+        k = m
+        for p in (2, 3, 5):
+            while k % p == 0:
+                k //= p
+        if k == 1:
+            return m
+        m += 1
+
+
+@functools.lru_cache(maxsize=64)
+def _lag_fft(H: int, W: int):
+    """The FFT shape (N₁, N₂) ≥ (2H−1, 2W−1) for the lags of an H×W map, and the phase
+    e^{−2πi (k₁(H−1)/N₁ + k₂(W−1)/N₂)} (N₁, N₂/2 + 1) that turns a real map's spectrum, conjugated,
+    into the spectrum of the map flipped (f(H−1−q))."""
+    N1, N2 = _fast_len(2 * H - 1), _fast_len(2 * W - 1)
+    k1 = torch.arange(N1, dtype=_DT)[:, None] * ((H - 1) / N1)
+    k2 = torch.arange(N2 // 2 + 1, dtype=_DT)[None, :] * ((W - 1) / N2)
+    angle = -2 * math.pi * (k1 + k2)
+    return (N1, N2), torch.polar(torch.ones_like(angle), angle)
+
+
+def spectra(f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The spectra of maps f (..., H, W) and of f flipped, on :func:`_lag_fft`'s shape: their product
+    with another map's spectrum, through :func:`lags_of`, is the cross-correlation at every lag."""
+    shape, phase = _lag_fft(*f.shape[-2:])
+    F = torch.fft.rfft2(f, s=shape)
+    return F, phase * F.conj()
+
+
+def lags_of(X: torch.Tensor, H: int, W: int) -> torch.Tensor:
+    """The inverse FFT of a product of spectra (:func:`spectra`) of H×W maps: (..., 2H−1, 2W−1)."""
+    shape, _ = _lag_fft(H, W)
+    return torch.fft.irfft2(X, s=shape)[..., : 2 * H - 1, : 2 * W - 1]
+
+
+def xcorr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(..., 2H−1, 2W−1): ``out[..., H−1+e_h, W−1+e_w] = Σ_q a(q) b(q+e)`` over q, q+e inside the map.
+
+    The linear convolution of b with a flipped, by FFTs of at least 2H−1 (no wrap-around): its outputs
+    come out in that (centred) order."""
+    H, W = a.shape[-2:]
+    Fa, Fa_flip = spectra(a)
+    Fb = Fa if b is a else torch.fft.rfft2(b, s=_lag_fft(H, W)[0])
+    return lags_of(Fa_flip * Fb, H, W)
+
+
+def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """num / den where den is not ~0 (relative to its largest value), else 0; clamped to [−1, 1]."""
+    big = den.flatten(-2).amax(-1)[..., None, None].clamp_min(1e-300)
+    ok = den > 1e-9 * big
+    return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(den)).clamp(
+        -1, 1
+    )
+
+
+def _field_from_sums(mean: torch.Tensor, var: torch.Tensor, T: torch.Tensor, yy=None) -> Field:
+    """The state from a mean map, a variance map and the lag sums T (ρ(0) = 1 exactly)."""
+    var = var.clamp_min(0)
+    s = var.sqrt()
+    corr = _ratio(T, xcorr(s, s))
+    H, W = var.shape[-2:]
+    corr[:, H - 1, W - 1] = 1.0
+    return Field(mean, var, corr, yy)
+
+
+def neighbour_corr(f: Field, lag: int) -> float:
+    """Correlation at ``lag`` positions along H and along W (their mean), pooled over channels:
+    Σ_c T_c(e) / Σ_c Σ_p √(v_p v_{p+e})."""
+    C, H, W = f.shape
+    if lag >= max(H, W):
+        return math.nan
+    s = f.var.clamp_min(0).sqrt()
+    G = xcorr(s, s)
+    T = f.corr * G
+    out = []
+    for eh, ew in ((lag, 0), (0, lag)):
+        if eh < H and ew < W:
+            g = float(G[:, H - 1 + eh, W - 1 + ew].sum())
+            out.append(float(T[:, H - 1 + eh, W - 1 + ew].sum()) / g if g > 0 else math.nan)
+    return float(np.mean(out))
+
+
+def _at_lag(corr: torch.Tensor, dh: int, dw: int) -> torch.Tensor:
+    """ρ(c, d) (C,), 0 beyond the map."""
+    H, W = (corr.shape[-2] + 1) // 2, (corr.shape[-1] + 1) // 2
+    if abs(dh) > H - 1 or abs(dw) > W - 1:
+        return torch.zeros(corr.shape[0], dtype=corr.dtype)
+    return corr[:, H - 1 + dh, W - 1 + dw]
+
+
+def _valid(f: torch.Tensor, dh: int, dw: int):
+    """(f(p), f(p + d)) over the positions p with both inside: two (..., H−|dh|, W−|dw|) views."""
+    H, W = f.shape[-2:]
+    a = f[..., max(0, -dh) : H - max(0, dh), max(0, -dw) : W - max(0, dw)]
+    b = f[..., max(0, dh) : H - max(0, -dh), max(0, dw) : W - max(0, -dw)]
+    return a, b
+
+
+def _rho_strided(corr, in_hw, out_hw, stride, ch, cw):
+    """ρ(s·Δ + c) for every output lag Δ: (C, 2Ho−1, 2Wo−1), zero outside the input's lags."""
+    (H, W), (Ho, Wo), (sh, sw) = in_hw, out_hw, stride
+    ih = (H - 1) + sh * torch.arange(-(Ho - 1), Ho) + ch
+    iw = (W - 1) + sw * torch.arange(-(Wo - 1), Wo) + cw
+    okh, okw = (ih >= 0) & (ih < 2 * H - 1), (iw >= 0) & (iw < 2 * W - 1)
+    out = corr[:, ih.clamp(0, 2 * H - 2)][:, :, iw.clamp(0, 2 * W - 2)]
+    return out * (okh[:, None] & okw[None, :]).to(out.dtype)
+
+
+def unit_noise(channels: int) -> Field:
+    """The backward seed: ∂L/∂logits ~ N(0, 1), independent (a (F, 1, 1) field)."""
+    return Field(
+        torch.zeros((channels, 1, 1), dtype=_DT),
+        torch.ones((channels, 1, 1), dtype=_DT),
+        torch.ones((channels, 1, 1), dtype=_DT),
+    )

@@ -1,0 +1,31 @@
+"""Linear on features (F, 1, 1).
+
+linear    on (C, 1, 1) features: m_out = W m + b, v_out = W² v; back v_g,in = (W²)ᵀ v_g
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gatepool.analysis.probe.correlated.field import _DT, Field
+
+
+class Linear:
+    """y = W x + b on features (F, 1, 1): independent features (their cross-covariance is not carried)."""
+
+    def __init__(self, weight, bias) -> None:
+        self.W = weight.detach().to("cpu", _DT)
+        self.b = None if bias is None else bias.detach().to("cpu", _DT)
+
+    def forward(self, x: Field) -> Field:
+        if x.shape[1:] != (1, 1):
+            raise NotImplementedError("Linear of a map with positions: flatten after a global pool only")
+        m = self.W @ x.mean[:, 0, 0] + (0 if self.b is None else self.b)
+        v = (self.W**2) @ x.var[:, 0, 0]
+        return Field(m[:, None, None], v[:, None, None], torch.ones((len(m), 1, 1), dtype=_DT))
+
+    def backward(self, g: Field) -> Field:
+        v = (self.W**2).T @ g.var[:, 0, 0]
+        return Field(
+            torch.zeros_like(v)[:, None, None], v[:, None, None], torch.ones((len(v), 1, 1), dtype=_DT)
+        )

@@ -1,0 +1,81 @@
+"""Measurement: the input's statistics (that is the data), and a tensor's for comparison.
+
+``measure_field`` (a batch's :class:`~.field.Field`), ``measure_input`` (the input's, with its channels as
+uncorrelated components: what the prediction starts from), ``measure_fields`` (every module's output, by
+forward hooks: the measurement side, never the prediction's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
+
+
+@torch.no_grad()
+def measure_field(x: torch.Tensor, chunk: int = 64) -> Field:
+    """The :class:`Field` of a batch ``x`` (B, C, H, W) (or (B, F): F channels of 1×1), over the batch.
+
+    Mean and variance per channel and position; T(c, e) the batch mean of Σ_p x̃_p x̃_{p+e}, x̃ = x − m.
+    """
+    if x.dim() == 2:
+        x = x[:, :, None, None]
+    if x.dim() != 4:
+        raise ValueError(f"x must be (B, C, H, W) or (B, F), got shape {tuple(x.shape)}")
+    x = x.detach().to("cpu", _DT)
+    mean = x.mean(0)
+    xc = x - mean
+    var = xc.pow(2).mean(0)
+    T = torch.zeros((x.shape[1], 2 * x.shape[2] - 1, 2 * x.shape[3] - 1), dtype=_DT)
+    for i in range(0, x.shape[0], chunk):
+        part = xc[i : i + chunk]
+        T += xcorr(part, part).sum(0)
+    return _field_from_sums(mean, var, T / x.shape[0])
+
+
+def measure_input(batch: torch.Tensor) -> Field:
+    """The input's statistics: per channel and position mean and variance, the correlation at every lag,
+    and the channels' own covariance as uncorrelated components (``Field.components``).
+
+    The channels of an image are not independent (a grey digit as RGB: three copies of one channel;
+    a photograph's colours: mostly one brightness). The pooled channel covariance S = E[(x − m)(x − m)ᵀ]
+    (over the batch and the positions, m the mean map) = V Λ Vᵀ; the components z = Vᵀ x with Λ > 1e-9 ·
+    max Λ (a copy adds none) are uncorrelated at lag 0 and x − m = V (z − m_z) where S has no other
+    direction. A first conv then acts on z with the weights W·V (exact where the channels' covariance
+    has the same spatial shape at every lag, as for copies). The prediction
+    (:func:`~gatepool.analysis.probe.correlated_predict.predict_correlated`) starts from this and
+    nothing else of the batch.
+    """
+    f = measure_field(batch)
+    if batch.dim() != 4 or batch.shape[1] < 2:
+        return f
+    x = batch.detach().to("cpu", _DT)
+    xc = x - x.mean(0)
+    S = torch.einsum("bchw,bdhw->cd", xc, xc) / (x.shape[0] * x.shape[2] * x.shape[3])  # (C, C)
+    lam, V = torch.linalg.eigh(S)
+    V = V[:, lam > 1e-9 * lam.max().clamp_min(1e-300)]  # (C, r)
+    return replace(f, components=(V, measure_field(torch.einsum("bchw,cr->brhw", x, V))))
+
+
+def measure_fields(model: torch.nn.Module, x: torch.Tensor, names=None) -> dict[str, Field]:
+    """The measured :class:`Field` of every named module's (B, C, H, W) or (B, F) output on ``x``
+    (forward hooks, removed after; the measurement side, never the prediction's)."""
+    out: dict[str, Field] = {}
+    handles = []
+    for n, m in model.named_modules():
+        if n and (names is None or n in names):
+
+            def hook(mod, args, y, n=n):
+                if isinstance(y, torch.Tensor) and y.dim() in (2, 4) and n not in out:
+                    out[n] = measure_field(y)
+
+            handles.append(m.register_forward_hook(hook))
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return out

@@ -1,0 +1,161 @@
+"""ReLU of the Gaussian field (and of the skewed residual sum b + ReLU(y)).
+
+ReLU      per position the rectified normal; per lag Mehler's series, a = m/s,
+          Cov(ReLU x_p, ReLU x_q) = Σ_{n≥1} ρⁿ/n! c_n(p) c_n(q), c_1 = sΦ(a), c_n = sφ(a)He_{n−2}(−a)
+          to n = 12 (one FFT per term: every lag at once; Price's theorem is its first term), and
+          where it converges slowly (|ρ| > 0.5, lags |e| ≤ ``exact_lags``) the bivariate normal
+          integral E[ReLU(x_p) ReLU(x_q)] (Gauss–Legendre over x_p of the conditional rectified
+          mean: the arccos kernel when the means are 0). Back: Cov(g_p, g_q) · P(x_p > 0, x_q > 0),
+          P by the same series (k_n = φ(a)He_{n−1}(−a)) or the same integral.
+          Of b + ReLU(y) (``Field.parts``): the skewed sum's own mean and variance (quadrature over
+          y), its correlations a normal's of the sum's moments; back, the stream's gate jointly:
+          E[g_y²] = E[g²] P(y > 0 | b + ReLU(y) > 0) (``Field.stream_gate``)
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+import torch
+
+from gatepool.analysis.probe.correlated.add import add_grads
+from gatepool.analysis.probe.correlated.field import Field, _at_lag, _field_from_sums, _ratio, _valid, xcorr
+from gatepool.analysis.probe.correlated.normal import (
+    _cdf,
+    _pdf,
+    bivariate_relu,
+    relu_moments_map,
+    relu_of_sum_map,
+)
+
+_SERIES_ORDER = 12  # Mehler's series to ρ¹²: at |ρ| ≤ 0.5 its remainder is < 1e-6 of σ_p σ_q
+_SERIES_RHO = 0.5  # above this |ρ| (within ``exact_lags``) the bivariate integral instead
+_A_MAX = 38.0  # |m/s| beyond this: φ(a) = 0 in float64 (and a dead position, s = 0, gets ±this)
+
+
+def _hermite_maps(a: torch.Tensor, order: int) -> list[torch.Tensor]:
+    """[He_0(−a), …, He_order(−a)]: the probabilists' Hermite polynomials, He_{k+1} = x He_k − k He_{k−1}."""
+    x = -a
+    out = [torch.ones_like(a), x]
+    for k in range(1, order):
+        out.append(x * out[k] - k * out[k - 1])
+    return out[: order + 1]
+
+
+def relu_series_maps(m: torch.Tensor, s: torch.Tensor, order: int = _SERIES_ORDER):
+    """Mehler's coefficients of ReLU(m + s z) and of 1[m + s z > 0], z ~ N(0, 1), per position:
+
+        Cov(ReLU(x_p), ReLU(x_q)) = Σ_{n≥1} ρⁿ/n! c_n(p) c_n(q),  c_1 = s Φ(a), c_n = s φ(a) He_{n−2}(−a)
+        P(x_p > 0, x_q > 0) = Φ(a_p) Φ(a_q) + Σ_{n≥1} ρⁿ/n! k_n(p) k_n(q),  k_n = φ(a) He_{n−1}(−a)
+
+    (a = m/s; E[f⁽ⁿ⁾(z)] of each function, Mehler's expansion of the bivariate normal). Returns the
+    lists c (n = 1…order) and k (n = 1…order), each of maps like ``m``. A dead position (s = 0) has
+    c = k = 0."""
+    alive = s > 0
+    a = torch.where(alive, m / torch.where(alive, s, torch.ones_like(s)), torch.sign(m) * _A_MAX)
+    a = a.clamp(-_A_MAX, _A_MAX)
+    phi = _pdf(a) * alive
+    he = _hermite_maps(a, order)
+    c = [s * _cdf(a)] + [s * phi * he[n - 2] for n in range(2, order + 1)]
+    k = [phi * he[n - 1] for n in range(1, order + 1)]
+    return c, k
+
+
+def _series_lag_sums(corr: torch.Tensor, maps: list[torch.Tensor], weight: torch.Tensor | None = None):
+    """Σ_n ρ(e)ⁿ/n! Σ_p f_n(p) f_n(p+e) for every lag e (one FFT per term), f_n = weight · maps[n−1]."""
+    T = torch.zeros_like(corr)
+    rn = torch.ones_like(corr)
+    for n, f in enumerate(maps, start=1):
+        rn = rn * corr / n
+        f = f if weight is None else f * weight
+        T += rn * xcorr(f, f)
+    return T
+
+
+class ReLU:
+    """ReLU of the Gaussian field: per position the rectified normal, per lag Mehler's series (to ρ¹²),
+    and the bivariate integral where the series converges slowly (|ρ| > 0.5 within ``exact_lags``)."""
+
+    def __init__(self, exact_lags: int = 4) -> None:
+        self.R = exact_lags
+
+    def _half_lags(self, H, W):
+        R = self.R
+        return [
+            (a, b)
+            for a in range(0, min(R, H - 1) + 1)
+            for b in range(-min(R, W - 1), min(R, W - 1) + 1)
+            if a > 0 or b >= 0
+        ]
+
+    def forward(self, x: Field) -> Field:
+        self.x, self.stream_gate = x, None
+        C, H, W = x.shape
+        s = x.var.clamp_min(0).sqrt()
+        mu, e2, pos = relu_moments_map(x.mean, x.var)
+        var = (e2 - mu * mu).clamp_min(0)
+        self.mu, self.pos, self.s = mu, pos, s
+        self.c, self.k = relu_series_maps(x.mean, s)
+        T = _series_lag_sums(x.corr, self.c)
+        # the lags where the series is slow: the bivariate integral, on the channels that need it
+        self.pairs = {}  # lag: (channels, E[ReLU ReLU], P(both > 0)) over the valid pairs
+        for dh, dw in self._half_lags(H, W):
+            rho = _at_lag(x.corr, dh, dw)
+            if dh == 0 and dw == 0:
+                idx, e, p = torch.arange(C), e2, pos
+            else:
+                idx = torch.nonzero(rho.abs() > _SERIES_RHO).flatten()
+                if not len(idx):
+                    continue
+                (m1, m2), (s1, s2) = _valid(x.mean[idx], dh, dw), _valid(s[idx], dh, dw)
+                e, p = bivariate_relu(m1, s1, m2, s2, rho[idx][:, None, None].expand_as(m1))
+            self.pairs[(dh, dw)] = (idx, e, p)
+            u1, u2 = _valid(mu[idx], dh, dw)
+            t = (e - u1 * u2).sum((1, 2))
+            T[idx, H - 1 + dh, W - 1 + dw] = t
+            T[idx, H - 1 - dh, W - 1 - dw] = t
+        if x.parts is not None:  # b + ReLU(y): the skewed sum's own moments; the correlations as above
+            b, y = x.parts
+            mu, e2, pos, both = relu_of_sum_map(b.mean, b.var, y.mean, y.var)
+            sd_gauss, var = var.sqrt(), (e2 - mu * mu).clamp_min(0)
+            T = _ratio(T, xcorr(sd_gauss, sd_gauss)) * xcorr(var.sqrt(), var.sqrt())
+            self.mu, self.pos = mu, pos
+            p_y = relu_moments_map(y.mean, y.var)[2]
+            self.stream_gate = torch.where(
+                pos * p_y > 0, both / (pos * p_y).clamp_min(1e-300), torch.ones_like(pos)
+            )
+        return _field_from_sums(mu, var, T)
+
+    def backward(self, g: Field | list[Field]) -> Field:
+        """The gradient at the input from the output's (or from its parts, each through the gate on its
+        own: a part that knows the gate jointly brings ``pre_relu``). After an add b + ReLU(y) the
+        result carries ``stream_gate`` (see :class:`Field`): E[g_y²] = E[g_z²] P(y > 0 | z > 0),
+        z = b + ReLU(y), by the skewed sum's quadrature, where independent gates give E[g_z²] P(y > 0)."""
+        gs = g if isinstance(g, list) else [g]
+        out = functools.reduce(add_grads, [self._backward(p) for p in gs])
+        if self.stream_gate is not None:
+            out = replace(out, stream_gate=self.stream_gate)
+        return out
+
+    def _backward(self, g: Field) -> Field:
+        if g.pre_relu is not None:  # the step after knew the gradient through this ReLU
+            return g.pre_relu
+        if g.stream_gate is not None:  # through the ReLU after an add, whose gate is not independent
+            out = self._backward(replace(g, stream_gate=None))
+            var = out.var * g.stream_gate
+            return _field_from_sums(out.mean, var, out.corr * xcorr(var.sqrt(), var.sqrt()), out.yy)
+        x, (H, W) = self.x, g.shape[1:]
+        sg = g.var.clamp_min(0).sqrt()
+        var = g.var * self.pos
+        # Cov(g_p, g_q) P(x_p > 0, x_q > 0) and Cov(g_p, g_q) E[ReLU(x_p) ReLU(x_q)], by the series
+        T = g.corr * (xcorr(sg * self.pos, sg * self.pos) + _series_lag_sums(x.corr, self.k, sg))
+        YY = g.corr * (xcorr(sg * self.mu, sg * self.mu) + _series_lag_sums(x.corr, self.c, sg))
+        for (dh, dw), (idx, e, p) in self.pairs.items():
+            a, b = _valid(sg[idx], dh, dw)
+            cg = a * b * _at_lag(g.corr, dh, dw)[idx, None, None]
+            t, yy = (cg * p).sum((1, 2)), (cg * e).sum((1, 2))
+            for sgn in (1, -1):
+                T[idx, H - 1 + sgn * dh, W - 1 + sgn * dw] = t
+                YY[idx, H - 1 + sgn * dh, W - 1 + sgn * dw] = yy
+        return _field_from_sums(torch.zeros_like(var), var, T, yy=YY.sum((1, 2)))
