@@ -135,5 +135,45 @@ def test_convert_check_writes_the_page_and_merges_runs(tmp_path):
     text = page.read_text()
     assert text.count("## torchvision: gates max, avg") == 2
     assert "max: partial: features.2 (MaxPool2d)" in text
-    assert "0 of 1 models with a pool convert fully (0%)** with every gate run on them; not fully: " \
-           "tv:squeezenet1_0" in text
+    assert (
+        "0 of 1 models with a pool convert fully (0%)** with every gate run on them; not fully: "
+        "tv:squeezenet1_0" in text
+    )
+
+
+def test_convert_check_leaves_out_what_has_no_pool_and_resumes(tmp_path):
+    """``--pooled-from``: the models an earlier run found with no pool are not run (named on the page), the
+    others at its size; ``--resume``: the models the JSON holds with every gate are kept, not run again."""
+    import json
+    from dataclasses import asdict
+
+    from gatepool.cli import main
+
+    earlier, page, data = tmp_path / "soft.json", tmp_path / "zoo.md", tmp_path / "run.json"
+    results = [zoo.Result("tv:squeezenet1_0", "soft", "full", 64),
+               zoo.Result("tv:alexnet", "soft", "no pool", 64)]  # fmt: skip
+    earlier.write_text(json.dumps({"results": [asdict(r) for r in results]}))
+    args = ["convert-check", "--models", "tv:squeezenet1_0", "tv:alexnet", "--gates", "max",
+            "--out", str(page), "--json", str(data), "--pooled-from", str(earlier)]  # fmt: skip
+    assert main(args) == 0
+    run = json.loads(data.read_text())
+    ran = [(r["model"], r["status"], r["size"]) for r in run["results"]]
+    assert ran == [("tv:squeezenet1_0", "full", 64)]
+    assert run["meta"]["no_pool"] == ["tv:alexnet"] and run["meta"]["pooled_from"] == [str(earlier)]
+    assert (
+        f"not run, as {earlier} found them with no pool (nothing to convert, for any gate): 1 models"
+        in page.read_text()
+    )
+    run["results"][0]["seconds"] = 123.0  # a mark: a kept result is not run again
+    data.write_text(json.dumps(run))
+    args = ["convert-check", "--models", "tv:squeezenet1_0", "tv:squeezenet1_1", "--gates", "max",
+            "--out", str(page), "--json", str(data), "--resume"]  # fmt: skip
+    assert main(args) == 0
+    resumed = json.loads(data.read_text())
+    assert [(r["model"], r["status"]) for r in resumed["results"]] == [
+        ("tv:squeezenet1_0", "full"), ("tv:squeezenet1_1", "full")]  # fmt: skip
+    assert resumed["results"][0]["seconds"] == 123.0 and resumed["results"][1]["seconds"] != 123.0
+    meta = resumed["meta"]
+    assert meta["command"] == run["meta"]["command"] and len(meta["resumed"]) == 1 and meta["complete"]
+    assert "resumed at" in page.read_text()
+    assert main([*args[:5], "avg", *args[6:]]) == 2  # another gate: not the same run

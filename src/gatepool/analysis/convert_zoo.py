@@ -174,10 +174,10 @@ def check(name: str, gate: str, *, compile: bool = False, size: int | None = Non
     start = time.perf_counter()
     g = gate if gate != "conv" else "soft"
     try:
-        original = build(name, 0)
+        size = size or smallest_size(build(name, 0))  # a size known (an earlier gate's): no build for it
+        model = build(name, 0)
     except Exception as e:  # noqa: BLE001
         return Result(name, gate, "skipped", why=f"build: {_short(e)}")
-    size = size or smallest_size(original)
     if size is None:
         return Result(name, gate, "skipped", why=f"the original runs at none of {SIZES}")
     x = _input(size)
@@ -185,7 +185,7 @@ def check(name: str, gate: str, *, compile: bool = False, size: int | None = Non
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            model, replaced = convert(build(name, 0), gate, global_pool=g, squeeze_pool=g, example_input=x)
+            model, replaced = convert(model, gate, global_pool=g, squeeze_pool=g, example_input=x)
     except Exception as e:  # noqa: BLE001
         return Result(name, gate, "refused", size, why=_short(e), seconds=time.perf_counter() - start)
     result.replaced = len(replaced)
@@ -211,7 +211,7 @@ def check(name: str, gate: str, *, compile: bool = False, size: int | None = Non
             step = "torch.compile"
             torch._dynamo.reset()
             try:
-                torch.compile(original.eval(), backend="eager")(x)
+                torch.compile(build(name, 0).eval(), backend="eager")(x)
                 ok = True
             except Exception:  # noqa: BLE001 - the original does not compile: nothing to check
                 ok = False
@@ -236,10 +236,13 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0][:200] if text else ''}" if text else type(e).__name__
 
 
-def sweep(models: list[str], gates=GATES, *, compile: bool = False, log=None) -> list[Result]:
+def sweep(
+    models: list[str], gates=GATES, *, compile: bool = False, log=None, sizes: dict[str, int] | None = None
+) -> list[Result]:
+    """``check`` each model with each gate; ``sizes``: a model's input size where known (another run's)."""
     results = []
     for name in models:
-        size = None
+        size = (sizes or {}).get(name)
         for gate in gates:
             try:
                 r = check(name, gate, compile=compile, size=size)

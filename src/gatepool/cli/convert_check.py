@@ -6,7 +6,9 @@
 
 See :mod:`gatepool.analysis.convert_zoo` for the checks. Writes the Markdown page (``--out``, default
 docs/convert-zoo.md) with its date, machine and versions, and ``--json`` the results (after every model,
-so an interrupted run keeps what it did); ``--merge A.json B.json`` writes the page from several runs.
+so an interrupted run keeps what it did; ``--resume`` goes on with it); ``--merge A.json B.json`` writes
+the page from several runs. ``--pooled-from SOFT.json`` runs only the models that run found with a pool
+(a model with no pool has nothing to convert, whatever the gate), at the input size it found.
 Exit 1 when a model is not converted fully. Needs torchvision / timm (``pip install gatepool[vision]``).
 """
 
@@ -31,8 +33,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--out", default="docs/convert-zoo.md", help="the Markdown page (default docs/convert-zoo.md)"
     )
     p.add_argument("--json", default=None, help="also write the results here as JSON")
-    p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
-                   help="write the page from these runs' --json files instead of running")
+    p.add_argument(
+        "--pooled-from",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="only the models these runs' --json found with a pool, at the size they found "
+        "(a model with no pool has nothing to convert for any gate: named on the page)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the models the --json file holds with every gate done, run the rest",
+    )
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="write the page from these runs' --json files instead of running",
+    )
     p.set_defaults(func=_run)
 
 
@@ -85,6 +105,8 @@ def _run(args: argparse.Namespace) -> int:
         ) from e
     excluded = [m for m in args.exclude if m in models]
     models = [m for m in models if m not in args.exclude]
+    sizes, no_pool = _pooled(args.pooled_from, models) if args.pooled_from else ({}, [])
+    models = [m for m in models if m not in no_pool]
     torch.set_num_threads(1)
     versions = {"torch": torch.__version__}
     for lib in ("torchvision", "timm"):
@@ -93,14 +115,39 @@ def _run(args: argparse.Namespace) -> int:
         except ImportError:
             pass
     began = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
-    meta = {"command": " ".join(["gatepool", *sys.argv[1:]]), "began": began, "machine": _machine(1),
-            "versions": versions, "compile": args.compile, "gates": list(gates), "excluded": excluded}
-    done: list = []
+    meta = {
+        "command": " ".join(["gatepool", *sys.argv[1:]]),
+        "began": began,
+        "machine": _machine(1),
+        "versions": versions,
+        "compile": args.compile,
+        "gates": list(gates),
+        "excluded": excluded,
+    }
+    if args.pooled_from:
+        meta.update(pooled_from=list(args.pooled_from), no_pool=no_pool)
+    kept: list = []
+    if args.resume:
+        meta, kept = _resume(args.json, meta)
+        gates_of: dict[str, set] = {}
+        for r in kept:
+            gates_of.setdefault(r.model, set()).add(r.gate)
+        finished = {m for m, g in gates_of.items() if g >= set(gates)}
+        kept = [r for r in kept if r.model in finished]
+        print(
+            f"resuming {args.json}: {len(finished)} models done, {len(set(models) - finished)} to run",
+            file=sys.stderr,
+        )
+    done: list = list(kept)
+    order = {m: i for i, m in enumerate(models)}
 
     def save(results, complete=False) -> dict:
-        now = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M UTC")
-        run = {"meta": {**meta, "finished": now, "complete": complete, "planned": len(models)},
-               **zoo.summary(results)}
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        results = sorted(results, key=lambda r: order.get(r.model, len(order)))  # stable: gates in order
+        run = {
+            "meta": {**meta, "finished": now, "complete": complete, "planned": len(models)},
+            **zoo.summary(results),
+        }
         _write(args.out, [run])
         if args.json:
             with open(args.json, "w") as f:
@@ -118,10 +165,60 @@ def _run(args: argparse.Namespace) -> int:
         if r.gate == gates[-1]:
             save(done)  # after every model: an interrupted sweep leaves its table so far
 
-    results = zoo.sweep(models, gates, compile=args.compile, log=log)
-    run = save(results, complete=True)
+    todo = [m for m in models if m not in {r.model for r in kept}]
+    zoo.sweep(todo, gates, compile=args.compile, log=log, sizes=sizes)
+    run = save(done, complete=True)
     print(f"{run['full']}/{run['models'] - run['no_pool']} with a pool full; wrote {args.out}")
     return 0 if not run["not_full"] else 1
+
+
+def _pooled(paths: list[str], models: list[str]) -> tuple[dict[str, int], list[str]]:
+    """From earlier runs' JSON: each model's input size, and the models of ``models`` with no pool."""
+    import json
+
+    sizes, statuses = {}, {}
+    for path in paths:
+        try:
+            with open(path) as f:
+                run = json.load(f)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--pooled-from: cannot read {path}: {e}") from e
+        for r in run["results"]:
+            statuses.setdefault(r["model"], set()).add(r["status"])
+            if r["size"]:
+                sizes[r["model"]] = r["size"]
+    return sizes, [m for m in models if statuses.get(m) == {"no pool"}]
+
+
+def _resume(path: str | None, meta: dict) -> tuple[dict, list]:
+    """The run in ``path`` to go on with (its meta, with this start added) and its results."""
+    import json
+
+    from gatepool.analysis import convert_zoo as zoo
+
+    if not path:
+        raise UsageError("--resume goes on with the run in --json: pass --json PATH")
+    try:
+        with open(path) as f:
+            run = json.load(f)
+    except FileNotFoundError:
+        return meta, []  # nothing to resume: a fresh run
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--resume: cannot read {path}: {e}") from e
+    old = run["meta"]
+    for key in ("gates", "compile"):
+        if old.get(key) != meta[key]:
+            raise UsageError(
+                f"--resume: {path} ran {key}={old.get(key)}, this run asks {meta[key]}: "
+                f"ask the same, or write another --json"
+            )
+    merged = {**old, **meta, "command": old["command"], "began": old["began"]}
+    merged["resumed"] = [*old.get("resumed", []), meta["began"]]
+    if old["machine"] != meta["machine"] or old["versions"] != meta["versions"]:
+        merged["machine"] = f"{old['machine']}; resumed on {meta['machine']}"
+        merged["versions"] = {k: v if old["versions"].get(k) == v else f"{old['versions'].get(k)}, then {v}"
+                              for k, v in meta["versions"].items()}  # fmt: skip
+    return merged, [zoo.Result(**r) for r in run["results"]]
 
 
 _INTRO = """\
@@ -145,9 +242,11 @@ here is the smallest-sounding name in it (`convert_zoo.timm_families`).
 def _write(path: str, runs: list[dict], merged: str = "") -> None:
     """The page: the intro, what each zoo's runs cover, then each run's section and table."""
     from gatepool.analysis import convert_zoo as zoo
+    from gatepool.layers.gated_pool import GATES
 
     page = ["# convert() over the zoos", "", _INTRO.format(sizes=", ".join(map(str, zoo.SIZES))), ""]
     page += [merged, ""] if merged else []
+
     def excluded(meta):  # a run from before "excluded" was kept: its command says
         if "excluded" in meta or " --exclude " not in meta["command"]:
             return meta.get("excluded", [])
@@ -167,13 +266,32 @@ def _write(path: str, runs: list[dict], merged: str = "") -> None:
         full = [m for m, st in with_pool.items() if st == {"full"}]
         rest = sorted(set(with_pool) - set(full))
         what = "models" if prefix == "tv:" else "families"
-        page.append(f"**{zoo_name}: {len(full)} of {len(with_pool)} {what} with a pool convert fully "
-                    f"({100 * len(full) / max(len(with_pool), 1):.0f}%)** with every gate run on them"
-                    f"{'' if not rest else '; not fully: ' + ', '.join(rest)}. "
-                    f"{sum(st == {'no pool'} for st in statuses.values())} have no pool; "
-                    f"{sum('skipped' in st for st in statuses.values())} skipped.")
+        page.append(
+            f"**{zoo_name}: {len(full)} of {len(with_pool)} {what} with a pool convert fully "
+            f"({100 * len(full) / max(len(with_pool), 1):.0f}%)** with every gate run on them"
+            f"{'' if not rest else '; not fully: ' + ', '.join(rest)}. "
+            f"{sum(st == {'no pool'} for st in statuses.values())} have no pool; "
+            f"{sum('skipped' in st for st in statuses.values())} skipped."
+        )
         if out:
             page[-1] += f" Not run (--exclude): {', '.join(out)}."
+        ran = {}  # gate (or "torch.compile") -> the models with a pool it ran on
+        for run in runs:
+            for r in run["results"]:
+                if r["model"] in with_pool:
+                    key = "torch.compile" if run["meta"]["compile"] else r["gate"]
+                    ran.setdefault(key, set()).add(r["model"])
+        order = [*GATES, "torch.compile"]
+        page[-1] += (
+            f" Of the {len(with_pool)} with a pool, each gate ran on: "
+            + ", ".join(f"{k} {len(ran[k])}" for k in order if k in ran)
+            + "."
+        )
+        left_out = {m for run in runs for m in run["meta"].get("no_pool", []) if m.startswith(prefix)}
+        if left_out:
+            page[-1] += (f" The {len(left_out)} with no pool were run with one gate only: a model with no "
+                         f"pool has nothing to convert for any gate (the runs with --pooled-from leave "
+                         f"them out).")  # fmt: skip
         page.append("")
     for run in runs:
         meta, results = run["meta"], [zoo.Result(**r) for r in run["results"]]
@@ -181,8 +299,13 @@ def _write(path: str, runs: list[dict], merged: str = "") -> None:
         planned = meta.get("planned")
         if planned is None and " --models " in meta["command"]:  # a run from before "planned" was kept
             planned = len(meta["command"].split(" --models ")[1].split(" --")[0].split())
-        stopped = "" if meta.get("complete") or planned is None or planned == run["models"] else (
-            f" The run was stopped after {run['models']} of its {planned} models: the others did not run.")
+        stopped = (
+            ""
+            if meta.get("complete") or planned is None or planned == run["models"]
+            else (
+                f" The run was stopped after {run['models']} of its {planned} models: the others did not run."
+            )
+        )
         zoos = sorted({r.model.split(":")[0] for r in results})
         title = " and ".join({"tv": "torchvision", "timm": "timm"}[z] for z in zoos)
         page += [
@@ -196,7 +319,15 @@ def _write(path: str, runs: list[dict], merged: str = "") -> None:
             + f". {run['full']} of {run['models'] - run['no_pool']} models with a pool convert fully, "
             f"{run['no_pool']} have no pool"
             + (f"; left out (--exclude): {', '.join(excluded(meta))}" if excluded(meta) else "")
-            + "." + stopped,
+            + (
+                f"; not run, as {' and '.join(meta['pooled_from'])} found them with no pool (nothing to "
+                f"convert, for any gate): {len(meta['no_pool'])} models"
+                if meta.get("pooled_from")
+                else ""
+            )
+            + (f"; resumed at {', '.join(meta['resumed'])} UTC" if meta.get("resumed") else "")
+            + "."
+            + stopped,
             "",
             zoo.table(results, gates),
             "",
