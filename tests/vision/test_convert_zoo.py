@@ -56,6 +56,11 @@ def test_left_over_sees_modules_and_calls():
     assert zoo.left_over(model, x) == []
     model = zoo.build("tv:mnasnet0_5", 0)
     assert zoo.left_over(model, x) == ["mean in MNASNet"]
+    pools = ["features.2 (MaxPool2d)", "features.5 (MaxPool2d)", "features.12 (MaxPool2d)"]
+    model = zoo.build("tv:alexnet", 0)  # each pool once: a module, not also the call it makes
+    assert zoo.left_over(model, x) == [*pools, "avgpool (AdaptiveAvgPool2d)"]
+    convert(model, "conv", example_input=x)  # "conv" has no adaptive form: the 6×6 pool is left
+    assert zoo.left_over(model, x) == ["avgpool (AdaptiveAvgPool2d)"]
 
 
 def _gates(model):

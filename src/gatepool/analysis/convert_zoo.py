@@ -46,6 +46,7 @@ _POOL_FUNCTIONS |= {
     torch._C._nn.adaptive_avg_pool3d,
 }
 _MEANS = {torch.mean, torch.Tensor.mean}
+_POOL_MODULES = POOLS + ADAPTIVE_POOLS + (nn.AdaptiveMaxPool2d,)  # torch's, as left_over looks for them
 
 
 @dataclass
@@ -133,7 +134,10 @@ class _PoolCalls(TorchFunctionMode):
             if isinstance(dims, (tuple, list)):
                 rank = args[0].dim()
                 pool = sorted(d % rank for d in dims) == list(range(2, rank))
-        if pool and not any(hasattr(m, "_gatepool_origin") for m in self.stack):
+        inside = any(hasattr(m, "_gatepool_origin") for m in self.stack)  # a module convert built
+        if pool and self.stack and type(self.stack[-1]) in _POOL_MODULES:
+            inside = True  # torch's pool module runs it: left_over names that module
+        if pool and not inside:
             owner = type(self.stack[-1]).__name__ if self.stack else "?"
             self.seen.append(f"{getattr(func, '__name__', func)} in {owner}")
         return func(*args, **kwargs)
@@ -145,7 +149,7 @@ def left_over(model: nn.Module, x: torch.Tensor) -> list[str]:
     left = [
         f"{n} ({type(m).__name__})"
         for n, m in model.named_modules()
-        if type(m) in POOLS + ADAPTIVE_POOLS + (nn.AdaptiveMaxPool2d,)
+        if type(m) in _POOL_MODULES
         and not any(n == c or n.startswith(c + ".") for c in converted)  # convert's (PoolSame's inner)
     ]
     stack: list = []
@@ -165,9 +169,7 @@ def left_over(model: nn.Module, x: torch.Tensor) -> list[str]:
     finally:
         pre.remove()
         post.remove()
-    module_left = {s.split(" (")[0] for s in left}
-    calls = sorted(set(mode.seen))
-    return left + [c for c in calls if c not in module_left]
+    return left + sorted(set(mode.seen))
 
 
 def check(name: str, gate: str, *, compile: bool = False, size: int | None = None) -> Result:
@@ -268,7 +270,11 @@ def table(results: list[Result], gates=GATES) -> str:
     for model, row in by_model.items():
         notes = sorted(
             {
-                f"{r.gate}: {r.status}: " + (", ".join(r.left[:3]) or r.why)
+                f"{r.gate}: {r.status}: "
+                + ", ".join(r.left[:3])
+                + (" (" if r.left and r.why else "")
+                + r.why
+                + (")" if r.left and r.why else "")
                 for r in row.values()
                 if r.status not in ("full", "no pool")
             }
