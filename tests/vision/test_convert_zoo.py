@@ -142,7 +142,7 @@ def test_convert_check_writes_the_page_and_merges_runs(tmp_path):
     assert "max: partial: features.2 (MaxPool2d)" in text
     assert (
         "0 of 1 models with a pool convert fully (0%)** with every gate run on them; not fully: "
-        "tv:squeezenet1_0" in text
+        "tv:squeezenet1_0 (avg: partial, max: partial)." in text
     )
 
 

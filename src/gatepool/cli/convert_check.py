@@ -254,10 +254,14 @@ def _write(path: str, runs: list[dict], merged: str = "") -> None:
 
     for zoo_name, prefix in (("torchvision", "tv:"), ("timm", "timm:")):
         statuses: dict[str, set[str]] = {}  # every status a model had, over the gates and runs
+        failed: dict[str, set[str]] = {}  # "gate: status" where it was not full
         for run in runs:
             for r in run["results"]:
                 if r["model"].startswith(prefix):
                     statuses.setdefault(r["model"], set()).add(r["status"])
+                    if r["status"] not in ("full", "no pool"):
+                        how = "torch.compile" if run["meta"]["compile"] else r["gate"]
+                        failed.setdefault(r["model"], set()).add(f"{how}: {r['status']}")
         if not statuses:
             continue
         out = {m for run in runs for m in excluded(run["meta"]) if m.startswith(prefix)}
@@ -269,7 +273,9 @@ def _write(path: str, runs: list[dict], merged: str = "") -> None:
         page.append(
             f"**{zoo_name}: {len(full)} of {len(with_pool)} {what} with a pool convert fully "
             f"({100 * len(full) / max(len(with_pool), 1):.0f}%)** with every gate run on them"
-            f"{'' if not rest else '; not fully: ' + ', '.join(rest)}. "
+            f"{'' if not rest else '; not fully: '}"
+            + ", ".join(f"{m} ({', '.join(sorted(failed.get(m, ())))})" for m in rest)
+            + ". "
             f"{sum(st == {'no pool'} for st in statuses.values())} have no pool; "
             f"{sum('skipped' in st for st in statuses.values())} skipped."
         )
