@@ -182,3 +182,21 @@ def test_convert_check_leaves_out_what_has_no_pool_and_resumes(tmp_path):
     assert meta["command"] == run["meta"]["command"] and len(meta["resumed"]) == 1 and meta["complete"]
     assert "resumed at" in page.read_text()
     assert main([*args[:5], "avg", *args[6:]]) == 2  # another gate: not the same run
+
+
+def test_check_says_when_the_original_does_not_compile(monkeypatch):
+    """``compile=True`` where the original does not compile: converted fully, nothing to compare, and
+    said ("not compiled", why), not passed off as a compile that worked."""
+    real = torch.compile
+
+    def compile_converted_only(model, **kwargs):
+        if not any(hasattr(m, "_gatepool_origin") for m in model.modules()):
+            raise RuntimeError("dynamo cannot trace this original")
+        return real(model, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", compile_converted_only)
+    r = zoo.check("tv:squeezenet1_0", "soft", compile=True)
+    assert r.status == "not compiled" and "dynamo cannot trace this original" in r.why
+    assert zoo.summary([r])["full"] == 1  # it converted fully
+    row = zoo.table([r], ("soft",)).splitlines()[-1]
+    assert row.startswith("| tv:squeezenet1_0 | 64 | ○ |") and "the original does not compile" in row

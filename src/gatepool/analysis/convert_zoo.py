@@ -14,7 +14,8 @@ For each model (random weights, ``pretrained=False``, nothing downloaded) and ea
 
 A row's status: "full" (every check passed, nothing left), "no pool" (nothing to convert), "partial"
 (it runs, something is left: named), "refused" (convert raised: its message), "broken" (a check
-failed after conversion: which and why), or "skipped" (the original model runs at none of SIZES).
+failed after conversion: which and why), "skipped" (the original model runs at none of SIZES), or
+"not compiled" (``compile=True``: converted fully, but the original does not compile: nothing to compare).
 Needs torchvision and/or timm.
 """
 
@@ -34,6 +35,7 @@ from gatepool.layers.convert import ADAPTIVE_POOLS, POOLS, convert
 from gatepool.layers.gated_pool import GATES
 
 SIZES = (64, 96, 128, 224, 256)
+CONVERTED = {"full", "not compiled"}  # converted fully ("not compiled": the original does not compile)
 _POOL_FUNCTIONS = {getattr(F, f"{k}_pool{d}d") for k in ("max", "avg", "adaptive_avg") for d in (1, 2, 3)}
 _POOL_FUNCTIONS |= {
     getattr(torch, f"{k}_pool{d}d")
@@ -214,10 +216,10 @@ def check(name: str, gate: str, *, compile: bool = False, size: int | None = Non
             torch._dynamo.reset()
             try:
                 torch.compile(build(name, 0).eval(), backend="eager")(x)
-                ok = True
-            except Exception:  # noqa: BLE001 - the original does not compile: nothing to check
-                ok = False
-            if ok:
+                uncompiled = ""
+            except Exception as e:  # noqa: BLE001 - the original does not compile: nothing to check
+                uncompiled = f"the original does not compile: {_short(e)}"
+            if not uncompiled:
                 torch._dynamo.reset()
                 with torch.no_grad():
                     torch.testing.assert_close(torch.compile(model, backend="eager")(x), model(x))
@@ -229,6 +231,8 @@ def check(name: str, gate: str, *, compile: bool = False, size: int | None = Non
             result.why = "; ".join(notes)[:300]
         elif not replaced:
             result.status = "no pool"  # nothing to convert (a ViT): runs as it was
+        elif compile and uncompiled:
+            result.status, result.why = "not compiled", uncompiled  # converted fully; compile not checked
     result.seconds = time.perf_counter() - start
     return result
 
@@ -259,7 +263,8 @@ def sweep(
 
 def table(results: list[Result], gates=GATES) -> str:
     """Markdown: one row per model, one column per gate (✓ full, ~ partial, ✗ refused/broken)."""
-    mark = {"full": "✓", "no pool": "·", "partial": "~", "refused": "✗", "broken": "✗", "skipped": "–"}
+    mark = {"full": "✓", "not compiled": "○", "no pool": "·", "partial": "~", "refused": "✗", "broken": "✗",
+            "skipped": "–"}  # fmt: skip
     by_model: dict[str, dict[str, Result]] = {}
     for r in results:
         by_model.setdefault(r.model, {})[r.gate] = r
@@ -294,7 +299,7 @@ def summary(results: list[Result]) -> dict:
     models: dict[str, set[str]] = {}
     for r in results:
         models.setdefault(r.model, set()).add(r.status)
-    full = sorted(m for m, s in models.items() if s == {"full"})
+    full = sorted(m for m, s in models.items() if s <= CONVERTED)
     none = sorted(m for m, s in models.items() if s == {"no pool"})
     return {
         "models": len(models),

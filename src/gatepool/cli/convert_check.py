@@ -235,7 +235,8 @@ built, as a `TorchFunctionMode` sees them); and, in the runs with `--compile`, `
 "eager")` giving the eager output where the original compiles. A timm family is a timm module; its model
 here is the smallest-sounding name in it (`convert_zoo.timm_families`).
 
-✓ full · no pool (nothing to convert) ~ partial (what is left is named) ✗ refused or broken (why) – skipped.
+✓ full · no pool (nothing to convert) ~ partial (what is left is named) ✗ refused or broken (why) – skipped
+○ converted fully, but the original does not compile (`--compile` runs: nothing to compare with).
 """
 
 
@@ -259,7 +260,7 @@ def _write(path: str, runs: list[dict], merged: str = "") -> None:
             for r in run["results"]:
                 if r["model"].startswith(prefix):
                     statuses.setdefault(r["model"], set()).add(r["status"])
-                    if r["status"] not in ("full", "no pool"):
+                    if r["status"] not in (*zoo.CONVERTED, "no pool"):
                         how = "torch.compile" if run["meta"]["compile"] else r["gate"]
                         failed.setdefault(r["model"], set()).add(f"{how}: {r['status']}")
         if not statuses:
@@ -267,7 +268,7 @@ def _write(path: str, runs: list[dict], merged: str = "") -> None:
         out = {m for run in runs for m in excluded(run["meta"]) if m.startswith(prefix)}
         out = sorted(out - set(statuses))
         with_pool = {m: st for m, st in statuses.items() if st != {"no pool"} and "skipped" not in st}
-        full = [m for m, st in with_pool.items() if st == {"full"}]
+        full = [m for m, st in with_pool.items() if st <= zoo.CONVERTED]
         rest = sorted(set(with_pool) - set(full))
         what = "models" if prefix == "tv:" else "families"
         page.append(
@@ -282,17 +283,22 @@ def _write(path: str, runs: list[dict], merged: str = "") -> None:
         if out:
             page[-1] += f" Not run (--exclude): {', '.join(out)}."
         ran = {}  # gate (or "torch.compile") -> the models with a pool it ran on
+        uncompiled = set()  # the models whose original does not compile
         for run in runs:
             for r in run["results"]:
                 if r["model"] in with_pool:
                     key = "torch.compile" if run["meta"]["compile"] else r["gate"]
                     ran.setdefault(key, set()).add(r["model"])
+                    if r["status"] == "not compiled":
+                        uncompiled.add(r["model"])
         order = [*GATES, "torch.compile"]
         page[-1] += (
             f" Of the {len(with_pool)} with a pool, each gate ran on: "
             + ", ".join(f"{k} {len(ran[k])}" for k in order if k in ran)
+            + (f" (of which {len(uncompiled)} whose original does not compile: "
+               f"{', '.join(sorted(uncompiled))}; the converted form not compared)" if uncompiled else "")
             + "."
-        )
+        )  # fmt: skip
         left_out = {m for run in runs for m in run["meta"].get("no_pool", []) if m.startswith(prefix)}
         if left_out:
             page[-1] += (f" The {len(left_out)} with no pool were run with one gate only: a model with no "
