@@ -138,11 +138,12 @@ def test_convert_check_writes_the_page_and_merges_runs(tmp_path):
     (tmp_path / "b.json").write_text(json.dumps(broken))
     assert main(["convert-check", "--merge", str(data), str(tmp_path / "b.json"), "--out", str(page)]) == 0
     text = page.read_text()
-    assert text.count("## torchvision: gates max, avg") == 2
+    assert text.count("- **torchvision, gates max, avg**: `gatepool convert-check --models") == 2
+    assert text.count("| tv:squeezenet1_0 |") == 1  # one table: the later run's cells
     assert "max: partial: features.2 (MaxPool2d)" in text
     assert (
         "0 of 1 models with a pool convert fully (0%)** with every gate run on them; not fully: "
-        "tv:squeezenet1_0 (avg: partial, max: partial)." in text
+        "tv:squeezenet1_0 (max: partial, avg: partial)." in text
     )
 
 

@@ -85,7 +85,7 @@ def _run(args: argparse.Namespace) -> int:
             with open(path) as f:
                 runs.append(json.load(f))
         when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        _write(args.out, runs, f"Put together by `{' '.join(['gatepool', *sys.argv[1:]])}` on {when}.")
+        _write(args.out, runs, f"Put together by `{_command(args)}` on {when}.")
         print(f"wrote {args.out} from {len(runs)} runs")
         return 0
     gates = tuple(args.gates or GATES)
@@ -116,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
             pass
     began = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
     meta = {
-        "command": " ".join(["gatepool", *sys.argv[1:]]),
+        "command": _command(args),
         "began": began,
         "machine": _machine(1),
         "versions": versions,
@@ -170,6 +170,20 @@ def _run(args: argparse.Namespace) -> int:
     run = save(done, complete=True)
     print(f"{run['full']}/{run['models'] - run['no_pool']} with a pool full; wrote {args.out}")
     return 0 if not run["not_full"] else 1
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command line that makes this run (from the parsed arguments, so ``main([...])`` says it too)."""
+    if args.merge:
+        return " ".join(["gatepool convert-check --merge", *args.merge, "--out", args.out])
+    parts = ["gatepool convert-check"]
+    parts += ["--models", *args.models] if args.models else [] if args.zoo == "all" else ["--zoo", args.zoo]
+    parts += ["--exclude", *args.exclude] if args.exclude else []
+    parts += ["--gates", *args.gates] if args.gates else []
+    parts += ["--compile"] if args.compile else []
+    parts += ["--pooled-from", *args.pooled_from] if args.pooled_from else []
+    parts += ["--out", args.out] + (["--json", args.json] if args.json else [])
+    return " ".join(parts + (["--resume"] if args.resume else []))
 
 
 def _pooled(paths: list[str], models: list[str]) -> tuple[dict[str, int], list[str]]:
@@ -241,108 +255,111 @@ here is the smallest-sounding name in it (`convert_zoo.timm_families`).
 
 
 def _write(path: str, runs: list[dict], merged: str = "") -> None:
-    """The page: the intro, what each zoo's runs cover, then each run's section and table."""
+    """The page: the intro, what each zoo's runs cover, the runs, then one table per zoo (a column per
+    gate, and per gate of the ``--compile`` runs; where two runs give one cell, the later one's)."""
     from gatepool.analysis import convert_zoo as zoo
     from gatepool.layers.gated_pool import GATES
 
     page = ["# convert() over the zoos", "", _INTRO.format(sizes=", ".join(map(str, zoo.SIZES))), ""]
     page += [merged, ""] if merged else []
-
-    def excluded(meta):  # a run from before "excluded" was kept: its command says
-        if "excluded" in meta or " --exclude " not in meta["command"]:
-            return meta.get("excluded", [])
-        return meta["command"].split(" --exclude ")[1].split(" --")[0].split()
-
+    cells = [  # every result, its column its gate, or "compile GATE" in the --compile runs
+        zoo.Result(**{**r, "gate": f"compile {r['gate']}" if run["meta"]["compile"] else r["gate"]})
+        for run in runs
+        for r in run["results"]
+    ]
+    columns = [g for g in GATES if any(c.gate == g for c in cells)]
+    columns += sorted({c.gate for c in cells} - set(columns))
+    tables = []
     for zoo_name, prefix in (("torchvision", "tv:"), ("timm", "timm:")):
-        statuses: dict[str, set[str]] = {}  # every status a model had, over the gates and runs
-        failed: dict[str, set[str]] = {}  # "gate: status" where it was not full
-        for run in runs:
-            for r in run["results"]:
-                if r["model"].startswith(prefix):
-                    statuses.setdefault(r["model"], set()).add(r["status"])
-                    if r["status"] not in (*zoo.CONVERTED, "no pool"):
-                        how = "torch.compile" if run["meta"]["compile"] else r["gate"]
-                        failed.setdefault(r["model"], set()).add(f"{how}: {r['status']}")
-        if not statuses:
+        rows: dict[str, dict[str, zoo.Result]] = {}
+        for c in cells:
+            if c.model.startswith(prefix):
+                rows.setdefault(c.model, {})[c.gate] = c  # a later run's result stands
+        if not rows:
             continue
-        out = {m for run in runs for m in excluded(run["meta"]) if m.startswith(prefix)}
-        out = sorted(out - set(statuses))
-        with_pool = {m: st for m, st in statuses.items() if st != {"no pool"} and "skipped" not in st}
-        full = [m for m, st in with_pool.items() if st <= zoo.CONVERTED]
-        rest = sorted(set(with_pool) - set(full))
-        what = "models" if prefix == "tv:" else "families"
-        page.append(
-            f"**{zoo_name}: {len(full)} of {len(with_pool)} {what} with a pool convert fully "
-            f"({100 * len(full) / max(len(with_pool), 1):.0f}%)** with every gate run on them"
-            f"{'' if not rest else '; not fully: '}"
-            + ", ".join(f"{m} ({', '.join(sorted(failed.get(m, ())))})" for m in rest)
-            + ". "
-            f"{sum(st == {'no pool'} for st in statuses.values())} have no pool; "
-            f"{sum('skipped' in st for st in statuses.values())} skipped."
-        )
-        if out:
-            page[-1] += f" Not run (--exclude): {', '.join(out)}."
-        ran = {}  # gate (or "torch.compile") -> the models with a pool it ran on
-        uncompiled = set()  # the models whose original does not compile
-        for run in runs:
-            for r in run["results"]:
-                if r["model"] in with_pool:
-                    key = "torch.compile" if run["meta"]["compile"] else r["gate"]
-                    ran.setdefault(key, set()).add(r["model"])
-                    if r["status"] == "not compiled":
-                        uncompiled.add(r["model"])
-        order = [*GATES, "torch.compile"]
-        page[-1] += (
-            f" Of the {len(with_pool)} with a pool, each gate ran on: "
-            + ", ".join(f"{k} {len(ran[k])}" for k in order if k in ran)
-            + (f" (of which {len(uncompiled)} whose original does not compile: "
-               f"{', '.join(sorted(uncompiled))}; the converted form not compared)" if uncompiled else "")
-            + "."
-        )  # fmt: skip
-        left_out = {m for run in runs for m in run["meta"].get("no_pool", []) if m.startswith(prefix)}
-        if left_out:
-            page[-1] += (f" The {len(left_out)} with no pool were run with one gate only: a model with no "
-                         f"pool has nothing to convert for any gate (the runs with --pooled-from leave "
-                         f"them out).")  # fmt: skip
-        page.append("")
-    for run in runs:
-        meta, results = run["meta"], [zoo.Result(**r) for r in run["results"]]
-        gates = tuple(meta["gates"])
-        planned = meta.get("planned")
-        if planned is None and " --models " in meta["command"]:  # a run from before "planned" was kept
-            planned = len(meta["command"].split(" --models ")[1].split(" --")[0].split())
-        stopped = (
-            ""
-            if meta.get("complete") or planned is None or planned == run["models"]
-            else (
-                f" The run was stopped after {run['models']} of its {planned} models: the others did not run."
-            )
-        )
-        zoos = sorted({r.model.split(":")[0] for r in results})
-        title = " and ".join({"tv": "torchvision", "timm": "timm"}[z] for z in zoos)
-        page += [
-            f"## {title}: gate{'s' if len(gates) > 1 else ''} {', '.join(gates)}"
-            + (", torch.compile" if meta["compile"] else ""),
-            "",
-            f"`{meta['command']}`, "
-            + (f"{meta['began']}–{meta['finished']}" if "began" in meta else f"finished {meta['finished']}")
-            + f"; {meta['machine']}; "
-            + ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
-            + f". {run['full']} of {run['models'] - run['no_pool']} models with a pool convert fully, "
-            f"{run['no_pool']} have no pool"
-            + (f"; left out (--exclude): {', '.join(excluded(meta))}" if excluded(meta) else "")
-            + (
-                f"; not run, as {' and '.join(meta['pooled_from'])} found them with no pool (nothing to "
-                f"convert, for any gate): {len(meta['no_pool'])} models"
-                if meta.get("pooled_from")
-                else ""
-            )
-            + (f"; resumed at {', '.join(meta['resumed'])} UTC" if meta.get("resumed") else "")
-            + "."
-            + stopped,
-            "",
-            zoo.table(results, gates),
-            "",
-        ]
+        page += [_zoo_summary(zoo_name, prefix, rows, runs, columns), ""]
+        table = zoo.table([c for row in rows.values() for c in row.values()], tuple(columns))
+        tables += [f"## {zoo_name}", "", table, ""]
+    page += ["## The runs", ""] + [_run_line(run) for run in runs] + [""] + tables
     with open(path, "w") as f:
         f.write("\n".join(page))
+
+
+def _excluded(meta: dict) -> list[str]:
+    """A run's --exclude (a run from before "excluded" was kept: its command says)."""
+    if "excluded" in meta or " --exclude " not in meta["command"]:
+        return meta.get("excluded", [])
+    return meta["command"].split(" --exclude ")[1].split(" --")[0].split()
+
+
+def _zoo_summary(zoo_name: str, prefix: str, rows: dict, runs: list[dict], columns: list[str]) -> str:
+    """One paragraph: how many of a zoo's models with a pool convert fully, what not (named), coverage."""
+    from gatepool.analysis import convert_zoo as zoo
+
+    statuses = {m: {c.status for c in row.values()} for m, row in rows.items()}
+    with_pool = [m for m, st in statuses.items() if st != {"no pool"} and "skipped" not in st]
+    full = [m for m in with_pool if statuses[m] <= zoo.CONVERTED]
+    rest = [m for m in with_pool if m not in full]
+    failed = {
+        m: [f"{g}: {c.status}" for g, c in rows[m].items() if c.status not in zoo.CONVERTED] for m in rest
+    }
+    what = "models" if prefix == "tv:" else "families"
+    text = (
+        f"**{zoo_name}: {len(full)} of {len(with_pool)} {what} with a pool convert fully "
+        f"({100 * len(full) / max(len(with_pool), 1):.0f}%)** with every gate run on them"
+        + ("; not fully: " + ", ".join(f"{m} ({', '.join(failed[m])})" for m in rest) if rest else "")
+        + f". {sum(st == {'no pool'} for st in statuses.values())} have no pool; "
+        f"{sum('skipped' in st for st in statuses.values())} skipped."
+    )
+    out = sorted({m for run in runs for m in _excluded(run["meta"]) if m.startswith(prefix)} - set(rows))
+    if out:
+        text += f" Not run (--exclude): {', '.join(out)}."
+    ran = {g: sum(g in rows[m] for m in with_pool) for g in columns}
+    uncompiled = sorted(m for m in with_pool if any(c.status == "not compiled" for c in rows[m].values()))
+    text += (
+        f" Of the {len(with_pool)} with a pool, each gate ran on: "
+        + ", ".join(f"{g} {n}" for g, n in ran.items() if n)
+        + (f" (the original of {len(uncompiled)} does not compile: {', '.join(uncompiled)}; their converted "
+           f"form was not compared)" if uncompiled else "")
+        + "."
+    )  # fmt: skip
+    no_pool = [m for m, st in statuses.items() if st == {"no pool"}]
+    once = [m for m in no_pool if len(rows[m]) < sum(n > 0 for n in ran.values())]
+    if once:
+        used = ", ".join(g for g in columns if any(g in rows[m] for m in once))
+        text += (f" {'The' if len(once) == len(no_pool) else f'{len(once)} of the'} {len(no_pool)} with no "
+                 f"pool ran with {used} only: a model with no pool has nothing to convert, whatever the gate "
+                 f"(the runs with --pooled-from leave them out).")  # fmt: skip
+    return text
+
+
+def _run_line(run: dict) -> str:
+    """One run: what it ran, its command, time, machine and versions, and what it left out."""
+    meta = run["meta"]
+    gates = tuple(meta["gates"])
+    planned = meta.get("planned")
+    if planned is None and " --models " in meta["command"]:  # a run from before "planned" was kept
+        planned = len(meta["command"].split(" --models ")[1].split(" --")[0].split())
+    zoos = sorted({r["model"].split(":")[0] for r in run["results"]})
+    title = " and ".join({"tv": "torchvision", "timm": "timm"}[z] for z in zoos)
+    text = (
+        f"- **{title}, gate{'s' if len(gates) > 1 else ''} {', '.join(gates)}"
+        + (", torch.compile" if meta["compile"] else "")
+        + f"**: `{meta['command']}`, "
+        + (f"{meta['began']}–{meta['finished']}" if "began" in meta else f"finished {meta['finished']}")
+        + f"; {meta['machine']}; "
+        + ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
+        + f". {run['full']} of {run['models'] - run['no_pool']} models with a pool convert fully, "
+        f"{run['no_pool']} have no pool"
+    )
+    if _excluded(meta):
+        text += f"; left out (--exclude): {', '.join(_excluded(meta))}"
+    if meta.get("pooled_from"):
+        text += (f"; not run, as {' and '.join(meta['pooled_from'])} found them with no pool (nothing to "
+                 f"convert, for any gate): {len(meta['no_pool'])} models")  # fmt: skip
+    if meta.get("resumed"):
+        text += f"; resumed at {', '.join(meta['resumed'])} UTC"
+    text += "."
+    if not (meta.get("complete") or planned is None or planned == run["models"]):
+        text += f" The run was stopped after {run['models']} of its {planned} models: the others did not run."
+    return text
