@@ -34,7 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gatepool.layers.gated_pool import TORCH_GATES, GatedPoolNd
-from gatepool.layers.windows import PoolGeometry, _out_len, compute_dtype, like_input_format
+from gatepool.layers.windows import PoolGeometry, _out_len
 
 __all__ = ["SAME_FILL", "AtLeastPool", "PoolSame", "same_padding"]
 
@@ -124,15 +124,7 @@ def _pool_padded(pool: GatedPoolNd, x: torch.Tensor, pads: list[tuple[int, int]]
                 for m, k, s, dl in zip(padded, pool.kernel_size, pool.stride, pool.dilation))  # fmt: skip
     geo = PoolGeometry(pool.kernel_size, pool.stride, tuple(left for left, _ in pads), pool.dilation,
                        pool.ceil_mode, size, out, x.dim() == d + 2)  # fmt: skip
-    if pool.channels is not None and x.shape[-d - 1] != pool.channels:
-        raise ValueError(
-            f"input has {x.shape[-d - 1]} channels; this pool was built for channels={pool.channels}"
-        )
-    xb = x if geo.batched else x.unsqueeze(0)  # (N, C, *spatial)
-    # the gate's own method on this geometry (GatedPoolNd.forward's step after its geometry)
-    out_, _, _ = getattr(pool, "_" + pool.gate.replace("-", "_"))(xb.to(compute_dtype(x.dtype)), geo)
-    out_ = like_input_format(out_, xb).to(x.dtype)
-    return out_ if geo.batched else out_.squeeze(0)
+    return pool._pool(x, geo)  # the gate's own step after its geometry, padded taps masked as its own
 
 
 class AtLeastPool(nn.Module):
