@@ -52,6 +52,7 @@ def test_same_pools_take_every_gate_and_train(gate):
     _, replaced = convert(net, gate, example_input=x)
     assert len(replaced) == 4
     assert not any(isinstance(m, (MaxPool2dSame, AvgPool2dSame)) for m in net.modules())
+    assert all(net[i].value is None for i in (1, 2, 3, 4))  # no fill: the gate's own padding (gate 0)
     out = net(x)
     out.square().mean().backward()
     assert out.shape == want_shape and out.isfinite().all()
@@ -77,7 +78,8 @@ def test_convmlp_at_avg_is_timms(size):
     ref, net = _head().eval(), _head().eval()
     _, replaced = convert(net, "avg")
     assert [(r.name, r.role, r.source) for r in replaced] == [
-        ("1.adaptive_avg_pool2d", "adaptive", "function")]
+        ("1.adaptive_avg_pool2d", "adaptive", "function")
+    ]
     assert replaced[0].old == "F.adaptive_avg_pool2d(output_size=(max(7, H), max(7, W))) in ConvMlp.forward"
     assert isinstance(net[1], ConvMlp) and isinstance(net[1].adaptive_avg_pool2d, AtLeastPool)
     torch.testing.assert_close(net(x), ref(x), rtol=0, atol=0)

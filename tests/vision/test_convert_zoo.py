@@ -56,6 +56,11 @@ def test_left_over_sees_modules_and_calls():
     assert zoo.left_over(model, x) == []
     model = zoo.build("tv:mnasnet0_5", 0)
     assert zoo.left_over(model, x) == ["mean in MNASNet"]
+    pools = ["features.2 (MaxPool2d)", "features.5 (MaxPool2d)", "features.12 (MaxPool2d)"]
+    model = zoo.build("tv:alexnet", 0)  # each pool once: a module, not also the call it makes
+    assert zoo.left_over(model, x) == [*pools, "avgpool (AdaptiveAvgPool2d)"]
+    convert(model, "conv", example_input=x)  # "conv" has no adaptive form: the 6×6 pool is left
+    assert zoo.left_over(model, x) == ["avgpool (AdaptiveAvgPool2d)"]
 
 
 def _gates(model):
@@ -133,7 +138,66 @@ def test_convert_check_writes_the_page_and_merges_runs(tmp_path):
     (tmp_path / "b.json").write_text(json.dumps(broken))
     assert main(["convert-check", "--merge", str(data), str(tmp_path / "b.json"), "--out", str(page)]) == 0
     text = page.read_text()
-    assert text.count("## torchvision: gates max, avg") == 2
+    assert text.count("- **torchvision, gates max, avg**: `gatepool convert-check --models") == 2
+    assert text.count("| tv:squeezenet1_0 |") == 1  # one table: the later run's cells
     assert "max: partial: features.2 (MaxPool2d)" in text
-    assert "0 of 1 models with a pool convert fully (0%)** with every gate run on them; not fully: " \
-           "tv:squeezenet1_0" in text
+    assert (
+        "0 of 1 models with a pool convert fully (0%)** with every gate run on them; not fully: "
+        "tv:squeezenet1_0 (max: partial, avg: partial)." in text
+    )
+
+
+def test_convert_check_leaves_out_what_has_no_pool_and_resumes(tmp_path):
+    """``--pooled-from``: the models an earlier run found with no pool are not run (named on the page), the
+    others at its size; ``--resume``: the models the JSON holds with every gate are kept, not run again."""
+    import json
+    from dataclasses import asdict
+
+    from gatepool.cli import main
+
+    earlier, page, data = tmp_path / "soft.json", tmp_path / "zoo.md", tmp_path / "run.json"
+    results = [zoo.Result("tv:squeezenet1_0", "soft", "full", 64),
+               zoo.Result("tv:alexnet", "soft", "no pool", 64)]  # fmt: skip
+    earlier.write_text(json.dumps({"results": [asdict(r) for r in results]}))
+    args = ["convert-check", "--models", "tv:squeezenet1_0", "tv:alexnet", "--gates", "max",
+            "--out", str(page), "--json", str(data), "--pooled-from", str(earlier)]  # fmt: skip
+    assert main(args) == 0
+    run = json.loads(data.read_text())
+    ran = [(r["model"], r["status"], r["size"]) for r in run["results"]]
+    assert ran == [("tv:squeezenet1_0", "full", 64)]
+    assert run["meta"]["no_pool"] == ["tv:alexnet"] and run["meta"]["pooled_from"] == [str(earlier)]
+    assert (
+        f"not run, as {earlier} found them with no pool (nothing to convert, for any gate): 1 models"
+        in page.read_text()
+    )
+    run["results"][0]["seconds"] = 123.0  # a mark: a kept result is not run again
+    data.write_text(json.dumps(run))
+    args = ["convert-check", "--models", "tv:squeezenet1_0", "tv:squeezenet1_1", "--gates", "max",
+            "--out", str(page), "--json", str(data), "--resume"]  # fmt: skip
+    assert main(args) == 0
+    resumed = json.loads(data.read_text())
+    assert [(r["model"], r["status"]) for r in resumed["results"]] == [
+        ("tv:squeezenet1_0", "full"), ("tv:squeezenet1_1", "full")]  # fmt: skip
+    assert resumed["results"][0]["seconds"] == 123.0 and resumed["results"][1]["seconds"] != 123.0
+    meta = resumed["meta"]
+    assert meta["command"] == run["meta"]["command"] and len(meta["resumed"]) == 1 and meta["complete"]
+    assert "resumed at" in page.read_text()
+    assert main([*args[:5], "avg", *args[6:]]) == 2  # another gate: not the same run
+
+
+def test_check_says_when_the_original_does_not_compile(monkeypatch):
+    """``compile=True`` where the original does not compile: converted fully, nothing to compare, and
+    said ("not compiled", why), not passed off as a compile that worked."""
+    real = torch.compile
+
+    def compile_converted_only(model, **kwargs):
+        if not any(hasattr(m, "_gatepool_origin") for m in model.modules()):
+            raise RuntimeError("dynamo cannot trace this original")
+        return real(model, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", compile_converted_only)
+    r = zoo.check("tv:squeezenet1_0", "soft", compile=True)
+    assert r.status == "not compiled" and "dynamo cannot trace this original" in r.why
+    assert zoo.summary([r])["full"] == 1  # it converted fully
+    row = zoo.table([r], ("soft",)).splitlines()[-1]
+    assert row.startswith("| tv:squeezenet1_0 | 64 | ○ |") and "the original does not compile" in row

@@ -14,7 +14,8 @@ For each model (random weights, ``pretrained=False``, nothing downloaded) and ea
 
 A row's status: "full" (every check passed, nothing left), "no pool" (nothing to convert), "partial"
 (it runs, something is left: named), "refused" (convert raised: its message), "broken" (a check
-failed after conversion: which and why), or "skipped" (the original model runs at none of SIZES).
+failed after conversion: which and why), "skipped" (the original model runs at none of SIZES), or
+"not compiled" (``compile=True``: converted fully, but the original does not compile: nothing to compare).
 Needs torchvision and/or timm.
 """
 
@@ -34,6 +35,7 @@ from gatepool.layers.convert import ADAPTIVE_POOLS, POOLS, convert
 from gatepool.layers.gated_pool import GATES
 
 SIZES = (64, 96, 128, 224, 256)
+CONVERTED = {"full", "not compiled"}  # converted fully ("not compiled": the original does not compile)
 _POOL_FUNCTIONS = {getattr(F, f"{k}_pool{d}d") for k in ("max", "avg", "adaptive_avg") for d in (1, 2, 3)}
 _POOL_FUNCTIONS |= {
     getattr(torch, f"{k}_pool{d}d")
@@ -46,6 +48,7 @@ _POOL_FUNCTIONS |= {
     torch._C._nn.adaptive_avg_pool3d,
 }
 _MEANS = {torch.mean, torch.Tensor.mean}
+_POOL_MODULES = POOLS + ADAPTIVE_POOLS + (nn.AdaptiveMaxPool2d,)  # torch's, as left_over looks for them
 
 
 @dataclass
@@ -133,7 +136,10 @@ class _PoolCalls(TorchFunctionMode):
             if isinstance(dims, (tuple, list)):
                 rank = args[0].dim()
                 pool = sorted(d % rank for d in dims) == list(range(2, rank))
-        if pool and not any(hasattr(m, "_gatepool_origin") for m in self.stack):
+        inside = any(hasattr(m, "_gatepool_origin") for m in self.stack)  # a module convert built
+        if pool and self.stack and type(self.stack[-1]) in _POOL_MODULES:
+            inside = True  # torch's pool module runs it: left_over names that module
+        if pool and not inside:
             owner = type(self.stack[-1]).__name__ if self.stack else "?"
             self.seen.append(f"{getattr(func, '__name__', func)} in {owner}")
         return func(*args, **kwargs)
@@ -145,7 +151,7 @@ def left_over(model: nn.Module, x: torch.Tensor) -> list[str]:
     left = [
         f"{n} ({type(m).__name__})"
         for n, m in model.named_modules()
-        if type(m) in POOLS + ADAPTIVE_POOLS + (nn.AdaptiveMaxPool2d,)
+        if type(m) in _POOL_MODULES
         and not any(n == c or n.startswith(c + ".") for c in converted)  # convert's (PoolSame's inner)
     ]
     stack: list = []
@@ -165,19 +171,17 @@ def left_over(model: nn.Module, x: torch.Tensor) -> list[str]:
     finally:
         pre.remove()
         post.remove()
-    module_left = {s.split(" (")[0] for s in left}
-    calls = sorted(set(mode.seen))
-    return left + [c for c in calls if c not in module_left]
+    return left + sorted(set(mode.seen))
 
 
 def check(name: str, gate: str, *, compile: bool = False, size: int | None = None) -> Result:
     start = time.perf_counter()
     g = gate if gate != "conv" else "soft"
     try:
-        original = build(name, 0)
+        size = size or smallest_size(build(name, 0))  # a size known (an earlier gate's): no build for it
+        model = build(name, 0)
     except Exception as e:  # noqa: BLE001
         return Result(name, gate, "skipped", why=f"build: {_short(e)}")
-    size = size or smallest_size(original)
     if size is None:
         return Result(name, gate, "skipped", why=f"the original runs at none of {SIZES}")
     x = _input(size)
@@ -185,7 +189,7 @@ def check(name: str, gate: str, *, compile: bool = False, size: int | None = Non
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            model, replaced = convert(build(name, 0), gate, global_pool=g, squeeze_pool=g, example_input=x)
+            model, replaced = convert(model, gate, global_pool=g, squeeze_pool=g, example_input=x)
     except Exception as e:  # noqa: BLE001
         return Result(name, gate, "refused", size, why=_short(e), seconds=time.perf_counter() - start)
     result.replaced = len(replaced)
@@ -211,11 +215,11 @@ def check(name: str, gate: str, *, compile: bool = False, size: int | None = Non
             step = "torch.compile"
             torch._dynamo.reset()
             try:
-                torch.compile(original.eval(), backend="eager")(x)
-                ok = True
-            except Exception:  # noqa: BLE001 - the original does not compile: nothing to check
-                ok = False
-            if ok:
+                torch.compile(build(name, 0).eval(), backend="eager")(x)
+                uncompiled = ""
+            except Exception as e:  # noqa: BLE001 - the original does not compile: nothing to check
+                uncompiled = f"the original does not compile: {_short(e)}"
+            if not uncompiled:
                 torch._dynamo.reset()
                 with torch.no_grad():
                     torch.testing.assert_close(torch.compile(model, backend="eager")(x), model(x))
@@ -227,6 +231,8 @@ def check(name: str, gate: str, *, compile: bool = False, size: int | None = Non
             result.why = "; ".join(notes)[:300]
         elif not replaced:
             result.status = "no pool"  # nothing to convert (a ViT): runs as it was
+        elif compile and uncompiled:
+            result.status, result.why = "not compiled", uncompiled  # converted fully; compile not checked
     result.seconds = time.perf_counter() - start
     return result
 
@@ -236,10 +242,13 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0][:200] if text else ''}" if text else type(e).__name__
 
 
-def sweep(models: list[str], gates=GATES, *, compile: bool = False, log=None) -> list[Result]:
+def sweep(
+    models: list[str], gates=GATES, *, compile: bool = False, log=None, sizes: dict[str, int] | None = None
+) -> list[Result]:
+    """``check`` each model with each gate; ``sizes``: a model's input size where known (another run's)."""
     results = []
     for name in models:
-        size = None
+        size = (sizes or {}).get(name)
         for gate in gates:
             try:
                 r = check(name, gate, compile=compile, size=size)
@@ -254,7 +263,8 @@ def sweep(models: list[str], gates=GATES, *, compile: bool = False, log=None) ->
 
 def table(results: list[Result], gates=GATES) -> str:
     """Markdown: one row per model, one column per gate (✓ full, ~ partial, ✗ refused/broken)."""
-    mark = {"full": "✓", "no pool": "·", "partial": "~", "refused": "✗", "broken": "✗", "skipped": "–"}
+    mark = {"full": "✓", "not compiled": "○", "no pool": "·", "partial": "~", "refused": "✗", "broken": "✗",
+            "skipped": "–"}  # fmt: skip
     by_model: dict[str, dict[str, Result]] = {}
     for r in results:
         by_model.setdefault(r.model, {})[r.gate] = r
@@ -265,7 +275,11 @@ def table(results: list[Result], gates=GATES) -> str:
     for model, row in by_model.items():
         notes = sorted(
             {
-                f"{r.gate}: {r.status}: " + (", ".join(r.left[:3]) or r.why)
+                f"{r.gate}: {r.status}: "
+                + ", ".join(r.left[:3])
+                + (" (" if r.left and r.why else "")
+                + r.why
+                + (")" if r.left and r.why else "")
                 for r in row.values()
                 if r.status not in ("full", "no pool")
             }
@@ -285,7 +299,7 @@ def summary(results: list[Result]) -> dict:
     models: dict[str, set[str]] = {}
     for r in results:
         models.setdefault(r.model, set()).add(r.status)
-    full = sorted(m for m, s in models.items() if s == {"full"})
+    full = sorted(m for m, s in models.items() if s <= CONVERTED)
     none = sorted(m for m, s in models.items() if s == {"no pool"})
     return {
         "models": len(models),

@@ -38,9 +38,10 @@ pool: after ``convert`` it converts the new one too (its gate starts afresh, as 
 Modules match by exact type, and a few of timm's by name (neither torchvision nor timm is imported here):
 ``SelectAdaptivePool2d`` / ``FastAdaptiveAvgPool`` (the head); ``MaxPool2dSame`` / ``AvgPool2dSame``, which
 pad "SAME" from the input's size in their forward, become :class:`~gatepool.layers.dynamic_pools.PoolSame`
-(that padding, then the gate; "max" / "avg" are timm's exactly); VGG's ``ConvMlp``, whose forward pools a
-map smaller than its kernel up to it behind a branch fx cannot trace, runs an
-:class:`~gatepool.layers.dynamic_pools.AtLeastPool` (the gate's adaptive windows up to that size) first.
+(that padding, then the gate, padded taps by the gate's own padding rule; "max" / "avg" are timm's
+exactly); VGG's ``ConvMlp``, whose forward pools a map smaller than its kernel up to it behind a branch fx
+cannot trace, runs an :class:`~gatepool.layers.dynamic_pools.AtLeastPool` (the gate's adaptive windows up
+to that size) first.
 Another subclass of a torch pool has its forward rewritten as any module's. ``gatepool.convert`` is the
 same function.
 """
@@ -316,7 +317,7 @@ def _unwrap(m: nn.Module) -> tuple[nn.Module, Callable[[nn.Module, str], nn.Modu
             inner = nn.MaxPool2d(k, s, 0, m.dilation, ceil_mode=m.ceil_mode)
         else:
             inner = nn.AvgPool2d(k, s, 0, m.ceil_mode, m.count_include_pad, m.divisor_override)
-        return inner, lambda new, gate: PoolSame(new, k, s, SAME_FILL[gate])
+        return inner, lambda new, gate: PoolSame(new, k, s, SAME_FILL.get(gate))
     if type(m) is AtLeastPool:
         return m.pool, lambda new, gate: AtLeastPool(new, m.size)
     return m, None

@@ -161,6 +161,11 @@ class GatedPoolNd(GateParameters):
         geo = pool_geometry(
             input, d, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode
         )
+        return self._pool(input, geo)
+
+    def _pool(self, input: torch.Tensor, geo: PoolGeometry) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """``forward`` on the windows ``geo`` says (``PoolSame`` gives its own, with asymmetric padding)."""
+        d = self.dim
         if self.channels is not None and input.shape[-d - 1] != self.channels:
             raise ValueError(
                 f"input has {input.shape[-d - 1]} channels; this pool was built for channels={self.channels}"
