@@ -48,9 +48,10 @@ $(VISION_STAMP): pyproject.toml | $(VISION_PY)
 	@touch $(VISION_STAMP)
 
 test-vision: $(VISION_STAMP)  # convert() and the probe on torchvision's and timm's models, the layers (Triton
-	# kernels under TRITON_INTERPRET=1 included) on a second torch, and the docs' code blocks (README's included)
+	# kernels under TRITON_INTERPRET=1 included) on a second torch, the docs' code blocks (README's included),
+	# and the benches' quiet output on the CUDA build
 	$(VISION_PY) -m pytest -m "not kill" tests/vision tests/layers tests/analysis/test_probe_fx.py \
-		tests/test_docs.py
+		tests/test_docs.py tests/lab/test_bench_quiet.py
 
 gpu-check: $(VISION_STAMP)  # on a machine with a CUDA device: the GPU tests, then bench pool there (JSON)
 	$(VISION_PY) -m pytest tests/layers/test_triton_pool.py

@@ -1,9 +1,12 @@
-"""``gatepool bench`` prints its table, not the lines torch's profiler (kineto) logs at each use."""
+"""``gatepool bench`` prints its table, not the lines torch's profiler (kineto) logs at each use, nor the
+CUDA build's warning about a missing CUDA runtime."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -44,3 +47,26 @@ def test_bench_pool_prints_no_profiler_log_lines():
     if "profiler_start" in plain.stderr:  # where this torch logs them, the bench must not
         assert "profiler_start" not in bench.stderr + bench.stdout, bench.stderr
     assert "USDT" not in bench.stderr + bench.stdout
+
+
+# bench probe (it needs torchvision: make test-vision runs this file on the CUDA build of torch), its
+# measurement stubbed, the command as it is
+PROBE = """
+import gatepool.lab.bench.probe as probe
+from gatepool.cli import main
+
+probe.run, probe.table = (lambda quick, device: {}), (lambda record: "the table")
+raise SystemExit(main(["bench", "probe", "--threads", "1"]))
+"""
+
+
+def test_bench_prints_no_cuda_home_warning():
+    plain = python("import torch.utils.benchmark")  # torch's CUDA build on a machine without CUDA warns
+    assert plain.returncode == 0, plain.stderr
+    bench = python(PROBE)
+    if "needs torchvision" in bench.stderr:
+        pytest.skip("bench probe needs torchvision (make test-vision)")
+    assert bench.returncode == 0, bench.stderr
+    assert bench.stdout.strip() == "the table"
+    if "No CUDA runtime is found" in plain.stderr:  # where this torch warns, the bench must not
+        assert "No CUDA runtime" not in bench.stderr, bench.stderr
