@@ -280,6 +280,23 @@ def test_cli_missing_data_prints_an_error_not_a_traceback(tmp_path, monkeypatch,
     assert "train-images-idx3-ubyte" in err and str(empty) in err and "gatepool data fetch mnist" in err
 
 
+def test_a_run_resumed_on_another_machine_records_where_each_epoch_ran(tmp_path, monkeypatch):
+    import gatepool.train.loop
+
+    def stop_at_2(model, epoch):
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    cfg = TrainConfig(model_kwargs={"width": 8}, **TINY)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, out=tmp_path, progress=False, verbose=False, on_epoch_end=stop_at_2)
+    here = gatepool.train.loop.cpu_model()
+    monkeypatch.setattr(gatepool.train.loop, "cpu_model", lambda: "Another CPU")  # the next session's machine
+    resumed = train(cfg, out=tmp_path, progress=False, verbose=False)
+    assert [row["cpu"] for row in resumed.history] == [here, "Another CPU"]
+    assert [row["cpu"] for row in read_json(tmp_path / "results.json")["history"]] == [here, "Another CPU"]
+
+
 NEW_FIELDS = ("steps_per_epoch", "betas", "grad_clip")  # added to TrainConfig after runs were saved
 
 

@@ -96,7 +96,7 @@ from gatepool.train.checkpoint import (
 )
 from gatepool.train.config import AMP, TrainConfig, check_amp
 from gatepool.train.schedule import get_lr
-from gatepool.utils.environment import resolve_device
+from gatepool.utils.environment import cpu_model, resolve_device
 from gatepool.utils.io import json_copy
 from gatepool.utils.threads import num_threads
 
@@ -151,7 +151,8 @@ def train(
 
     The data set is loaded only for the default batches or evaluation. The record: ``config``,
     ``history`` (per epoch: epoch, train_loss, train_acc, the evaluation's metrics, lr at the epoch's
-    last step, images_per_s (inputs per second, for any input), seconds, threads, and the extras),
+    last step, images_per_s (inputs per second, for any input), seconds, threads, cpu (the processor the
+    epoch ran on: a run resumed on another machine says which epochs ran where), and the extras),
     ``initial``, ``final`` (train_loss, train_acc and the metrics), ``parameters``, ``threads`` (of the
     last session), ``channels_last``, ``device`` (where it ran: ``cpu``, ``cuda:0``, ...), for CUDA
     ``device_name`` (``torch.cuda.get_device_name``), ``seconds`` (all epochs), ``machine``, ``torch``.
@@ -217,7 +218,8 @@ def train(
             scores = _hook_fields(json_copy(eval_fn(model)), "eval_fn")
             row = {"epoch": epoch, **stats, **scores}  # train_loss, train_acc, the evaluation's metrics
             row.update(lr=optimizer.param_groups[0]["lr"], images_per_s=examples / t_train,
-                       seconds=time.perf_counter() - t0, threads=torch.get_num_threads())  # fmt: skip
+                       seconds=time.perf_counter() - t0, threads=torch.get_num_threads(),
+                       cpu=cpu_model())  # fmt: skip
             row.update(_hook_fields(json_copy(on_epoch_end(model, epoch) or {}), "on_epoch_end", row))
             history.append(row)
             metrics = list(scores)
