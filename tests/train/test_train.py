@@ -247,14 +247,21 @@ def test_a_finished_run_with_a_tuple_in_model_kwargs_is_loaded(tmp_path):
     assert_same_weights(again.model, first.model)
 
 
-def test_resume_with_another_thread_count_warns_and_records_both(tmp_path, capsys):
+def killed_in_epoch_2(out, cfg=None):
+    """``cfg`` (the tiny CNN by default) trained into ``out`` and killed in epoch 2, before its
+    checkpoint: ``out`` holds epoch 1's."""
+
     def stop_at_2(model, epoch):
         if epoch == 2:
             raise KeyboardInterrupt
 
-    cfg = TrainConfig(model_kwargs={"width": 8}, **TINY)
     with pytest.raises(KeyboardInterrupt):
-        train(cfg, out=tmp_path, progress=False, verbose=False, on_epoch_end=stop_at_2)
+        train(cfg or TrainConfig(model_kwargs={"width": 8}, **TINY), out=out, progress=False, verbose=False,
+              on_epoch_end=stop_at_2)  # fmt: skip
+
+
+def test_resume_with_another_thread_count_warns_and_records_both(tmp_path, capsys):
+    killed_in_epoch_2(tmp_path)
     assert load_checked(tmp_path / "checkpoint.pt")["threads"] == 1
     capsys.readouterr()
     resumed = train(TrainConfig(model_kwargs={"width": 8}, **{**TINY, "threads": 2}), out=tmp_path,
@@ -283,13 +290,8 @@ def test_cli_missing_data_prints_an_error_not_a_traceback(tmp_path, monkeypatch,
 def test_a_run_resumed_on_another_machine_records_where_each_epoch_ran(tmp_path, monkeypatch):
     import gatepool.train.loop
 
-    def stop_at_2(model, epoch):
-        if epoch == 2:
-            raise KeyboardInterrupt
-
     cfg = TrainConfig(model_kwargs={"width": 8}, **TINY)
-    with pytest.raises(KeyboardInterrupt):
-        train(cfg, out=tmp_path, progress=False, verbose=False, on_epoch_end=stop_at_2)
+    killed_in_epoch_2(tmp_path, cfg)
     here = gatepool.train.loop.cpu_model()
     monkeypatch.setattr(gatepool.train.loop, "cpu_model", lambda: "Another CPU")  # the next session's machine
     resumed = train(cfg, out=tmp_path, progress=False, verbose=False)
@@ -301,14 +303,9 @@ NEW_FIELDS = ("steps_per_epoch", "betas", "grad_clip")  # added to TrainConfig a
 
 
 def test_runs_saved_before_the_new_fields_load_and_resume(tmp_path):
-    def stop_at_2(model, epoch):
-        if epoch == 2:
-            raise KeyboardInterrupt
-
     cfg = TrainConfig(model_kwargs={"width": 8}, **TINY)
     reference = train(cfg, progress=False, verbose=False)
-    with pytest.raises(KeyboardInterrupt):
-        train(cfg, out=tmp_path, progress=False, verbose=False, on_epoch_end=stop_at_2)
+    killed_in_epoch_2(tmp_path, cfg)
     ckpt = load_checked(tmp_path / "checkpoint.pt")
     for k in NEW_FIELDS:  # a checkpoint as the trainer wrote it before these fields and eval_fn
         del ckpt["config"][k]
