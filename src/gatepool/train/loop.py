@@ -207,6 +207,7 @@ def train(
             start, history, metrics = 0, [], TEST_METRICS
             initial = json_copy(on_epoch_end(model, 0) or {})
 
+        cpu = cpu_model()  # this session's processor, in each epoch's row
         for epoch in range(start + 1, config.epochs + 1):
             if history and stop_fn(history[-1]):
                 break  # the last epoch met the stop condition (also when resuming after it)
@@ -219,7 +220,7 @@ def train(
             row = {"epoch": epoch, **stats, **scores}  # train_loss, train_acc, the evaluation's metrics
             row.update(lr=optimizer.param_groups[0]["lr"], images_per_s=examples / t_train,
                        seconds=time.perf_counter() - t0, threads=torch.get_num_threads(),
-                       cpu=cpu_model())  # fmt: skip
+                       cpu=cpu)  # fmt: skip
             row.update(_hook_fields(json_copy(on_epoch_end(model, epoch) or {}), "on_epoch_end", row))
             history.append(row)
             metrics = list(scores)
