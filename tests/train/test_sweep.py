@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gatepool.train.sweep import run_tasks
+from gatepool.train.sweep import LocalExecutor, RayExecutor, run_tasks
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 SCRIPT = """
@@ -83,3 +83,21 @@ def test_workers_die_with_a_killed_sweep(tmp_path):
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert left == [], "workers went on after their sweep was killed"
+
+
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda: run_tasks(print, [1], jobs=0), "jobs"),
+        (lambda: run_tasks(print, [1], jobs=True), "jobs"),
+        (lambda: LocalExecutor(2.0), "jobs"),
+        (lambda: RayExecutor(num_cpus=-1), "num_cpus"),
+        (lambda: RayExecutor(num_gpus=float("nan")), "num_gpus"),
+        (lambda: RayExecutor(retries=-1), "retries"),
+        (lambda: RayExecutor(local_cpus=True), "local_cpus"),
+        (lambda: RayExecutor(local_cpus=0), "local_cpus"),
+    ],
+)
+def test_executor_arguments_are_checked(make, name):
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        make()

@@ -27,6 +27,7 @@ from gatepool.models.seq import ARCHS, SEP, TASKS, make_task_batch
 from gatepool.train.batches import model_device
 from gatepool.train.config import TrainConfig
 from gatepool.train.loop import train
+from gatepool.utils.checks import check_int
 
 __all__ = ["format_seq_demo", "greedy_accuracy", "seq_config", "train_seq_demo"]
 
@@ -57,13 +58,11 @@ def seq_config(
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     for name, value in (("length", length), ("steps", steps), ("batch_size", batch_size),
                         ("eval_every", eval_every)):  # fmt: skip
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int(value, name)
     if steps % eval_every:
         raise ValueError(f"steps must be a multiple of eval_every (an evaluation ends every epoch of "
                          f"eval_every steps), got steps={steps}, eval_every={eval_every}")  # fmt: skip
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or not 0 <= warmup < steps:
-        raise ValueError(f"warmup must be an int in [0, steps) = [0, {steps}), got {warmup!r}")
+    check_int(warmup, "warmup", 0, steps - 1)  # [0, steps)
     return TrainConfig(
         model=MODELS[arch],
         model_kwargs=dict(max_len=2 * length + 1, dim=dim, depth=depth, num_heads=num_heads),
@@ -144,8 +143,7 @@ def train_seq_demo(
     config = seq_config(arch=arch, task=task, seed=seed, length=length, steps=steps, batch_size=batch_size,
                         lr=lr, warmup=warmup, eval_every=eval_every, dim=dim, depth=depth,
                         num_heads=num_heads, threads=threads, device=device)  # fmt: skip
-    if isinstance(eval_size, bool) or not isinstance(eval_size, int) or eval_size <= 0:
-        raise ValueError(f"eval_size must be a positive int, got {eval_size!r}")
+    check_int(eval_size, "eval_size")
     if target_acc is not None and not 0.0 < target_acc <= 1.0:
         raise ValueError(f"target_acc must be in (0, 1] or None, got {target_acc}")
     eval_x, eval_y = make_task_batch(task, eval_size, length, torch.Generator().manual_seed(10_000 + seed))

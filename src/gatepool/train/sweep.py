@@ -47,6 +47,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from gatepool.utils.checks import check_int, check_number
 from gatepool.utils.environment import resolve_device
 from gatepool.utils.threads import num_threads
 
@@ -116,8 +117,7 @@ class LocalExecutor:
     jobs: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or self.jobs < 1:
-            raise ValueError(f"jobs must be an integer >= 1, got {self.jobs!r}")
+        check_int(self.jobs, "jobs")
 
     def map(self, fn: Callable[[T], Any], tasks: Sequence[T], failures: str = "raise") -> list[Any]:
         if self.jobs == 1:
@@ -168,16 +168,12 @@ class RayExecutor:
     local_cpus: int | None = None
 
     def __post_init__(self) -> None:
-        for name, low in (("num_cpus", 0.0), ("num_gpus", 0.0)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < low:
-                raise ValueError(f"{name} must be a number >= {low:g}, got {v!r}")
+        check_number(self.num_cpus, "num_cpus", 0)
+        check_number(self.num_gpus, "num_gpus", 0)
         if self.num_cpus == 0 and self.num_gpus == 0:
             raise ValueError("num_cpus and num_gpus cannot both be 0: a task needs a CPU or a GPU")
-        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
-            raise ValueError(f"retries must be an integer >= 0, got {self.retries!r}")
-        if self.local_cpus is not None and (not isinstance(self.local_cpus, int) or self.local_cpus < 1):
-            raise ValueError(f"local_cpus must be an integer >= 1 or None, got {self.local_cpus!r}")
+        check_int(self.retries, "retries", 0)
+        check_int(self.local_cpus, "local_cpus", optional=True)
 
     @property
     def threads(self) -> int:
@@ -274,8 +270,7 @@ def run_tasks(
     if failures not in ("raise", "return"):
         raise ValueError(f"failures must be 'raise' or 'return', got {failures!r}")
     if executor is None:
-        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-            raise ValueError(f"jobs must be ≥ 1, got {jobs}")
+        check_int(jobs, "jobs")
         executor = LocalExecutor(jobs)
     if not isinstance(executor, (LocalExecutor, RayExecutor)):
         raise TypeError(f"executor must be None, a LocalExecutor or a RayExecutor, got {executor!r}")
