@@ -270,8 +270,7 @@ def run_tasks(
     if failures not in ("raise", "return"):
         raise ValueError(f"failures must be 'raise' or 'return', got {failures!r}")
     if executor is None:
-        check_int(jobs, "jobs")
-        executor = LocalExecutor(jobs)
+        executor = LocalExecutor(jobs)  # checks jobs
     if not isinstance(executor, (LocalExecutor, RayExecutor)):
         raise TypeError(f"executor must be None, a LocalExecutor or a RayExecutor, got {executor!r}")
     return executor.map(fn, list(tasks), failures)
