@@ -3,32 +3,6 @@
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
 
-/* The shared score of input element j (n · IS + tap): the score map's, or w · v_j where weights are given. */
-static inline T CAT(shared_score, SUFFIX)(const gp_tensors *ts, int64_t j, int64_t C) {
-    const T *w = ts->w, *vj = (const T *)ts->v + j * C;
-    if (!w) return ((const T *)ts->s)[j];
-    T s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < C; c++) s += w[c] * vj[c];
-    return s;
-}
-
-/* Redo lane c of one window (taps[0..nt)) by the limits; returns out, leaves the gates in gate[]. */
-static double CAT(limit_lane, SUFFIX)(const gp_geometry *g, const gp_tensors *ts, int64_t n,
-                                       const int64_t *taps, int nt, int64_t c, double *z, double *vals,
-                                       double *gate, int *finite_top) {
-    const int64_t C = g->c, CS = g->cs, IS = volume(g->in_size);
-    const int per_channel = CS == C && !ts->w; /* a score per channel, else one per position */
-    const T *v = ts->v, *s = ts->s, *a = ts->a;
-    double ac = a[g->ca == C ? c : 0];
-    for (int t = 0; t < nt; t++) {
-        int64_t j = n * IS + taps[t];
-        z[t] = ac * (double)(per_channel ? s[j * C + c] : CAT(shared_score, SUFFIX)(ts, j, C));
-        vals[t] = v[j * C + c];
-    }
-    return limit_window(nt, z, vals, gate, finite_top);
-}
-
 /* A channel block of LANES as one 64-byte vector (gcc/clang vector extensions: one register on AVX-512,
    two or four elsewhere); VSELECT/VMAX by masks, as C has no ?: on vectors. */
 typedef T CAT(vec, SUFFIX) __attribute__((vector_size(64)));
@@ -51,6 +25,63 @@ static inline int CAT(vany, SUFFIX)(IVEC mask) {
     ITYPE any = 0;
     for (int l = 0; l < LANES; l++) any |= mask[l];
     return any != 0;
+}
+
+/* The lanes of x summed by halving: the 64-byte vector's two halves added, then those of the 32-byte sum,
+   then the 16-byte one's 4 floats or 2 doubles (a loop over all the lanes would add them one after another,
+   which the shared-score windows pay at every tap). */
+typedef T CAT(half, SUFFIX) __attribute__((vector_size(32)));
+typedef T CAT(quarter, SUFFIX) __attribute__((vector_size(16)));
+static inline __attribute__((always_inline)) T CAT(vsum, SUFFIX)(VEC x) {
+    CAT(half, SUFFIX) h0, h1;
+    CAT(quarter, SUFFIX) q0, q1;
+    memcpy(&h0, &x, 32);
+    memcpy(&h1, (const char *)&x + 32, 32);
+    h0 += h1;
+    memcpy(&q0, &h0, 16);
+    memcpy(&q1, (const char *)&h0 + 16, 16);
+    q0 += q1;
+    T sum = 0;
+    for (int l = 0; l < (int)(16 / sizeof(T)); l++) sum += q0[l];
+    return sum;
+}
+
+/* Σ_c (a_c − b_c) g_c over C channels (b NULL: Σ_c a_c g_c), in vector blocks and a tree sum. */
+static inline __attribute__((always_inline)) VEC CAT(vdot_block, SUFFIX)(const T *a, const T *b, const T *g,
+                                                                       const int r) {
+    VEC d = b ? CAT(vload, SUFFIX)(a, r) - CAT(vload, SUFFIX)(b, r) : CAT(vload, SUFFIX)(a, r);
+    return d * CAT(vload, SUFFIX)(g, r);
+}
+static inline __attribute__((always_inline)) T CAT(vdot, SUFFIX)(const T *a, const T *b, const T *g, int64_t C) {
+    VEC acc = {0};
+    int64_t c = 0;
+    for (; c + LANES <= C; c += LANES) /* whole blocks: a constant r, so the loads are plain vector loads */
+        acc += CAT(vdot_block, SUFFIX)(a + c, b ? b + c : NULL, g + c, LANES);
+    if (c < C)
+        acc += CAT(vdot_block, SUFFIX)(a + c, b ? b + c : NULL, g + c, (int)(C - c));
+    return CAT(vsum, SUFFIX)(acc);
+}
+
+/* The shared score of input element j (n · IS + tap): the score map's, or w · v_j where weights are given. */
+static inline T CAT(shared_score, SUFFIX)(const gp_tensors *ts, int64_t j, int64_t C) {
+    const T *w = ts->w, *vj = (const T *)ts->v + j * C;
+    return w ? CAT(vdot, SUFFIX)(vj, NULL, w, C) : ((const T *)ts->s)[j];
+}
+
+/* Redo lane c of one window (taps[0..nt)) by the limits; returns out, leaves the gates in gate[]. */
+static double CAT(limit_lane, SUFFIX)(const gp_geometry *g, const gp_tensors *ts, int64_t n,
+                                       const int64_t *taps, int nt, int64_t c, double *z, double *vals,
+                                       double *gate, int *finite_top) {
+    const int64_t C = g->c, CS = g->cs, IS = volume(g->in_size);
+    const int per_channel = CS == C && !ts->w; /* a score per channel, else one per position */
+    const T *v = ts->v, *s = ts->s, *a = ts->a;
+    double ac = a[g->ca == C ? c : 0];
+    for (int t = 0; t < nt; t++) {
+        int64_t j = n * IS + taps[t];
+        z[t] = ac * (double)(per_channel ? s[j * C + c] : CAT(shared_score, SUFFIX)(ts, j, C));
+        vals[t] = v[j * C + c];
+    }
+    return limit_window(nt, z, vals, gate, finite_top);
 }
 
 /* The score-per-channel window over B channel blocks of LANES (B = 1 or 2, a constant: the loops over b
@@ -264,8 +295,7 @@ void CAT(softmax_pool_backward, SUFFIX)(const gp_geometry *g, const gp_tensors *
                             }
                             gs[j] = (disjoint ? 0 : gs[j]) + a[0] * gj * push;
                         } else { /* ∂L/∂s_j = a g_j push, through s_j = w · v_j */
-#pragma omp simd reduction(+ : push)
-                            for (int64_t c = 0; c < C; c++) push += (vj[c] - y[c]) * go[c];
+                            push = CAT(vdot, SUFFIX)(vj, y, go, C);
                             T dsj = a[0] * gj * push;
 #pragma omp simd
                             for (int64_t c = 0; c < C; c++) {
