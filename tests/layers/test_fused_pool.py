@@ -230,3 +230,27 @@ def test_every_channel_block_against_the_plain_path(channels, geo):
         got = torch.autograd.grad(out, inputs, grad)
         for a, b in zip(got, torch.autograd.grad(want, inputs, grad)):
             torch.testing.assert_close(a, b)
+
+
+# score weights: up to 4 channel blocks in registers (64 floats, 32 doubles: 1 block to 4, whole or with a
+# rest), more on the loops over channels; 65 floats and 33 doubles are past the blocks
+@pytest.mark.parametrize("channels", [1, 15, 16, 17, 32, 33, 48, 64, 65])
+@pytest.mark.parametrize("geo", GEOMETRIES[:2])  # tiling (each gradient written once), overlapping (added)
+def test_score_weights_in_every_channel_block_against_the_plain_path(channels, geo):
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        x = (3 * torch.randn(2, channels, 7, 8, dtype=dtype)).contiguous(memory_format=torch.channels_last)
+        x[1, 0, 2, 3] = float("inf")  # a window whose score is not finite: redone by the limits
+        x.requires_grad_()
+        w = (torch.randn(channels, dtype=dtype) / channels**0.5).requires_grad_()  # the gate's init
+        tau = torch.tensor([0.7], dtype=dtype, requires_grad=True)
+        g = pool_geometry(x, 2, *geo)
+        out = fused_pool.softmax_pool(x, w, tau, g)
+        want = fused_pool._plain(x, w, tau, g)
+        torch.testing.assert_close(out, want, equal_nan=True)
+        grad = torch.randn_like(out)
+        # ∂L/∂w and ∂L/∂τ are signed sums over every window, as ∂L/∂τ above: float64 only
+        inputs = (x, w, tau) if dtype == torch.float64 else (x,)
+        got = torch.autograd.grad(out, inputs, grad)
+        for a, b in zip(got, torch.autograd.grad(want, inputs, grad)):
+            torch.testing.assert_close(a, b, equal_nan=True)

@@ -4,8 +4,11 @@
    the channels of a tap are contiguous: with a score per channel, each window is worked through in
    channel blocks of one 64-byte vector (gcc's vector extensions: 16 floats, 8 doubles), each block's
    running max, sum and weighted sum in registers across the window's taps (forward_vec and
-   backward_vec in the _impl.h; the last block masked to the channels left). Every output position's
-   taps are listed once per call (windows_of), not recomputed per batch element. Per output position o
+   backward_vec in the _impl.h; the last block masked to the channels left); with one score per
+   position given by weights (the attention gate), a window's blocks (up to four) stay in registers and
+   each tap's score w · v_j is summed across the lanes by halving (shared_forward_vec and
+   shared_backward_vec). Every output position's taps are listed once per call (windows_of), not
+   recomputed per batch element. Per output position o
    and channel c, over the window's taps j inside the input (padded taps are skipped: gate 0), with
    a = 1/τ (one per channel, or one):
 
@@ -214,6 +217,23 @@ static double limit_window(int nt, const double *z, const double *v, double *gat
         if (gate[t] != 0) out += gate[t] * v[t];  /* a gate of 0 adds nothing, not 0 · inf */
     return out;
 }
+
+/* The shared-score windows with score weights (shared_forward_vec, shared_backward_vec) take up to
+   SHARED_BLOCKS channel blocks (64 floats, 32 doubles); more channels take the loops over c. */
+#define SHARED_BLOCKS 4
+
+/* CALL(NB, r) with the block count nb (1 … SHARED_BLOCKS) and the last block's lanes r as constants
+   where r = LANES (whole blocks: plain vector loads), else r at run time. */
+#define GP_BY_BLOCKS(nb, r, CALL)                                                                         \
+    do {                                                                                                  \
+        if ((r) == LANES) {                                                                               \
+            if ((nb) == 1) CALL(1, LANES); else if ((nb) == 2) CALL(2, LANES);                            \
+            else if ((nb) == 3) CALL(3, LANES); else CALL(4, LANES);                                      \
+        } else {                                                                                          \
+            if ((nb) == 1) CALL(1, r); else if ((nb) == 2) CALL(2, r);                                    \
+            else if ((nb) == 3) CALL(3, r); else CALL(4, r);                                              \
+        }                                                                                                 \
+    } while (0)
 
 /* Per element type: EXP(z) of z = SCALE · a · s, and LANES, the lanes of a 64-byte vector (a channel block). */
 #define T float

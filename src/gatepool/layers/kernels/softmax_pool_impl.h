@@ -27,24 +27,31 @@ static inline int CAT(vany, SUFFIX)(IVEC mask) {
     return any != 0;
 }
 
-/* The lanes of x summed by halving: the 64-byte vector's two halves added, then those of the 32-byte sum,
-   then the 16-byte one's 4 floats or 2 doubles (a loop over all the lanes would add them one after another,
-   which the shared-score windows pay at every tap). */
-typedef T CAT(half, SUFFIX) __attribute__((vector_size(32)));
-typedef T CAT(quarter, SUFFIX) __attribute__((vector_size(16)));
+/* The lanes of x summed by halving, in registers: x plus x with its halves swapped, then its quarters
+   swapped within the halves, and so on, leaves the sum in every lane (a loop over the lanes would add them
+   one after another, which the shared-score windows pay at every tap; halves taken through memory stall
+   on the store). __builtin_shuffle is gcc's (4.7 on), __builtin_shufflevector clang's. */
+#ifdef __clang__
+#define GP_PERMUTE(x, ...) __builtin_shufflevector(x, x, __VA_ARGS__)
+#else
+#define GP_PERMUTE(x, ...) __builtin_shuffle(x, (IVEC){__VA_ARGS__})
+#endif
 static inline __attribute__((always_inline)) T CAT(vsum, SUFFIX)(VEC x) {
-    CAT(half, SUFFIX) h0, h1;
-    CAT(quarter, SUFFIX) q0, q1;
-    memcpy(&h0, &x, 32);
-    memcpy(&h1, (const char *)&x + 32, 32);
-    h0 += h1;
-    memcpy(&q0, &h0, 16);
-    memcpy(&q1, (const char *)&h0 + 16, 16);
-    q0 += q1;
-    T sum = 0;
-    for (int l = 0; l < (int)(16 / sizeof(T)); l++) sum += q0[l];
-    return sum;
+#if LANES == 16
+    x += GP_PERMUTE(x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    x += GP_PERMUTE(x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    x += GP_PERMUTE(x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    x += GP_PERMUTE(x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+#elif LANES == 8
+    x += GP_PERMUTE(x, 4, 5, 6, 7, 0, 1, 2, 3);
+    x += GP_PERMUTE(x, 2, 3, 0, 1, 6, 7, 4, 5);
+    x += GP_PERMUTE(x, 1, 0, 3, 2, 5, 4, 7, 6);
+#else
+#error "vsum: LANES must be 16 or 8"
+#endif
+    return x[0];
 }
+#undef GP_PERMUTE
 
 /* Σ_c (a_c − b_c) g_c over C channels (b NULL: Σ_c a_c g_c), in vector blocks and a tree sum. */
 static inline __attribute__((always_inline)) VEC CAT(vdot_block, SUFFIX)(const T *a, const T *b, const T *g,
@@ -150,14 +157,94 @@ static inline __attribute__((always_inline)) int CAT(backward_vec, SUFFIX)(
     return CAT(vany, SUFFIX)(~fast); /* lanes past r: m = 0, fast */
 }
 
+/* The shared-score window with score weights w (the attention gate: s_j = w · v_j), over NB channel
+   blocks of LANES (NB = 1 … SHARED_BLOCKS, a constant: the loops over blocks unroll, and w, the window's
+   sums, out, G and ∂L/∂w stay in registers), the last block's lanes r. Each tap's score is summed by
+   shared_dot, forward and backward alike, so the backward's z_j − m is the forward's to the bit. */
+#define RB (b == NB - 1 ? r : LANES)
+static inline __attribute__((always_inline)) T CAT(shared_dot, SUFFIX)(const T *vj, const VEC *wv, const int NB,
+                                                                      const int r) {
+    VEC acc = {0};
+    for (int b = 0; b < NB; b++) acc += wv[b] * CAT(vload, SUFFIX)(vj + b * LANES, RB);
+    return CAT(vsum, SUFFIX)(acc);
+}
+
+/* The forward of one window (the taps' offsets toff, channels included; as = a · SCALE): z_j = as s_j,
+   m = max_j z_j, out = Σ_j e^(z_j − m) v_j / Σ_j e^(z_j − m). Returns 1 if out is not finite. */
+static inline __attribute__((always_inline)) int CAT(shared_forward_vec, SUFFIX)(
+    const T *v, const int64_t *toff, int nt, const T *w, T as, T *zs, T *y, T *mm, T *rd, const int NB,
+    const int r) {
+    VEC wv[SHARED_BLOCKS], num[SHARED_BLOCKS];
+    IVEC bad = {0};
+    T m = -INFINITY, d = 0;
+    for (int b = 0; b < NB; b++) {
+        wv[b] = CAT(vload, SUFFIX)(w + b * LANES, RB);
+        num[b] = (VEC){0};
+    }
+    for (int t = 0; t < nt; t++) {
+        zs[t] = as * CAT(shared_dot, SUFFIX)(v + toff[t], wv, NB, r);
+        m = zs[t] > m ? zs[t] : m;
+    }
+    for (int t = 0; t < nt; t++) {
+        T e = EXP(zs[t] - m);
+        d += e;
+        for (int b = 0; b < NB; b++) num[b] += e * CAT(vload, SUFFIX)(v + toff[t] + b * LANES, RB);
+    }
+    T q = 1 / d;
+    for (int b = 0; b < NB; b++) {
+        VEC yb = num[b] * q;
+        CAT(vstore, SUFFIX)(y + b * LANES, yb, RB);
+        bad |= yb - yb != 0; /* ±inf or NaN (lanes past r: 0, finite) */
+    }
+    *mm = m;
+    *rd = q;
+    return CAT(vany, SUFFIX)(bad);
+}
+
+/* The backward of one finite window (m, q = 1/den from the forward; a = 1/τ, as = a · SCALE), G = ∂L/∂out:
+       g_j = e^(as s_j − m) q,   push_j = (v_j − out) · G,   ∂L/∂s_j = a g_j push_j
+       ∂L/∂v_j += g_j G + ∂L/∂s_j w   (written, not added, where windows are disjoint)
+       ∂L/∂w += Σ_j ∂L/∂s_j v_j (into gww),   ∂L/∂a += Σ_j g_j push_j s_j (into *gaw unless NULL) */
+static inline __attribute__((always_inline)) void CAT(shared_backward_vec, SUFFIX)(
+    const T *v, const int64_t *toff, int nt, const T *w, T a, T as, const T *y, T m, T q, const T *go, T *gv,
+    T *gww, T *gaw, const int disjoint, const int NB, const int r) {
+    VEC wv[SHARED_BLOCKS], yv[SHARED_BLOCKS], gov[SHARED_BLOCKS], gwv[SHARED_BLOCKS];
+    T ga = 0;
+    for (int b = 0; b < NB; b++) {
+        wv[b] = CAT(vload, SUFFIX)(w + b * LANES, RB);
+        yv[b] = CAT(vload, SUFFIX)(y + b * LANES, RB);
+        gov[b] = CAT(vload, SUFFIX)(go + b * LANES, RB);
+        gwv[b] = (VEC){0};
+    }
+    for (int t = 0; t < nt; t++) {
+        const T *vj = v + toff[t];
+        T *gvj = gv + toff[t];
+        VEC acc = {0};
+        for (int b = 0; b < NB; b++) acc += (CAT(vload, SUFFIX)(vj + b * LANES, RB) - yv[b]) * gov[b];
+        T sj = CAT(shared_dot, SUFFIX)(vj, wv, NB, r), push = CAT(vsum, SUFFIX)(acc);
+        T gj = EXP(as * sj - m) * q, dsj = a * gj * push;
+        for (int b = 0; b < NB; b++) {
+            VEC dv = gj * gov[b] + dsj * wv[b];
+            CAT(vstore, SUFFIX)(gvj + b * LANES, disjoint ? dv : CAT(vload, SUFFIX)(gvj + b * LANES, RB) + dv, RB);
+            gwv[b] += dsj * CAT(vload, SUFFIX)(vj + b * LANES, RB);
+        }
+        ga += gj * push * sj;
+    }
+    for (int b = 0; b < NB; b++)
+        CAT(vstore, SUFFIX)(gww + b * LANES, CAT(vload, SUFFIX)(gww + b * LANES, RB) + gwv[b], RB);
+    if (gaw) *gaw += ga;
+}
+#undef RB
+
 /* out: (N, *out, C); stats: (2, N, *out, CS), the window max m and 1 / den per lane (m = NaN: a lane
    redone by the limits). Returns how many outputs are not finite. */
 int64_t CAT(softmax_pool_forward, SUFFIX)(const gp_geometry *g, const gp_tensors *ts, int threads) {
     const int64_t N = g->n, C = g->c, CS = g->cs, a_per_channel = g->ca == C;
     const int64_t IS = volume(g->in_size), OS = volume(g->out_size), K = volume(g->kernel);
     const int per_channel = CS == C && !ts->w; /* a score per channel, else one per position (C = 1 too) */
-    const T *v = ts->v, *s = ts->s, *a = ts->a;
+    const T *v = ts->v, *s = ts->s, *a = ts->a, *w = ts->w;
     T *out = ts->out, *stats = ts->stats;
+    const int nb = (int)((C + LANES - 1) / LANES), r = (int)(C - (nb - 1) * LANES); /* shared_forward_vec's */
     int64_t bad = 0, *windows = windows_of(g);
 #pragma omp parallel num_threads(threads) reduction(+ : bad)
     {
@@ -180,6 +267,12 @@ int64_t CAT(softmax_pool_forward, SUFFIX)(const gp_geometry *g, const gp_tensors
                 for (; c0 < C; c0 += LANES) /* a block, and the last one's r lanes */
                     slow |= CAT(forward_vec, SUFFIX)(s + c0, v + c0, toff, nt, av + c0, y + c0, mm + c0, rd + c0, 1,
                                                      C - c0 < LANES ? (int)(C - c0) : LANES);
+            } else if (w && C <= SHARED_BLOCKS * LANES) { /* score weights: channel blocks in registers */
+                for (int t = 0; t < nt; t++) toff[t] = (n * IS + taps[t]) * C;
+#define GP_FORWARD(NB, R) \
+    slow = CAT(shared_forward_vec, SUFFIX)(v, toff, nt, w, av[0], zs, y, mm, rd, NB, R)
+                GP_BY_BLOCKS(nb, r, GP_FORWARD);
+#undef GP_FORWARD
             } else { /* one score per position, shared by the channels (the map's, or w · v_j) */
                 T m = -INFINITY, d = 0;
                 for (int t = 0; t < nt; t++) {
@@ -230,6 +323,7 @@ void CAT(softmax_pool_backward, SUFFIX)(const gp_geometry *g, const gp_tensors *
     const T *v = ts->v, *s = ts->s, *a = ts->a, *out = ts->out, *stats = ts->stats, *gout = ts->gout;
     T *gv = ts->gv, *gs = ts->gs, *ga = ts->ga, *gw = ts->gw;
     const T *w = ts->w;
+    const int nb = (int)((C + LANES - 1) / LANES), r = (int)(C - (nb - 1) * LANES); /* shared_backward_vec's */
     char *covered = disjoint_windows(g) ? coverage(g) : NULL; /* NULL: windows overlap, accumulate */
     const int disjoint = covered != NULL;
     int64_t *windows = windows_of(g);
@@ -282,6 +376,18 @@ void CAT(softmax_pool_backward, SUFFIX)(const gp_geometry *g, const gp_tensors *
                     else if (disjoint) GP_BLOCKS(0, 1);
                     else GP_BLOCKS(0, 0);
 #undef GP_BLOCKS
+                } else if (!slow && w && C <= SHARED_BLOCKS * LANES) { /* score weights: channel blocks */
+                    for (int t = 0; t < nt; t++) toff[t] = (n * IS + taps[t]) * C;
+#define GP_BACKWARD(DISJOINT, NB, R)                                                                         \
+    CAT(shared_backward_vec, SUFFIX)(v, toff, nt, w, a[0], av[0], y, mm[0], rd[0], go, gv, gww, gaw, DISJOINT, \
+                                     NB, R)
+#define GP_DISJOINT(NB, R) GP_BACKWARD(1, NB, R)
+#define GP_OVERLAPPING(NB, R) GP_BACKWARD(0, NB, R)
+                    if (disjoint) GP_BY_BLOCKS(nb, r, GP_DISJOINT);
+                    else GP_BY_BLOCKS(nb, r, GP_OVERLAPPING);
+#undef GP_OVERLAPPING
+#undef GP_DISJOINT
+#undef GP_BACKWARD
                 } else if (!slow) {
                     for (int t = 0; t < nt; t++) {
                         int64_t j = n * IS + taps[t];
