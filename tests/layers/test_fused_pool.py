@@ -234,7 +234,7 @@ def test_every_channel_block_against_the_plain_path(channels, geo):
 
 # score weights: up to 4 channel blocks in registers (64 floats, 32 doubles: 1 block to 4, whole or with a
 # rest), more on the loops over channels; 65 floats and 33 doubles are past the blocks
-@pytest.mark.parametrize("channels", [1, 15, 16, 17, 32, 33, 48, 64, 65])
+@pytest.mark.parametrize("channels", [1, 15, 16, 17, 30, 32, 33, 48, 50, 64, 65])
 @pytest.mark.parametrize("geo", GEOMETRIES[:2])  # tiling (each gradient written once), overlapping (added)
 def test_score_weights_in_every_channel_block_against_the_plain_path(channels, geo):
     torch.manual_seed(0)

@@ -8,9 +8,8 @@
    position given by weights (the attention gate), a window's blocks (up to four) stay in registers and
    each tap's score w · v_j is summed across the lanes by halving (shared_forward_vec and
    shared_backward_vec). Every output position's taps are listed once per call (windows_of), not
-   recomputed per batch element. Per output position o
-   and channel c, over the window's taps j inside the input (padded taps are skipped: gate 0), with
-   a = 1/τ (one per channel, or one):
+   recomputed per batch element. Per output position o and channel c, over the window's taps j inside
+   the input (padded taps are skipped: gate 0), with a = 1/τ (one per channel, or one):
 
        z_j = a · s_j                    scores: s = x itself (soft pooling), or a separate score map
        m   = max_j z_j,   den = Σ_j e^(z_j − m),   g_j = e^(z_j − m) / den,   out = Σ_j g_j v_j
@@ -234,6 +233,7 @@ static double limit_window(int nt, const double *z, const double *v, double *gat
             else if ((nb) == 3) CALL(3, r); else CALL(4, r);                                              \
         }                                                                                                 \
     } while (0)
+_Static_assert(SHARED_BLOCKS == 4, "GP_BY_BLOCKS spells out the block counts 1 to 4");
 
 /* Per element type: EXP(z) of z = SCALE · a · s, and LANES, the lanes of a 64-byte vector (a channel block). */
 #define T float
