@@ -160,12 +160,16 @@ static inline __attribute__((always_inline)) int CAT(backward_vec, SUFFIX)(
 /* The shared-score window with score weights w (the attention gate: s_j = w · v_j), over NB channel
    blocks of LANES (NB = 1 … SHARED_BLOCKS, a constant: the loops over blocks unroll, and w, the window's
    sums, out, G and ∂L/∂w stay in registers), the last block's lanes r. Each tap's score is summed by
-   shared_dot, forward and backward alike, so the backward's z_j − m is the forward's to the bit. */
+   shared_dot from the tap's loaded blocks, forward and backward alike, so the backward's z_j − m is the
+   forward's to the bit. */
 #define RB (b == NB - 1 ? r : LANES)
-static inline __attribute__((always_inline)) T CAT(shared_dot, SUFFIX)(const T *vj, const VEC *wv, const int NB,
-                                                                      const int r) {
+static inline __attribute__((always_inline)) void CAT(shared_load, SUFFIX)(VEC *vb, const T *vj, const int NB,
+                                                                          const int r) {
+    for (int b = 0; b < NB; b++) vb[b] = CAT(vload, SUFFIX)(vj + b * LANES, RB);
+}
+static inline __attribute__((always_inline)) T CAT(shared_dot, SUFFIX)(const VEC *vb, const VEC *wv, const int NB) {
     VEC acc = {0};
-    for (int b = 0; b < NB; b++) acc += wv[b] * CAT(vload, SUFFIX)(vj + b * LANES, RB);
+    for (int b = 0; b < NB; b++) acc += wv[b] * vb[b];
     return CAT(vsum, SUFFIX)(acc);
 }
 
@@ -174,7 +178,7 @@ static inline __attribute__((always_inline)) T CAT(shared_dot, SUFFIX)(const T *
 static inline __attribute__((always_inline)) int CAT(shared_forward_vec, SUFFIX)(
     const T *v, const int64_t *toff, int nt, const T *w, T as, T *zs, T *y, T *mm, T *rd, const int NB,
     const int r) {
-    VEC wv[SHARED_BLOCKS], num[SHARED_BLOCKS];
+    VEC wv[SHARED_BLOCKS], num[SHARED_BLOCKS], vb[SHARED_BLOCKS];
     IVEC bad = {0};
     T m = -INFINITY, d = 0;
     for (int b = 0; b < NB; b++) {
@@ -182,13 +186,15 @@ static inline __attribute__((always_inline)) int CAT(shared_forward_vec, SUFFIX)
         num[b] = (VEC){0};
     }
     for (int t = 0; t < nt; t++) {
-        zs[t] = as * CAT(shared_dot, SUFFIX)(v + toff[t], wv, NB, r);
+        CAT(shared_load, SUFFIX)(vb, v + toff[t], NB, r);
+        zs[t] = as * CAT(shared_dot, SUFFIX)(vb, wv, NB);
         m = zs[t] > m ? zs[t] : m;
     }
     for (int t = 0; t < nt; t++) {
         T e = EXP(zs[t] - m);
         d += e;
-        for (int b = 0; b < NB; b++) num[b] += e * CAT(vload, SUFFIX)(v + toff[t] + b * LANES, RB);
+        CAT(shared_load, SUFFIX)(vb, v + toff[t], NB, r);
+        for (int b = 0; b < NB; b++) num[b] += e * vb[b];
     }
     T q = 1 / d;
     for (int b = 0; b < NB; b++) {
@@ -208,7 +214,7 @@ static inline __attribute__((always_inline)) int CAT(shared_forward_vec, SUFFIX)
 static inline __attribute__((always_inline)) void CAT(shared_backward_vec, SUFFIX)(
     const T *v, const int64_t *toff, int nt, const T *w, T a, T as, const T *y, T m, T q, const T *go, T *gv,
     T *gww, T *gaw, const int disjoint, const int NB, const int r) {
-    VEC wv[SHARED_BLOCKS], yv[SHARED_BLOCKS], gov[SHARED_BLOCKS], gwv[SHARED_BLOCKS];
+    VEC wv[SHARED_BLOCKS], yv[SHARED_BLOCKS], gov[SHARED_BLOCKS], gwv[SHARED_BLOCKS], vb[SHARED_BLOCKS];
     T ga = 0;
     for (int b = 0; b < NB; b++) {
         wv[b] = CAT(vload, SUFFIX)(w + b * LANES, RB);
@@ -217,16 +223,16 @@ static inline __attribute__((always_inline)) void CAT(shared_backward_vec, SUFFI
         gwv[b] = (VEC){0};
     }
     for (int t = 0; t < nt; t++) {
-        const T *vj = v + toff[t];
         T *gvj = gv + toff[t];
         VEC acc = {0};
-        for (int b = 0; b < NB; b++) acc += (CAT(vload, SUFFIX)(vj + b * LANES, RB) - yv[b]) * gov[b];
-        T sj = CAT(shared_dot, SUFFIX)(vj, wv, NB, r), push = CAT(vsum, SUFFIX)(acc);
+        CAT(shared_load, SUFFIX)(vb, v + toff[t], NB, r); /* once: the stores to gvj below may alias it */
+        for (int b = 0; b < NB; b++) acc += (vb[b] - yv[b]) * gov[b];
+        T sj = CAT(shared_dot, SUFFIX)(vb, wv, NB), push = CAT(vsum, SUFFIX)(acc);
         T gj = EXP(as * sj - m) * q, dsj = a * gj * push;
         for (int b = 0; b < NB; b++) {
             VEC dv = gj * gov[b] + dsj * wv[b];
             CAT(vstore, SUFFIX)(gvj + b * LANES, disjoint ? dv : CAT(vload, SUFFIX)(gvj + b * LANES, RB) + dv, RB);
-            gwv[b] += dsj * CAT(vload, SUFFIX)(vj + b * LANES, RB);
+            gwv[b] += dsj * vb[b];
         }
         ga += gj * push * sj;
     }
