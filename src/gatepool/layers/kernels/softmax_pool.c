@@ -36,7 +36,12 @@
    by a scalar routine (limit_window) and marked with m = NaN, so the backward redoes it too.
 
    Threads: OpenMP, over (batch, output position) in the forward and over batch elements in the
-   backward (each owns its slice of the gradients: no races where windows overlap). */
+   backward (each owns its slice of the gradients: no races where windows overlap).
+
+   Memory: each window asks the caches for the inputs of the window PREFETCH_AHEAD positions on
+   (prefetch_window): the loop's work per window leaves too few loads in flight for the hardware's
+   prefetchers to keep up. Where windows tile, the backward writes ∂L/∂v with streaming stores on
+   AVX-512 (vstream): written once and not read here, so the lines need not be read in first. */
 
 #include <math.h>
 #include <stddef.h>
@@ -44,6 +49,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #define THREAD_ID omp_get_thread_num()
@@ -170,6 +178,18 @@ static int64_t *windows_of(const gp_geometry *g) {
     return table;
 }
 
+/* Output position no's inputs (the taps' rows of `bytes`) asked of the caches ahead of their use; no runs
+   over (batch, position), the rows of the windows_of table. always_inline: gcc takes a separate function
+   whose only effect is __builtin_prefetch for one without effects, and drops the calls. */
+#define PREFETCH_AHEAD 8
+static inline __attribute__((always_inline)) void prefetch_window(const void *v, const int64_t *windows,
+                                                                  int64_t no, int64_t OS, int64_t K, int64_t IS,
+                                                                  int64_t bytes) {
+    const int64_t n = no / OS, *taps = windows + (no % OS) * (K + 1) + 1;
+    for (int t = 0; t < (int)taps[-1]; t++)
+        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)v + (n * IS + taps[t]) * bytes + b);
+}
+
 /* Do no two windows read the same input? (stride ≥ span in every dimension: tiling windows) */
 static int disjoint_windows(const gp_geometry *g) {
     for (int i = 0; i < 3; i++)
@@ -235,7 +255,8 @@ static double limit_window(int nt, const double *z, const double *v, double *gat
     } while (0)
 _Static_assert(SHARED_BLOCKS == 4, "GP_BY_BLOCKS spells out the block counts 1 to 4");
 
-/* Per element type: EXP(z) of z = SCALE · a · s, and LANES, the lanes of a 64-byte vector (a channel block). */
+/* Per element type: EXP(z) of z = SCALE · a · s, LANES, the lanes of a 64-byte vector (a channel block), and
+   STREAM, AVX-512's streaming store of one (vstream). */
 #define T float
 #define SUFFIX f32
 #define EXP exp2_f
@@ -243,6 +264,7 @@ _Static_assert(SHARED_BLOCKS == 4, "GP_BY_BLOCKS spells out the block counts 1 t
 #define ITYPE int32_t
 #define SCALE 1.44269504088896341f
 #define LANES 16
+#define STREAM(p, x) _mm512_stream_ps(p, (__m512)(x))
 #include "softmax_pool_impl.h"
 #undef T
 #undef SUFFIX
@@ -251,6 +273,7 @@ _Static_assert(SHARED_BLOCKS == 4, "GP_BY_BLOCKS spells out the block counts 1 t
 #undef ITYPE
 #undef SCALE
 #undef LANES
+#undef STREAM
 
 #define T double
 #define SUFFIX f64
@@ -259,4 +282,5 @@ _Static_assert(SHARED_BLOCKS == 4, "GP_BY_BLOCKS spells out the block counts 1 t
 #define ITYPE int64_t
 #define SCALE 1.0
 #define LANES 8
+#define STREAM(p, x) _mm512_stream_pd(p, (__m512d)(x))
 #include "softmax_pool_impl.h"

@@ -19,38 +19,56 @@ static inline __attribute__((always_inline)) VEC CAT(vload, SUFFIX)(const T *p, 
 static inline __attribute__((always_inline)) void CAT(vstore, SUFFIX)(T *p, VEC x, const int r) {
     memcpy(p, &x, sizeof(T) * r);
 }
+/* vstore where no read follows: a whole vector at a 64-byte boundary goes past the caches (STREAM; the
+   backward's sfence orders it), the rest as vstore. */
+static inline __attribute__((always_inline)) void CAT(vstream, SUFFIX)(T *p, VEC x, const int r) {
+#ifdef __AVX512F__
+    if (r == LANES && ((uintptr_t)p & 63) == 0) {
+        STREAM(p, x);
+        return;
+    }
+#endif
+    CAT(vstore, SUFFIX)(p, x, r);
+}
 static inline VEC CAT(vselect, SUFFIX)(IVEC mask, VEC a, VEC b) { return (VEC)((mask & (IVEC)a) | (~mask & (IVEC)b)); }
 static inline VEC CAT(vmax, SUFFIX)(VEC a, VEC b) { return CAT(vselect, SUFFIX)(a > b, a, b); }
-static inline int CAT(vany, SUFFIX)(IVEC mask) {
-    ITYPE any = 0;
-    for (int l = 0; l < LANES; l++) any |= mask[l];
-    return any != 0;
-}
 
-/* The lanes of x summed by halving, in registers: x plus x with its halves swapped, then its quarters
-   swapped within the halves, and so on, leaves the sum in every lane (a loop over the lanes would add them
-   one after another, which the shared-score windows pay at every tap; halves taken through memory stall
-   on the store). __builtin_shuffle is gcc's (4.7 on), __builtin_shufflevector clang's. */
+/* The lanes of x folded by halving, in registers: x combined with x with its halves swapped, then its
+   quarters swapped within the halves, and so on, leaves the fold in every lane (a loop over the lanes
+   would combine them one after another, which the shared-score windows pay at every tap; halves taken
+   through memory stall on the store). __builtin_shuffle is gcc's (4.7 on), __builtin_shufflevector clang's. */
 #ifdef __clang__
 #define GP_PERMUTE(x, ...) __builtin_shufflevector(x, x, __VA_ARGS__)
 #else
 #define GP_PERMUTE(x, ...) __builtin_shuffle(x, (IVEC){__VA_ARGS__})
 #endif
-static inline __attribute__((always_inline)) T CAT(vsum, SUFFIX)(VEC x) {
 #if LANES == 16
-    x += GP_PERMUTE(x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-    x += GP_PERMUTE(x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-    x += GP_PERMUTE(x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-    x += GP_PERMUTE(x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+#define GP_FOLD(x, F)                                                                 \
+    x = F(x, GP_PERMUTE(x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));  \
+    x = F(x, GP_PERMUTE(x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));  \
+    x = F(x, GP_PERMUTE(x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));  \
+    x = F(x, GP_PERMUTE(x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14))
 #elif LANES == 8
-    x += GP_PERMUTE(x, 4, 5, 6, 7, 0, 1, 2, 3);
-    x += GP_PERMUTE(x, 2, 3, 0, 1, 6, 7, 4, 5);
-    x += GP_PERMUTE(x, 1, 0, 3, 2, 5, 4, 7, 6);
+#define GP_FOLD(x, F)                                  \
+    x = F(x, GP_PERMUTE(x, 4, 5, 6, 7, 0, 1, 2, 3));  \
+    x = F(x, GP_PERMUTE(x, 2, 3, 0, 1, 6, 7, 4, 5));  \
+    x = F(x, GP_PERMUTE(x, 1, 0, 3, 2, 5, 4, 7, 6))
 #else
-#error "vsum: LANES must be 16 or 8"
+#error "GP_FOLD: LANES must be 16 or 8"
 #endif
+#define GP_ADD(a, b) ((a) + (b))
+#define GP_OR(a, b) ((a) | (b))
+static inline __attribute__((always_inline)) T CAT(vsum, SUFFIX)(VEC x) {
+    GP_FOLD(x, GP_ADD);
     return x[0];
 }
+static inline __attribute__((always_inline)) int CAT(vany, SUFFIX)(IVEC mask) {
+    GP_FOLD(mask, GP_OR);
+    return mask[0] != 0;
+}
+#undef GP_ADD
+#undef GP_OR
+#undef GP_FOLD
 #undef GP_PERMUTE
 
 /* Σ_c (a_c − b_c) g_c over C channels (b NULL: Σ_c a_c g_c), in vector blocks and a tree sum. */
@@ -149,8 +167,13 @@ static inline __attribute__((always_inline)) int CAT(backward_vec, SUFFIX)(
         VEC push = CAT(vselect, SUFFIX)(fast, gj * (vj - yv) * g, zero); /* g_j (v_j − out) G; not 0 · inf */
         VEC dv = has_gs ? gj * g : gj * g + a1 * push;
         T *gvj = gv + taps[t], *gsj = has_gs ? gs + taps[t] : NULL;
-        CAT(vstore, SUFFIX)(gvj, disjoint ? dv : CAT(vload, SUFFIX)(gvj, r) + dv, r);
-        if (has_gs) CAT(vstore, SUFFIX)(gsj, disjoint ? a1 * push : CAT(vload, SUFFIX)(gsj, r) + a1 * push, r);
+        if (disjoint) {
+            CAT(vstream, SUFFIX)(gvj, dv, r);
+            if (has_gs) CAT(vstream, SUFFIX)(gsj, a1 * push, r);
+        } else {
+            CAT(vstore, SUFFIX)(gvj, CAT(vload, SUFFIX)(gvj, r) + dv, r);
+            if (has_gs) CAT(vstore, SUFFIX)(gsj, CAT(vload, SUFFIX)(gsj, r) + a1 * push, r);
+        }
         ga += CAT(vselect, SUFFIX)(fast, push * sj, zero);
     }
     CAT(vstore, SUFFIX)(gac, CAT(vload, SUFFIX)(gac, r) + ga, r);
@@ -231,7 +254,8 @@ static inline __attribute__((always_inline)) void CAT(shared_backward_vec, SUFFI
         T gj = EXP(as * sj - m) * q, dsj = a * gj * push;
         for (int b = 0; b < NB; b++) {
             VEC dv = gj * gov[b] + dsj * wv[b];
-            CAT(vstore, SUFFIX)(gvj + b * LANES, disjoint ? dv : CAT(vload, SUFFIX)(gvj + b * LANES, RB) + dv, RB);
+            if (disjoint) CAT(vstream, SUFFIX)(gvj + b * LANES, dv, RB);
+            else CAT(vstore, SUFFIX)(gvj + b * LANES, CAT(vload, SUFFIX)(gvj + b * LANES, RB) + dv, RB);
             gwv[b] += dsj * vb[b];
         }
         ga += gj * push * sj;
@@ -264,6 +288,7 @@ int64_t CAT(softmax_pool_forward, SUFFIX)(const gp_geometry *g, const gp_tensors
             const int64_t *taps = windows + (no % OS) * (K + 1) + 1;
             int nt = (int)taps[-1], finite_top, slow = 0;
             T *y = out + no * C, *mm = stats + no * CS, *rd = stats + (N * OS + no) * CS;
+            if (no + PREFETCH_AHEAD < N * OS) prefetch_window(v, windows, no + PREFETCH_AHEAD, OS, K, IS, sizeof(T) * C);
             if (per_channel) { /* a score per channel: channel blocks of LANES, then the rest */
                 for (int t = 0; t < nt; t++) toff[t] = (n * IS + taps[t]) * C;
                 int64_t c0 = 0;
@@ -361,6 +386,8 @@ void CAT(softmax_pool_backward, SUFFIX)(const gp_geometry *g, const gp_tensors *
                 const T *y = out + (n * OS + o) * C, *mm = stats + (n * OS + o) * CS;
                 const T *rd = stats + (N * OS + n * OS + o) * CS;
                 const T *go = gout + (n * OS + o) * C;
+                if (n * OS + o + PREFETCH_AHEAD < N * OS)
+                    prefetch_window(v, windows, n * OS + o + PREFETCH_AHEAD, OS, K, IS, sizeof(T) * C);
                 if (!per_channel) slow = isnan(mm[0]); /* CS = C: the blocks below say */
                 if (per_channel) {
                     for (int t = 0; t < nt; t++) toff[t] = (n * IS + taps[t]) * C;
@@ -456,6 +483,9 @@ void CAT(softmax_pool_backward, SUFFIX)(const gp_geometry *g, const gp_tensors *
         }
         if (gaw && per_channel)
             for (int64_t c = 0; c < C; c++) gaw[a_per_channel ? c : 0] += gac[c];
+#ifdef __AVX512F__
+        _mm_sfence(); /* vstream's stores, before the threads join */
+#endif
         free(toff);
         free(z);
         free(av);
