@@ -126,8 +126,8 @@ def _library() -> ctypes.CDLL | None:
         detail = e.stderr.strip().splitlines()[-1] if failed else e
         warnings.warn(
             f"gatepool: the fused soft-pool kernels could not be built with {os.environ.get('CC', 'cc')!r} "
-            f"({detail}); the soft pools use the pure-PyTorch paths (3× slower on tiling windows, 20-50× "
-            "where windows overlap). Install a C compiler (gcc) to get them.",
+            f"({detail}); the soft pools use the pure-PyTorch paths (1.2–4× slower on tiling windows, "
+            "25–100× where windows overlap). Install a C compiler (gcc) to get them.",
             RuntimeWarning,
             stacklevel=3,
         )
