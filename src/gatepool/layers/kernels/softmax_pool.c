@@ -186,8 +186,10 @@ static inline __attribute__((always_inline)) void prefetch_window(const void *v,
                                                                   int64_t no, int64_t OS, int64_t K, int64_t IS,
                                                                   int64_t bytes) {
     const int64_t n = no / OS, *taps = windows + (no % OS) * (K + 1) + 1;
-    for (int t = 0; t < (int)taps[-1]; t++)
-        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)v + (n * IS + taps[t]) * bytes + b);
+    for (int t = 0; t < (int)taps[-1]; t++) {
+        const char *row = (const char *)v + (n * IS + taps[t]) * bytes;
+        for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
+    }
 }
 
 /* Do no two windows read the same input? (stride ≥ span in every dimension: tiling windows) */

@@ -288,7 +288,8 @@ int64_t CAT(softmax_pool_forward, SUFFIX)(const gp_geometry *g, const gp_tensors
             const int64_t *taps = windows + (no % OS) * (K + 1) + 1;
             int nt = (int)taps[-1], finite_top, slow = 0;
             T *y = out + no * C, *mm = stats + no * CS, *rd = stats + (N * OS + no) * CS;
-            if (no + PREFETCH_AHEAD < N * OS) prefetch_window(v, windows, no + PREFETCH_AHEAD, OS, K, IS, sizeof(T) * C);
+            if (no + PREFETCH_AHEAD < N * OS)
+                prefetch_window(v, windows, no + PREFETCH_AHEAD, OS, K, IS, sizeof(T) * C);
             if (per_channel) { /* a score per channel: channel blocks of LANES, then the rest */
                 for (int t = 0; t < nt; t++) toff[t] = (n * IS + taps[t]) * C;
                 int64_t c0 = 0;
