@@ -39,11 +39,9 @@
    backward (each owns its slice of the gradients: no races where windows overlap).
 
    Memory: each window asks the caches for the inputs of the window PREFETCH_AHEAD positions on
-   (prefetch_window; in the backward only where windows tile, as overlapping ones find their inputs in
-   cache, zeroed or read by the window before): the loop's work per window leaves too few loads in flight
-   for the hardware's prefetchers to keep up. Where windows tile, the backward writes ∂L/∂v with
-   streaming stores on AVX-512 (vstream): written once and not read here, so the lines need not be read
-   in first. */
+   (prefetch_window): the loop's work per window leaves too few loads in flight for the hardware's
+   prefetchers to keep up. Where windows tile, the backward writes ∂L/∂v with streaming stores on
+   AVX-512 (vstream): written once and not read here, so the lines need not be read in first. */
 
 #include <math.h>
 #include <stddef.h>

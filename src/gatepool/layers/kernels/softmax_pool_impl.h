@@ -387,7 +387,7 @@ void CAT(softmax_pool_backward, SUFFIX)(const gp_geometry *g, const gp_tensors *
                 const T *y = out + (n * OS + o) * C, *mm = stats + (n * OS + o) * CS;
                 const T *rd = stats + (N * OS + n * OS + o) * CS;
                 const T *go = gout + (n * OS + o) * C;
-                if (disjoint && n * OS + o + PREFETCH_AHEAD < N * OS) /* overlapping: the inputs are in cache */
+                if (n * OS + o + PREFETCH_AHEAD < N * OS)
                     prefetch_window(v, windows, n * OS + o + PREFETCH_AHEAD, OS, K, IS, sizeof(T) * C);
                 if (!per_channel) slow = isnan(mm[0]); /* CS = C: the blocks below say */
                 if (per_channel) {
