@@ -30,6 +30,11 @@ static inline __attribute__((always_inline)) void CAT(vstream, SUFFIX)(T *p, VEC
 #endif
     CAT(vstore, SUFFIX)(p, x, r);
 }
+/* x into p's r lanes: written where no two windows share an input (vstream), else added to what is there. */
+static inline __attribute__((always_inline)) void CAT(vput, SUFFIX)(T *p, VEC x, const int r, const int disjoint) {
+    if (disjoint) CAT(vstream, SUFFIX)(p, x, r);
+    else CAT(vstore, SUFFIX)(p, CAT(vload, SUFFIX)(p, r) + x, r);
+}
 static inline VEC CAT(vselect, SUFFIX)(IVEC mask, VEC a, VEC b) { return (VEC)((mask & (IVEC)a) | (~mask & (IVEC)b)); }
 static inline VEC CAT(vmax, SUFFIX)(VEC a, VEC b) { return CAT(vselect, SUFFIX)(a > b, a, b); }
 
@@ -167,13 +172,8 @@ static inline __attribute__((always_inline)) int CAT(backward_vec, SUFFIX)(
         VEC push = CAT(vselect, SUFFIX)(fast, gj * (vj - yv) * g, zero); /* g_j (v_j − out) G; not 0 · inf */
         VEC dv = has_gs ? gj * g : gj * g + a1 * push;
         T *gvj = gv + taps[t], *gsj = has_gs ? gs + taps[t] : NULL;
-        if (disjoint) {
-            CAT(vstream, SUFFIX)(gvj, dv, r);
-            if (has_gs) CAT(vstream, SUFFIX)(gsj, a1 * push, r);
-        } else {
-            CAT(vstore, SUFFIX)(gvj, CAT(vload, SUFFIX)(gvj, r) + dv, r);
-            if (has_gs) CAT(vstore, SUFFIX)(gsj, CAT(vload, SUFFIX)(gsj, r) + a1 * push, r);
-        }
+        CAT(vput, SUFFIX)(gvj, dv, r, disjoint);
+        if (has_gs) CAT(vput, SUFFIX)(gsj, a1 * push, r, disjoint);
         ga += CAT(vselect, SUFFIX)(fast, push * sj, zero);
     }
     CAT(vstore, SUFFIX)(gac, CAT(vload, SUFFIX)(gac, r) + ga, r);
@@ -254,8 +254,7 @@ static inline __attribute__((always_inline)) void CAT(shared_backward_vec, SUFFI
         T gj = EXP(as * sj - m) * q, dsj = a * gj * push;
         for (int b = 0; b < NB; b++) {
             VEC dv = gj * gov[b] + dsj * wv[b];
-            if (disjoint) CAT(vstream, SUFFIX)(gvj + b * LANES, dv, RB);
-            else CAT(vstore, SUFFIX)(gvj + b * LANES, CAT(vload, SUFFIX)(gvj + b * LANES, RB) + dv, RB);
+            CAT(vput, SUFFIX)(gvj + b * LANES, dv, RB, disjoint);
             gwv[b] += dsj * vb[b];
         }
         ga += gj * push * sj;
