@@ -14,7 +14,10 @@ backward, with G = ∂L/∂out (the closed form, no autograd):
 
 The max is subtracted before exp, so every finite input gives a finite output. float16/bfloat16 are read
 and written in their dtype and computed in float32 (float64 in float64); ``stats`` is in that compute
-dtype. Non-finite windows take the plain path's limits (``windows.window_softmax``): a NaN makes its
+dtype. Their backward runs the forward once more for out in float32 instead of reading the rounded out:
+∂L/∂a sums terms g_j (v_j − out) s_j G that cancel, and out's rounding alone put ∂τ up to 29× the dtype's
+bound off (bf16, attention gate).
+Non-finite windows take the plain path's limits (``windows.window_softmax``): a NaN makes its
 window NaN; a top score of ±inf shares the gate among the taps at the top (and gives no score or τ
 gradient); a tap of −inf beside finite ones gets gate 0 (and adds nothing: not 0 · inf); a window with no
 input tap gives −inf.
@@ -411,11 +414,11 @@ def _sizes(geo: PoolGeometry) -> list[int]:
     return [1] * lead + list(geo.in_size) + [1] * lead + list(geo.out_size)
 
 
-def _like_values(values: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+def _like_values(values: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An empty ``(N, C, *out)`` in the memory format the ops give: channels-last for channels-last values."""
     if values.movedim(1, -1).is_contiguous():
-        return values.new_empty((shape[0], *shape[2:], shape[1])).movedim(-1, 1)
-    return values.new_empty(shape)
+        return values.new_empty((shape[0], *shape[2:], shape[1]), dtype=dtype).movedim(-1, 1)
+    return values.new_empty(shape, dtype=dtype)
 
 
 def _blocks(c: int) -> tuple[int, int]:
@@ -436,19 +439,25 @@ def _device(t: torch.Tensor):
 
 
 def forward(
-    values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor, geo: PoolGeometry
+    values: torch.Tensor,
+    scores: torch.Tensor | None,
+    tau: torch.Tensor,
+    geo: PoolGeometry,
+    *,
+    dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``gatepool::softmax_pool`` on Triton: ``(out, stats)``, out ``(N, C, *out)`` in values' memory format.
 
     ``values`` ``(N, C, *spatial)``; ``scores`` None (s = v), ``(N, 1, *spatial)`` (shared; τ then has one
-    entry, as the C op: a[0]) or ``(N, C, *spatial)``; ``tau`` ``(1,)`` or ``(C,)``.
+    entry, as the C op: a[0]) or ``(N, C, *spatial)``; ``tau`` ``(1,)`` or ``(C,)``; ``dtype`` out's, values'
+    by default (the backward asks for the compute dtype).
     """
     kernels = _kernels()
     n, c = values.shape[:2]
     shared = scores is not None and scores.shape[1] == 1 and c > 1
     cs = 1 if shared else c
     acc_dtype = compute_dtype(values.dtype)
-    out = _like_values(values, (n, c, *geo.out_size))
+    out = _like_values(values, (n, c, *geo.out_size), dtype or values.dtype)
     stats = values.new_empty((2, n, *geo.out_size, cs), dtype=acc_dtype)
     if out.numel() == 0:
         return out, stats
@@ -496,6 +505,8 @@ def backward(
     d = geo.dim
     positions = values.numel() // c if c else 0  # C = 0: nothing to pool, nothing to launch
     programs = _cdiv(positions, block_p)
+    if positions and out.dtype != acc_dtype:  # fp16/bf16: out again, unrounded, for (v_j − out) (see top)
+        out = forward(values, scores, tau, geo, dtype=acc_dtype)[0]
     ga = values.new_zeros((programs, 1 if shared else c) if tau_grad else (1, 1), dtype=acc_dtype)  # ∂L/∂a
     if positions:
         stats = stats.contiguous()
