@@ -20,12 +20,12 @@ The geometry is copied exactly: kernel_size, stride, padding, dilation, ceil_mod
 ``count_include_pad`` (and ``divisor_override``) go over where the gate has them ("avg"; the soft family
 gives padded taps gate 0, always). ``gate="max"`` / ``"avg"`` give torch's own modules, so they pool
 exactly as torch does. A global pool is a head's or a squeeze by data flow (``torch.fx``, see
-:func:`gatepool.layers.functional_pools.pool_role`); where the flow cannot be traced it counts as a head,
+:func:`gatepool.layers.pool_calls.pool_role`); where the flow cannot be traced it counts as a head,
 with a warning.
 
 Pools called as functions in a ``forward`` (``F.max_pool2d``, ``F.avg_pool2d``, ``F.adaptive_avg_pool2d``,
 ``x.mean((2, 3))``) are found and rewritten by ``torch.fx`` into child modules of the calling module
-(:mod:`gatepool.layers.functional_pools`), then replaced as above; ``Replaced.source`` is "function"
+(:mod:`gatepool.layers.pool_calls`), then replaced as above; ``Replaced.source`` is "function"
 for them. A forward fx cannot trace is left as it is, with a warning naming the module and the reason.
 
 Modules that ``convert`` built remember what they replaced: converting again treats them as that pool,
@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from gatepool.layers import functional_pools as fp
+from gatepool.layers import pool_calls as fp
 from gatepool.layers.adaptive_pool import (
     ADAPTIVE_GATES,
     AdaptiveGatedPool1d,
