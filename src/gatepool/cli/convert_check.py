@@ -77,7 +77,7 @@ def _run(args: argparse.Namespace) -> int:
     import torch
 
     from gatepool.analysis import convert_zoo as zoo
-    from gatepool.layers.gated_pool import GATES
+    from gatepool.layers import gate_table
 
     if args.merge:
         runs = []
@@ -88,10 +88,10 @@ def _run(args: argparse.Namespace) -> int:
         _write(args.out, runs, f"Put together by `{_command(args)}` on {when}.")
         print(f"wrote {args.out} from {len(runs)} runs")
         return 0
-    gates = tuple(args.gates or GATES)
-    bad = [g for g in gates if g not in GATES]
+    gates = tuple(args.gates or gate_table.names())
+    bad = [g for g in gates if g not in gate_table.names()]
     if bad:
-        raise UsageError(f"--gates: {bad} unknown; choose from {list(GATES)}")
+        raise UsageError(f"--gates: {bad} unknown; choose from {list(gate_table.names())}")
     try:
         if args.models:
             models = args.models
@@ -258,7 +258,7 @@ def _write(path: str, runs: list[dict], merged: str = "") -> None:
     """The page: the intro, what each zoo's runs cover, the runs, then one table per zoo (a column per
     gate, and per gate of the ``--compile`` runs; where two runs give one cell, the later one's)."""
     from gatepool.analysis import convert_zoo as zoo
-    from gatepool.layers.gated_pool import GATES
+    from gatepool.layers import gate_table
 
     page = ["# convert() over the zoos", "", _INTRO.format(sizes=", ".join(map(str, zoo.SIZES))), ""]
     page += [merged, ""] if merged else []
@@ -267,7 +267,7 @@ def _write(path: str, runs: list[dict], merged: str = "") -> None:
         for run in runs
         for r in run["results"]
     ]
-    columns = [g for g in GATES if any(c.gate == g for c in cells)]
+    columns = [g for g in gate_table.names() if any(c.gate == g for c in cells)]
     columns += sorted({c.gate for c in cells} - set(columns))
     tables = []
     for zoo_name, prefix in (("torchvision", "tv:"), ("timm", "timm:")):
