@@ -175,6 +175,33 @@ def convert(
     model here is complete. A pool the dry forward does not reach, or reaches at two widths, is an error.
     The new parameters take the device of the pool's input and the dtype of the model's parameters.
     """
+    include = _check_arguments(model, gate, include, global_pool, squeeze_pool, gate_kwargs)
+    gates = {"window": gate, "adaptive": gate, "head": global_pool, "squeeze": squeeze_pool}
+
+    traces: dict = {}
+    undo = _rewrite_calls(model, include, gates, traces)  # the calls become torch's modules first
+    try:
+        sites, notes = _find(model, include, gates, gate_kwargs, traces)
+        for message in notes:
+            warnings.warn(message, stacklevel=2)
+        if not sites:
+            _undo(undo)
+            _warn_nothing_found(model, include, global_pool, squeeze_pool)
+            return model, []
+        new_modules = _build(model, sites, example_input)  # all of them before the model is changed
+    except BaseException:
+        _undo(undo)
+        raise
+    model, replaced = _install(model, sites, new_modules)
+    if global_pool is not None and callable(getattr(type(model), "reset_classifier", None)):
+        settings = dict(gate=gate, global_pool=global_pool, example_input=_first(example_input),
+                        gate_kwargs={k: v for k, v in gate_kwargs.items() if k == "temperature"})
+        model.reset_classifier = functools.partial(_reset_classifier, model, settings)
+    return model, replaced
+
+
+def _check_arguments(model, gate, include, global_pool, squeeze_pool, gate_kwargs) -> tuple[type, ...]:
+    """Every argument of :func:`convert` checked before anything is touched; the pool classes to replace."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     names, global_gates = gate_table.names(), gate_table.names(global_form=True)
@@ -206,42 +233,45 @@ def convert(
     if "temperature" in gate_kwargs and not {gate, global_pool, squeeze_pool} & set(with_temperature):
         raise ValueError(f"temperature applies to the gates {list(with_temperature)}; none of "
                          f"gate={gate!r}, global_pool={global_pool!r}, squeeze_pool={squeeze_pool!r} has one")
-    gates = {"window": gate, "adaptive": gate, "head": global_pool, "squeeze": squeeze_pool}
+    return include
 
-    traces: dict = {}
-    undo = _rewrite_calls(model, include, gates, traces)  # the calls become torch's modules first
-    try:
-        sites, notes = _find(model, include, gates, gate_kwargs, traces)
-        for message in notes:
-            warnings.warn(message, stacklevel=2)
-        if not sites:
-            for f in reversed(undo):
-                f()
-            if not any(hasattr(m, "_gatepool_origin") for m in model.modules()):
-                warnings.warn(
-                    f"convert found nothing to replace in {type(model).__name__}: no module of the types "
-                    f"{[t.__name__ for t in include]} and no such call in a forward"
-                    + (f" and no global average pool (global_pool={global_pool!r}, squeeze_pool="
-                       f"{squeeze_pool!r})" if global_pool or squeeze_pool else
-                       " (global pools were not asked for: global_pool=None)"),
-                    stacklevel=2,
-                )
-            return model, []
-        inputs = _dry_run(model, sites, example_input) if any(s.needs_channels for s in sites) else {}
-        device, dtype = _placement(model)
-        new_modules = []
-        for site in sites:  # build them all before changing anything: an error leaves the model as it was
-            seen = inputs.get(id(site.module))
-            new = site.build(seen[0] if site.needs_channels else None)
-            at = seen[1] if seen is not None else device
-            new = new.to(device=at, dtype=dtype) if dtype is not None or at is not None else new
-            new.train(site.module.training)
-            new_modules.append(new)
-    except BaseException:
-        for f in reversed(undo):
-            f()
-        raise
 
+def _undo(steps: list[Callable[[], None]]) -> None:
+    """Put back what :func:`_rewrite_calls` changed, last change first."""
+    for f in reversed(steps):
+        f()
+
+
+def _warn_nothing_found(model: nn.Module, include, global_pool, squeeze_pool) -> None:
+    """The warning for a model with no pool to replace (none unless nothing in it was converted before)."""
+    if not any(hasattr(m, "_gatepool_origin") for m in model.modules()):
+        warnings.warn(
+            f"convert found nothing to replace in {type(model).__name__}: no module of the types "
+            f"{[t.__name__ for t in include]} and no such call in a forward"
+            + (f" and no global average pool (global_pool={global_pool!r}, squeeze_pool="
+               f"{squeeze_pool!r})" if global_pool or squeeze_pool else
+               " (global pools were not asked for: global_pool=None)"),
+            stacklevel=3,  # convert's caller
+        )
+
+
+def _build(model: nn.Module, sites: list[_Site], example_input) -> list[nn.Module]:
+    """Each site's new module, built for its input's channels, on its input's device, in the model's dtype."""
+    inputs = _dry_run(model, sites, example_input) if any(s.needs_channels for s in sites) else {}
+    device, dtype = _placement(model)
+    new_modules = []
+    for site in sites:
+        seen = inputs.get(id(site.module))
+        new = site.build(seen[0] if site.needs_channels else None)
+        at = seen[1] if seen is not None else device
+        new = new.to(device=at, dtype=dtype) if dtype is not None or at is not None else new
+        new.train(site.module.training)
+        new_modules.append(new)
+    return new_modules
+
+
+def _install(model: nn.Module, sites: list[_Site], new_modules: list[nn.Module]):
+    """Each new module at every name of its site, marked with what it replaced: ``(model, replaced)``."""
     replaced = []
     for site, new in zip(sites, new_modules):
         new._gatepool_origin = site.origin  # a plain attribute: not a child, not in the state_dict
@@ -253,10 +283,6 @@ def convert(
             else:
                 parent, _, child = name.rpartition(".")
                 setattr(model.get_submodule(parent) if parent else model, child, new)
-    if global_pool is not None and callable(getattr(type(model), "reset_classifier", None)):
-        settings = dict(gate=gate, global_pool=global_pool, example_input=_first(example_input),
-                        gate_kwargs={k: v for k, v in gate_kwargs.items() if k == "temperature"})
-        model.reset_classifier = functools.partial(_reset_classifier, model, settings)
     return model, replaced
 
 
