@@ -23,7 +23,7 @@ from gatepool.layers.adaptive_pool import (
     adaptive_windows,
 )
 from gatepool.layers.convert import convert
-from gatepool.layers.functional_pools import SpatialMean
+from gatepool.layers.pool_calls import SpatialMean
 
 X = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
 

@@ -31,6 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from gatepool.layers import gate_table
 from gatepool.layers.convert import ADAPTIVE_POOLS, POOLS, convert
 from gatepool.layers.gated_pool import GATES
 
@@ -176,7 +177,7 @@ def left_over(model: nn.Module, x: torch.Tensor) -> list[str]:
 
 def check(name: str, gate: str, *, compile: bool = False, size: int | None = None) -> Result:
     start = time.perf_counter()
-    g = gate if gate != "conv" else "soft"
+    g = "soft" if gate in gate_table.names(global_form=False) else gate  # "conv" has no global form
     try:
         size = size or smallest_size(build(name, 0))  # a size known (an earlier gate's): no build for it
         model = build(name, 0)

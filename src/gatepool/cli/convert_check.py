@@ -71,27 +71,49 @@ def _machine(threads: int) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.merge:
+        return _merge(args)
+    gates = _gates(args.gates)
+    models, excluded, sizes, no_pool = _models(args)
+    meta = _meta(args, gates, excluded, no_pool)
+    kept: list = []
+    if args.resume:
+        meta, kept = _resume(args.json, meta)
+        kept = _finished(kept, models, gates, args.json)
+    return _sweep(args, models, gates, meta, kept, sizes)
+
+
+def _merge(args: argparse.Namespace) -> int:
+    """``--merge``: the page from several runs' ``--json`` files, nothing run."""
     import datetime
     import json
 
-    import torch
+    runs = []
+    for path in args.merge:
+        with open(path) as f:
+            runs.append(json.load(f))
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    _write(args.out, runs, f"Put together by `{_command(args)}` on {when}.")
+    print(f"wrote {args.out} from {len(runs)} runs")
+    return 0
 
-    from gatepool.analysis import convert_zoo as zoo
-    from gatepool.layers.gated_pool import GATES
 
-    if args.merge:
-        runs = []
-        for path in args.merge:
-            with open(path) as f:
-                runs.append(json.load(f))
-        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        _write(args.out, runs, f"Put together by `{_command(args)}` on {when}.")
-        print(f"wrote {args.out} from {len(runs)} runs")
-        return 0
-    gates = tuple(args.gates or GATES)
-    bad = [g for g in gates if g not in GATES]
+def _gates(asked: list[str] | None) -> tuple[str, ...]:
+    """``--gates``, each a gate of the gate table (default: every gate)."""
+    from gatepool.layers import gate_table
+
+    gates = tuple(asked or gate_table.names())
+    bad = [g for g in gates if g not in gate_table.names()]
     if bad:
-        raise UsageError(f"--gates: {bad} unknown; choose from {list(GATES)}")
+        raise UsageError(f"--gates: {bad} unknown; choose from {list(gate_table.names())}")
+    return gates
+
+
+def _models(args: argparse.Namespace) -> tuple[list[str], list[str], dict[str, int], list[str]]:
+    """The models to run; those ``--exclude`` leaves out; from ``--pooled-from``, each model's input size
+    and the models it found with no pool (not run)."""
+    from gatepool.analysis import convert_zoo as zoo
+
     try:
         if args.models:
             models = args.models
@@ -107,6 +129,16 @@ def _run(args: argparse.Namespace) -> int:
     models = [m for m in models if m not in args.exclude]
     sizes, no_pool = _pooled(args.pooled_from, models) if args.pooled_from else ({}, [])
     models = [m for m in models if m not in no_pool]
+    return models, excluded, sizes, no_pool
+
+
+def _meta(args: argparse.Namespace, gates: tuple[str, ...], excluded: list[str], no_pool: list[str]) -> dict:
+    """What the page says of this run: its command, start, machine (one torch thread from here on),
+    versions, and what it asked."""
+    import datetime
+
+    import torch
+
     torch.set_num_threads(1)
     versions = {"torch": torch.__version__}
     for lib in ("torchvision", "timm"):
@@ -126,18 +158,31 @@ def _run(args: argparse.Namespace) -> int:
     }
     if args.pooled_from:
         meta.update(pooled_from=list(args.pooled_from), no_pool=no_pool)
-    kept: list = []
-    if args.resume:
-        meta, kept = _resume(args.json, meta)
-        gates_of: dict[str, set] = {}
-        for r in kept:
-            gates_of.setdefault(r.model, set()).add(r.gate)
-        finished = {m for m, g in gates_of.items() if g >= set(gates)}
-        kept = [r for r in kept if r.model in finished]
-        print(
-            f"resuming {args.json}: {len(finished)} models done, {len(set(models) - finished)} to run",
-            file=sys.stderr,
-        )
+    return meta
+
+
+def _finished(kept: list, models: list[str], gates: tuple[str, ...], path: str) -> list:
+    """Of a resumed run's results, those of the models it ran with every gate (the others run again)."""
+    gates_of: dict[str, set] = {}
+    for r in kept:
+        gates_of.setdefault(r.model, set()).add(r.gate)
+    finished = {m for m, g in gates_of.items() if g >= set(gates)}
+    print(
+        f"resuming {path}: {len(finished)} models done, {len(set(models) - finished)} to run",
+        file=sys.stderr,
+    )
+    return [r for r in kept if r.model in finished]
+
+
+def _sweep(args: argparse.Namespace, models: list[str], gates: tuple[str, ...], meta: dict, kept: list,
+           sizes: dict[str, int]) -> int:
+    """Every model not kept, with every gate; the page (and ``--json``) written after each model and at
+    the end. Exit 1 when a model with a pool is not converted fully."""
+    import datetime
+    import json
+
+    from gatepool.analysis import convert_zoo as zoo
+
     done: list = list(kept)
     order = {m: i for i, m in enumerate(models)}
 
@@ -258,7 +303,7 @@ def _write(path: str, runs: list[dict], merged: str = "") -> None:
     """The page: the intro, what each zoo's runs cover, the runs, then one table per zoo (a column per
     gate, and per gate of the ``--compile`` runs; where two runs give one cell, the later one's)."""
     from gatepool.analysis import convert_zoo as zoo
-    from gatepool.layers.gated_pool import GATES
+    from gatepool.layers import gate_table
 
     page = ["# convert() over the zoos", "", _INTRO.format(sizes=", ".join(map(str, zoo.SIZES))), ""]
     page += [merged, ""] if merged else []
@@ -267,7 +312,7 @@ def _write(path: str, runs: list[dict], merged: str = "") -> None:
         for run in runs
         for r in run["results"]
     ]
-    columns = [g for g in GATES if any(c.gate == g for c in cells)]
+    columns = [g for g in gate_table.names() if any(c.gate == g for c in cells)]
     columns += sorted({c.gate for c in cells} - set(columns))
     tables = []
     for zoo_name, prefix in (("torchvision", "tv:"), ("timm", "timm:")):

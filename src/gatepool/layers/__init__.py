@@ -6,12 +6,12 @@
 
 Soft gates pass a gradient to every input: out = V · softmax(V/τ), ∂out/∂v_j = g_j (1 + (v_j − out)/τ).
 Arguments in torch's order (``GatedPool2d(3, 2, 1, gate="soft")`` pools the windows of
-``nn.MaxPool2d(3, 2, 1)``). Files: ``soft_pool.py`` (soft_pool*, windows, the fast path), ``gated_pool.py``
-(GatedPool1d/2d/3d, SoftPool1d/2d/3d, AttentionGatePool1d/2d/3d), ``create_pool.py`` (create_pool),
-``global_pool.py`` (GlobalGatedPool1d/2d/3d: a gate over the whole map), ``adaptive_pool.py``
-(AdaptiveGatedPool1d/2d/3d: torch's adaptive windows), ``functional_pools.py`` (pool calls in a forward,
-found and rewritten by torch.fx), ``convert.py`` (``convert``: a
-model's pools replaced by a gate; ``gatepool.convert``).
+``nn.MaxPool2d(3, 2, 1)``). Files: ``gate_table.py`` (what each gate is and has: the one table),
+``soft_pool.py`` (soft_pool*, windows, the fast path), ``gated_pool.py`` (GatedPool1d/2d/3d,
+SoftPool1d/2d/3d, AttentionGatePool1d/2d/3d), ``create_pool.py`` (create_pool), ``global_pool.py``
+(GlobalGatedPool1d/2d/3d: a gate over the whole map), ``adaptive_pool.py`` (AdaptiveGatedPool1d/2d/3d:
+torch's adaptive windows), ``pool_calls.py`` (pool calls in a forward, found and rewritten by torch.fx),
+``convert.py`` (``convert``: a model's pools replaced by a gate; ``gatepool.convert``).
 """
 
 from gatepool.layers.adaptive_pool import AdaptiveGatedPool1d, AdaptiveGatedPool2d, AdaptiveGatedPool3d

@@ -28,8 +28,8 @@ gate here); it computes in float32 (float64 stays float64) and returns the input
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from gatepool.layers import gate_table
 from gatepool.layers.gate_parameters import GateParameters
 from gatepool.layers.windows import (
     channel_view,
@@ -39,7 +39,7 @@ from gatepool.layers.windows import (
     window_softmax,
 )
 
-ADAPTIVE_GATES = ("max", "avg", "soft", "soft-learned", "attention")
+ADAPTIVE_GATES = gate_table.names(adaptive_form=True)  # ("max", "avg", "soft", "soft-learned", "attention")
 
 __all__ = [
     "ADAPTIVE_GATES",
@@ -49,11 +49,6 @@ __all__ = [
     "AdaptiveGatedPoolNd",
     "adaptive_windows",
 ]
-
-_TORCH = {
-    "max": {1: F.adaptive_max_pool1d, 2: F.adaptive_max_pool2d, 3: F.adaptive_max_pool3d},
-    "avg": {1: F.adaptive_avg_pool1d, 2: F.adaptive_avg_pool2d, 3: F.adaptive_avg_pool3d},
-}
 
 
 def adaptive_windows(size: int, out: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,11 +90,11 @@ class AdaptiveGatedPoolNd(GateParameters):
     ) -> None:
         super().__init__()
         d = self.dim
-        if gate not in ADAPTIVE_GATES:
-            hint = " ('conv' weighs fixed window positions; adaptive windows vary in size)" * (gate == "conv")
-            raise ValueError(
-                f"gate={gate!r} has no adaptive form{hint}; choose one of {list(ADAPTIVE_GATES)}"
-            )
+        if gate not in gate_table.names(adaptive_form=True):
+            known = gate in gate_table.names()
+            hint = gate_table.row(gate).no_form_hint("adaptive windows vary in size") if known else ""
+            adaptive = list(gate_table.names(adaptive_form=True))
+            raise ValueError(f"gate={gate!r} has no adaptive form{hint}; choose one of {adaptive}")
         self.output_size = _check_output_size(output_size, d)
         self.init_gate(gate, channels, temperature)
 
@@ -114,8 +109,9 @@ class AdaptiveGatedPoolNd(GateParameters):
             raise ValueError(
                 f"input must be {d + 2}-D (N, C, *spatial) or {d + 1}-D (C, *spatial), got {shape}"
             )
-        if self.gate in _TORCH:
-            return _TORCH[self.gate][d](input, self.output_size)
+        row = gate_table.row(self.gate)
+        if row.torch:
+            return row.torch_function(d, adaptive=True)(input, self.output_size)
         batched = input.dim() == d + 2
         xb = input if batched else input.unsqueeze(0)  # (N, C, *spatial)
         if self.channels is not None and xb.shape[1] != self.channels:
@@ -124,7 +120,7 @@ class AdaptiveGatedPoolNd(GateParameters):
             )
         size = tuple(n if o is None else o for n, o in zip(xb.shape[2:], self.output_size))
         x = xb.to(compute_dtype(xb.dtype))
-        if self.gate == "attention":
+        if row.scored:
             scores, tau = self.scores(x), self.fixed_temperature  # (N, 1, *spatial)
         else:
             scores, tau = x, self.temperature
@@ -135,7 +131,7 @@ class AdaptiveGatedPoolNd(GateParameters):
         s = v if scores is x else _gather(scores, windows)  # (N, 1 or C, *out, K)
         gates = window_softmax(scale_scores(s, tau), mask)
         out = weighted_sum(gates, v, mask)  # (N, C, *out)
-        if self.gate == "attention":
+        if row.scored:
             out = self.project(out)  # V · Σ_j g_j x_j = Σ_j g_j V x_j
         out = out.to(input.dtype)
         return out if batched else out.squeeze(0)

@@ -20,12 +20,12 @@ The geometry is copied exactly: kernel_size, stride, padding, dilation, ceil_mod
 ``count_include_pad`` (and ``divisor_override``) go over where the gate has them ("avg"; the soft family
 gives padded taps gate 0, always). ``gate="max"`` / ``"avg"`` give torch's own modules, so they pool
 exactly as torch does. A global pool is a head's or a squeeze by data flow (``torch.fx``, see
-:func:`gatepool.layers.functional_pools.pool_role`); where the flow cannot be traced it counts as a head,
+:func:`gatepool.layers.pool_calls.pool_role`); where the flow cannot be traced it counts as a head,
 with a warning.
 
 Pools called as functions in a ``forward`` (``F.max_pool2d``, ``F.avg_pool2d``, ``F.adaptive_avg_pool2d``,
 ``x.mean((2, 3))``) are found and rewritten by ``torch.fx`` into child modules of the calling module
-(:mod:`gatepool.layers.functional_pools`), then replaced as above; ``Replaced.source`` is "function"
+(:mod:`gatepool.layers.pool_calls`), then replaced as above; ``Replaced.source`` is "function"
 for them. A forward fx cannot trace is left as it is, with a warning naming the module and the reason.
 
 Modules that ``convert`` built remember what they replaced: converting again treats them as that pool,
@@ -57,18 +57,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from gatepool.layers import functional_pools as fp
+from gatepool.layers import gate_table
+from gatepool.layers import pool_calls as fp
 from gatepool.layers.adaptive_pool import (
-    ADAPTIVE_GATES,
     AdaptiveGatedPool1d,
     AdaptiveGatedPool2d,
     AdaptiveGatedPool3d,
 )
 from gatepool.layers.create_pool import create_pool
-from gatepool.layers.dynamic_pools import SAME_FILL, AtLeastPool, PoolSame
-from gatepool.layers.gated_pool import GATES, GATES_WITH_TEMPERATURE, GATES_WITH_WEIGHTS
+from gatepool.layers.dynamic_pools import AtLeastPool, PoolSame
 from gatepool.layers.global_pool import (
-    GLOBAL_GATES,
     GlobalGatedPool1d,
     GlobalGatedPool2d,
     GlobalGatedPool3d,
@@ -86,11 +84,8 @@ _DIM = {nn.MaxPool1d: 1, nn.MaxPool2d: 2, nn.MaxPool3d: 3, nn.AvgPool1d: 1, nn.A
 _ADAPTIVE_AVG = {nn.AdaptiveAvgPool1d: 1, nn.AdaptiveAvgPool2d: 2, nn.AdaptiveAvgPool3d: 3}
 _GLOBAL = {1: GlobalGatedPool1d, 2: GlobalGatedPool2d, 3: GlobalGatedPool3d}
 _ADAPTIVE = {1: AdaptiveGatedPool1d, 2: AdaptiveGatedPool2d, 3: AdaptiveGatedPool3d}
-_TORCH_ADAPTIVE = {"max": {1: nn.AdaptiveMaxPool1d, 2: nn.AdaptiveMaxPool2d, 3: nn.AdaptiveMaxPool3d},
-                   "avg": {d: t for t, d in _ADAPTIVE_AVG.items()}}
 _GATE_KWARGS = {"temperature", "count_include_pad"}  # what a user may set on every new layer
 _SELECT_AVG = ("avg", "fast", "fastavg")  # timm's SelectAdaptivePool2d pool types that average
-_NO_GLOBAL_CONV = " ('conv' weighs fixed window positions; a global window has none)"
 _SAME = {"MaxPool2dSame": nn.MaxPool2d, "AvgPool2dSame": nn.AvgPool2d}  # timm's "SAME"-padded pools
 
 
@@ -180,32 +175,7 @@ def convert(
     model here is complete. A pool the dry forward does not reach, or reaches at two widths, is an error.
     The new parameters take the device of the pool's input and the dtype of the model's parameters.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if not isinstance(gate, str):
-        raise TypeError(f"gate must be a str, one of {list(GATES)}; got {type(gate).__name__}")
-    if gate not in GATES:
-        raise ValueError(f"gate={gate!r} is unknown; choose one of {list(GATES)}")
-    include = _check_include(include)
-    for arg, value in (("global_pool", global_pool), ("squeeze_pool", squeeze_pool)):
-        if value is not None and not isinstance(value, str):
-            raise TypeError(f"{arg} must be None or a str, one of {list(GLOBAL_GATES)}; got {value!r}")
-        if value is not None and value not in GLOBAL_GATES:
-            hint = _NO_GLOBAL_CONV if value == "conv" else ""
-            raise ValueError(f"{arg}={value!r} is not a global gate{hint}; choose None or one of "
-                             f"{list(GLOBAL_GATES)}")
-    unknown = sorted(set(gate_kwargs) - _GATE_KWARGS)
-    if unknown:
-        raise TypeError(
-            f"convert() got unexpected keyword argument(s) {unknown}; the gate keywords are "
-            f"temperature (gates {list(GATES_WITH_TEMPERATURE)}) and count_include_pad (gate 'avg'). "
-            f"The geometry is copied from each pool and the channels are found by convert"
-        )
-    if "count_include_pad" in gate_kwargs and gate != "avg":
-        raise ValueError(f"count_include_pad applies to gate='avg' only; gate={gate!r}")
-    if "temperature" in gate_kwargs and not {gate, global_pool, squeeze_pool} & set(GATES_WITH_TEMPERATURE):
-        raise ValueError(f"temperature applies to the gates {list(GATES_WITH_TEMPERATURE)}; none of "
-                         f"gate={gate!r}, global_pool={global_pool!r}, squeeze_pool={squeeze_pool!r} has one")
+    include = _check_arguments(model, gate, include, global_pool, squeeze_pool, gate_kwargs)
     gates = {"window": gate, "adaptive": gate, "head": global_pool, "squeeze": squeeze_pool}
 
     traces: dict = {}
@@ -215,33 +185,93 @@ def convert(
         for message in notes:
             warnings.warn(message, stacklevel=2)
         if not sites:
-            for f in reversed(undo):
-                f()
-            if not any(hasattr(m, "_gatepool_origin") for m in model.modules()):
-                warnings.warn(
-                    f"convert found nothing to replace in {type(model).__name__}: no module of the types "
-                    f"{[t.__name__ for t in include]} and no such call in a forward"
-                    + (f" and no global average pool (global_pool={global_pool!r}, squeeze_pool="
-                       f"{squeeze_pool!r})" if global_pool or squeeze_pool else
-                       " (global pools were not asked for: global_pool=None)"),
-                    stacklevel=2,
-                )
+            _undo(undo)
+            _warn_nothing_found(model, include, global_pool, squeeze_pool)
             return model, []
-        inputs = _dry_run(model, sites, example_input) if any(s.needs_channels for s in sites) else {}
-        device, dtype = _placement(model)
-        new_modules = []
-        for site in sites:  # build them all before changing anything: an error leaves the model as it was
-            seen = inputs.get(id(site.module))
-            new = site.build(seen[0] if site.needs_channels else None)
-            at = seen[1] if seen is not None else device
-            new = new.to(device=at, dtype=dtype) if dtype is not None or at is not None else new
-            new.train(site.module.training)
-            new_modules.append(new)
+        new_modules = _build(model, sites, example_input)  # all of them before the model is changed
     except BaseException:
-        for f in reversed(undo):
-            f()
+        _undo(undo)
         raise
+    model, replaced = _install(model, sites, new_modules)
+    if global_pool is not None and callable(getattr(type(model), "reset_classifier", None)):
+        settings = dict(gate=gate, global_pool=global_pool, example_input=_first(example_input),
+                        gate_kwargs={k: v for k, v in gate_kwargs.items() if k == "temperature"})
+        model.reset_classifier = functools.partial(_reset_classifier, model, settings)
+    return model, replaced
 
+
+def _check_arguments(model, gate, include, global_pool, squeeze_pool, gate_kwargs) -> tuple[type, ...]:
+    """Every argument of :func:`convert` checked before anything is touched; the pool classes to replace."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    names, global_gates = gate_table.names(), gate_table.names(global_form=True)
+    with_temperature = gate_table.names(temperature=True)
+    if not isinstance(gate, str):
+        raise TypeError(f"gate must be a str, one of {list(names)}; got {type(gate).__name__}")
+    if gate not in names:
+        raise ValueError(f"gate={gate!r} is unknown; choose one of {list(names)}")
+    include = _check_include(include)
+    for arg, value in (("global_pool", global_pool), ("squeeze_pool", squeeze_pool)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{arg} must be None or a str, one of {list(global_gates)}; got {value!r}")
+        if value is not None and value not in global_gates:
+            hint = gate_table.row(value).no_form_hint("a global window has none") if value in names else ""
+            raise ValueError(f"{arg}={value!r} is not a global gate{hint}; choose None or one of "
+                             f"{list(global_gates)}")
+    unknown = sorted(set(gate_kwargs) - _GATE_KWARGS)
+    if unknown:
+        raise TypeError(
+            f"convert() got unexpected keyword argument(s) {unknown}; the gate keywords are "
+            f"temperature (gates {list(with_temperature)}) and count_include_pad "
+            f"({gate_table.which('count_include_pad').replace('gate=', 'gate ')}). "
+            f"The geometry is copied from each pool and the channels are found by convert"
+        )
+    if "count_include_pad" in gate_kwargs and gate not in gate_table.taking("count_include_pad"):
+        raise ValueError(
+            f"count_include_pad applies to {gate_table.which('count_include_pad')} only; gate={gate!r}"
+        )
+    if "temperature" in gate_kwargs and not {gate, global_pool, squeeze_pool} & set(with_temperature):
+        raise ValueError(f"temperature applies to the gates {list(with_temperature)}; none of "
+                         f"gate={gate!r}, global_pool={global_pool!r}, squeeze_pool={squeeze_pool!r} has one")
+    return include
+
+
+def _undo(steps: list[Callable[[], None]]) -> None:
+    """Put back what :func:`_rewrite_calls` changed, last change first."""
+    for f in reversed(steps):
+        f()
+
+
+def _warn_nothing_found(model: nn.Module, include, global_pool, squeeze_pool) -> None:
+    """The warning for a model with no pool to replace (none unless nothing in it was converted before)."""
+    if not any(hasattr(m, "_gatepool_origin") for m in model.modules()):
+        warnings.warn(
+            f"convert found nothing to replace in {type(model).__name__}: no module of the types "
+            f"{[t.__name__ for t in include]} and no such call in a forward"
+            + (f" and no global average pool (global_pool={global_pool!r}, squeeze_pool="
+               f"{squeeze_pool!r})" if global_pool or squeeze_pool else
+               " (global pools were not asked for: global_pool=None)"),
+            stacklevel=3,  # convert's caller
+        )
+
+
+def _build(model: nn.Module, sites: list[_Site], example_input) -> list[nn.Module]:
+    """Each site's new module, built for its input's channels, on its input's device, in the model's dtype."""
+    inputs = _dry_run(model, sites, example_input) if any(s.needs_channels for s in sites) else {}
+    device, dtype = _placement(model)
+    new_modules = []
+    for site in sites:
+        seen = inputs.get(id(site.module))
+        new = site.build(seen[0] if site.needs_channels else None)
+        at = seen[1] if seen is not None else device
+        new = new.to(device=at, dtype=dtype) if dtype is not None or at is not None else new
+        new.train(site.module.training)
+        new_modules.append(new)
+    return new_modules
+
+
+def _install(model: nn.Module, sites: list[_Site], new_modules: list[nn.Module]):
+    """Each new module at every name of its site, marked with what it replaced: ``(model, replaced)``."""
     replaced = []
     for site, new in zip(sites, new_modules):
         new._gatepool_origin = site.origin  # a plain attribute: not a child, not in the state_dict
@@ -253,10 +283,6 @@ def convert(
             else:
                 parent, _, child = name.rpartition(".")
                 setattr(model.get_submodule(parent) if parent else model, child, new)
-    if global_pool is not None and callable(getattr(type(model), "reset_classifier", None)):
-        settings = dict(gate=gate, global_pool=global_pool, example_input=_first(example_input),
-                        gate_kwargs={k: v for k, v in gate_kwargs.items() if k == "temperature"})
-        model.reset_classifier = functools.partial(_reset_classifier, model, settings)
     return model, replaced
 
 
@@ -317,7 +343,7 @@ def _unwrap(m: nn.Module) -> tuple[nn.Module, Callable[[nn.Module, str], nn.Modu
             inner = nn.MaxPool2d(k, s, 0, m.dilation, ceil_mode=m.ceil_mode)
         else:
             inner = nn.AvgPool2d(k, s, 0, m.ceil_mode, m.count_include_pad, m.divisor_override)
-        return inner, lambda new, gate: PoolSame(new, k, s, SAME_FILL.get(gate))
+        return inner, lambda new, gate: PoolSame(new, k, s, gate_table.row(gate).same_fill)
     if type(m) is AtLeastPool:
         return m.pool, lambda new, gate: AtLeastPool(new, m.size)
     return m, None
@@ -446,7 +472,7 @@ def _find(model, include, gates, gate_kwargs, traces) -> tuple[list[_Site], list
         target = gates[origin.role]
         if target is None:
             continue
-        if origin.role == "adaptive" and target not in ADAPTIVE_GATES:
+        if origin.role == "adaptive" and not gate_table.row(target).adaptive_form:
             no_adaptive.append(name)
             continue
         site = _site(m, name, origin, target, gate_kwargs)
@@ -460,7 +486,7 @@ def _find(model, include, gates, gate_kwargs, traces) -> tuple[list[_Site], list
     if no_adaptive:
         notes.append(f"convert left the adaptive pools {no_adaptive} alone: gate={gates['adaptive']!r} has "
                      f"no adaptive form (adaptive windows vary in size); choose one of "
-                     f"{list(ADAPTIVE_GATES)}")
+                     f"{list(gate_table.names(adaptive_form=True))}")
     return list(sites.values()), notes
 
 
@@ -478,21 +504,21 @@ def _site(m: nn.Module, name: str, origin: _Origin, gate: str, gate_kwargs: dict
     """How to replace ``m`` (whose first form is ``origin.module``) by ``gate``; None if it is there."""
     base, wrap = _unwrap(origin.module)
     kind, d = _kind(base)
-    temp = {k: v for k, v in gate_kwargs.items() if k == "temperature" and gate in GATES_WITH_TEMPERATURE}
+    row = gate_table.row(gate)
+    temp = {k: v for k, v in gate_kwargs.items() if k == "temperature" and row.temperature}
+    needs = row.weights  # built for the width C of its input
     if kind == "window":
-        build, needs = _pool_builder(name, base, gate, gate_kwargs), gate in GATES_WITH_WEIGHTS
+        build = _pool_builder(name, base, gate, gate_kwargs)
     elif kind == "adaptive":
-        needs = gate in ("soft-learned", "attention")
-        if gate in _TORCH_ADAPTIVE:
+        if row.torch:
             def build(c, size=base.output_size):
-                return _TORCH_ADAPTIVE[gate][d](size)
+                return row.torch_module(d, adaptive=True)(size)
         else:
             _ADAPTIVE[d](base.output_size, gate=gate, channels=1 if needs else None, **temp)  # checks, now
 
             def build(c, size=base.output_size):
                 return _ADAPTIVE[d](size, gate=gate, channels=c, **temp)
     else:
-        needs = gate in ("soft-learned", "attention")
         flatten = bool(getattr(base, "flatten", False)) or (type(base) is fp.SpatialMean and not base.keepdim)
         if gate == "avg" and hasattr(m, "_gatepool_origin"):
             def build(c):  # the way back: (a copy of) the module it replaced
@@ -523,31 +549,32 @@ def _same(m: nn.Module, build, needs: bool) -> bool:
 
 def _pool_builder(name: str, m: nn.Module, gate: str, gate_kwargs: dict):
     """A windowed pool: its geometry, checked against the gate now (an error names the module)."""
-    d = _DIM[type(m)]
+    d, row = _DIM[type(m)], gate_table.row(gate)
     kwargs = {"ceil_mode": m.ceil_mode}
     if isinstance(m, nn.modules.pooling._MaxPoolNd):
         if m.dilation not in (1, (1,) * d):
             kwargs["dilation"] = m.dilation
         if m.return_indices:
-            if gate != "max":
+            if "return_indices" not in row.torch_kwargs:
                 raise ValueError(
-                    f"{_label(name)} ({m!r}) returns indices (for nn.MaxUnpool*d), which only gate='max' "
-                    f"gives; gate={gate!r} cannot replace it (leave its type out of include)"
+                    f"{_label(name)} ({m!r}) returns indices (for nn.MaxUnpool*d), which only "
+                    f"{gate_table.which('return_indices')} gives; gate={gate!r} cannot replace it (leave its "
+                    f"type out of include)"
                 )
             kwargs["return_indices"] = True
     else:
-        if gate == "avg":
+        if "count_include_pad" in row.torch_kwargs:
             kwargs["count_include_pad"] = m.count_include_pad
         if getattr(m, "divisor_override", None) is not None:
-            if gate != "avg":
+            if "divisor_override" not in row.torch_kwargs:
                 raise ValueError(f"{_label(name)} ({m!r}) divides by divisor_override="
-                                 f"{m.divisor_override}, which only gate='avg' takes; got gate={gate!r}")
+                                 f"{m.divisor_override}, which only {gate_table.which('divisor_override')} "
+                                 f"takes; got gate={gate!r}")
             kwargs["divisor_override"] = m.divisor_override
     # temperature= is for the gates that have one (the global pools' too); max and avg stay torch's own
-    kwargs.update({k: v for k, v in gate_kwargs.items()
-                   if k != "temperature" or gate in GATES_WITH_TEMPERATURE})  # fmt: skip
+    kwargs.update({k: v for k, v in gate_kwargs.items() if k != "temperature" or row.temperature})
     window = (m.kernel_size, m.stride, m.padding)
-    needs = gate in GATES_WITH_WEIGHTS
+    needs = row.weights
     create_pool(gate, *window, dim=d, channels=1 if needs else None, **kwargs)  # the checks, now
     return lambda c: create_pool(gate, *window, dim=d, channels=c, **kwargs)
 
@@ -562,7 +589,8 @@ def _dry_run(model: nn.Module, sites: list[_Site], example_input) -> dict[int, t
     if example_input is None:
         names = ", ".join(repr(s.names[0]) for s in want[:4]) + (", …" if len(want) > 4 else "")
         raise ValueError(
-            f"the new layers have weights per channel (a gate among {list(GATES_WITH_WEIGHTS)} or "
+            f"the new layers have weights per channel (a gate among {list(gate_table.names(weights=True))} "
+            f"or "
             f"global_pool 'soft-learned'/'attention'): pass example_input= a batch the model accepts, so "
             f"that convert can read each pool's input width C (pools {names})"
         )

@@ -17,37 +17,14 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from gatepool.layers.gated_pool import (
-    GATES,
-    AttentionGatePool1d,
-    AttentionGatePool2d,
-    AttentionGatePool3d,
-    GatedPool1d,
-    GatedPool2d,
-    GatedPool3d,
-    SoftPool1d,
-    SoftPool2d,
-    SoftPool3d,
-)
+from gatepool.layers import gate_table, gated_pool
 from gatepool.layers.windows import IntOrTuple, check_window_args
 from gatepool.utils.checks import check_int
-
-_TORCH = {
-    "max": {1: nn.MaxPool1d, 2: nn.MaxPool2d, 3: nn.MaxPool3d},
-    "avg": {1: nn.AvgPool1d, 2: nn.AvgPool2d, 3: nn.AvgPool3d},
-}
-_TORCH_KWARGS = {  # what torch's own module takes beyond kernel_size, stride, padding
-    "max": {"dilation", "return_indices", "ceil_mode"},
-    "avg": {"ceil_mode", "count_include_pad", "divisor_override"},
-}
-_GATED = {1: GatedPool1d, 2: GatedPool2d, 3: GatedPool3d}
-_SOFT = {1: SoftPool1d, 2: SoftPool2d, 3: SoftPool3d}
-_ATTENTION = {1: AttentionGatePool1d, 2: AttentionGatePool2d, 3: AttentionGatePool3d}
 
 
 def list_pools() -> list[str]:
     """The gate names :func:`create_pool` accepts."""
-    return list(GATES)
+    return list(gate_table.names())
 
 
 def create_pool(
@@ -65,18 +42,14 @@ def create_pool(
     ``kwargs`` go to the layer: ``dilation``, ``ceil_mode``, ``return_indices`` (max),
     ``count_include_pad`` (avg), ``temperature`` (soft, soft-learned, attention), ``return_weights``.
     """
-    if not isinstance(gate, str) or gate not in GATES:
-        raise ValueError(f"pool name {gate!r} is unknown; choose one of {list(GATES)}")
-    if isinstance(dim, bool) or dim not in _GATED:
+    if not isinstance(gate, str) or gate not in gate_table.names():
+        raise ValueError(f"pool name {gate!r} is unknown; choose one of {list(gate_table.names())}")
+    if isinstance(dim, bool) or dim not in (1, 2, 3):
         raise ValueError(f"dim must be 1, 2 or 3 (spatial dimensions), got {dim!r}")
     check_window_args(kernel_size, stride, padding, kwargs.get("dilation", 1), dim)  # errors now, not later
     check_int(channels, "channels", optional=True)  # None: max, avg and soft need none
-    dilated = kwargs.get("dilation", 1) not in (1, (1,) * dim)
-    if gate in _TORCH and set(kwargs) <= _TORCH_KWARGS[gate] and not (gate == "avg" and dilated):
-        return _TORCH[gate][dim](kernel_size, stride, padding, **kwargs)
-    window = (kernel_size, stride, padding)
-    if gate in ("soft", "soft-learned"):
-        return _SOFT[dim](*window, learn_temperature=gate == "soft-learned", channels=channels, **kwargs)
-    if gate == "attention":
-        return _ATTENTION[dim](*window, channels=channels, **kwargs)
-    return _GATED[dim](*window, gate=gate, channels=channels, **kwargs)
+    row = gate_table.row(gate)
+    if row.torch and set(kwargs) <= row.torch_kwargs:  # torch's module takes them all (avg: no dilation)
+        return row.torch_module(dim)(kernel_size, stride, padding, **kwargs)
+    layer = getattr(gated_pool, f"{row.layer}{dim}d")  # GatedPool2d, SoftPool2d, AttentionGatePool2d
+    return layer._create(gate, kernel_size, stride, padding, channels=channels, **kwargs)

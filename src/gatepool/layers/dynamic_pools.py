@@ -33,12 +33,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gatepool.layers.gated_pool import TORCH_GATES, GatedPoolNd
+from gatepool.layers import gate_table
+from gatepool.layers.gated_pool import GatedPoolNd
 from gatepool.layers.windows import PoolGeometry, _out_len
 
 __all__ = ["SAME_FILL", "AtLeastPool", "PoolSame", "same_padding"]
 
-SAME_FILL = {"max": float("-inf"), "avg": 0.0}  # torch's pools: the value timm pads with
+# {"max": -inf, "avg": 0.0}: the value torch's pools pad with for timm's "SAME" padding
+SAME_FILL = {g.name: g.same_fill for g in gate_table.TABLE.values() if g.same_fill is not None}
 
 
 def same_padding(size: int, kernel_size: int, stride: int) -> tuple[int, int]:
@@ -97,7 +99,7 @@ class PoolSame(nn.Module):
 
 def _gated(pool: nn.Module) -> bool:
     """A gated pool whose gate pads by a rule no fill value gives (not torch's "max" / "avg")."""
-    return isinstance(pool, GatedPoolNd) and pool.gate not in TORCH_GATES
+    return isinstance(pool, GatedPoolNd) and gate_table.row(pool.gate).same_fill is None
 
 
 def _pool_padded(pool: GatedPoolNd, x: torch.Tensor, pads: list[tuple[int, int]]) -> torch.Tensor:

@@ -23,13 +23,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gatepool.layers import gate_table
 from gatepool.layers.windows import check_temperature
 from gatepool.utils.checks import check_int
 
 __all__ = ["GATES_WITH_TEMPERATURE", "GATES_WITH_WEIGHTS", "GateParameters"]
 
-GATES_WITH_WEIGHTS = ("soft-learned", "attention", "conv")
-GATES_WITH_TEMPERATURE = ("soft", "soft-learned", "attention")
+GATES_WITH_WEIGHTS = gate_table.names(weights=True)  # ("soft-learned", "attention", "conv")
+GATES_WITH_TEMPERATURE = gate_table.names(temperature=True)  # ("soft", "soft-learned", "attention")
 _CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
 _CONV_FN = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
@@ -43,42 +44,44 @@ class GateParameters(nn.Module):
         self, gate: str, channels: int | None, temperature: float, kernel_size: tuple[int, ...] = ()
     ) -> None:
         """Check ``channels`` and ``temperature`` for ``gate``, then make its parameters."""
+        row = gate_table.row(gate)
         check_int(channels, "channels", optional=True)  # None: the gates without weights need none
-        if gate in GATES_WITH_WEIGHTS and channels is None:
+        if row.weights and channels is None:
             raise ValueError(f"gate={gate!r} has weights: pass channels=C (an int ≥ 1)")
         check_temperature(temperature)
-        if gate not in GATES_WITH_TEMPERATURE and temperature != 1.0:
+        if not row.temperature and temperature != 1.0:
             raise ValueError(
-                f"temperature applies to the gates {list(GATES_WITH_TEMPERATURE)} only; gate={gate!r} has no "
-                f"temperature: it needs temperature=1.0, got {temperature}"
+                f"temperature applies to the gates {list(gate_table.names(temperature=True))} only; "
+                f"gate={gate!r} has no temperature: it needs temperature=1.0, got {temperature}"
             )
         d = self.dim
         self.gate = gate
         self.channels = channels
         self.fixed_temperature = float(temperature)
-        if gate == "soft-learned":
+        if row.learned_temperature:
             self.log_temperature = nn.Parameter(torch.full((channels,), math.log(temperature)))  # log τ_c
-        elif gate == "attention":
+        elif row.scored:
             self.score = _CONV[d](channels, 1, 1, bias=False)  # s_j = x_j · w
             self.value = _CONV[d](channels, channels, 1, bias=False)  # v_j = V x_j
             nn.init.normal_(self.score.weight, 0.0, channels**-0.5)  # w ~ N(0, 1/C): Var(s) = Var(x)
             with torch.no_grad():
                 self.value.weight.copy_(torch.eye(channels).view(channels, channels, *([1] * d)))  # V = I
-        elif gate == "conv":
+        elif row.positional:
             k = math.prod(kernel_size)
             self.mixing = nn.Parameter(torch.full((channels, 1, *kernel_size), 1.0 / k))  # avg at init
 
     @property
     def temperature(self) -> torch.Tensor | float:
         """τ: the per-channel tensor ``exp(log τ)`` of shape (C,) for "soft-learned", else the float."""
-        if self.gate == "soft-learned":
+        if gate_table.row(self.gate).learned_temperature:
             return self.log_temperature.exp()
         return self.fixed_temperature
 
     def gate_repr(self) -> str:
         """``", channels=C"`` and a τ other than 1 of the fixed-τ gates, for ``extra_repr``."""
         s = f", channels={self.channels}" if self.channels is not None else ""
-        if self.gate in ("soft", "attention") and self.fixed_temperature != 1.0:
+        row = gate_table.row(self.gate)
+        if row.temperature and not row.learned_temperature and self.fixed_temperature != 1.0:
             s += f", temperature={self.fixed_temperature}"
         return s
 

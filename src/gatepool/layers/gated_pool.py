@@ -21,6 +21,8 @@ w ~ N(0, 1/C), so at init it is soft pooling with a random score (it is not
 :class:`gatepool.layers.attention_pool`'s learned-query pooling).
 "conv" is a depthwise conv with stride s and dilation d: its gates are its weights, the same for every
 input; it starts at w = 1/K, i.e. as average pooling, and is free to learn any position weights.
+What each gate is and has is its row in :mod:`gatepool.layers.gate_table`, which also names the method
+here that pools its windows (``_max``, ``_avg``, ``_soft``, ``_attention``, ``_conv``).
 
 The arguments are torch's, in torch's order: ``GatedPool2d(3, 2, 1)`` pools as ``nn.MaxPool2d(3, 2, 1)``
 does, and the gate is a keyword. "max" and "avg" run torch's own kernels (``F.max_pool*d``,
@@ -49,7 +51,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from gatepool.layers import fused_pool
+from gatepool.layers import fused_pool, gate_table
 from gatepool.layers.gate_parameters import GATES_WITH_TEMPERATURE, GATES_WITH_WEIGHTS, GateParameters
 from gatepool.layers.soft_pool import soft_pool_windows
 from gatepool.layers.windows import (
@@ -65,8 +67,8 @@ from gatepool.layers.windows import (
     window_mask,
 )
 
-GATES = ("max", "avg", "soft", "soft-learned", "attention", "conv")
-TORCH_GATES = ("max", "avg")  # torch's own kernels, in the input's dtype
+GATES = gate_table.names()  # ("max", "avg", "soft", "soft-learned", "attention", "conv")
+TORCH_GATES = tuple(n for n in GATES if gate_table.row(n).torch)  # ("max", "avg"): torch's kernels
 
 __all__ = [
     "GATES",
@@ -125,14 +127,17 @@ class GatedPoolNd(GateParameters):
         return_weights: bool = False,
     ) -> None:
         super().__init__()
-        if gate not in GATES:
-            raise ValueError(f"gate={gate!r} is unknown; choose one of {list(GATES)}")
-        if return_indices and gate != "max":
-            raise ValueError(f"return_indices applies to gate='max' only; got gate={gate!r}")
-        if not count_include_pad and gate != "avg":
+        if gate not in gate_table.names():
+            raise ValueError(f"gate={gate!r} is unknown; choose one of {list(gate_table.names())}")
+        takes = gate_table.row(gate).torch_kwargs  # torch's gates take torch's options
+        if return_indices and "return_indices" not in takes:
             raise ValueError(
-                f"count_include_pad applies to gate='avg' only (the soft family always gives padded taps "
-                f"gate 0); gate={gate!r} needs count_include_pad=True"
+                f"return_indices applies to {gate_table.which('return_indices')} only; got gate={gate!r}"
+            )
+        if not count_include_pad and "count_include_pad" not in takes:
+            raise ValueError(
+                f"count_include_pad applies to {gate_table.which('count_include_pad')} only (the soft family "
+                f"always gives padded taps gate 0); gate={gate!r} needs count_include_pad=True"
             )
         self.kernel_size, self.stride, self.padding, self.dilation = check_window_args(
             kernel_size, stride, padding, dilation, self.dim
@@ -142,6 +147,11 @@ class GatedPoolNd(GateParameters):
         self.ceil_mode = bool(ceil_mode)
         self.count_include_pad = bool(count_include_pad)
         self.return_weights = bool(return_weights)
+
+    @classmethod
+    def _create(cls, gate: str, kernel_size, stride, padding, *, channels: int | None, **kwargs):
+        """``create_pool``'s call of this class for ``gate`` (its row's ``layer``)."""
+        return cls(kernel_size, stride, padding, gate=gate, channels=channels, **kwargs)
 
     def extra_repr(self) -> str:
         s = f"gate={self.gate!r}, kernel_size={self.kernel_size}, stride={self.stride}"
@@ -171,8 +181,9 @@ class GatedPoolNd(GateParameters):
                 f"input has {input.shape[-d - 1]} channels; this pool was built for channels={self.channels}"
             )
         xb = input if geo.batched else input.unsqueeze(0)  # (N, C, *spatial)
-        x = xb if self.gate in TORCH_GATES else xb.to(compute_dtype(input.dtype))
-        out, indices, weights = getattr(self, "_" + self.gate.replace("-", "_"))(x, geo)
+        row = gate_table.row(self.gate)
+        x = xb if row.torch else xb.to(compute_dtype(input.dtype))
+        out, indices, weights = getattr(self, row.function)(x, geo)  # the gate's own function
         out = like_input_format(out, xb).to(input.dtype)
         results = [out]
         if self.return_indices:
@@ -183,8 +194,9 @@ class GatedPoolNd(GateParameters):
             results = [r.squeeze(0) for r in results]
         return results[0] if len(results) == 1 else tuple(results)
 
-    # Each gate: (N, C, *spatial) -> out (N, C, *out), torch's indices or None, and the weights
-    # (broadcastable to (N, C, *out, K)) when self.return_weights, else None.
+    # Each gate's function (its row in gatepool.layers.gates names it): (N, C, *spatial) -> out (N, C, *out),
+    # torch's indices or None, and the weights (broadcastable to (N, C, *out, K)) when self.return_weights,
+    # else None.
 
     def _max(self, x: torch.Tensor, geo: PoolGeometry):
         need_indices = self.return_indices or self.return_weights
@@ -222,8 +234,6 @@ class GatedPoolNd(GateParameters):
         tau = tau.to(x.dtype) if isinstance(tau, torch.Tensor) else tau
         out, weights = soft_pool_windows(x, geo, tau, self.return_weights)
         return out, None, weights
-
-    _soft_learned = _soft
 
     def _attention(self, x: torch.Tensor, geo: PoolGeometry):
         if not self.return_weights and fused_pool.usable(x):  # one pass: the scores w · x_j, softmax, sum
@@ -314,6 +324,11 @@ class SoftPoolNd(GatedPoolNd):
             channels=channels, temperature=temperature, return_weights=return_weights,
         )
 
+    @classmethod
+    def _create(cls, gate: str, kernel_size, stride, padding, *, channels: int | None, **kwargs):
+        learned = gate_table.row(gate).learned_temperature
+        return cls(kernel_size, stride, padding, learn_temperature=learned, channels=channels, **kwargs)
+
 
 class SoftPool1d(SoftPoolNd, GatedPool1d):
     """Soft pooling over ``(N, C, L)`` or ``(C, L)``; see :class:`SoftPoolNd`."""
@@ -351,6 +366,10 @@ class AttentionGatePoolNd(GatedPoolNd):
             kernel_size, stride, padding, dilation, False, ceil_mode,
             gate="attention", channels=channels, temperature=temperature, return_weights=return_weights,
         )
+
+    @classmethod
+    def _create(cls, gate: str, kernel_size, stride, padding, *, channels: int | None, **kwargs):
+        return cls(kernel_size, stride, padding, channels=channels, **kwargs)
 
 
 class AttentionGatePool1d(AttentionGatePoolNd, GatedPool1d):

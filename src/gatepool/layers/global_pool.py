@@ -27,12 +27,10 @@ in the input's dtype (so "avg" equals the global average pool it replaces, bit f
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from gatepool.layers import fused_pool
+from gatepool.layers import fused_pool, gate_table
 from gatepool.layers.gate_parameters import GateParameters
-from gatepool.layers.gated_pool import GATES
-from gatepool.layers.soft_pool import soft_pool_windows
+from gatepool.layers.gated_pool import GatedPoolNd
 from gatepool.layers.windows import (
     compute_dtype,
     pool_geometry,
@@ -40,14 +38,9 @@ from gatepool.layers.windows import (
     softmax_pool_unfold,
 )
 
-GLOBAL_GATES = tuple(g for g in GATES if g != "conv")  # "conv" sets its gates by position in a fixed window
+GLOBAL_GATES = gate_table.names(global_form=True)  # not "conv": it sets its gates by position in a window
 
 __all__ = ["GLOBAL_GATES", "GlobalGatedPool1d", "GlobalGatedPool2d", "GlobalGatedPool3d", "GlobalGatedPoolNd"]
-
-_TORCH = {
-    "max": {1: F.adaptive_max_pool1d, 2: F.adaptive_max_pool2d, 3: F.adaptive_max_pool3d},
-    "avg": {1: F.adaptive_avg_pool1d, 2: F.adaptive_avg_pool2d, 3: F.adaptive_avg_pool3d},
-}
 
 
 class GlobalGatedPoolNd(GateParameters):
@@ -61,6 +54,7 @@ class GlobalGatedPoolNd(GateParameters):
     """
 
     dim: int = 2
+    return_weights = False  # read by the windowed gate functions: a global pool returns its output only
 
     def __init__(
         self,
@@ -71,9 +65,11 @@ class GlobalGatedPoolNd(GateParameters):
         flatten: bool = False,
     ) -> None:
         super().__init__()
-        if gate not in GLOBAL_GATES:
-            hint = " ('conv' weighs fixed window positions; a global window has none)" * (gate == "conv")
-            raise ValueError(f"gate={gate!r} has no global form{hint}; choose one of {list(GLOBAL_GATES)}")
+        if gate not in gate_table.names(global_form=True):
+            known = gate in gate_table.names()
+            hint = gate_table.row(gate).no_form_hint("a global window has none") if known else ""
+            raise ValueError(f"gate={gate!r} has no global form{hint}; choose one of "
+                             f"{list(gate_table.names(global_form=True))}")
         self.init_gate(gate, channels, temperature)
         self.flatten = bool(flatten)
 
@@ -95,29 +91,30 @@ class GlobalGatedPoolNd(GateParameters):
         n, c = xb.shape[:2]
         if self.channels is not None and c != self.channels:
             raise ValueError(f"input has {c} channels; this pool was built for channels={self.channels}")
-        if self.gate in ("max", "avg"):  # torch's own, in the input's dtype: (N, C, 1, …, 1)
-            out = _TORCH[self.gate][d](xb, 1)
+        row = gate_table.row(self.gate)
+        if row.torch:  # torch's own, in the input's dtype: (N, C, 1, …, 1)
+            out = row.torch_function(d, adaptive=True)(xb, 1)
             out = out.view(n, c) if self.flatten else out
             return out if batched else out.squeeze(0)
         x = xb.to(compute_dtype(xb.dtype))
-        scores = self.scores(x).flatten(2) if self.gate == "attention" else None  # (N, 1, L)
+        scores = self.scores(x).flatten(2) if row.scored else None  # (N, 1, L)
         values = x.flatten(2)  # (N, C, L): the whole map is one window
         length = values.shape[-1]
         geo = pool_geometry(values, 1, length)  # one window of L taps, out (N, C, 1)
-        tau = self.fixed_temperature if self.gate == "attention" else self.temperature  # float or (C,)
+        tau = self.fixed_temperature if row.scored else self.temperature  # float or (C,)
         tau = tau.to(values.dtype) if isinstance(tau, torch.Tensor) else tau
-        if values.device.type != "cpu":
+        if values.device.type != "cpu" and row.softmax:
             # Off the CPU, one softmax over the L taps: the windowed GPU kernel unrolls its taps at compile
             # time and gathers over them in the backward, which a window of thousands of taps must not do.
             out = one_window(values, scores, tau)
-        elif self.gate == "attention":
+        elif row.scored:
             if fused_pool.usable(values):
                 out = fused_pool.softmax_pool(values, scores, tau, geo)
             else:
                 out = softmax_pool_unfold(values, scale_scores(scores, tau), geo)[0]
-        else:
-            out = soft_pool_windows(values, geo, tau)[0]
-        if self.gate == "attention":
+        else:  # the gate's windowed function over the one window ("soft": soft_pool_windows)
+            out = getattr(GatedPoolNd, row.function)(self, values, geo)[0]
+        if row.scored:
             out = self.project(out)  # V · Σ_j g_j x_j = Σ_j g_j V x_j: C×C once, not at every position
         # (N, C, 1); a copy: the fused op's output may be a view made inside its autograd Function, and a
         # block that changes our output in place (EfficientNet's head: an in-place dropout) must be able to

@@ -52,14 +52,12 @@ Three ways to compute, side by side (``soft_pool_windows`` picks):
     is the identity above (no autograd graph), written straight into the input's layout. channels_last
     in, channels_last out. It assumes finite windows: when its output is not finite everywhere (one
     check, a host sync on GPU) the plain path recomputes it. Double backward (``create_graph=True``)
-    goes through the plain path's autograd graph (so does the fused kernel's). It earns its place
-    beside the plain path where no kernel runs (no compiler, ``GATEPOOL_KERNELS=0``, or CUDA without
-    triton): forward + backward 8.0× (NCHW) and 9.5× (channels_last) faster than the plain path at
-    (256, 32, 28, 28), k = s = 2, and 9.9× / 11.1× at (64, 64, 56, 56) (2026-12-02, the 2-core Xeon
-    with AVX-512, torch 2.13.0+cpu, one thread, seed 0, τ = 1; the CPU time of the thread, best of 4,
-    beside other jobs; a τ per channel: 8.9–15×).
+    goes through the plain path's autograd graph (so does the fused kernel's). It is there for the
+    machines where no kernel runs (no compiler, ``GATEPOOL_KERNELS=0``, or CUDA without triton): dense
+    elementwise ops over K tensors instead of a softmax over unfolded windows, several times faster
+    than the plain path forward + backward (docs/benchmarks.md).
 
-``gatepool bench pool`` measures all three against torch's max pool; docs/benchmarks.md has the table.
+``gatepool bench pool`` measures all three against torch's max pool; docs/benchmarks.md has the tables.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ backward, with G = ∂L/∂out (the closed form, no autograd):
 The max is subtracted before exp, so every finite input gives a finite output. float16/bfloat16 are read
 and written in their dtype and computed in float32 (float64 in float64); ``stats`` is in that compute
 dtype. Their backward runs the forward once more for out in float32 instead of reading the rounded out:
-∂L/∂a sums terms g_j (v_j − out) s_j G that cancel, and out's rounding alone put ∂τ up to 29× the dtype's
-bound off (bf16, attention gate).
+∂L/∂a sums terms g_j (v_j − out) s_j G that cancel, so out rounded to the half dtype would carry its
+rounding error into ∂τ many times over.
 Non-finite windows take the plain path's limits (``windows.window_softmax``): a NaN makes its
 window NaN; a top score of ±inf shares the gate among the taps at the top (and gives no score or τ
 gradient); a tap of −inf beside finite ones gets gate 0 (and adds nothing: not 0 · inf); a window with no
@@ -68,8 +68,8 @@ tl = _Language  # triton.language once loaded; the kernels' bodies name it as a 
 
 _TILE = 1024  # elements of one program's (positions × channels) block
 # Every launch's options. enable_fp_fusion=False: each product rounded before it is added, as in the C
-# kernel and the interpreter. With Triton's default (fused multiply-adds) an H200 (triton 3.6, 2026-12-04)
-# put ∂L/∂v of ±1e4 inputs up to 5.7× past test_large_inputs_stay_finite's bound; unfused, within it.
+# kernel and the interpreter, so the GPU's gradients of large inputs stay within the bounds the tests hold
+# the C kernel to (fused multiply-adds do not: docs/benchmarks.md, the H200 run).
 _LAUNCH = {"num_warps": 4, "enable_fp_fusion": False}
 
 
