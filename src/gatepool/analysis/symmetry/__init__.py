@@ -22,7 +22,8 @@ and returns a :class:`SymmetryReport`. The groups of the course's Project 2, one
     group.py         Group, Invariant (a part that does not move)
 
 and beside them :func:`conservation_check` (``conservation.py``): integrate a learned vector field (RK4 or
-leapfrog, fixed step) and report the drift of a quantity along the trajectory.
+leapfrog, fixed step) and report the drift of a quantity along the trajectory. Worked examples, one small
+network per entry of the course's list with a baseline that fails, are in ``examples/``.
 """
 
 from __future__ import annotations
