@@ -204,6 +204,12 @@ def test_check_symmetry_arguments():
     d = check_symmetry(lambda x: {"sum": x.sum(1), "x": x}, x, Permutations(5), Permuted(1),
                        {"sum": Invariant(), "x": Permuted(1)})
     assert d.ok and {r.part for r in d.rows} == {"sum", "x"}
+    pair = lambda x: (x.sum(1), x)  # noqa: E731
+    two = (Invariant(), Permuted(1))
+    named = check_symmetry(pair, x, Permutations(5), Permuted(1), two, parts=("sum", "x"))
+    assert [r.part for r in named.rows[:2]] == ["sum", "x"] and named.max_abs(part="x") == 0.0
+    with pytest.raises(ValueError, match="parts"):
+        check_symmetry(pair, x, Permutations(5), Permuted(1), two, parts=("sum",))
     with pytest.raises(ValueError, match="no rows"):
         d.max_abs(part="output")
 

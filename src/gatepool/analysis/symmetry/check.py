@@ -119,7 +119,7 @@ def _as_tuple(x: Any) -> tuple:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
-def _parts(y: Any, out_rules: Any) -> list[tuple[str, torch.Tensor, Rule | None]]:
+def _parts(y: Any, out_rules: Any, names: Sequence[str] | None) -> list[tuple[str, torch.Tensor, Rule]]:
     """[(name, tensor, rule)] for every output part that has a rule."""
     if isinstance(out_rules, Mapping):
         if not isinstance(y, Mapping):
@@ -132,7 +132,10 @@ def _parts(y: Any, out_rules: Any) -> list[tuple[str, torch.Tensor, Rule | None]
         ys, rules = _as_tuple(y), _as_tuple(out_rules)
         if len(ys) != len(rules):
             raise ValueError(f"fn returned {len(ys)} parts, out_rules has {len(rules)} (None skips a part)")
-        names = [f"output {k}" if len(ys) > 1 else "output" for k in range(len(ys))]
+        if names is None:
+            names = [f"output {k}" if len(ys) > 1 else "output" for k in range(len(ys))]
+        elif len(names) != len(ys):
+            raise ValueError(f"parts names {len(names)} parts, fn returned {len(ys)}")
         items = list(zip(names, ys, rules))
     for name, t, rule in items:
         if rule is not None and not isinstance(t, torch.Tensor):
@@ -178,6 +181,7 @@ def check_symmetry(
     dtypes: Sequence[torch.dtype] | None = (torch.float32, torch.float64),
     atol: float | Mapping[torch.dtype, float] | None = None,
     name: str | None = None,
+    parts: Sequence[str] | None = None,
 ) -> SymmetryReport:
     """Compare ``f(g·x)`` with ``g·f(x)`` for elements g of ``group``, part by part, in every dtype.
 
@@ -196,6 +200,7 @@ def check_symmetry(
         dtypes: the dtypes to run in; None keeps the inputs' and ``fn``'s own.
         atol: the tolerance instead of ``default_tolerance`` (one float, or one per dtype).
         name: the report's title (default: fn's class name).
+        parts: names for the parts of a tuple output, for the report (default "output 0", "output 1", ...).
 
     Returns:
         A :class:`SymmetryReport`; ``report.ok``, ``print(report)``, ``report.assert_ok()``.
@@ -218,12 +223,12 @@ def check_symmetry(
         x = [_cast_input(t, dtype) for t in xs]
         with torch.no_grad():
             y = f(*x)
-        parts = _parts(y, out_rules)
+        compared = _parts(y, out_rules, parts)
         for g in elements:
             moved_in = [rule(g, t) for rule, t in zip(rules, x)]
             with torch.no_grad():
-                moved = {n: t for n, t, _ in _parts(f(*moved_in), out_rules)}
-            for part, t, rule in parts:
+                moved = {n: t for n, t, _ in _parts(f(*moved_in), out_rules, parts)}
+            for part, t, rule in compared:
                 expected = rule(g, t)
                 err, rel = _compare(moved[part], expected)
                 if atol is None:

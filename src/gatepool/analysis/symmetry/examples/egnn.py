@@ -69,9 +69,9 @@ def reports(seed: int = 0) -> tuple[list[SymmetryReport], list[SymmetryReport]]:
     n = 6
     h, x = torch.randn(2, n, 4), torch.randn(2, n, 3)
     both = (Invariant(), Positions())  # features do not move, positions turn and move
-    euclid = dict(group=E3(), in_rules=both, out_rules=both, seed=seed)
+    euclid = dict(group=E3(), in_rules=both, out_rules=both, seed=seed, parts=("h", "x"))
     nodes = (Permuted(1), Permuted(1))
-    perm = dict(group=Permutations(n), in_rules=nodes, out_rules=nodes, seed=seed)
+    perm = dict(group=Permutations(n), in_rules=nodes, out_rules=nodes, seed=seed, parts=("h", "x"))
     model = EGNN()
     return ([check_symmetry(model, (h, x), **euclid), check_symmetry(model, (h, x), **perm)],
             [check_symmetry(EGNN(raw_coordinates=True), (h, x), **euclid, name="edges read raw coordinates")])

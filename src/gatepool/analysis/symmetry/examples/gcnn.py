@@ -70,8 +70,10 @@ def reports(seed: int = 0) -> tuple[list[SymmetryReport], list[SymmetryReport]]:
     """The network's reports (they pass) and the baseline's (they fail)."""
     torch.manual_seed(seed)
     x = torch.randn(2, 1, 9, 9)
-    return ([check_symmetry(GCNN(), x, P4M(), Image(), (Invariant(), GroupImage()), seed=seed)],
-            [check_symmetry(CNN(), x, P4M(), Image(), (Invariant(), Image()), seed=seed, name="plain CNN")])
+    parts = ("scores", "feature map")
+    return ([check_symmetry(GCNN(), x, P4M(), Image(), (Invariant(), GroupImage()), seed=seed, parts=parts)],
+            [check_symmetry(CNN(), x, P4M(), Image(), (Invariant(), Image()), seed=seed, parts=parts,
+                            name="plain CNN")])
 
 
 if __name__ == "__main__":

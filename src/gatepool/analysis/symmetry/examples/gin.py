@@ -51,7 +51,7 @@ def reports(seed: int = 0) -> tuple[list[SymmetryReport], list[SymmetryReport]]:
     upper = (torch.rand(3, n, n) < 0.3).float().triu(1)
     adj = upper + upper.transpose(1, 2)  # undirected, no self-loops
     test = dict(group=Permutations(n), in_rules=(Permuted(1), Permuted((1, 2))),
-                out_rules=(Invariant(), Permuted(1)), seed=seed)
+                out_rules=(Invariant(), Permuted(1)), seed=seed, parts=("graph", "nodes"))
     return ([check_symmetry(GIN(), (h, adj), **test)],
             [check_symmetry(GIN(n_ids=n), (h, adj), **test, name="GIN with node-index features")])
 

@@ -78,10 +78,11 @@ def reports(seed: int = 0) -> tuple[list[SymmetryReport], list[SymmetryReport]]:
     torch.manual_seed(seed)
     n = 6
     z, x = torch.randint(0, 5, (2, n)), 1.5 * torch.randn(2, n, 3)
+    # types do not move, positions turn and move; the energy stays, the forces turn
     euclid = dict(group=E3(), in_rules=(Invariant(), Positions()), out_rules=(Invariant(), Vectors()),
-                  seed=seed)  # types do not move, positions turn and move; the energy stays, forces turn
+                  seed=seed, parts=("energy", "forces"))
     perm = dict(group=Permutations(n), in_rules=(Permuted(1), Permuted(1)),
-                out_rules=(Invariant(), Permuted(1)), seed=seed)
+                out_rules=(Invariant(), Permuted(1)), seed=seed, parts=("energy", "forces"))
     model = SchNet()
     return ([check_symmetry(model, (z, x), **euclid), check_symmetry(model, (z, x), **perm)],
             [check_symmetry(RawCoordinates(), (z, x), **euclid, name="MLP on raw coordinates")])

@@ -55,7 +55,8 @@ def reports(seed: int = 0) -> tuple[list[SymmetryReport], list[SymmetryReport]]:
     torch.manual_seed(seed)
     n = 10
     x = torch.randn(4, n, 3)
-    test = dict(group=Permutations(n), in_rules=Permuted(1), out_rules=(Invariant(), Permuted(1)), seed=seed)
+    test = dict(group=Permutations(n), in_rules=Permuted(1), out_rules=(Invariant(), Permuted(1)), seed=seed,
+                parts=("pooled", "encoded set"))
     return ([check_symmetry(SetTransformer(), x, **test)],
             [check_symmetry(SetTransformer(n_positions=n), x, **test, name="with positional embedding")])
 

@@ -69,7 +69,7 @@ def reports(seed: int = 0) -> tuple[list[SymmetryReport], list[SymmetryReport]]:
     points = octahedral_grid()  # 74 points
     f = torch.randn(2, 1, len(points))
     test = dict(group=Octahedral(), in_rules=SphereSignal(points),
-                out_rules=(Invariant(), SphereSignal(points)), seed=seed)
+                out_rules=(Invariant(), SphereSignal(points)), seed=seed, parts=("scores", "feature map"))
     return ([check_symmetry(SphericalCNN(points), f, **test)],
             [check_symmetry(PointMLP(points), f, **test, name="MLP reading the coordinates")])
 
