@@ -146,6 +146,11 @@ def _parts(y: Any, out_rules: Any, names: Sequence[str] | None) -> list[tuple[st
     return [(n, t, r) for n, t, r in items if r is not None]
 
 
+def _name(fn: Callable) -> str:
+    """A module's class name, a function's own name."""
+    return type(fn).__name__ if isinstance(fn, nn.Module) else getattr(fn, "__name__", type(fn).__name__)
+
+
 def _cast(fn: Callable, dtype: torch.dtype | None) -> Callable:
     if dtype is None or not isinstance(fn, nn.Module):
         return fn
@@ -199,7 +204,7 @@ def check_symmetry(
         seed: seeds the elements drawn; the same seed gives the same elements in every dtype.
         dtypes: the dtypes to run in; None keeps the inputs' and ``fn``'s own.
         atol: the tolerance instead of ``default_tolerance`` (one float, or one per dtype).
-        name: the report's title (default: fn's class name).
+        name: the report's title (default: a module's class name, a function's name).
         parts: names for the parts of a tuple output, for the report (default "output 0", "output 1", ...).
 
     Returns:
@@ -238,4 +243,4 @@ def check_symmetry(
                     tol = atol[dtype] if isinstance(atol, Mapping) else float(atol)
                 dname = str(dtype or expected.dtype).removeprefix("torch.")
                 rows.append(Row(dname, repr(g), part, err, rel, tol))
-    return SymmetryReport(name or type(fn).__name__, repr(group), tuple(rows))
+    return SymmetryReport(name or _name(fn), repr(group), tuple(rows))

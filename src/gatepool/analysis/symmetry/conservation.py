@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .check import _cast, _cast_input
+from .check import _cast, _cast_input, _name
 
 METHODS = ("rk4", "leapfrog", "euler")
 
@@ -139,4 +139,4 @@ def conservation_check(
         (d, q0), (d_half, _) = drifts
         dname = str(dtype or x0.dtype).removeprefix("torch.")
         rows.append(DriftRow(dname, d, d / q0 if q0 > 0 else d, d_half))
-    return ConservationReport(name or type(field).__name__, method, dt, steps, tuple(rows), rtol)
+    return ConservationReport(name or _name(field), method, dt, steps, tuple(rows), rtol)
