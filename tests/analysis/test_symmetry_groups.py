@@ -199,6 +199,11 @@ def test_check_symmetry_arguments():
         check_symmetry(f, x, P4M(), Permuted(1), Invariant())
     with pytest.raises(ValueError, match="trials"):
         check_symmetry(f, x, Permutations(5), Permuted(1), Invariant(), trials=0)
+    linear = torch.nn.Linear(5, 2)  # float32 weights inside a lambda: float64 inputs cannot reach them
+    with pytest.raises(RuntimeError, match="pass the module itself"):
+        check_symmetry(lambda x: linear(x), x, Permutations(5), Permuted(1), Invariant())
+    with pytest.raises(ValueError, match="nothing would be compared"):
+        check_symmetry(linear, x, Permutations(5), Permuted(1), None)
     r = check_symmetry(f, x, Permutations(5), Permuted(1), Invariant(), dtypes=None, atol=0.0, trials=3)
     assert len(r.rows) == 3 and r.rows[0].dtype == "float32"
     d = check_symmetry(lambda x: {"sum": x.sum(1), "x": x}, x, Permutations(5), Permuted(1),

@@ -143,7 +143,11 @@ def _parts(y: Any, out_rules: Any, names: Sequence[str] | None) -> list[tuple[st
         if rule is not None and not callable(rule):
             raise TypeError(f"the rule of {name} must be callable (g, x) -> tensor, "
                             f"got {type(rule).__name__}")
-    return [(n, t, r) for n, t, r in items if r is not None]
+    kept = [(n, t, r) for n, t, r in items if r is not None]
+    if not kept:
+        raise ValueError("every out_rule is None: nothing would be compared (Invariant() for a part that "
+                         "does not move)")
+    return kept
 
 
 def _name(fn: Callable) -> str:
@@ -161,6 +165,17 @@ def _cast_input(x: Any, dtype: torch.dtype | None) -> Any:
     if dtype is not None and isinstance(x, torch.Tensor) and x.is_floating_point():
         return x.to(dtype)
     return x
+
+
+def _call(f: Callable, x: list, dtype: torch.dtype | None) -> Any:
+    try:
+        with torch.no_grad():
+            return f(*x)
+    except RuntimeError as e:
+        if dtype is None or isinstance(f, nn.Module):
+            raise
+        raise RuntimeError(f"fn failed on {dtype} inputs ({e}); a function that closes over a module "
+                           "cannot be cast: pass the module itself, or dtypes=None") from e
 
 
 def _compare(moved: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
@@ -226,13 +241,11 @@ def check_symmetry(
     for dtype in (None,) if dtypes is None else tuple(dtypes):
         f = _cast(fn, dtype)
         x = [_cast_input(t, dtype) for t in xs]
-        with torch.no_grad():
-            y = f(*x)
+        y = _call(f, x, dtype)
         compared = _parts(y, out_rules, parts)
         for g in elements:
             moved_in = [rule(g, t) for rule, t in zip(rules, x)]
-            with torch.no_grad():
-                moved = {n: t for n, t, _ in _parts(f(*moved_in), out_rules, parts)}
+            moved = {n: t for n, t, _ in _parts(_call(f, moved_in, dtype), out_rules, parts)}
             for part, t, rule in compared:
                 expected = rule(g, t)
                 err, rel = _compare(moved[part], expected)

@@ -63,7 +63,7 @@ def reports(seed: int = 0) -> tuple[list[ConservationReport], list[ConservationR
         torch.manual_seed(seed)
         hnn, plain = fit(HNN(), seed=seed), fit(mlp(2), seed=seed)
         x0 = torch.tensor([[1.0, 0.0], [0.0, 1.5], [1.5, 0.5]])
-        long = dict(dt=0.2, steps=500, dtypes=(torch.float64,), rtol=5e-2)  # t = 100: 16 turns
+        long = dict(dt=0.25, steps=400, dtypes=(torch.float64,), rtol=5e-2)  # t = 100: 16 turns
         return ([conservation_check(hnn, hnn.H, x0, dt=0.1, steps=200, rtol=1e-5, name="HNN, its own H"),
                  conservation_check(hnn, TrueEnergy(), x0, **long, name="HNN, the true energy")],
                 [conservation_check(plain, TrueEnergy(), x0, **long, name="MLP field, the true energy")])
