@@ -54,10 +54,10 @@ def octahedral_grid(
             raise ValueError(f"every seed must be a nonzero 3-vector, got {seed!r}")
         for g in Octahedral(reflections=True).elements():
             points.append(g.R @ s / s.norm())
-    points = torch.stack(points)
-    keep = [i for i in range(len(points)) if not any(
-        (points[i] - points[j]).norm() < 1e-9 for j in range(i))]
-    return points[keep]
+    points = torch.stack(points)  # (48 · seeds, 3), with repeats
+    same = torch.cdist(points, points) < 1e-9
+    first = same.float().argmax(dim=1)  # the first copy of each point
+    return points[first == torch.arange(len(points))]
 
 
 class SphereSignal:
@@ -70,10 +70,17 @@ class SphereSignal:
         if points.ndim != 2 or points.shape[1] != 3:
             raise ValueError(f"points must be (N, 3), got {tuple(points.shape)}")
         self.points, self.dim, self.tol = points, dim, tol
+        self._found: dict[bytes, torch.Tensor] = {}  # R → permutation: each element is applied many times
 
     def permutation(self, g: EuclideanElement) -> torch.Tensor:
         """Index j(i) with ``p_j = Rᵀ p_i``: the sample that lands on point i."""
-        back = self.points @ g.R  # row i: Rᵀ p_i
+        key = g.R.double().numpy().tobytes()
+        if key not in self._found:
+            self._found[key] = self._match(g)
+        return self._found[key]
+
+    def _match(self, g: EuclideanElement) -> torch.Tensor:
+        back = self.points @ g.R.double()  # row i: Rᵀ p_i
         dist, j = torch.cdist(back, self.points).min(dim=1)
         if dist.max() > self.tol or len(set(j.tolist())) != len(j):
             raise ValueError(f"{g!r} does not map the grid onto itself (off by {dist.max():.2g}): test with "
