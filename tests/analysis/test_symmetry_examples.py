@@ -5,6 +5,7 @@ a clear margin (the baseline's relative error at least 1000× the network's, and
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -38,3 +39,11 @@ def test_every_example_is_listed_and_short():
     assert files == sorted(EXAMPLES)
     for stem in files:
         assert len((folder / f"{stem}.py").read_text(encoding="utf-8").splitlines()) <= 100, stem
+
+
+def test_the_docs_show_every_example_as_it_is():
+    docs = Path(__file__).resolve().parents[2] / "docs" / "symmetry.md"
+    blocks = re.findall(r"^```python\n(.*?)^```", docs.read_text(encoding="utf-8"), flags=re.S | re.M)
+    folder = Path(importlib.import_module("gatepool.analysis.symmetry.examples").__file__).parent
+    for name in EXAMPLES:
+        assert (folder / f"{name}.py").read_text(encoding="utf-8") in blocks, f"docs/symmetry.md: {name}.py"
