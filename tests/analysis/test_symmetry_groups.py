@@ -211,6 +211,14 @@ def test_check_symmetry_arguments():
         check_symmetry(lambda x: linear(x), x, Permutations(5), Permuted(1), Invariant())
     with pytest.raises(ValueError, match="nothing would be compared"):
         check_symmetry(linear, x, Permutations(5), Permuted(1), None)
+    drop = torch.nn.Sequential(torch.nn.Dropout(0.5), torch.nn.Linear(5, 2))  # in train mode: random
+    assert check_symmetry(drop, x, Permutations(5), Invariant(), Invariant(), dtypes=None).ok  # in eval mode
+    assert drop.training  # the user's module is left as it was
+    per_dtype = check_symmetry(f, x, Permutations(5), Permuted(1), Invariant(),
+                               atol={torch.float32: 1e-3, torch.float64: 1e-9})
+    assert {(r.dtype, r.tol) for r in per_dtype.rows} == {("float32", 1e-3), ("float64", 1e-9)}
+    with pytest.raises(ValueError, match="no tolerance"):
+        check_symmetry(f, x, Permutations(5), Permuted(1), Invariant(), atol={torch.float32: 1e-3})
     r = check_symmetry(f, x, Permutations(5), Permuted(1), Invariant(), dtypes=None, atol=0.0, trials=3)
     assert len(r.rows) == 3 and r.rows[0].dtype == "float32"
     d = check_symmetry(lambda x: {"sum": x.sum(1), "x": x}, x, Permutations(5), Permuted(1),

@@ -156,9 +156,11 @@ def _name(fn: Callable) -> str:
 
 
 def _cast(fn: Callable, dtype: torch.dtype | None) -> Callable:
-    if dtype is None or not isinstance(fn, nn.Module):
+    """A module: a copy in eval mode, cast to ``dtype`` (None: as it is); a function: itself."""
+    if not isinstance(fn, nn.Module):
         return fn
-    return copy.deepcopy(fn).to(dtype).eval()
+    copied = copy.deepcopy(fn).eval()
+    return copied if dtype is None else copied.to(dtype)
 
 
 def _cast_input(x: Any, dtype: torch.dtype | None) -> Any:
@@ -252,8 +254,12 @@ def check_symmetry(
                 if atol is None:
                     finite = expected.nan_to_num(0.0) if expected.is_floating_point() else expected
                     tol = default_tolerance(finite)
+                elif isinstance(atol, Mapping):
+                    if (dtype or expected.dtype) not in atol:
+                        raise ValueError(f"atol has no tolerance for {dtype or expected.dtype}: {dict(atol)}")
+                    tol = float(atol[dtype or expected.dtype])
                 else:
-                    tol = atol[dtype] if isinstance(atol, Mapping) else float(atol)
+                    tol = float(atol)
                 dname = str(dtype or expected.dtype).removeprefix("torch.")
                 rows.append(Row(dname, repr(g), part, err, rel, tol))
     return SymmetryReport(name or _name(fn), repr(group), tuple(rows))
