@@ -68,6 +68,8 @@ def test_e3_draws_reflections_every_second_and_its_subgroups():
     assert all(torch.equal(a.R, b.R) for a, b in zip(E3().draw(4, GEN(3)), E3().draw(4, GEN(3))))
     with pytest.raises(ValueError, match="rotation or translation"):
         E3(rotation=False, translation=False)
+    coins = [E3(translation=False).sample(GEN(k)) for k in range(8)]  # sample: a fair coin for the reflection
+    assert {round(torch.linalg.det(g.R).item()) for g in coins} == {1, -1}
 
 
 def test_positions_move_vectors_only_turn():
@@ -137,6 +139,8 @@ def test_p4m_rules_are_actions():
     assert torch.equal(Image()(P4MElement(1, 0), x), torch.rot90(x))
     with pytest.raises(ValueError, match="p4 4"):
         GroupImage()(P4MElement(0, 1), torch.randn(1, 4, 5, 5))
+    with pytest.raises(ValueError, match="flip"):
+        P4MElement(0, 2)
     with pytest.raises(ValueError, match="square"):
         Image()(P4MElement(1), torch.randn(4, 5))
 
