@@ -10,7 +10,10 @@ tolerance), measures, and reports each measurement with ``ctx.check(id, measured
   the measurement is compared with ``theory`` (the probe's prediction for the changed setup). A claim with
   no theory for that setup gets the verdict ``not run``, never a guess.
 
-The experiment files (``gatepool.lab.experiments``) import this module; ``harness.py`` runs them.
+A claim's record is built in one place, :func:`claim_record`: by ``ctx.check``, for a claim never checked
+(:func:`not_run_record`), and when a finished run is judged again from its own measurements against the
+claims declared now (:func:`rejudge_claims`). The experiment files (``gatepool.lab.experiments``) import
+this module; ``harness.py`` runs them.
 """
 
 from __future__ import annotations

@@ -28,7 +28,6 @@ def get(name: str) -> Experiment:
     return reg[name]
 
 
-
 def parse_sets(items: Iterable[str]) -> dict[str, str]:
     """``["a=1", "b=x,y"]`` -> ``{"a": "1", "b": "x,y"}``."""
     out = {}
