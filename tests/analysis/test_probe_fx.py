@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from gatepool.analysis.probe import GradMoments, Leaf, Moments, measure, need, predict, register_rule
 from gatepool.analysis.probe import rules as rules_module
-from gatepool.analysis.probe.models import build_model
+from gatepool.analysis.probe.external_models import build_model
 
 
 @pytest.fixture(autouse=True)
@@ -265,7 +265,7 @@ NOT_GAUSSIAN = {"layer1.0.conv1": (0.8, 0.95)}
 @pytest.mark.slow
 def test_resnet18_correlated_on_digits():
     pytest.importorskip("torchvision")
-    from gatepool.analysis.probe.models import resized_digits
+    from gatepool.analysis.probe.external_models import resized_digits
     from gatepool.data import DataError, load_dataset
 
     try:

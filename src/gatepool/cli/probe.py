@@ -70,7 +70,7 @@ def _run(args: argparse.Namespace) -> int:
     import torch  # lazy: `gatepool --help` must not import torch
 
     from gatepool.analysis.probe import build_model, measure, predict, save_figures
-    from gatepool.analysis.probe.models import resized_digits
+    from gatepool.analysis.probe.external_models import resized_digits
     from gatepool.data import DataError
     from gatepool.models import create_model
 

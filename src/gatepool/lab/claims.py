@@ -10,7 +10,10 @@ tolerance), measures, and reports each measurement with ``ctx.check(id, measured
   the measurement is compared with ``theory`` (the probe's prediction for the changed setup). A claim with
   no theory for that setup gets the verdict ``not run``, never a guess.
 
-The experiment files (``gatepool.lab.experiments``) import this module; ``harness.py`` runs them.
+A claim's record is built in one place, :func:`claim_record`: by ``ctx.check``, for a claim never checked
+(:func:`not_run_record`), and when a finished run is judged again from its own measurements against the
+claims declared now (:func:`rejudge_claims`). The experiment files (``gatepool.lab.experiments``) import
+this module; ``harness.py`` runs them.
 """
 
 from __future__ import annotations
@@ -81,6 +84,11 @@ class Claim:
                 f"Claim {self.id}: source={self.source!r} must be one of {SOURCES}, with a ref "
                 "(the lecture's passage, or the reason for our bar)"
             )
+
+    def tolerance_for(self, profile: str) -> float:
+        """The declared tolerance on ``profile``: ``quick_tolerance`` where the quick profile widens it."""
+        widened = profile == "quick" and self.quick_tolerance is not None
+        return self.quick_tolerance if widened else self.tolerance
 
 
 def verdict(kind: str, measured: Any, expected: Any, tol: float, undecided: bool = False) -> str:
@@ -277,28 +285,20 @@ class Context:
         if claim_id not in self._specs:
             raise KeyError(f"{self.experiment.name}: claim {claim_id!r} is not declared")
         spec = self._specs[claim_id]
-        tol = spec.quick_tolerance if (self.quick and spec.quick_tolerance is not None) else spec.tolerance
-        if tolerance is not None:
-            tol = float(tolerance)
+        tol = spec.tolerance_for(self.profile) if tolerance is None else float(tolerance)
         bar = self.bar(claim_id)
         on_lecture = bar is not None
-        expected = bar if on_lecture else theory
-        measured = plain(measured)
-        record = {
-            **_header(spec, on_lecture),
-            "measured": measured,
-            "expected": plain(expected),
-            "basis": spec.source if on_lecture else ("theory" if theory is not None else None),
-            "tolerance": tol,
-            "kind": spec.kind,
-            "why": spec.why,
-            "verdict": verdict(spec.kind, measured, expected, tol, undecided=bool(undecided)),
-        }
-        note = "; ".join(t for t in (f"undecided: {undecided}" if undecided else "", note) if t)
-        if note:
-            record["note"] = note
-        if shipped_model is not None:
-            record["shipped_model"] = shipped_model
+        record = claim_record(
+            spec,
+            on_lecture=on_lecture,
+            measured=measured,
+            expected=bar if on_lecture else theory,
+            basis=spec.source if on_lecture else ("theory" if theory is not None else None),
+            tolerance=tol,
+            undecided=undecided,
+            note=note,
+            shipped_model=shipped_model,
+        )
         self.claims[claim_id] = record
         return record["verdict"]
 
@@ -338,35 +338,96 @@ class Context:
         return rows
 
 
-def _header(spec: Claim, on_setup: bool) -> dict[str, Any]:
-    """A record's first fields: what is claimed, the bar and where it comes from.
+def claim_record(
+    spec: Claim,
+    *,
+    on_lecture: bool,
+    measured: Any,
+    expected: Any,
+    basis: str | None,
+    tolerance: float,
+    undecided: str = "",
+    note: str = "",
+    shipped_model: str | None = None,
+) -> dict[str, Any]:
+    """One claim's record: what is claimed, the bar and where it comes from, the measurement, its verdict.
 
     ``bar`` is the value the claim holds the measurement to on the lecture's setup (None once ``--set``
-    moved it); ``lecture`` is that bar only when it comes from the lecture (a measured claim, or its
-    arithmetic restated).
+    moved it: ``on_lecture`` False); ``lecture`` is that bar only when it comes from the lecture (a
+    measured claim, or its arithmetic restated). ``expected`` is what the measurement is compared with
+    (the bar, or the theory for a changed setup; None: nothing to compare, the verdict ``not run``);
+    ``basis`` says which. ``undecided`` (a reason): the measurement ran but cannot decide; the note
+    starts with it. ``measured`` and ``expected`` are stored as JSON writes them (floats to 6 digits);
+    the verdict compares ``measured`` so stored with ``expected`` as given.
     """
-    bar = plain(spec.lecture) if on_setup else None
-    return {
+    bar = plain(spec.lecture) if on_lecture else None
+    measured = plain(measured)
+    record = {
         "id": spec.id,
         "statement": spec.statement,
         "bar": bar,
         "lecture": bar if spec.source in ("lecture", "arithmetic") else None,
         "source": spec.source,
         "ref": spec.ref,
-    }
-
-
-def not_run_record(spec: Claim, on_lecture: bool = True) -> dict[str, Any]:
-    return {
-        **_header(spec, on_lecture),
-        "measured": None,
-        "expected": None,
-        "basis": None,
-        "tolerance": spec.tolerance,
+        "measured": measured,
+        "expected": plain(expected),
+        "basis": basis,
+        "tolerance": tolerance,
         "kind": spec.kind,
         "why": spec.why,
-        "verdict": "not run",
+        "verdict": verdict(spec.kind, measured, expected, tolerance, undecided=bool(undecided)),
     }
+    note = "; ".join(t for t in (f"undecided: {undecided}" if undecided else "", note) if t)
+    if note:
+        record["note"] = note
+    if shipped_model is not None:
+        record["shipped_model"] = shipped_model
+    return record
+
+
+def not_run_record(spec: Claim, on_lecture: bool = True, note: str = "") -> dict[str, Any]:
+    """The record of a declared claim that was not measured (verdict ``not run``; ``note``: why)."""
+    return claim_record(spec, on_lecture=on_lecture, measured=None, expected=None, basis=None,
+                        tolerance=spec.tolerance, note=note)
+
+
+def rejudge_claims(
+    specs: Sequence[Claim], records: Sequence[dict[str, Any]], profile: str, why: str
+) -> list[dict[str, Any]]:
+    """The claims declared now (``specs``), judged from the measurements of earlier ``records``.
+
+    A claim keeps its measured value, note and any tolerance measured in the run (one that differs from
+    both declared ones), and gets the verdict of the declared claim: on the declared bar where it has one,
+    else on the theory the run compared with. A claim judged ``undecided`` stays so (the measured spread
+    that made it so is in the run, not in the declared claim). A claim the records never measured is
+    ``not run``, its note saying so with ``why``.
+    """
+    old = {c["id"]: c for c in records}
+    claims = []
+    for spec in specs:
+        prev = old.get(spec.id)
+        if prev is None:
+            claims.append(not_run_record(spec, note=f"declared after this run; not measured ({why})"))
+            continue
+        declared = spec.tolerance_for(profile)
+        tol = prev["tolerance"] if prev.get("tolerance") not in (None, spec.tolerance, declared) else declared
+        note, undecided = prev.get("note") or "", ""
+        if prev.get("verdict") == "undecided" and note.startswith("undecided: "):
+            undecided, note = note.removeprefix("undecided: "), ""  # the note is the reason, whole
+        on_bar = spec.lecture is not None
+        row = claim_record(
+            spec,
+            on_lecture=True,
+            measured=prev.get("measured"),
+            expected=plain(spec.lecture) if on_bar else prev.get("expected"),
+            basis=spec.source if on_bar else prev.get("basis"),
+            tolerance=tol,
+            undecided=undecided,
+            note=note,
+            shipped_model=prev.get("shipped_model") or None,
+        )
+        claims.append(row)
+    return claims
 
 
 def plain(x: Any) -> Any:

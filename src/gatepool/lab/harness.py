@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gatepool.lab.claims import Context, Experiment, jsonable, plain
+from gatepool.lab.claims import Context, Experiment, jsonable, plain, rejudge_claims
 from gatepool.lab.experiments import registry
 from gatepool.train.sweep import device_for
 from gatepool.utils.environment import machine
@@ -26,7 +26,6 @@ def get(name: str) -> Experiment:
     if name not in reg:
         raise ValueError(f"experiment {name!r} is unknown; `gatepool list` shows {', '.join(reg)}")
     return reg[name]
-
 
 
 def parse_sets(items: Iterable[str]) -> dict[str, str]:
@@ -137,52 +136,13 @@ def rejudge(record: dict[str, Any], why: str) -> dict[str, Any]:
     """A finished record judged again against the claims declared now, from its own measurements.
 
     For a run whose measurements are unchanged but whose claims were relabelled or re-barred (a source,
-    a kind, a two-sided bar) and whose trainings are not at hand to run it again: each claim keeps its
-    measured value, note and any tolerance measured in the run (one that differs from the declared one),
-    and gets the verdict of the declared claim. A claim the record never measured is ``not run`` (the note
-    says so); a record's "not judged: mean X" (the verdict before ``undecided`` existed) becomes
-    ``undecided`` with that mean, and a claim the record already judged ``undecided`` stays so (the
-    measured spread that made it so is in the run, not in the declared claim). ``why`` goes into the
+    a kind, a two-sided bar) and whose trainings are not at hand to run it again
+    (:func:`gatepool.lab.claims.rejudge_claims` says how each claim is judged). ``why`` goes into the
     record (``rejudged``), so the report can say it.
     """
-    import re
-
-    from gatepool.lab.claims import _header, not_run_record, verdict
-
     exp = get(record["name"])
     setup = exp.resolve_setup(record["profile"])
     if jsonable(setup) != record.get("setup"):
         raise ValueError(f"{record['name']}: the record's setup is not the {record['profile']} profile's now")
-    old = {c["id"]: c for c in record.get("claims", [])}
-    quick = record["profile"] == "quick"
-    claims = []
-    for spec in exp.claims(setup):
-        prev = old.get(spec.id)
-        if prev is None:
-            row = not_run_record(spec)
-            row["note"] = f"declared after this run; not measured ({why})"
-            claims.append(row)
-            continue
-        declared = spec.quick_tolerance if (quick and spec.quick_tolerance is not None) else spec.tolerance
-        tol = prev["tolerance"] if prev.get("tolerance") not in (None, spec.tolerance, declared) else declared
-        measured, note, undecided = prev.get("measured"), prev.get("note") or "", ""
-        found = re.match(r"not judged: mean (-?[\d.]+), but (.*?)(?:; (.*))?$", note)
-        if prev.get("verdict") == "undecided" and note.startswith("undecided: "):  # judged so before: stays
-            undecided, note = note.removeprefix("undecided: "), ""  # (its note is the reason, whole)
-        elif measured is None and found:
-            measured, undecided, note = float(found[1]), found[2], found[3] or ""
-            width = re.search(r"= (-?[\d.]+), more than half", undecided)
-            tol = float(width[1]) if width else tol  # the spread the run measured
-        on_bar = spec.lecture is not None  # else the run compared with its theory: kept
-        expected = plain(spec.lecture) if on_bar else prev.get("expected")
-        row = {**_header(spec, True), "measured": measured, "expected": expected,
-               "basis": spec.source if on_bar else prev.get("basis"), "tolerance": tol, "kind": spec.kind,
-               "why": spec.why,
-               "verdict": verdict(spec.kind, measured, expected, tol, undecided=bool(undecided))}
-        note = "; ".join(t for t in (f"undecided: {undecided}" if undecided else "", note) if t)
-        if note:
-            row["note"] = note
-        if prev.get("shipped_model"):
-            row["shipped_model"] = prev["shipped_model"]
-        claims.append(row)
+    claims = rejudge_claims(exp.claims(setup), record.get("claims", []), record["profile"], why)
     return {**record, "claims": claims, "claims_digest": exp.claims_digest(setup), "rejudged": why}

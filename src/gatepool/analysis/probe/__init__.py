@@ -9,17 +9,17 @@
 ``measure`` records forward moments and activation-gradient moments with hooks, ``report`` and
 ``figures`` show them. A model without a rule is traced by ``torch.fx`` (``graph``) and its
 call_function / call_method nodes follow ``functions`` (``register_function_rule(target, rule)``);
-``build_model("torchvision:resnet18")`` builds a model of torchvision or timm (``models``).
+``build_model("torchvision:resnet18")`` builds a model of torchvision or timm (``external_models``).
 
 The correlation-aware prediction (``predicted`` beside ``ideal`` and ``measured``) lives in
 ``correlated`` (the state: mean map, variance map, correlation at every lag; the rules) and
 ``correlated_predict`` (``predict_correlated(model, measure_input(batch))``, a torch.fx walk).
 """
 
+from gatepool.analysis.probe.external_models import build_model
 from gatepool.analysis.probe.figures import save_figures
 from gatepool.analysis.probe.functions import Call, Op, TensorIn, function_rule_for, register_function_rule
 from gatepool.analysis.probe.measure import measure
-from gatepool.analysis.probe.models import build_model
 from gatepool.analysis.probe.predict import INPUT, OUTPUT, Ideal, Prediction, predict
 from gatepool.analysis.probe.report import ParamRow, ProbeReport, Row, TensorStats
 from gatepool.analysis.probe.rules import (

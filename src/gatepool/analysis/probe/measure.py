@@ -15,9 +15,10 @@ rows measured before the failure.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn as nn
@@ -229,7 +230,39 @@ def measure(
             padding) or "average" (zero padding counted over the whole map, the figure a measurement
             over the whole map should match; use it for small maps, a ResNet's 2×2 and 4×4 stages).
     """
-    # -- arguments, checked before any computation --------------------------------------------------
+    args, backward = _checked_arguments(model, inputs, target, backward, loss_reduction)
+    check_int(samples, "samples", 0)
+    selected = _selected_modules(model, modules)
+    if prediction is True:
+        prediction = _prediction_for(model, args[0], backward, loss_reduction, border)
+    elif prediction is False:
+        prediction = None
+    report = ProbeReport(
+        rows={},
+        params=[],
+        backward=backward,
+        prediction=prediction,
+        loss_reduction=loss_reduction if backward == "loss" else None,
+    )
+    recorder = _Recorder(per_channel=per_channel, maps=maps, samples=samples, seed=seed)
+    with _left_as_found(model), recorder.hooked(model, selected, module_inputs), _forked_rng(args):
+        call_args, leaves = recorder.inputs(args, backward)
+        _run(model, call_args, target, backward, loss_reduction, seed, report)
+        recorder.input_gradients(leaves)
+        report.params = _param_rows(model, [n for n, _ in selected] if modules is not None else None)
+    report.rows = recorder.rows(prediction)
+    _warn(report, args[0])
+    return report
+
+
+def _checked_arguments(
+    model: nn.Module,
+    inputs: torch.Tensor | Sequence[torch.Tensor],
+    target: torch.Tensor | None,
+    backward: str | None,
+    loss_reduction: str,
+) -> tuple[tuple[torch.Tensor, ...], str | None]:
+    """The inputs as a tuple and the backward seed ("auto" resolved), checked before any computation."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     args = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
@@ -248,47 +281,81 @@ def measure(
             raise ValueError(
                 f"target must have shape ({args[0].shape[0]},) to match the batch, got {tuple(target.shape)}"
             )
-    check_int(samples, "samples", 0)
+    return args, backward
+
+
+def _selected_modules(model: nn.Module, modules: Sequence[str] | None) -> list[tuple[str, nn.Module]]:
+    """The submodules to measure, with their qualified names: ``modules`` (each checked), or all."""
     named = dict(model.named_modules())
     if modules is None:
-        selected = [n for n in named if n]
-    else:
-        selected = list(modules)
-        unknown = [n for n in selected if n not in named or n == ""]
-        if unknown:
-            valid = [n for n in named if n]
-            few = ", ".join(valid[:8]) + (f", ... ({len(valid)} in all)" if len(valid) > 8 else "")
-            raise ValueError(
-                f"modules: no module named {unknown[0]!r} in {type(model).__name__}; "
-                f"valid names include: {few or '(the model has no submodules)'}"
-            )
-    if prediction is True:
-        x0 = args[0].detach().double()
-        stats = (float(x0.mean()), float(x0.var(unbiased=False))) if x0.numel() > 1 else (0.0, 1.0)
-        prediction = predict(
-            model,
-            tuple(x0.shape),
-            input_stats=stats,
-            backward=backward,
-            loss_reduction=loss_reduction,
-            border=border,
+        return [(n, m) for n, m in named.items() if n]
+    names = list(modules)
+    unknown = [n for n in names if n not in named or n == ""]
+    if unknown:
+        valid = [n for n in named if n]
+        few = ", ".join(valid[:8]) + (f", ... ({len(valid)} in all)" if len(valid) > 8 else "")
+        raise ValueError(
+            f"modules: no module named {unknown[0]!r} in {type(model).__name__}; "
+            f"valid names include: {few or '(the model has no submodules)'}"
         )
-    elif prediction is False:
-        prediction = None
+    return [(n, named[n]) for n in names]
 
-    # -- the probes ---------------------------------------------------------------------------------
-    opts = dict(per_channel=per_channel, maps=maps, samples=samples)
-    probes: dict[str, _Probe] = {}  # in the order the tensors appear
 
-    def probe(name: str, kind: str) -> _Probe:
-        if name not in probes:
-            probes[name] = _Probe(name, kind, seed=seed, **opts)  # one seed: equal tensors, equal samples
-        return probes[name]
+def _prediction_for(
+    model: nn.Module, x: torch.Tensor, backward: str | None, loss_reduction: str, border: str
+) -> Prediction:
+    """The ideal prediction for an input with ``x``'s measured mean and Var (0 and 1 for one value)."""
+    x0 = x.detach().double()
+    stats = (float(x0.mean()), float(x0.var(unbiased=False))) if x0.numel() > 1 else (0.0, 1.0)
+    return predict(
+        model,
+        tuple(x0.shape),
+        input_stats=stats,
+        backward=backward,
+        loss_reduction=loss_reduction,
+        border=border,
+    )
 
-    def out_hook(name: str):
+
+class _Recorder:
+    """The probes of one measurement, by name in the order their tensors appear, and the hooks that
+    feed them: each selected module's output (and first input, with ``module_inputs``), the model's
+    output, and the model's inputs."""
+
+    def __init__(self, *, per_channel: bool, maps: bool, samples: int, seed: int) -> None:
+        self.opts = dict(per_channel=per_channel, maps=maps, samples=samples)
+        self.seed = seed  # one seed for every probe: equal tensors, equal samples
+        self.probes: dict[str, _Probe] = {}
+
+    def probe(self, name: str, kind: str) -> _Probe:
+        if name not in self.probes:
+            self.probes[name] = _Probe(name, kind, seed=self.seed, **self.opts)
+        return self.probes[name]
+
+    @contextlib.contextmanager
+    def hooked(
+        self, model: nn.Module, selected: list[tuple[str, nn.Module]], module_inputs: bool
+    ) -> Iterator[None]:
+        """Hooks on the selected modules and the model's output while inside; none left after."""
+        handles = []
+        try:
+            for n, m in selected:
+                if module_inputs:
+                    handles.append(m.register_forward_pre_hook(self._input_hook(n)))
+                handles.append(m.register_forward_hook(self._output_hook(n)))
+            handles.append(model.register_forward_hook(self._output_hook(OUTPUT)))
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+            for pr in self.probes.values():  # the tensor hooks for the gradients
+                for h in pr.handles:
+                    h.remove()
+
+    def _output_hook(self, name: str):
         def hook(m, a, out):
             for suffix, t in _tensors(out):
-                p = probe(name + suffix, type(m).__name__)
+                p = self.probe(name + suffix, type(m).__name__)
                 p.row.meta = p.row.meta or _geometry(m)
                 if a and isinstance(a[0], torch.Tensor):
                     p.row.meta.setdefault("input_shape", tuple(a[0].shape))
@@ -296,58 +363,52 @@ def measure(
 
         return hook
 
-    def in_hook(name: str):
+    def _input_hook(self, name: str):
         def hook(m, a):
             for _, t in _tensors(a[:1]):
-                probe(f"{name}:in", type(m).__name__).forward(t)
+                self.probe(f"{name}:in", type(m).__name__).forward(t)
 
         return hook
 
-    # -- run, leaving the model as found ----------------------------------------------------------
+    def inputs(
+        self, args: tuple[torch.Tensor, ...], backward: str | None
+    ) -> tuple[list[torch.Tensor], list[tuple[_Probe, torch.Tensor]]]:
+        """The model's inputs measured; the arguments to call it with, and the leaves whose gradient is
+        the input's (floating-point inputs, when there is a backward pass)."""
+        leaves = []
+        call_args = []
+        for i, a in enumerate(args):
+            name = INPUT if len(args) == 1 else f"{INPUT}[{i}]"
+            pr = self.probe(name, "input")
+            if backward is not None and a.is_floating_point():
+                leaf = a.detach().requires_grad_(True)
+                leaves.append((pr, leaf))
+                a = leaf * 1  # not a leaf: in-place ops of the model stay legal
+            pr.forward(a.detach())
+            call_args.append(a)
+        return call_args, leaves
+
+    @staticmethod
+    def input_gradients(leaves: list[tuple[_Probe, torch.Tensor]]) -> None:
+        for pr, leaf in leaves:
+            if leaf.grad is not None:
+                pr.backward(leaf.grad)
+
+    def rows(self, prediction: Prediction | None) -> dict[str, Row]:
+        return {n: pr.finish(prediction) for n, pr in self.probes.items()}
+
+
+@contextlib.contextmanager
+def _left_as_found(model: nn.Module) -> Iterator[None]:
+    """Inside: every parameter's ``.grad`` None. After: training flags, buffers and ``.grad`` as found."""
     modes = {m: m.training for m in model.modules()}
     buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
     grads = {p: p.grad for p in model.parameters()}
-    handles = []
-    report = ProbeReport(
-        rows={},
-        params=[],
-        backward=backward,
-        prediction=prediction,
-        loss_reduction=loss_reduction if backward == "loss" else None,
-    )
-    devices = sorted({a.device.index or 0 for a in args if a.device.type == "cuda"})
     try:
-        with torch.random.fork_rng(devices=devices):
-            for n in selected:
-                m = named[n]
-                if module_inputs:
-                    handles.append(m.register_forward_pre_hook(in_hook(n)))
-                handles.append(m.register_forward_hook(out_hook(n)))
-            handles.append(model.register_forward_hook(out_hook(OUTPUT)))
-            for p in grads:
-                p.grad = None
-            leaves = []
-            call_args = []
-            for i, a in enumerate(args):
-                name = INPUT if len(args) == 1 else f"{INPUT}[{i}]"
-                pr = probe(name, "input")
-                if backward is not None and a.is_floating_point():
-                    leaf = a.detach().requires_grad_(True)
-                    leaves.append((pr, leaf))
-                    a = leaf * 1  # not a leaf: in-place ops of the model stay legal
-                pr.forward(a.detach())
-                call_args.append(a)
-            _run(model, call_args, target, backward, loss_reduction, seed, report)
-            for pr, leaf in leaves:
-                if leaf.grad is not None:
-                    pr.backward(leaf.grad)
-            report.params = _param_rows(model, selected if modules is not None else None)
+        for p in grads:
+            p.grad = None
+        yield
     finally:
-        for h in handles:
-            h.remove()
-        for pr in probes.values():
-            for h in pr.handles:
-                h.remove()
         for m, t in modes.items():
             m.training = t
         with torch.no_grad():
@@ -357,9 +418,11 @@ def measure(
         for p, g in grads.items():
             p.grad = g
 
-    report.rows = {n: pr.finish(prediction) for n, pr in probes.items()}
-    _warn(report, args[0])
-    return report
+
+def _forked_rng(args: tuple[torch.Tensor, ...]) -> contextlib.AbstractContextManager:
+    """The global RNG state (CPU and the inputs' CUDA devices) restored on exit."""
+    devices = sorted({a.device.index or 0 for a in args if a.device.type == "cuda"})
+    return torch.random.fork_rng(devices=devices)
 
 
 def _run(model, call_args, target, backward, reduction, seed, report: ProbeReport) -> None:

@@ -9,10 +9,10 @@ children the rule names. A module without a rule but with children (torchvision'
 block) is traced by ``torch.fx`` and walked node by node (:mod:`graph`, the function rules of
 :mod:`functions`); each module called in the graph gets the figures of its output node, a module called
 twice the two calls pooled by their sizes. Where torch.fx cannot trace it, the note says why and the
-module is opaque, as before. A module without a rule gets *no prediction* (``None``) with a note saying
-why, never a guess, and so does everything that depends on it — except a norm's output, which is known
-whatever its input (mean β, E[x²] = γ² + β²). Soft gates are "measured only": no closed form is
-claimed for them.
+module stays one module without a rule. A module without a rule gets *no prediction* (``None``) with a
+note saying why, never a guess, and so does everything that depends on it — except a norm's output,
+which is known whatever its input (mean β, E[x²] = γ² + β²). Soft gates are "measured only": no closed
+form is claimed for them.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ TARGET_S = 10.0
 
 def inputs() -> dict[str, torch.Tensor]:
     """The batches whose statistics the prediction starts from: (64, 3, 64, 64) each."""
-    from gatepool.analysis.probe.models import resized_digits
+    from gatepool.analysis.probe.external_models import resized_digits
     from gatepool.data import DataError, load_dataset
 
     g = torch.Generator().manual_seed(0)
@@ -55,7 +55,7 @@ def run(quick: bool = False, device: Any = "cpu") -> dict[str, Any]:
 
     from gatepool.analysis.probe.correlated import measure_input
     from gatepool.analysis.probe.correlated_predict import predict_correlated
-    from gatepool.analysis.probe.models import build_model
+    from gatepool.analysis.probe.external_models import build_model
 
     torch.manual_seed(0)
     model = build_model("torchvision:resnet18").train()
