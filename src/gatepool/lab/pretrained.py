@@ -40,8 +40,9 @@ def shipped_specs() -> list[dict[str, Any]]:
     accuracy is measured on), ``default`` (what ``pretrained=True`` picks among same-kwargs weights) and
     ``note``. Longest trainings first."""
     from gatepool.lab.claims import declared
-    from gatepool.lab.experiments import attention_reach, vit_mnist
+    from gatepool.lab.common import attention_nets
     from gatepool.lab.experiments import registry as experiments
+    from gatepool.lab.experiments import vit_mnist
 
     experiments()  # every experiment declared
 
@@ -71,9 +72,9 @@ def shipped_specs() -> list[dict[str, Any]]:
     ar = setups["attention-reach"]
     for model in ("conv_attention", "conv_stem"):
         for seed in ar["seeds"]:
-            specs.append(dict(name=attention_reach.shipped_name(model, seed), experiment="attention-reach",
+            specs.append(dict(name=attention_nets.shipped_name(model, seed), experiment="attention-reach",
                               kind="train",
-                              config=attention_reach.train_config(ar, model, seed), test_size=ar["test_size"],
+                              config=attention_nets.train_config(ar, model, seed), test_size=ar["test_size"],
                               default=seed == 0,
                               note=f"attention-reach's {model}, seed {seed}, at its tuned peak lr"))
     sd = setups["seq-demo"]
@@ -109,9 +110,9 @@ def train_spec(task: dict[str, Any]) -> dict[str, Any]:
 
         return train_seq_demo(**spec["config"], progress=False, out=out)
     if spec["experiment"] == "pool-comparison":
-        from gatepool.lab.experiments.pool_comparison import train_one
+        from gatepool.lab.common.gate_trainings import train_one
     elif spec["experiment"] == "attention-reach":
-        from gatepool.lab.experiments.attention_reach import train_one
+        from gatepool.lab.common.attention_nets import train_one
     else:
         from gatepool.lab.experiments.vit_mnist import train_one
     return train_one({"config": spec["config"], "out": out, "progress": False, "pixel_seed": None})

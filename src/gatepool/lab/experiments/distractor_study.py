@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.experiments.gate_matters import CANVAS_MODEL, EVAL_COST, RATES, gate_maps, routed_weight
-from gatepool.lab.experiments.pool_comparison import train_one, training_config
+from gatepool.lab.common.canvas_gates import CANVAS_MODEL, EVAL_COST, RATES, gate_maps, routed_weight
+from gatepool.lab.common.gate_trainings import train_one, training_config
 from gatepool.lab.stats import bonferroni, welch_difference
 from gatepool.train.sweep import run_tasks
 from gatepool.utils.plotting import pyplot

@@ -237,11 +237,11 @@ def _causal_error(logits_fn: Any, ids: torch.Tensor, j: int) -> tuple[float, flo
 
 
 def _sequence_models(ctx: Context) -> tuple[tuple[str, str], tuple[str, str]]:
-    from gatepool.lab.experiments import seq_demo
+    from gatepool.lab.common import seq_task
     from gatepool.models.seq import SEP, EncoderDecoder, make_task_batch
     from gatepool.train.seq import greedy_accuracy, train_seq_demo
 
-    s = {**seq_demo.SETUP, **(seq_demo.QUICK if ctx.quick else {})}
+    s = {**seq_task.SETUP, **(seq_task.QUICK if ctx.quick else {})}
     r = train_seq_demo(arch="encoder-decoder", task=s["task"], seed=ctx["seed"], length=s["length"],
                        steps=ctx["encdec_steps"], batch_size=s["batch_size"], lr=s["lr"],
                        warmup=min(s["warmup"], ctx["encdec_steps"] // 2),
