@@ -214,18 +214,18 @@ MUTATIONS = [
     ("conv-backward", _no_relu, ["after-relu"]),
     ("conv-backward", _half_he_block, ["after-conv", "after-relu"]),
     ("padding-map", _no_relu, ["middle", "edge", "corner"]),
-    ("network-backward", _loud_head("gatepool.lab.common.network_variance"),
+    ("network-backward", _loud_head("gatepool.lab.common.cnn_at_init"),
      ["g2-block3", "g2-block2", "g2-pool2", "g2-block1", "rms-g-block1.conv1", "rms-dw-block1.conv1",
       "weight-ratio-high"]),
     ("network-backward", _no_skip, ["block3-to-block2", "block2-to-pool2"]),
-    ("network-backward", _loud_stem("gatepool.lab.common.network_variance"), ["stem-to-image"]),
+    ("network-backward", _loud_stem("gatepool.lab.common.cnn_at_init"), ["stem-to-image"]),
     # (an average pool instead of the max does NOT move measured-pool1: on smooth digits the 2×2 max
     # barely differs from the mean, and the seeds' ±30% covers both; the stem's init does move it)
-    ("network-forward", _loud_stem("gatepool.lab.common.network_variance"),
+    ("network-forward", _loud_stem("gatepool.lab.common.cnn_at_init"),
      ["measured-stem", "measured-pool1", "measured-block1", "measured-pool2", "measured-block2",
       "measured-block3"]),
     # the first ReLU keeps 0.64 because the max pools skew the stream: an average pool keeps 0.53
-    ("network-forward", _avg_cnn("gatepool.lab.common.network_variance"), ["relu-keeps"]),
+    ("network-forward", _avg_cnn("gatepool.lab.common.cnn_at_init"), ["relu-keeps"]),
     ("attention-cost", _fused_explicit, ["memory-exponent-explicit"]),
     ("weight-uses", _strided_unfold, ["uses-14", "uses-7"]),
     ("temperature-dial", _fixed_temperature, ["out-tau0.01", "out-tau0.5", "out-tau2", "out-tau100",

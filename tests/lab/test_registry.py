@@ -20,7 +20,8 @@ from gatepool.lab.experiments import EXPERIMENTS, registry
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "src" / "gatepool" / "lab" / "experiments"
-RECORDS = ["results/quick/results.json", "results/full/results.json", "results-beyond/distractor/results.json"]
+RECORDS = ["results/quick/results.json", "results/full/results.json",
+           "results-beyond/distractor/results.json"]
 
 
 def _records() -> list[tuple[str, dict]]:
@@ -82,5 +83,5 @@ def test_the_import_check_sees_an_experiment_import(tmp_path):
 def test_setup_and_claims_as_committed(where, record):
     exp = registry()[record["name"]]
     setup = exp.resolve_setup(record["profile"])
-    assert jsonable(setup) == record["setup"], f"{where}: {record['name']}'s {record['profile']} setup changed"
+    assert jsonable(setup) == record["setup"], f"{where}: {record['name']}'s setup changed"
     assert exp.claims_digest(setup) == record["claims_digest"], f"{where}: {record['name']}'s claims changed"

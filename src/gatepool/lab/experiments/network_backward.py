@@ -4,7 +4,7 @@ A unit-variance gradient is seeded at the logits (the lecture's "loss" L = Σ g�
 images) and E[(∂L/∂·)²] is read at each stage's output (block 3, block 2, pool 2, and block 1 = pool 2's
 input), with the share of exact zeros. The absolute figures depend on the head's Linear init (N(0, 1/32)
 in ResidualCNN, as the lecture's ideal assumes); the growth between stages does not. Every measured claim
-is the mean over ``seeds``: :mod:`gatepool.lab.common.network_variance`.
+is the mean over ``seeds``: :mod:`gatepool.lab.common.cnn_at_init`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 import statistics
 
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.common.network_variance import (
+from gatepool.lab.common.cnn_at_init import (
     LECTURE_BACK,
     SEED_WHY,
     SETUP,

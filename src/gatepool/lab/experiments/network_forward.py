@@ -5,7 +5,7 @@ max pool of N(0, σ²) → 0.49 σ², GroupNorm → 1, ReLU → ½, residual: st
 measurement on 512 MNIST digits. The rules assume independent N(0, 1) values; real digits are smooth, so
 a 2×2 max pool barely shrinks them (the four values are nearly equal) and the stream grows faster than
 the ideal. Every measured claim is the mean over ``seeds`` (the variance of a stage depends on the random
-init): :mod:`gatepool.lab.common.network_variance`.
+init): :mod:`gatepool.lab.common.cnn_at_init`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.common.network_variance import SEED_WHY, SETUP, STAGES, _histograms, mean_ideal, probe_seeds
+from gatepool.lab.common.cnn_at_init import SEED_WHY, SETUP, STAGES, _histograms, mean_ideal, probe_seeds
 from gatepool.utils.plotting import pyplot
 
 LECTURE_IDEAL = {"pool1": 0.49, "block1": 1.47, "pool2": 0.74, "block2": 1.71, "block3": 2.68}
