@@ -91,7 +91,7 @@ def _loud_head(module_name):  # the head's Linear initialized at twice its stand
 
 
 def _max_head(monkeypatch):  # the head pools its 49 positions with a max instead of the mean
-    import gatepool.lab.experiments.head_chain as m
+    import gatepool.lab.common.cnn_at_init as m
     from gatepool.models import ResidualCNN
 
     def maxed(**kw):
@@ -236,7 +236,7 @@ MUTATIONS = [
     ("soft-gradient", _soft_is_avg, ["soft-1", "soft-2", "soft-3", "soft-4"]),
     ("he-init", _he_off, ["he-block"]),
     ("head-chain", _no_relu, ["relu"]),
-    ("head-chain", _loud_head("gatepool.lab.experiments.head_chain"), ["fc"]),
+    ("head-chain", _loud_head("gatepool.lab.common.cnn_at_init"), ["fc"]),
     ("head-chain", _max_head, ["bump"]),
     ("definitions", _positional_trunk, ["shift-equivariant"]),
 ]

@@ -1,6 +1,7 @@
-"""What network-forward and network-backward share: Tuesday's CNN at initialization, probed per stage
-on the same 512 MNIST digits for each seed's init, the rules' ideal averaged over the seeds, and the
-histograms of seed 0's values and gradients.
+"""Tuesday's CNN at initialization, as network-forward, network-backward, stream-skew, head-chain and
+orange-numbers read it: 512 MNIST digits through the nets of five seeds' inits (``SETUP``; quick: 256
+digits, three seeds), the stages a probe reads, each seed's probe report, the rules' ideal averaged over
+the seeds, and the histograms of seed 0's values and gradients.
 
 The variance of a stage depends on the random init: every measured claim is the mean over ``seeds``.
 """
@@ -19,10 +20,17 @@ from gatepool.utils.plotting import pyplot
 
 STAGES = ["stem", "pool1", "block1", "pool2", "block2", "block3"]
 SETUP = {"batch": 512, "pool": "max", "seeds": [0, 1, 2, 3, 4]}
+QUICK = {"batch": 256, "seeds": [0, 1, 2]}
 SEED_WHY = (
     "mean over seeds; one init's stage variance differs from the next by up to ±30% "
     "(seeds 0–4: block 3 from 3.1 to 5.4)"
 )
+
+
+def seeded_cnn(pool: str, seed: int) -> ResidualCNN:
+    """Tuesday's CNN with ``pool`` in both pools, initialized from ``torch.manual_seed(seed)``."""
+    torch.manual_seed(seed)
+    return ResidualCNN(pool=pool)
 
 
 def probe_seeds(ctx: Context, backward: str | None) -> list:
@@ -30,9 +38,7 @@ def probe_seeds(ctx: Context, backward: str | None) -> list:
     x, _ = mnist_batch(ctx["batch"])
     reports = []
     for seed in ctx["seeds"]:
-        torch.manual_seed(seed)
-        model = ResidualCNN(pool=ctx["pool"])
-        reports.append(measure(model, x, backward=backward, seed=seed, samples=20000))
+        reports.append(measure(seeded_cnn(ctx["pool"], seed), x, backward=backward, seed=seed, samples=20000))
     return reports
 
 

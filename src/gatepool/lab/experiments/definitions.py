@@ -13,7 +13,8 @@ import torch
 import torch.nn as nn
 
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.common.flashcard_checks import FAR, FAR_WHY, ROUNDING, RTOL, _rel
+from gatepool.lab.common import relative_error
+from gatepool.lab.common.flashcard_checks import FAR, FAR_WHY, ROUNDING, RTOL
 from gatepool.layers.attention import MultiHeadAttention
 from gatepool.layers.blocks import EncoderBlock
 from gatepool.models.residual_cnn import PreActBlock
@@ -120,12 +121,13 @@ def definitions(ctx: Context) -> None:
         q, k, v = (torch.randn(2, h, t, d // h, generator=gen) for _ in range(3))  # (B, H, T, d)
         out, w = scaled_dot_product_attention(q, k, v, return_weights=True)
         hand = torch.softmax(q.double() @ k.double().transpose(-2, -1) / math.sqrt(d // h), -1) @ v.double()
-        ctx.check("sdpa-formula", _rel(out, hand), theory=0.0)
+        ctx.check("sdpa-formula", relative_error(out, hand), theory=0.0)
         ctx.check("sdpa-rows-sum-1", (w.double().sum(-1) - 1).abs().max().item(), theory=0.0)
         v2 = v.clone()
         v2[..., 0] *= 2
         out2 = scaled_dot_product_attention(q, k, v2)
-        moved = max(_rel(out2[..., 0], 2 * out[..., 0]), _rel(out2[..., 1:], out[..., 1:]))
+        moved = max(relative_error(out2[..., 0], 2 * out[..., 0]),
+                    relative_error(out2[..., 1:], out[..., 1:]))
         ctx.check("one-gate-all-channels", moved, theory=0.0)
 
         mha = MultiHeadAttention(d, h).eval()
@@ -134,7 +136,7 @@ def definitions(ctx: Context) -> None:
             split = [m(x).view(2, t, h, d // h).transpose(1, 2) for m in (mha.to_q, mha.to_k, mha.to_v)]
             heads = torch.softmax(split[0] @ split[1].transpose(-2, -1) / math.sqrt(d // h), -1) @ split[2]
             by_hand = mha.to_out(heads.transpose(1, 2).reshape(2, t, d))  # concat, then W_O
-            ctx.check("multihead-concat", _rel(mha(x), by_hand), theory=0.0)
+            ctx.check("multihead-concat", relative_error(mha(x), by_hand), theory=0.0)
         ctx.check("encoder-ops", _count_calls(EncoderBlock(d, h).eval(), x), theory=4)
         context = torch.randn(2, 3, d, generator=gen)  # (B, M, D)
         ctx.check("decoder-ops", _count_calls(DecoderBlock(d, h).eval(), x, context), theory=6)
@@ -143,7 +145,7 @@ def definitions(ctx: Context) -> None:
         nn.init.zeros_(block.conv2.weight)  # the branch f ≡ 0
         fmap = torch.randn(2, d, 7, 7, generator=gen)
         with torch.no_grad():
-            ctx.check("residual-identity", _rel(block(fmap), fmap), theory=0.0)
+            ctx.check("residual-identity", relative_error(block(fmap), fmap), theory=0.0)
 
         image, patch = ctx["image"], check_int(ctx["patch"], "--set patch")
         if check_int(image, "--set image") % patch:
@@ -156,7 +158,7 @@ def definitions(ctx: Context) -> None:
             patches = torch.nn.functional.unfold(img, patch, stride=patch).transpose(1, 2)  # (1, L, 3·p²)
             conv = vit.patchify.conv
             linear = patches @ conv.weight.reshape(d, -1).T + conv.bias  # each patch times one matrix
-            ctx.check("patchify-conv", _rel(tokens, linear), theory=0.0,
+            ctx.check("patchify-conv", relative_error(tokens, linear), theory=0.0,
                       note=f"{tokens.shape[1]} tokens of {d} features from {patch}×{patch} patches")
 
         c = 4
@@ -168,15 +170,17 @@ def definitions(ctx: Context) -> None:
             s = torch.einsum("ncijk,c->nijk", wins, pool.score.weight.reshape(c))  # s_j = x_j · w
             vals = torch.einsum("dc,ncijk->ndijk", pool.value.weight.reshape(c, c), wins)  # V x_j
             hand = (torch.softmax(s, -1).unsqueeze(1) * vals).sum(-1)  # Σ_j softmax(s)_j V x_j
-            ctx.check("attention-pool-formula", _rel(pool(xs), hand), theory=0.0)
+            ctx.check("attention-pool-formula", relative_error(pool(xs), hand), theory=0.0)
             a, b = 1.7, -0.6
             ys = torch.randn(2, c, 6, 6, generator=gen, dtype=torch.float64)
             conv_pool = create_pool("conv", 2, channels=c).double()
             nn.init.normal_(conv_pool.mixing)
             mixed = conv_pool(a * xs + b * ys)
-            ctx.check("conv-linear-in-v", _rel(mixed, a * conv_pool(xs) + b * conv_pool(ys)), theory=0.0)
+            linear = relative_error(mixed, a * conv_pool(xs) + b * conv_pool(ys))
+            ctx.check("conv-linear-in-v", linear, theory=0.0)
             soft = create_pool("soft", 2)
-            ctx.check("gate-not-linear", _rel(soft(a * xs + b * ys), a * soft(xs) + b * soft(ys)), theory=FAR)
+            nonlinear = relative_error(soft(a * xs + b * ys), a * soft(xs) + b * soft(ys))
+            ctx.check("gate-not-linear", nonlinear, theory=FAR)
 
         digits = mnist_batch(8, "test")[0]  # (8, 1, 28, 28)
         canvas = torch.nn.functional.pad(digits, (14, 14, 14, 14), value=float(digits.min()))  # background
@@ -186,9 +190,10 @@ def definitions(ctx: Context) -> None:
         base = _trunk(cnn, canvas)  # (8, 32, 28, 28)
         inner = (slice(None), slice(None), slice(3, -3), slice(3, -3))
         by2 = _trunk(cnn, torch.roll(canvas, (2, 2), (2, 3)))  # the digit moves 2 pixels inside the zeros
-        ctx.check("shift-equivariant", _rel(by2[..., 1:, 1:][inner], base[..., :-1, :-1][inner]), theory=0.0)
+        shifted = relative_error(by2[..., 1:, 1:][inner], base[..., :-1, :-1][inner])
+        ctx.check("shift-equivariant", shifted, theory=0.0)
         by1 = _trunk(cnn, torch.roll(canvas, (1, 1), (2, 3)))
-        best = min(_rel(by1[..., i:, j:][inner] if i or j else by1[inner],
+        best = min(relative_error(by1[..., i:, j:][inner] if i or j else by1[inner],
                         base[..., : base.shape[-2] - i, : base.shape[-1] - j][inner])
                    for i in (0, 1) for j in (0, 1))
         ctx.check("shift-by-1-breaks", best, theory=FAR)

@@ -39,7 +39,8 @@ import torch.nn as nn
 
 from gatepool.analysis.symmetry import PermuteTokens, equivariance_error, invariance_error
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.common.flashcard_checks import FAR, FAR_WHY, ROUNDING, RTOL, _rel
+from gatepool.lab.common import relative_error
+from gatepool.lab.common.flashcard_checks import FAR, FAR_WHY, ROUNDING, RTOL
 from gatepool.layers.attention import MultiHeadAttention
 from gatepool.layers.blocks import Encoder, EncoderBlock
 from gatepool.layers.positional import LearnedPositionalEmbedding1d
@@ -191,7 +192,7 @@ def causal_checks(ctx: Context, x: torch.Tensor, gen: torch.Generator) -> tuple[
         for causal in (True, False):
             y = f(x, causal)  # (B, T, D)
             moved = f(variants.reshape(-1, t, d), causal).reshape(t - 1, b, t, d)
-            changes = [_rel(moved[i, :, : i + 1], y[:, : i + 1]) for i in range(t - 1)]
+            changes = [relative_error(moved[i, :, : i + 1], y[:, : i + 1]) for i in range(t - 1)]
             if causal:
                 masked = max(masked, *changes)
             else:
@@ -217,9 +218,9 @@ def cross_attention_checks(ctx: Context, x: torch.Tensor, gen: torch.Generator) 
         moved = attn(others.reshape(-1, n, x.shape[2]), context=context.repeat(n, 1, 1)).reshape(
             n, *out.shape
         )
-        local = max(_rel(moved[i, :, i], out[:, i]) for i in range(n))
+        local = max(relative_error(moved[i, :, i], out[:, i]) for i in range(n))
         new_context = attn(x, context=torch.randn(context.shape, generator=gen))  # (B, N, D)
-        follows = min(_rel(new_context[:, i], out[:, i]) for i in range(n))
+        follows = min(relative_error(new_context[:, i], out[:, i]) for i in range(n))
     err = invariance_error(lambda c: attn(x, context=c), context, PermuteTokens(dim=1, seed=ctx["seed"] + 2))
     return local, follows, err / out.abs().max().item()
 
@@ -233,14 +234,14 @@ def batch_dependence(gen: torch.Generator) -> dict[str, float]:
     ln = nn.LayerNorm([c, h, w])
     bn = nn.BatchNorm2d(c, momentum=None)  # momentum None: running stats = the average over batches seen
     ln_out = ln(x)[:1]
-    ln_err = max(_rel(ln(other)[:1], ln_out), _rel(ln(x[:1]), ln_out))
+    ln_err = max(relative_error(ln(other)[:1], ln_out), relative_error(ln(x[:1]), ln_out))
     bn.train()
-    bn_train = _rel(bn(other)[:1], bn(x)[:1])
+    bn_train = relative_error(bn(other)[:1], bn(x)[:1])
     for _ in range(3):  # give the running statistics values that are not the initial 0 and 1
         bn(torch.randn(16, c, h, w, generator=gen) * 2 + 1)
     bn.eval()
     bn_eval_out = bn(x)[:1]
-    bn_eval = max(_rel(bn(other)[:1], bn_eval_out), _rel(bn(x[:1]), bn_eval_out))
+    bn_eval = max(relative_error(bn(other)[:1], bn_eval_out), relative_error(bn(x[:1]), bn_eval_out))
     return {"layer": ln_err, "batch-train": bn_train, "batch-eval": bn_eval}
 
 
@@ -274,7 +275,7 @@ def norm_axes(gen: torch.Generator, groups: int = 3) -> dict[str, dict[str, floa
         "group": nn.GroupNorm(groups, c, affine=False),
     }
     outs = {k: m(x) for k, m in modules.items()}
-    return {k: {j: _rel(outs[k], normalize_over(x, j, groups)) for j in NORMS} for k in NORMS}
+    return {k: {j: relative_error(outs[k], normalize_over(x, j, groups)) for j in NORMS} for k in NORMS}
 
 
 def _stack(kind: str, depth: int, seed: int) -> tuple[Callable, Callable, torch.Tensor]:

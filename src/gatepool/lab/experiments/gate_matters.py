@@ -82,6 +82,7 @@ from typing import Any
 import torch
 
 from gatepool.lab.claims import Claim, Context, experiment
+from gatepool.lab.common import GATES
 from gatepool.lab.common.canvas_gates import (
     CANVAS_MODEL,
     DEEP_MODEL,
@@ -96,7 +97,7 @@ from gatepool.lab.stats import bonferroni, welch_difference
 from gatepool.train.sweep import run_tasks
 from gatepool.utils.plotting import pyplot
 
-POOLS = ["max", "avg", "soft", "soft-learned", "attention", "conv"]
+POOLS = list(GATES)  # every gate of the library, in its order
 DATASETS = ["cluttered-mnist", "distractor-mnist", "translated-mnist", "fashion-mnist"]
 MODEL_NAMES = {CANVAS_MODEL: "the canvas ResidualCNN", MNIST_MODEL: "the lecture's ResidualCNN",
                DEEP_MODEL: "ResNetGate"}

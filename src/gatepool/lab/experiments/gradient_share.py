@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 
 from gatepool.lab.claims import Claim, Context, experiment
+from gatepool.lab.common import GATES
 
-POOLS = ["max", "avg", "soft", "soft-learned", "attention", "conv"]
+POOLS = list(GATES)  # every gate of the library, in its order
 
 
 def _share_claims(setup: dict) -> list[Claim]:

@@ -14,7 +14,7 @@ Each factor is measured as the ratio of E[(∂L/∂·)²] after and before its m
 the real head (each seed's init) fed the lecture's ideal stream: i.i.d. N(0, 2.68) values of block 3's
 shape for 512 images. On real digits (``*-digits``, ours) the stream is block 3's measured output
 (σ² ≈ 4.5, right-skewed): the ReLU passes less than ½ and GroupNorm divides by more than 2.68. The
-stages and the setup it shares with stream-skew: :mod:`gatepool.lab.common.digit_stream`.
+stages and the setup it shares with stream-skew: :mod:`gatepool.lab.common.cnn_at_init`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 
 from gatepool.data import mnist_batch
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.common.digit_stream import NET_QUICK, NET_SETUP, STAGES
+from gatepool.lab.common.cnn_at_init import QUICK, SETUP, STAGES, seeded_cnn
 from gatepool.models import ResidualCNN
 
 
@@ -210,16 +210,15 @@ def _head_claims(setup: dict) -> list[Claim]:
     "head-chain",
     title="the head's backward: ×10/32, ÷49², ×½, ÷2.68, each factor measured",
     order=7.5,
-    setup=NET_SETUP,
-    quick=NET_QUICK,
+    setup=SETUP,
+    quick=QUICK,
     claims=_head_claims,
 )
 def head_chain(ctx: Context) -> None:
     images, _ = mnist_batch(ctx["batch"])
     ideal, real = [], []
     for seed in ctx["seeds"]:
-        torch.manual_seed(seed)
-        model = ResidualCNN(pool=ctx["pool"])
+        model = seeded_cnn(ctx["pool"], seed)
         gen = torch.Generator().manual_seed(10_000 + seed)
         stream = IDEAL_VAR**0.5 * torch.randn(ctx["batch"], model.head.fc.in_features, 7, 7, generator=gen)
         ideal.append(head_factors(model, images, seed, stream=stream))

@@ -13,7 +13,15 @@ from __future__ import annotations
 import statistics
 
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.common.cnn_at_init import SEED_WHY, SETUP, STAGES, _histograms, mean_ideal, probe_seeds
+from gatepool.lab.common.cnn_at_init import (
+    QUICK,
+    SEED_WHY,
+    SETUP,
+    STAGES,
+    _histograms,
+    mean_ideal,
+    probe_seeds,
+)
 from gatepool.utils.plotting import pyplot
 
 LECTURE_IDEAL = {"pool1": 0.49, "block1": 1.47, "pool2": 0.74, "block2": 1.71, "block3": 2.68}
@@ -25,7 +33,6 @@ LECTURE_MEASURED = {
     "block2": 3.16,
     "block3": 4.41,
 }
-QUICK = {"batch": 256, "seeds": [0, 1, 2]}
 NORMS = ["block1.gn1", "block1.gn2", "block2.gn1", "block2.gn2", "block3.gn1", "block3.gn2", "head.norm"]
 RELUS = ["block1.relu1", "block2.relu1", "block3.relu1"]
 

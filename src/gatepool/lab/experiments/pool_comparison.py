@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 
 from gatepool.lab.claims import Claim, Context, experiment
+from gatepool.lab.common import GATES
 from gatepool.lab.common.gate_trainings import train_one, training_config
 from gatepool.train.sweep import run_tasks
 from gatepool.utils.plotting import pyplot
 
-POOLS = ["max", "avg", "soft", "soft-learned", "attention", "conv"]
+POOLS = list(GATES)  # every gate of the library, in its order
 
 COMPARISON_REF = ("lecture, every gate trains Tuesday's CNN alike: 'all six within 0.3 points of each other, "
                   "about the spread between seeds'")

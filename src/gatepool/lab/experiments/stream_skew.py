@@ -3,7 +3,7 @@
 On real digits the values of Tuesday's CNN are right-skewed after each pool and block,
 skew = E[(x − μ)³]/σ³ > 0 (a max keeps the large values; the residual carries them on); the stem before
 it (a conv with random-sign filters) has no sign of its own. The stages and the setup it shares with
-head-chain: :mod:`gatepool.lab.common.digit_stream`.
+head-chain: :mod:`gatepool.lab.common.cnn_at_init`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import torch
 
 from gatepool.data import mnist_batch
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.common.digit_stream import NET_QUICK, NET_SETUP, STAGES
-from gatepool.models import ResidualCNN
+from gatepool.lab.common.cnn_at_init import QUICK, SETUP, STAGES, seeded_cnn
 
 
 def skewness(x: torch.Tensor) -> float:
@@ -61,16 +60,15 @@ def _skew_claims(setup: dict) -> list[Claim]:
     "stream-skew",
     title="the real stream is right-skewed: skewness per stage of Tuesday's CNN on MNIST",
     order=6.5,
-    setup=NET_SETUP,
-    quick=NET_QUICK,
+    setup=SETUP,
+    quick=QUICK,
     claims=_skew_claims,
 )
 def stream_skew(ctx: Context) -> None:
     images, _ = mnist_batch(ctx["batch"])
     skews: dict[str, list[float]] = {s: [] for s in STAGES}
     for seed in ctx["seeds"]:
-        torch.manual_seed(seed)
-        model = ResidualCNN(pool=ctx["pool"]).eval()
+        model = seeded_cnn(ctx["pool"], seed).eval()
         h = images
         with torch.no_grad():
             for name in STAGES:
