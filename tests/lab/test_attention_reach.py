@@ -11,11 +11,13 @@ import math
 import pytest
 import torch
 
-from gatepool.lab.common.attention_nets import LR_KEY, run_folder, shuffle_pixels, train_config
+from gatepool.lab.common.attention_nets import LR_KEY, train_config
 from gatepool.lab.common.receptive_field import layers_to_see, receptive_width
 from gatepool.lab.experiments.attention_maps import parse_queries
 from gatepool.lab.experiments.attention_reach import LR_GRID
+from gatepool.lab.experiments.shuffle import shuffle_pixels
 from gatepool.lab.harness import run_experiment
+from gatepool.train.task import run_folder
 from gatepool.utils.threads import num_threads
 
 TINY = {"train_size": "256", "test_size": "200", "epochs": "1"}

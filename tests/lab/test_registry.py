@@ -85,3 +85,15 @@ def test_setup_and_claims_as_committed(where, record):
     setup = exp.resolve_setup(record["profile"])
     assert jsonable(setup) == record["setup"], f"{where}: {record['name']}'s setup changed"
     assert exp.claims_digest(setup) == record["claims_digest"], f"{where}: {record['name']}'s claims changed"
+
+
+def test_the_attention_nets_run_folders_keep_their_names():
+    """The run folders of attention-reach's quick trainings, as main named them before the training task
+    (a changed hash would orphan every finished run folder)."""
+    from gatepool.lab.common.attention_nets import train_config
+    from gatepool.train.task import run_folder
+
+    setup = registry()["attention-reach"].resolve_setup("quick")
+    names = [run_folder("root", train_config(setup, m, 0, device)).name
+             for m in ("conv_stem", "conv_attention") for device in ("cpu", "cuda:0")]  # fmt: skip
+    assert names == ["conv_stem-s0-c2ab1e91"] * 2 + ["conv_attention-s0-981b76b0"] * 2

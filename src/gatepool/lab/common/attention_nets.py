@@ -12,24 +12,21 @@ then (or not) one single-head attention layer, the mean over the tokens and a Li
 Training (``TRAIN``): AdamW (weight decay 1e-4), batch 128, the one-cycle schedule (30% warm-up), each
 model at its own peak learning rate. The trainings are ``gatepool.train`` runs in
 ``<out>/attention-reach/<model>-s<seed>-<config hash>/``; attention-maps and shuffle ask for the same
-seed-0 runs, which are loaded when attention-reach has finished them and trained otherwise. Shuffle's MLP
-on (maybe shuffled) pixels trains through the same ``train_one``. In the quick profile the shipped nets
+seed-0 runs, which are loaded when attention-reach has finished them and trained otherwise (each a
+:class:`gatepool.train.task.TrainTask`, its folder named by :func:`gatepool.train.task.run_folder`). In
+the quick profile the shipped nets
 (the full profile's trainings, ``gatepool pretrained``) answer the claims on trained nets.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections import OrderedDict
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
 
 from gatepool.lab.claims import Context
-from gatepool.train.sweep import run_tasks
+from gatepool.train.task import run_folder
 from gatepool.utils.checks import check_int
 
 ROOT = "attention-reach"  # the folder (under the run's out) that holds every training of this file
@@ -53,42 +50,6 @@ def train_config(setup: dict[str, Any], model: str, seed: int, device: str = "cp
     }  # fmt: skip
     config.update(changes)
     return config
-
-
-def run_folder(root: Path, config: dict[str, Any]) -> Path:
-    """``root/<model>-s<seed>-<hash of the config>``: another setup never lands in a finished run's folder."""
-    from gatepool.train import RUNTIME_FIELDS  # how to run (threads), not what: no part of the name
-
-    what = {k: v for k, v in config.items() if k not in RUNTIME_FIELDS}
-    digest = hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:8]
-    return Path(root) / f"{config['model']}-s{config['seed']}-{digest}"
-
-
-def train_one(task: dict[str, Any]) -> dict[str, Any]:
-    """One training (a worker's unit): a registered model, or this file's MLP on (maybe shuffled) pixels."""
-    from gatepool.train import TrainConfig, load_data, train
-
-    config = TrainConfig.from_dict(task["config"])
-    model = data = None
-    if config.model == "mlp":
-        torch.manual_seed(config.seed)
-        model = MLP(**config.model_kwargs)
-        finished = (Path(task["out"]) / "results.json").is_file()
-        data = None if finished else load_data(config)
-        if data is not None and task["pixel_seed"] is not None:
-            data = type(data)(*(shuffle_pixels(t, task["pixel_seed"]) if t.is_floating_point() else t
-                                for t in data))  # fmt: skip
-    result = train(config, out=task["out"], progress=task["progress"], verbose=task["progress"],
-                   model=model, data=data)  # fmt: skip
-    return result.record
-
-
-def run_trainings(tasks: list[dict[str, Any]], jobs: int, executor: Any = None) -> list[dict[str, Any]]:
-    """Every task's results record: the unfinished ones trained (in ``jobs`` workers, or through
-    ``executor``), then all loaded."""
-    pending = [t for t in tasks if not (Path(t["out"]) / "results.json").is_file()]
-    run_tasks(train_one, pending, jobs, executor)
-    return [train_one({**t, "progress": False}) for t in tasks]  # finished: loaded, not trained
 
 
 def attention_net(ctx: Context, seed: int | None = None) -> nn.Module:
@@ -127,19 +88,3 @@ def first_test_digit(label: int) -> tuple[torch.Tensor, int]:
     hits = (test.labels == label).nonzero().flatten()  # every label has test digits
     i = int(hits[0])
     return test.normalized()[i : i + 1], i
-
-
-class MLP(nn.Sequential):
-    """784 → hidden → ReLU → 10. It has no idea where a pixel sits: a fixed shuffle of the pixels is only
-    a relabelling of its first layer's inputs, ``W (P x) = (W P) x``."""
-
-    def __init__(self, *, hidden: int = 256, pixels: int = 784, num_classes: int = 10) -> None:
-        super().__init__(OrderedDict(flatten=nn.Flatten(), fc1=nn.Linear(pixels, hidden), relu=nn.ReLU(),
-                                     fc2=nn.Linear(hidden, num_classes)))  # fmt: skip
-
-
-def shuffle_pixels(x: torch.Tensor, seed: int) -> torch.Tensor:
-    """One fixed permutation (drawn from ``seed``) of the pixels of every image: (N, C, H, W) → same shape."""
-    from gatepool.analysis.symmetry import PermuteTokens
-
-    return PermuteTokens(seed=seed, dim=1)(x.flatten(1)).view_as(x)

@@ -3,16 +3,18 @@ share.
 
 Each training is a ``gatepool.train`` run in its own folder (checkpoint every epoch, then
 ``results.json`` and ``model.safetensors``), so a killed experiment resumes where it stopped; the
-history records every learned temperature τ after each epoch.
+history records every learned temperature τ after each epoch (:func:`gate_task`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch.nn as nn
 
 from gatepool.lab.claims import Context
+from gatepool.train.task import TrainTask
 
 
 def record_temperatures(model: nn.Module, epoch: int) -> dict[str, Any]:
@@ -24,19 +26,10 @@ def record_temperatures(model: nn.Module, epoch: int) -> dict[str, Any]:
     }
 
 
-def train_one(task: dict[str, Any]) -> dict[str, Any]:
-    """One training (a worker's unit): returns its results record."""
-    from gatepool.train import TrainConfig, train
-
-    config = TrainConfig.from_dict(task["config"])
-    result = train(
-        config,
-        out=task["out"],
-        progress=task["progress"],
-        verbose=task["progress"],
-        on_epoch_end=record_temperatures,
-    )
-    return result.record
+def gate_task(config: dict[str, Any], out: str | Path, progress: bool = False) -> TrainTask:
+    """The training of ``config`` into the run folder ``out``, its history holding the learned τ of
+    every pool that has one after each epoch (nested pools too)."""
+    return TrainTask(config, str(out), progress, on_epoch_end=record_temperatures)
 
 
 def training_config(ctx: Context, model: str, pool: str, seed: int, **extra: Any) -> dict[str, Any]:

@@ -26,13 +26,12 @@ from gatepool.lab.common.attention_nets import (
     LR_KEY,
     TRAIN,
     TRAIN_QUICK,
-    run_folder,
-    run_trainings,
     shipped_name,
     shipped_nets,
     train_config,
 )
 from gatepool.lab.common.receptive_field import layers_to_see
+from gatepool.train.task import TrainTask, run_folder, train_pending
 from gatepool.utils.plotting import pyplot
 
 LR_GRID = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0]
@@ -97,9 +96,9 @@ def attention_reach(ctx: Context) -> None:
             tasks.append({"config": train_config(ctx.setup, model, ctx["seeds"][0], ctx.device,
                                                     lr=ctx["shared_lr"]),
                           "shared": True})  # fmt: skip
-    for t in tasks:
-        t.update(out=str(run_folder(ctx.out, t["config"])), progress=ctx.progress and ctx.jobs == 1)
-    records = run_trainings(tasks, ctx.jobs, ctx.executor)
+    progress = ctx.progress and ctx.jobs == 1
+    records = train_pending([TrainTask(t["config"], str(run_folder(ctx.out, t["config"])), progress)
+                             for t in tasks], ctx.jobs, ctx.executor)  # fmt: skip
 
     acc: dict[str, list[float]] = {m: [] for m in LR_KEY}
     shared: dict[str, float] = {}
@@ -178,13 +177,11 @@ def _judge_shipped(ctx: Context, nets: dict[str, dict[int, nn.Module]]) -> None:
 def _lr_check(ctx: Context) -> None:
     """Seed 0 of each model for a quarter of the epochs at every rate of LR_GRID (the choice is noted)."""
     epochs = max(1, ctx["epochs"] // 4)
-    tasks = [{"config": train_config(ctx.setup, m, 0, ctx.device, lr=lr, epochs=epochs), "progress": False}
-             for m in LR_KEY for lr in LR_GRID]  # fmt: skip
-    for t in tasks:
-        t["out"] = str(run_folder(ctx.out / "lr-check", t["config"]))
-    records = run_trainings(tasks, ctx.jobs, ctx.executor)
-    rows = [(t["config"]["model"], t["config"]["lr"], 100 * r["final"]["test_acc"])
-            for t, r in zip(tasks, records)]
+    configs = [train_config(ctx.setup, m, 0, ctx.device, lr=lr, epochs=epochs)
+               for m in LR_KEY for lr in LR_GRID]  # fmt: skip
+    tasks = [TrainTask(c, str(run_folder(ctx.out / "lr-check", c))) for c in configs]
+    records = train_pending(tasks, ctx.jobs, ctx.executor)
+    rows = [(c["model"], c["lr"], 100 * r["final"]["test_acc"]) for c, r in zip(configs, records)]
     ctx.data["lr_check"] = [{"model": m, "lr": lr, "test_acc": a, "epochs": epochs} for m, lr, a in rows]
     for m in LR_KEY:
         best = max((r for r in rows if r[0] == m), key=lambda r: r[2])

@@ -92,9 +92,10 @@ from gatepool.lab.common.canvas_gates import (
     gate_maps,
     routed_weight,
 )
-from gatepool.lab.common.gate_trainings import train_one, training_config  # records τ of nested pools too
+from gatepool.lab.common.gate_trainings import gate_task, training_config
 from gatepool.lab.stats import bonferroni, welch_difference
 from gatepool.train.sweep import run_tasks
+from gatepool.train.task import train_task
 from gatepool.utils.plotting import pyplot
 
 POOLS = list(GATES)  # every gate of the library, in its order
@@ -209,9 +210,8 @@ def gate_matters(ctx: Context) -> None:
     available = _available(ctx)
     tasks = [
         {
-            "config": training_config(ctx, model_for(net, data), pool, seed, data=data),
-            "out": str(ctx.out / f"{net}-{data}" / f"{pool}-s{seed}"),
-            "progress": ctx.progress and ctx.jobs == 1,
+            "task": gate_task(training_config(ctx, model_for(net, data), pool, seed, data=data),
+                              ctx.out / f"{net}-{data}" / f"{pool}-s{seed}", ctx.progress and ctx.jobs == 1),
             "cell": (net, data),
             "pool": pool,
             "seed": seed,
@@ -221,7 +221,7 @@ def gate_matters(ctx: Context) -> None:
         for pool in ctx["pools"]
         for seed in ctx["seeds"]
     ]
-    records = run_tasks(train_one, tasks, ctx.jobs, ctx.executor)
+    records = run_tasks(train_task, [t["task"] for t in tasks], ctx.jobs, ctx.executor)
 
     acc: dict[str, dict[str, list[float]]] = {}  # "net/data" -> pool -> accuracy per seed (%)
     taus: dict[str, list[float]] = {}  # data -> every final τ of the canvas CNN's soft-learned pools

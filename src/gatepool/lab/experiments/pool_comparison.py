@@ -18,8 +18,9 @@ import numpy as np
 
 from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.lab.common import GATES
-from gatepool.lab.common.gate_trainings import train_one, training_config
+from gatepool.lab.common.gate_trainings import gate_task, training_config
 from gatepool.train.sweep import run_tasks
+from gatepool.train.task import train_task
 from gatepool.utils.plotting import pyplot
 
 POOLS = list(GATES)  # every gate of the library, in its order
@@ -162,16 +163,10 @@ def pool_comparison(ctx: Context) -> None:
     tasks = []
     for pool in ctx["pools"]:
         for seed in ctx["seeds"]:
-            tasks.append(
-                {
-                    "config": training_config(ctx, "residual_cnn", pool, seed),
-                    "out": str(ctx.out / f"{pool}-s{seed}"),
-                    "progress": ctx.progress and ctx.jobs == 1,
-                    "pool": pool,
-                    "seed": seed,
-                }
-            )
-    records = run_tasks(train_one, tasks, ctx.jobs, ctx.executor)
+            config = training_config(ctx, "residual_cnn", pool, seed)
+            task = gate_task(config, ctx.out / f"{pool}-s{seed}", ctx.progress and ctx.jobs == 1)
+            tasks.append({"task": task, "pool": pool, "seed": seed})
+    records = run_tasks(train_task, [t["task"] for t in tasks], ctx.jobs, ctx.executor)
 
     acc: dict[str, list[float]] = {p: [] for p in ctx["pools"]}
     for task, rec in zip(tasks, records):

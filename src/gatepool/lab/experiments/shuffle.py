@@ -5,13 +5,15 @@ Every score q_i·k_j depends on the tokens' contents only, so for any permutatio
 one fixed shuffle of the pixels sinks a CNN trained on plain digits, while an MLP, which has no notion of
 where a pixel sits, learns shuffled digits as well as plain ones. The attention net and the CNN (by
 default the stem-only net) are attention-reach's seed-0 trainings (:mod:`gatepool.lab.common.attention_nets`:
-loaded when attention-reach has run, trained otherwise); the two MLPs are this experiment's.
+loaded when attention-reach has run, trained otherwise); the two MLPs are this experiment's (the
+:class:`MLP` on plain and on pixel-shuffled digits, each a ``TrainTask`` that builds them).
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any
+from collections import OrderedDict
 
 import torch
 import torch.nn as nn
@@ -23,12 +25,45 @@ from gatepool.lab.common.attention_nets import (
     TRAIN_QUICK,
     attention_net,
     first_test_digit,
-    run_folder,
-    run_trainings,
-    shuffle_pixels,
     train_config,
 )
+from gatepool.train import TrainConfig, TrainData
+from gatepool.train.task import TrainTask, run_folder, train_pending
 from gatepool.utils.plotting import pyplot
+
+
+class MLP(nn.Sequential):
+    """784 → hidden → ReLU → 10. It has no idea where a pixel sits: a fixed shuffle of the pixels is only
+    a relabelling of its first layer's inputs, ``W (P x) = (W P) x``."""
+
+    def __init__(self, *, hidden: int = 256, pixels: int = 784, num_classes: int = 10) -> None:
+        super().__init__(OrderedDict(flatten=nn.Flatten(), fc1=nn.Linear(pixels, hidden), relu=nn.ReLU(),
+                                     fc2=nn.Linear(hidden, num_classes)))  # fmt: skip
+
+
+def mlp_net(config: TrainConfig) -> MLP:
+    """The MLP of a training (a ``TrainTask``'s model): ``config.model_kwargs``, seeded by ``config.seed``."""
+    torch.manual_seed(config.seed)
+    return MLP(**config.model_kwargs)
+
+
+def shuffle_pixels(x: torch.Tensor, seed: int) -> torch.Tensor:
+    """One fixed permutation (drawn from ``seed``) of the pixels of every image: (N, C, H, W) → same shape."""
+    from gatepool.analysis.symmetry import PermuteTokens
+
+    return PermuteTokens(seed=seed, dim=1)(x.flatten(1)).view_as(x)
+
+
+def pixel_data(config: TrainConfig, pixel_seed: int | None) -> TrainData:
+    """The training's digits (a ``TrainTask``'s data), every image's pixels shuffled by the one fixed
+    permutation of ``pixel_seed`` (None: as they are)."""
+    from gatepool.train import load_data
+
+    data = load_data(config)
+    if pixel_seed is None:
+        return data
+    return type(data)(*(shuffle_pixels(t, pixel_seed) if t.is_floating_point() else t for t in data))
+
 
 SHUFFLE_SETUP = {**TRAIN, "seed": 0, "digit": 7, "token_seed": 0, "digits": 500, "pixel_seed": 0,
                  "cnn": "conv_stem", "cnn_epochs": 3, "mlp_epochs": 10, "mlp_hidden": 256}  # fmt: skip
@@ -76,7 +111,7 @@ SHUFFLE_CLAIMS = [
             order=16, setup=SHUFFLE_SETUP, quick=SHUFFLE_QUICK, claims=SHUFFLE_CLAIMS)
 def shuffle(ctx: Context) -> None:
     from gatepool.analysis.symmetry import PermuteTokens, equivariance_error
-    from gatepool.train import TrainConfig, evaluate, load_data
+    from gatepool.train import evaluate, load_data
 
     # the trainings, all independent (side by side with --jobs): the attention net and, by default, the
     # CNN are experiment 13's seed-0 runs (loaded when 13 has run); the two MLPs are this experiment's
@@ -94,14 +129,15 @@ def shuffle(ctx: Context) -> None:
     mlp = {**attention, "model": "mlp", "model_kwargs": {"hidden": ctx["mlp_hidden"]},
            "epochs": ctx["mlp_epochs"], "optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0,
            "threads": max(1, (os.cpu_count() or 1) // ctx.jobs) if ctx.jobs > 1 else None}  # fmt: skip
-    tasks = [{"config": attention, "out": run_folder(shared, attention)}, {"config": cnn, "out": cnn_out}]
+    progress = ctx.progress and ctx.jobs == 1
+    tasks = [TrainTask(attention, str(run_folder(shared, attention)), progress),
+             TrainTask(cnn, str(cnn_out), progress)]  # fmt: skip
     for name, pixel_seed in (("mlp-plain", None), ("mlp-shuffled", ctx["pixel_seed"])):
         out = run_folder(ctx.out, {**mlp, "model": name, "pixel_seed": pixel_seed})
-        tasks.append({"config": mlp, "out": out, "pixel_seed": pixel_seed})
-    for t in tasks:
-        t.update(out=str(t["out"]), progress=ctx.progress and ctx.jobs == 1)
-    records = run_trainings(tasks[:2], ctx.jobs, ctx.executor)
-    records += run_trainings(tasks[2:], 1)  # the MLPs: seconds, no worker
+        tasks.append(TrainTask(mlp, str(out), progress, model=mlp_net,
+                               data=functools.partial(pixel_data, pixel_seed=pixel_seed)))  # fmt: skip
+    records = train_pending(tasks[:2], ctx.jobs, ctx.executor)
+    records += train_pending(tasks[2:], 1)  # the MLPs: seconds, no worker
 
     # attention: token shuffles
     model = attention_net(ctx)  # finished above: loaded
@@ -148,10 +184,10 @@ def shuffle(ctx: Context) -> None:
     _shuffle_figure(ctx, data.test_x[0], px[0], acc)
 
 
-def _load(task: dict[str, Any]) -> nn.Module:
-    from gatepool.train import TrainConfig, train
+def _load(task: TrainTask) -> nn.Module:
+    from gatepool.train import train
 
-    return train(TrainConfig.from_dict(task["config"]), out=task["out"], progress=False, verbose=False).model
+    return train(TrainConfig.from_dict(task.config), out=task.out, progress=False, verbose=False).model
 
 
 def _shuffle_figure(ctx: Context, plain: torch.Tensor, shuffled: torch.Tensor, acc: dict[str, float]) -> None:
