@@ -10,7 +10,7 @@ import torch.nn as nn
 
 CANVAS_MODEL, MNIST_MODEL, DEEP_MODEL = "residual_cnn_canvas", "residual_cnn", "resnet_gate"
 # Training images/s of one 1-thread worker: relative costs measured under load, times a reference 1,400
-# for the lecture's CNN (see gate-matters' module docstring).
+# for the lecture's CNN (docs/beyond.md, "Sizing the full profile").
 RATES = {CANVAS_MODEL: 297.0, DEEP_MODEL: 440.0, MNIST_MODEL: 1400.0}
 EVAL_COST = 1 / 3  # an evaluation pass, in training passes
 

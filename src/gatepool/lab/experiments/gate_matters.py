@@ -26,49 +26,18 @@ quick profile) there is no interval and the claims are ``not run``.
 Every training is a ``gatepool.train`` run in ``<out>/<net>-<data>/<pool>-s<seed>/`` (checkpoint every
 epoch), all of them through the same parallel workers (``run_tasks``), so a killed run resumes.
 
-Sizing the full profile: an *estimate*, at reserved rates, of ≤ 2.5 h wall on 2 cores (2 one-thread
-workers = 18,000 worker-seconds). The full run took 1 h 48 min 53 s wall (6,528 s for the experiment) on
-a quiet 2-core AMD EPYC, torch 2.13.0, 2026-12-02: ``results-beyond/full``.
-``python -m gatepool.lab.experiments.gate_matters --measure`` times training steps of the three nets in
-turn (the trainer's ``train_step``, timed by ``torch.utils.benchmark``: 1 thread, batch 64, Adam,
-channels_last; median of 3 rounds; the harmonic mean over the six gates).
-On 2026-12-02, on the 2-core development machine **under load** (load average ≈ 6: four other sessions
-busy), torch 2.13.0, seed 0, it gave images/s (then with a loop of its own and ``time.perf_counter``; the
-step was the same computation, bit for bit):
-
-    residual_cnn         1,052  (28×28, Fashion-MNIST)     relative cost 1
-    residual_cnn_canvas    223  (60×60)                    4.7× the lecture's CNN
-    resnet_gate            330  (60×60)                    3.2×
-
-The load changes the rates (an earlier timing of the same steps, one net after another, at load ≈ 3:
-1,440 / 340 / 640), so the budget
-takes the *relative* costs measured together and one reference rate for the lecture's CNN: 1,400 images/s
-per one-thread worker (``gatepool.train.sweep.default_jobs`` records about 1,900 on the quiet machine;
-1,400 keeps a quarter in reserve): RATES = 1,400 / 297 / 440. A training costs
-epochs · (train_size + test_size/3) image-passes (an evaluation pass is about a third of a training
-step); with train_size 10,000, test_size 4,000 and 5 epochs (56,667 passes):
-
-    canvas CNN   3 sets × 6 gates × 3 seeds = 54 × 191 s = 10,300 worker-s
-    resnet_gate  2 sets × 6 gates × 3 seeds = 36 × 129 s =  4,640 worker-s
-    Fashion      1 set  × 6 gates × 3 seeds = 18 ×  40 s =    730 worker-s
-    total 15,670 worker-s / 2 workers ≈ 2.2 h estimated (13% under 2.5 h at the reserved rates)
-
-:func:`estimate_seconds` computes this from the setup (a test keeps the full setup's estimate at the
-reserved rates within 2.5 h; it cannot say the run will be: the rates were measured under load). The
-budget allows 3 seeds, not 5; the 10,000 training and 4,000 test digits are the same random subsets for
-every gate and seed (``subset_seed`` 0). Does the budget learn the tasks? Single trainings with max
-pools, seed 0, 5 epochs, 4,000 test digits (``gatepool train --model M --pool max --data D --train-size
-N --test-size 4000 --epochs 5 --threads 1 --seed 0``, 2026-12-02, under load): cluttered-mnist, canvas CNN
-93.8% (N = 12,000), ResNetGate 93.7% (N = 10,000); distractor-mnist (N = 10,000), canvas CNN 28.9%,
-ResNetGate 27.4%, learning only from epoch 4 on: with max pools distractor-mnist is far from learned at
-this budget. train_size went from 12,000 to 10,000 for the time budget after the first of these runs;
-nothing was changed after the others, and no other gate was tried. Settled before the full run, from these
-max-pool runs alone: the budget stays 5 epochs everywhere (more epochs for every gate would not fit the
-3-hour bound; an epoch count fitted to max pool's curve would let the reference choose the budget), so on
-distractor-mnist the gates are compared at the onset of learning.
-Quick profile: cluttered- and distractor-mnist, canvas CNN, one seed, 512 images × 2 epochs: a smoke run of
-the whole pipeline (accuracies near chance, no intervals, claims not run): 25.8 s for the experiment,
-30 s wall with the report, on a quiet 2-core AMD EPYC, torch 2.13.0, 2026-12-02 (measured by the lead).
+Sizing: :func:`estimate_seconds` predicts a setup's wall clock on 2 one-thread workers from ``RATES``
+(training images/s of one worker per net: the nets' relative costs, measured together, times one
+reference rate for the lecture's CNN, kept a quarter below what a quiet machine gives) and ``EVAL_COST``
+(an evaluation pass costs about a third of a training step): a training costs
+epochs · (train_size + test_size/3) image-passes. The full profile (10,000 training and 4,000 test
+digits, 5 epochs, 3 seeds, not 5; the same random subsets for every gate and seed) is sized so that its
+estimate stays within ``BUDGET_S`` (2.5 h), and a test keeps it there; the estimate cannot say how long
+the run will take (the rates were measured under load). ``python -m gatepool.lab.experiments.gate_matters
+--measure`` times training steps of the three nets in turn (:func:`measure_rates`). The quick profile
+(cluttered- and distractor-mnist, canvas CNN, one seed, 512 images × 2 epochs) is a smoke run of the
+whole pipeline: accuracies near chance, no intervals, claims not run. The measurements behind ``RATES``,
+the budget rule and the runs: docs/beyond.md.
 """
 
 from __future__ import annotations
