@@ -52,7 +52,7 @@ def mean_ideal(reports: list, stage: str, field: str = "grad_e2") -> float | Non
 LECTURE_BACK = {"block3": 13.3e-6, "block2": 16.7e-6, "pool2": 22.2e-6, "block1": 5.5e-6}
 
 
-def _histograms(report, which: str):
+def histograms(report, which: str):
     """Per stage, the sampled values (forward) or gradients (backward) of seed 0's net.
 
     Forward, over each the Gaussian the rules assume (the measured mean, the ideal σ²); backward, on a log

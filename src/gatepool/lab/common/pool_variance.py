@@ -24,7 +24,7 @@ QUICK = {"batch": 64}
 SAMPLES = "512·32·49 windows: the standard error is below 0.005"
 
 
-def _pools(ctx: Context) -> dict[str, dict]:
+def measure_pools(ctx: Context) -> dict[str, dict]:
     """Measure avg and max pools on the same N(0, 1) maps; returns the probe rows per gate."""
     k = ctx["window"]
     check_int(k, "--set window", 1, ctx["size"])

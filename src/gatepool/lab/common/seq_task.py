@@ -33,7 +33,7 @@ def _stderr(setup: dict, p: float = 0.99) -> float:
     return math.sqrt(p * (1 - p) / (setup["eval_size"] * setup["length"]))
 
 
-def _claims(setup: dict) -> list[Claim]:
+def seq_claims(setup: dict) -> list[Claim]:
     quick_setup = {**setup, **QUICK}
     return [
         Claim("token-acc", f"greedy token accuracy of the {setup['arch']} on {setup['task']} "

@@ -6,7 +6,7 @@ Max pooling is ``V · hardmax(V)``; soften it to ``V · softmax(V/τ)``:
     out = Σ_j g_j v_j,   g = softmax(v/τ)
     ∂out/∂v_j = g_j (1 + (v_j − out)/τ)        (hard max: 1 for the winner, 0 elsewhere)
 
-The measurements run through ``gatepool.layers`` (the layers a model uses) and autograd (``_gated``); the
+The measurements run through ``gatepool.layers`` (the layers a model uses) and autograd (``pool_once``); the
 theory beside them is the closed form above (``softmax_theory``), computed in float64 numpy,
 independently of the layers. ``printed`` is the tolerance of a value the lecture prints.
 """
@@ -49,11 +49,13 @@ def softmax_theory(v: np.ndarray, tau: float) -> tuple[np.ndarray, float, np.nda
     return g, out, g * (1 + (v - out) / tau)
 
 
-def _window(ctx: Context) -> torch.Tensor:
+def window_of(ctx: Context) -> torch.Tensor:
+    """The setup's window of scores, as one sample of one channel."""
     return torch.tensor(ctx["window"], dtype=torch.float32).view(1, 1, -1)  # (N=1, C=1, L=n)
 
 
-def _gated(v: torch.Tensor, gate: str, tau: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pool_once(v: torch.Tensor, gate: str, tau: float = 1.0
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """Pool the whole window once through our layer: (out, gates, ∂out/∂v)."""
     from gatepool.layers import GatedPool1d
 

@@ -17,7 +17,7 @@ from gatepool.lab.common.cnn_at_init import (
     LECTURE_BACK,
     SEED_WHY,
     SETUP,
-    _histograms,
+    histograms,
     mean_ideal,
     probe_seeds,
 )
@@ -262,4 +262,4 @@ def network_backward(ctx: Context) -> None:
     )
     ax.legend(fontsize=8)
     ctx.figure(fig, "network-backward.png")
-    ctx.figure(_histograms(first, "backward"), "network-backward-histograms.png")
+    ctx.figure(histograms(first, "backward"), "network-backward-histograms.png")

@@ -18,7 +18,7 @@ from gatepool.lab.common.cnn_at_init import (
     SEED_WHY,
     SETUP,
     STAGES,
-    _histograms,
+    histograms,
     mean_ideal,
     probe_seeds,
 )
@@ -175,4 +175,4 @@ def network_forward(ctx: Context) -> None:
     ax2.set(yscale="log", title=f"values (seed {ctx['seeds'][0]}): the spike at 0 after the ReLU")
     ax2.legend(fontsize=8)
     ctx.figure(fig, "network-forward.png")
-    ctx.figure(_histograms(first, "forward"), "network-forward-histograms.png")
+    ctx.figure(histograms(first, "forward"), "network-forward-histograms.png")

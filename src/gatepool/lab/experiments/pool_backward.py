@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from gatepool.analysis.probe import avg_pool_backward, max_pool_backward
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.common.pool_variance import QUICK, SAMPLES, SETUP, _pools
+from gatepool.lab.common.pool_variance import QUICK, SAMPLES, SETUP, measure_pools
 
 BACKWARD_REF = "lecture, the same pools backward: max passes g to one input in four, average g/4 to all"
 BACKWARD_EXACT = (
@@ -71,7 +71,7 @@ BACKWARD_EXACT = (
     ],
 )
 def pool_backward(ctx: Context) -> None:
-    rows = _pools(ctx)
+    rows = measure_pools(ctx)
     k, size = ctx["window"], ctx["size"]
     n = k * k
     covered = ((size // k) * k / size) ** 2  # inputs in no window (size not a multiple of k) get no gradient

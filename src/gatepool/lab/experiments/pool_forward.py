@@ -12,7 +12,7 @@ import torch
 
 from gatepool.analysis.probe import avg_pool_forward, max_of_normals
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.common.pool_variance import QUICK, SAMPLES, SETUP, _pools
+from gatepool.lab.common.pool_variance import QUICK, SAMPLES, SETUP, measure_pools
 from gatepool.utils.plotting import pyplot
 
 FORWARD_REF = "lecture, a 2 × 2 pool of N(0, 1) values: average Var ¼; max mean 1.03, Var 0.49"
@@ -61,7 +61,7 @@ FORWARD_REF = "lecture, a 2 × 2 pool of N(0, 1) values: average Var ¼; max mea
     ],
 )
 def pool_forward(ctx: Context) -> None:
-    rows = _pools(ctx)
+    rows = measure_pools(ctx)
     n = ctx["window"] ** 2
     mean_th, var_th = max_of_normals(n)
     ctx.check("avg-variance", rows["avg"]["out"].forward.var, theory=avg_pool_forward(n))

@@ -6,10 +6,10 @@ The task, the training and the claims it shares with seq-demo-encdec: :mod:`gate
 from __future__ import annotations
 
 from gatepool.lab.claims import Context, experiment
-from gatepool.lab.common.seq_task import QUICK, SETUP, _claims, train_and_check
+from gatepool.lab.common.seq_task import QUICK, SETUP, seq_claims, train_and_check
 
 
 @experiment("seq-demo", title="a decoder or an encoder–decoder learns a sequence task to 99% in < 2 minutes",
-            order=20, setup=SETUP, quick=QUICK, claims=_claims)
+            order=20, setup=SETUP, quick=QUICK, claims=seq_claims)
 def seq_demo(ctx: Context) -> None:
     train_and_check(ctx)

@@ -7,10 +7,10 @@ An encoder over x and a causal decoder cross-attending to it; the task, the trai
 from __future__ import annotations
 
 from gatepool.lab.claims import Context, experiment
-from gatepool.lab.common.seq_task import QUICK, SETUP, _claims, train_and_check
+from gatepool.lab.common.seq_task import QUICK, SETUP, seq_claims, train_and_check
 
 
 @experiment("seq-demo-encdec", title="the encoder–decoder learns it too: the same task, the same bars",
-            order=20.5, setup={**SETUP, "arch": "encoder-decoder"}, quick=QUICK, claims=_claims)
+            order=20.5, setup={**SETUP, "arch": "encoder-decoder"}, quick=QUICK, claims=seq_claims)
 def seq_demo_encdec(ctx: Context) -> None:
     train_and_check(ctx)

@@ -19,10 +19,10 @@ from gatepool.lab.common.soft_window import (
     THREE_DECIMALS,
     TWO_DECIMALS,
     WINDOW,
-    _gated,
-    _window,
+    pool_once,
     printed,
     softmax_theory,
+    window_of,
 )
 from gatepool.utils.plotting import pyplot
 
@@ -106,15 +106,15 @@ def _soft_gate_claims(setup: dict) -> list[Claim]:
     claims=_soft_gate_claims,
 )
 def soft_gate(ctx: Context) -> None:
-    v = _window(ctx)
+    v = window_of(ctx)
     for j, shown in enumerate(DISPLAYED_WINDOW):
         ctx.check(
             f"exp-{j + 1}", math.exp(shown), note=f"ln {LECTURE_EXP[j]:,.0f} = {math.log(LECTURE_EXP[j]):.4f}"
         )
     ctx.check("exp-sum", float(torch.exp(v.double()).sum()), theory=float(np.exp(ctx["window"]).sum()))
     g_th, out_th, _ = softmax_theory(np.array(ctx["window"], dtype=np.float64), 1.0)
-    out_max, gates_max, _ = _gated(v, "max")
-    out_soft, gates_soft, _ = _gated(v, "soft", 1.0)
+    out_max, gates_max, _ = pool_once(v, "max")
+    out_soft, gates_soft, _ = pool_once(v, "soft", 1.0)
     ctx.check("max-out", out_max, theory=max(ctx["window"]))
     ctx.check("soft-out", out_soft, theory=out_th)
     for j, (g, t) in enumerate(zip(gates_soft.tolist(), g_th)):

@@ -11,7 +11,14 @@ from __future__ import annotations
 import numpy as np
 
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.common.soft_window import THREE_DECIMALS, WINDOW, _gated, _window, printed, softmax_theory
+from gatepool.lab.common.soft_window import (
+    THREE_DECIMALS,
+    WINDOW,
+    pool_once,
+    printed,
+    softmax_theory,
+    window_of,
+)
 from gatepool.utils.plotting import pyplot
 
 GRADIENT_REF = "lecture, the soft gate's backward on the same window"
@@ -59,10 +66,10 @@ def _gradient_claims(setup: dict) -> list[Claim]:
     claims=_gradient_claims,
 )
 def soft_gradient(ctx: Context) -> None:
-    v = _window(ctx)
+    v = window_of(ctx)
     window = np.array(ctx["window"], dtype=np.float64)
-    _, _, grad_hard = _gated(v, "max")
-    out_soft, _, grad_soft = _gated(v, "soft", 1.0)
+    _, _, grad_hard = pool_once(v, "max")
+    out_soft, _, grad_soft = pool_once(v, "soft", 1.0)
     hard_th = (window == window.max()).astype(float)
     soft_th = softmax_theory(window, 1.0)[2]
     for j in range(len(window)):

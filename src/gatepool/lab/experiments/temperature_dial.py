@@ -11,7 +11,14 @@ from __future__ import annotations
 import numpy as np
 
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.common.soft_window import TWO_DECIMALS, WINDOW, _gated, _window, printed, softmax_theory
+from gatepool.lab.common.soft_window import (
+    TWO_DECIMALS,
+    WINDOW,
+    pool_once,
+    printed,
+    softmax_theory,
+    window_of,
+)
 from gatepool.utils.checks import check_number
 from gatepool.utils.plotting import pyplot
 
@@ -89,20 +96,20 @@ def _dial_claims(setup: dict) -> list[Claim]:
 def temperature_dial(ctx: Context) -> None:
     plt = pyplot()
     window = np.array(ctx["window"], dtype=np.float64)
-    v = _window(ctx)
+    v = window_of(ctx)
     for t in ctx["temperatures"]:
         check_number(t, "--set temperatures (each τ)", 0, low_open=True)
-        out, gates, _ = _gated(v, "soft", float(t))
+        out, gates, _ = pool_once(v, "soft", float(t))
         g_th, out_th, _ = softmax_theory(window, float(t))
         ctx.check(f"out-tau{t:g}", out, theory=out_th)
         for j, shown in enumerate(LECTURE_DIAL_GATES.get(t, ())):
             if shown is not None and j < len(window):
                 ctx.check(f"gate{j + 1}-tau{t:g}", gates[j], theory=float(g_th[j]))
-    ctx.check("mean-limit", _gated(v, "soft", 1e4)[0], theory=float(window.mean()))
-    ctx.check("max-limit", _gated(v, "soft", 1e-4)[0], theory=float(window.max()))
+    ctx.check("mean-limit", pool_once(v, "soft", 1e4)[0], theory=float(window.mean()))
+    ctx.check("max-limit", pool_once(v, "soft", 1e-4)[0], theory=float(window.max()))
 
     taus = np.logspace(-2, 2, 81)
-    curves = np.stack([_gated(v, "soft", float(t))[1].numpy() for t in taus])  # (T, n)
+    curves = np.stack([pool_once(v, "soft", float(t))[1].numpy() for t in taus])  # (T, n)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     for j in range(curves.shape[1]):
         ax1.plot(taus, curves[:, j], label=f"g{j + 1} (v={window[j]:g})")
