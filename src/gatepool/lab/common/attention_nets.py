@@ -29,7 +29,7 @@ from gatepool.lab.claims import Context
 from gatepool.train.task import run_folder
 from gatepool.utils.checks import check_int
 
-ROOT = "attention-reach"  # the folder (under the run's out) that holds every training of this file
+ROOT = "attention-reach"  # the folder (under the run's out) that holds the attention nets' trainings
 LR_KEY = {"conv_stem": "lr_stem", "conv_attention": "lr_attention"}
 TRAIN = {  # the lecture's setup for the attention net and its stem-only twin
     "train_size": 8000, "test_size": 2000, "epochs": 20, "batch_size": 128, "optimizer": "adamw",
@@ -53,7 +53,7 @@ def train_config(setup: dict[str, Any], model: str, seed: int, device: str = "cp
 
 
 def attention_net(ctx: Context, seed: int | None = None) -> nn.Module:
-    """Experiment 13's attention net of ``seed`` (default ``ctx["seed"]``), in eval mode (loaded, or trained
+    """attention-reach's attention net of ``seed`` (default ``ctx["seed"]``), in eval mode (loaded, or trained
     now)."""
     from gatepool.train import TrainConfig, train
 

@@ -114,13 +114,13 @@ def shuffle(ctx: Context) -> None:
     from gatepool.train import evaluate, load_data
 
     # the trainings, all independent (side by side with --jobs): the attention net and, by default, the
-    # CNN are experiment 13's seed-0 runs (loaded when 13 has run); the two MLPs are this experiment's
+    # CNN are attention-reach's seed-0 runs (loaded when it has run); the two MLPs are this experiment's
     shared = ctx.out.parent / ROOT
     attention = train_config(ctx.setup, "conv_attention", ctx["seed"], ctx.device)
     if ctx["cnn"] == "conv_stem":  # a pure CNN: conv, ReLU, max pool, global average, Linear
         cnn = train_config(ctx.setup, "conv_stem", ctx["seed"], ctx.device)
         cnn_out = run_folder(shared, cnn)
-    elif ctx["cnn"] == "residual_cnn":  # Tuesday's CNN, trained as in experiment 12 (Adam 3e-3, one-cycle)
+    elif ctx["cnn"] == "residual_cnn":  # Tuesday's CNN, trained as in pool-comparison (Adam 3e-3, one-cycle)
         cnn = {**attention, "model": "residual_cnn", "model_kwargs": {}, "epochs": ctx["cnn_epochs"],
                "optimizer": "adam", "lr": 3e-3, "weight_decay": 0.0}  # fmt: skip
         cnn_out = run_folder(ctx.out, cnn)
