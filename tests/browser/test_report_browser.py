@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gatepool.lab.experiments.soft_gate import printed
+from gatepool.lab.common.soft_window import printed
 from gatepool.lab.report import html_page, summary
 from gatepool.lab.report.dials import explorer_readout, padding_map, sqrt_d_dial, tau_dial
 

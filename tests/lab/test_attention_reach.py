@@ -11,17 +11,13 @@ import math
 import pytest
 import torch
 
-from gatepool.lab.experiments.attention_reach import (
-    LR_GRID,
-    LR_KEY,
-    layers_to_see,
-    parse_queries,
-    receptive_width,
-    run_folder,
-    shuffle_pixels,
-    train_config,
-)
+from gatepool.lab.common.attention_nets import LR_KEY, train_config
+from gatepool.lab.common.receptive_field import layers_to_see, receptive_width
+from gatepool.lab.experiments.attention_maps import parse_queries
+from gatepool.lab.experiments.attention_reach import LR_GRID
+from gatepool.lab.experiments.shuffle import shuffle_pixels
 from gatepool.lab.harness import run_experiment
+from gatepool.train.task import run_folder
 from gatepool.utils.threads import num_threads
 
 TINY = {"train_size": "256", "test_size": "200", "epochs": "1"}
@@ -75,7 +71,7 @@ def test_reach_trains_both_nets_and_maps_reuse_the_attention_net(tmp_path):
     after = sorted(p.name for p in (tmp_path / "attention-reach").iterdir() if p.is_dir())
     assert set(runs) < set(after) and len(after) == 3  # seed 0's net reused, seed 1's trained
     # the shares recomputed here: the first test 7 through the explicit attention of each loaded net
-    from gatepool.lab.experiments.attention_reach import attention_net, first_test_digit
+    from gatepool.lab.common.attention_nets import attention_net, first_test_digit
     from gatepool.lab.harness import Context, get
 
     exp = get("attention-maps")
@@ -228,7 +224,7 @@ def test_position_similarity_finds_a_grid_in_a_smooth_table():
 
 
 def test_a_wide_spread_over_seeds_refutes_but_does_not_confirm(tmp_path):
-    from gatepool.lab.experiments.attention_reach import check_over_seeds
+    from gatepool.lab.experiments.attention_maps import check_over_seeds
     from gatepool.lab.harness import Context, get
 
     exp = get("attention-maps")

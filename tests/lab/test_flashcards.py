@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from gatepool.lab.experiments.flashcards import FAR, cross_attention_checks, normalize_over
+from gatepool.lab.common.flashcard_checks import FAR
+from gatepool.lab.experiments.flashcards import cross_attention_checks, normalize_over
 from gatepool.lab.harness import run_experiment
 
 MUST_HOLD = [

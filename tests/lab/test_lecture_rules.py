@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gatepool.lab.claims import SOURCES
+from gatepool.lab.experiments.batchnorm import ema, feed_batchnorm, fold_batchnorm
 from gatepool.lab.experiments.conv_unrolled import (
     FILTER,
     WINDOW,
@@ -20,20 +21,12 @@ from gatepool.lab.experiments.conv_unrolled import (
     tied_gradient,
     unrolled_matrix,
 )
-from gatepool.lab.experiments.init_rules import (
-    ema,
-    fan_mode_moments,
-    feed_batchnorm,
-    fold_batchnorm,
-    weight_uses,
-)
-from gatepool.lab.experiments.max_normals import (
-    head_factors,
-    max_moments,
-    phi,
-    skewness,
-    two_max_pools,
-)
+from gatepool.lab.experiments.he_fan_mode import fan_mode_moments
+from gatepool.lab.experiments.head_chain import head_factors
+from gatepool.lab.experiments.max_normals import max_moments, phi
+from gatepool.lab.experiments.pool_compound import two_max_pools
+from gatepool.lab.experiments.stream_skew import skewness
+from gatepool.lab.experiments.weight_uses import weight_uses
 from gatepool.lab.harness import run_experiment
 from gatepool.layers.blocks import MLP
 from gatepool.models import ResidualCNN

@@ -27,7 +27,7 @@ def _avg_for_max(module):
 
 
 def _mutate_pool_variance(monkeypatch):
-    import gatepool.lab.experiments.pool_variance as m
+    import gatepool.lab.common.pool_variance as m
 
     monkeypatch.setattr(m, "create_pool", _avg_for_max(m))
 
@@ -91,7 +91,7 @@ def _loud_head(module_name):  # the head's Linear initialized at twice its stand
 
 
 def _max_head(monkeypatch):  # the head pools its 49 positions with a max instead of the mean
-    import gatepool.lab.experiments.max_normals as m
+    import gatepool.lab.common.cnn_at_init as m
     from gatepool.models import ResidualCNN
 
     def maxed(**kw):
@@ -103,7 +103,7 @@ def _max_head(monkeypatch):  # the head pools its 49 positions with a max instea
 
 
 def _max_for_avg(monkeypatch):  # the wrong gate: every "avg" pool takes the max
-    import gatepool.lab.experiments.pool_variance as m
+    import gatepool.lab.common.pool_variance as m
 
     real = m.create_pool
     monkeypatch.setattr(m, "create_pool", lambda gate, *a, **kw: real("max" if gate == "avg" else gate, *a,
@@ -111,7 +111,7 @@ def _max_for_avg(monkeypatch):  # the wrong gate: every "avg" pool takes the max
 
 
 def _half_he_block(monkeypatch):  # the library's block conv initialized at half He's variance
-    import gatepool.lab.experiments.conv_variance as m
+    import gatepool.lab.common.conv_variance as m
 
     real = m.PreActBlock
 
@@ -159,7 +159,7 @@ def _fused_explicit(monkeypatch):  # the "explicit" path secretly the fused kern
 def _strided_unfold(monkeypatch):  # the backward's products read off every other position only
     import torch.nn.functional as F
 
-    import gatepool.lab.experiments.init_rules as m
+    import gatepool.lab.experiments.weight_uses as m
 
     real = F.unfold
     monkeypatch.setattr(m.F, "unfold", lambda x, k, padding=0: real(x, k, padding=padding, stride=2))
@@ -177,7 +177,7 @@ def _fixed_temperature(monkeypatch):  # the gate ignores τ
 
 
 def _he_off(monkeypatch):  # the library's block conv initialized at half He's variance
-    import gatepool.lab.experiments.init_rules as m
+    import gatepool.lab.experiments.he_init as m
     from gatepool.models import ResidualCNN
 
     def half(**kw):
@@ -191,7 +191,7 @@ def _he_off(monkeypatch):  # the library's block conv initialized at half He's v
 def _positional_trunk(monkeypatch):  # a trunk that knows where it is: not shift-equivariant
     import torch
 
-    import gatepool.lab.experiments.flashcards as m
+    import gatepool.lab.experiments.definitions as m
 
     real = m._trunk
 
@@ -214,18 +214,18 @@ MUTATIONS = [
     ("conv-backward", _no_relu, ["after-relu"]),
     ("conv-backward", _half_he_block, ["after-conv", "after-relu"]),
     ("padding-map", _no_relu, ["middle", "edge", "corner"]),
-    ("network-backward", _loud_head("gatepool.lab.experiments.network"),
+    ("network-backward", _loud_head("gatepool.lab.common.cnn_at_init"),
      ["g2-block3", "g2-block2", "g2-pool2", "g2-block1", "rms-g-block1.conv1", "rms-dw-block1.conv1",
       "weight-ratio-high"]),
     ("network-backward", _no_skip, ["block3-to-block2", "block2-to-pool2"]),
-    ("network-backward", _loud_stem("gatepool.lab.experiments.network"), ["stem-to-image"]),
+    ("network-backward", _loud_stem("gatepool.lab.common.cnn_at_init"), ["stem-to-image"]),
     # (an average pool instead of the max does NOT move measured-pool1: on smooth digits the 2×2 max
     # barely differs from the mean, and the seeds' ±30% covers both; the stem's init does move it)
-    ("network-forward", _loud_stem("gatepool.lab.experiments.network"),
+    ("network-forward", _loud_stem("gatepool.lab.common.cnn_at_init"),
      ["measured-stem", "measured-pool1", "measured-block1", "measured-pool2", "measured-block2",
       "measured-block3"]),
     # the first ReLU keeps 0.64 because the max pools skew the stream: an average pool keeps 0.53
-    ("network-forward", _avg_cnn("gatepool.lab.experiments.network"), ["relu-keeps"]),
+    ("network-forward", _avg_cnn("gatepool.lab.common.cnn_at_init"), ["relu-keeps"]),
     ("attention-cost", _fused_explicit, ["memory-exponent-explicit"]),
     ("weight-uses", _strided_unfold, ["uses-14", "uses-7"]),
     ("temperature-dial", _fixed_temperature, ["out-tau0.01", "out-tau0.5", "out-tau2", "out-tau100",
@@ -236,7 +236,7 @@ MUTATIONS = [
     ("soft-gradient", _soft_is_avg, ["soft-1", "soft-2", "soft-3", "soft-4"]),
     ("he-init", _he_off, ["he-block"]),
     ("head-chain", _no_relu, ["relu"]),
-    ("head-chain", _loud_head("gatepool.lab.experiments.max_normals"), ["fc"]),
+    ("head-chain", _loud_head("gatepool.lab.common.cnn_at_init"), ["fc"]),
     ("head-chain", _max_head, ["bump"]),
     ("definitions", _positional_trunk, ["shift-equivariant"]),
 ]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from gatepool.cli import main
-from gatepool.lab.experiments.soft_gate import WINDOW, printed
+from gatepool.lab.common.soft_window import WINDOW, printed
 from gatepool.lab.experiments.sqrt_d import LECTURE as SQRT_D_LECTURE
 from gatepool.lab.report import html_page, markdown, summary, table
 from gatepool.lab.report.compare import compare_rows, load_run, tally

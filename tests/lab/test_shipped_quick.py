@@ -29,7 +29,8 @@ def context(name, tmp_path, profile="quick", overrides=None):
 
 
 def test_attention_reach_quick_judges_the_shipped_nets_with_the_lectures_bars(tmp_path):
-    from gatepool.lab.experiments.attention_reach import _judge_shipped, shipped_nets
+    from gatepool.lab.common.attention_nets import shipped_nets
+    from gatepool.lab.experiments.attention_reach import _judge_shipped
 
     ctx = context("attention-reach", tmp_path)
     _judge_shipped(ctx, shipped_nets(ctx))
@@ -50,7 +51,7 @@ def test_attention_reach_quick_judges_the_shipped_nets_with_the_lectures_bars(tm
 
 
 def test_only_quick_on_its_own_setup_uses_shipped_nets(tmp_path):
-    from gatepool.lab.experiments.attention_reach import shipped_nets
+    from gatepool.lab.common.attention_nets import shipped_nets
 
     assert shipped_nets(context("attention-reach", tmp_path, "full")) is None  # full trains its own
     assert shipped_nets(context("attention-reach", tmp_path, overrides={"epochs": "2"})) is None
@@ -67,7 +68,7 @@ def explicit_gates(model, x):
 
 def test_attention_maps_quick_reads_the_shipped_nets_and_saves_the_explorer(tmp_path):
     from gatepool.data import load_dataset
-    from gatepool.lab.experiments.attention_reach import first_test_digit
+    from gatepool.lab.common.attention_nets import first_test_digit
     from gatepool.models import create_model
 
     rec = run_experiment("attention-maps", profile="quick", out=tmp_path, progress=False)

@@ -91,7 +91,7 @@ def test_network_forward_and_backward(tmp_path):
 
 
 def test_border_rescale_scales_each_output_by_its_missing_taps():
-    from gatepool.lab.experiments.conv_variance import BorderRescale
+    from gatepool.lab.experiments.padding_map import BorderRescale
 
     y = torch.ones(2, 3, 5, 5)
     out = BorderRescale(3, 1)(y)  # corner: 4 of 9 taps, edge: 6, inside: 9

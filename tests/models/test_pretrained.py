@@ -222,12 +222,12 @@ def test_the_specs_are_the_experiments_own_trainings(tmp_path, monkeypatch):
         raise Caught  # stop before any training
 
     monkeypatch.setattr(pool_comparison, "run_tasks", lambda fn, tasks, jobs, executor=None: catch(tasks))
-    monkeypatch.setattr(attention_reach, "run_trainings", lambda tasks, jobs, executor=None: catch(tasks))
+    monkeypatch.setattr(attention_reach, "train_pending", lambda tasks, jobs, executor=None: catch(tasks))
     for name in ("pool-comparison", "attention-reach"):
         exp = get(name)
         with pytest.raises(Caught):
             exp.fn(Context(exp, "full", exp.resolve_setup("full"), tmp_path / name, progress=False))
-    runs = {json.dumps(t["config"], sort_keys=True) for t in caught}
+    runs = {json.dumps(t.config, sort_keys=True) for t in caught}
     for spec in shipped_specs():
         if spec["experiment"] in ("pool-comparison", "attention-reach"):
             assert json.dumps(spec["config"], sort_keys=True) in runs, spec["name"]

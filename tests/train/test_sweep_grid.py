@@ -121,7 +121,7 @@ def refuse(name):
 
 
 def test_results_json_is_strict_json_null_where_there_is_no_number(tmp_path, monkeypatch):
-    monkeypatch.setattr(grid_mod, "train_one", fake_train)  # soft fails: no mean; max has one seed
+    monkeypatch.setattr(grid_mod, "train_task", fake_train)  # soft fails: no mean; max has one seed
     grid = parse_grid({"gates": ["max", "soft"], "seeds": [0], "model_settings": {"width": 8}})
     grid_mod.run_grid(grid, tmp_path)
     result = json.loads((tmp_path / "results.json").read_text(), parse_constant=refuse)  # NaN: ValueError
@@ -132,15 +132,15 @@ def test_results_json_is_strict_json_null_where_there_is_no_number(tmp_path, mon
 
 def fake_train(task):
     """A training's record without training; the soft gate's trainings fail."""
-    if task["config"]["model_kwargs"]["pool"] == "soft":
+    if task.config["model_kwargs"]["pool"] == "soft":
         raise RuntimeError("out of memory")
-    acc = 0.9 + 0.01 * task["config"]["seed"]
+    acc = 0.9 + 0.01 * task.config["seed"]
     return {"final": {"test_acc": acc, "test_loss": 0.3, "train_acc": acc, "train_loss": 0.3},
             "history": [{}], "seconds": 1.0}  # fmt: skip
 
 
 def test_a_failed_training_is_a_row_of_the_table(tmp_path, monkeypatch):
-    monkeypatch.setattr(grid_mod, "train_one", fake_train)
+    monkeypatch.setattr(grid_mod, "train_task", fake_train)
     grid = parse_grid({"gates": ["max", "soft"], "seeds": [0, 1], "model_settings": {"width": 8}})
     result = grid_mod.run_grid(grid, tmp_path)
     status = {(r["gate"], r["seed"]): (r["status"], r["error"]) for r in result["rows"]}

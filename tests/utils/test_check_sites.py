@@ -14,7 +14,8 @@ from gatepool.analysis.probe import measure
 from gatepool.analysis.probe.theory import max_of_normals, max_of_rectified_normals, padding_variance_map
 from gatepool.cli.args import float_in, int_at_least
 from gatepool.data import mnist_batch
-from gatepool.lab.experiments.attention_reach import first_test_digit, layers_to_see
+from gatepool.lab.common.attention_nets import first_test_digit
+from gatepool.lab.common.receptive_field import layers_to_see
 from gatepool.lab.experiments.max_normals import max_moments
 from gatepool.lab.harness import run_experiment
 from gatepool.lab.report.dials import sqrt_d_dial, tau_dial

@@ -1,7 +1,7 @@
 """``gatepool pretrained build``: train the lecture models with the full profile's setup, ship them.
 
 Each shipped model is its experiment's own training, with the full profile's setup and the experiment's
-own config and ``train_one`` (so the weights are those a full run's training of that seed gives, up to
+own config and training task (so the weights are those a full run's training of that seed gives, up to
 thread count):
 
     pool-comparison   residual_cnn, each of the six gates, seed 0: 60,000 digits, 6 epochs, Adam 3e-3
@@ -40,8 +40,9 @@ def shipped_specs() -> list[dict[str, Any]]:
     accuracy is measured on), ``default`` (what ``pretrained=True`` picks among same-kwargs weights) and
     ``note``. Longest trainings first."""
     from gatepool.lab.claims import declared
-    from gatepool.lab.experiments import attention_reach, vit_mnist
+    from gatepool.lab.common import attention_nets
     from gatepool.lab.experiments import registry as experiments
+    from gatepool.lab.experiments import vit_mnist
 
     experiments()  # every experiment declared
 
@@ -71,9 +72,9 @@ def shipped_specs() -> list[dict[str, Any]]:
     ar = setups["attention-reach"]
     for model in ("conv_attention", "conv_stem"):
         for seed in ar["seeds"]:
-            specs.append(dict(name=attention_reach.shipped_name(model, seed), experiment="attention-reach",
+            specs.append(dict(name=attention_nets.shipped_name(model, seed), experiment="attention-reach",
                               kind="train",
-                              config=attention_reach.train_config(ar, model, seed), test_size=ar["test_size"],
+                              config=attention_nets.train_config(ar, model, seed), test_size=ar["test_size"],
                               default=seed == 0,
                               note=f"attention-reach's {model}, seed {seed}, at its tuned peak lr"))
     sd = setups["seq-demo"]
@@ -98,7 +99,7 @@ def shipped_specs() -> list[dict[str, Any]]:
 
 
 def train_spec(task: dict[str, Any]) -> dict[str, Any]:
-    """One training (a worker's unit), through its experiment's own ``train_one``; returns its record."""
+    """One training (a worker's unit), as its experiment trains it; returns its record."""
     spec, out = task["spec"], task["out"]
     if spec["kind"] == "variant":
         from gatepool.train.variants import train_variant
@@ -108,13 +109,13 @@ def train_spec(task: dict[str, Any]) -> dict[str, Any]:
         from gatepool.train.seq import train_seq_demo
 
         return train_seq_demo(**spec["config"], progress=False, out=out)
-    if spec["experiment"] == "pool-comparison":
-        from gatepool.lab.experiments.pool_comparison import train_one
-    elif spec["experiment"] == "attention-reach":
-        from gatepool.lab.experiments.attention_reach import train_one
-    else:
-        from gatepool.lab.experiments.vit_mnist import train_one
-    return train_one({"config": spec["config"], "out": out, "progress": False, "pixel_seed": None})
+    from gatepool.train.task import TrainTask, train_task
+
+    if spec["experiment"] == "pool-comparison":  # its history holds the learned τ, as the experiment's
+        from gatepool.lab.common.gate_trainings import gate_task
+
+        return train_task(gate_task(spec["config"], out))
+    return train_task(TrainTask(spec["config"], str(out)))
 
 
 CHECK_SIZE = 500  # the card also holds the accuracy on the first 500 of its test set: a test recomputes it

@@ -1,6 +1,6 @@
 """Training: one trainer (its config ``config.py``, its data ``batches.py``, its files ``checkpoint.py``,
-its loop ``loop.py``), one learning-rate schedule (``schedule.py``) and sweeps of independent trainings
-(``sweep.py``)."""
+its loop ``loop.py``), one learning-rate schedule (``schedule.py``), one training as a unit of work
+(``task.py``: its run folder, its hooks) and sweeps of independent trainings (``sweep.py``)."""
 
 from gatepool.train.batches import (
     TrainData,

@@ -16,12 +16,12 @@ A grid file (TOML, or the same keys as JSON)::
 
 expands to one training per point of the product (here 3 × 3 × 2 × 2 = 36), each a ``gatepool.train``
 run in its own folder ``<out>/<dataset>/<gate>[-key=value...]-s<seed>/`` (checkpoint every epoch, then
-results.json), run through :func:`gatepool.train.sweep.run_tasks` (the local process pool or Ray). A
-rerun skips finished trainings and resumes started ones. The results: ``results.csv`` and
-``results.json`` (one row per training, failed ones included with their error, and per gate and setting
-the mean test accuracy over seeds with its 95% interval, mean ± t₀.₉₇₅,ₙ₋₁ · s/√n; null where it has no
-value: the interval of one seed, the mean of none), and
-``accuracy.png`` (that mean and interval per gate, a panel per data set).
+results.json), a :class:`gatepool.train.task.TrainTask` run through
+:func:`gatepool.train.sweep.run_tasks` (the local process pool or Ray). A rerun skips finished trainings
+and resumes started ones. The results: ``results.csv`` and ``results.json`` (one row per training,
+failed ones included with their error, and per gate and setting the mean test accuracy over seeds with
+its 95% interval, mean ± t₀.₉₇₅,ₙ₋₁ · s/√n; null where it has no value: the interval of one seed, the
+mean of none), and ``accuracy.png`` (that mean and interval per gate, a panel per data set).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from gatepool.train.task import TrainTask, train_task
 from gatepool.utils.io import atomic_write_json, atomic_write_text
 
 TOP_KEYS = ("model", "gates", "pools", "seeds", "datasets", "model_settings", "train", "out")
@@ -195,20 +196,13 @@ def _short(v: Any) -> str:
     return ",".join(map(str, v)) if isinstance(v, list) else str(v)
 
 
-def train_one(task: dict[str, Any]) -> dict[str, Any]:
-    """One training of the grid (a worker's unit; module-level, so the process pool and Ray can send it)."""
-    from gatepool.train import TrainConfig, train
-
-    config = TrainConfig.from_dict(task["config"])
-    return train(config, out=task["out"], progress=task["progress"], verbose=task["progress"]).record
-
-
-def tasks_of(grid: Grid, out: Path, *, device: str = "cpu", progress: bool = False) -> list[dict[str, Any]]:
+def tasks_of(grid: Grid, out: Path, *, device: str = "cpu", progress: bool = False) -> list[TrainTask]:
+    """The grid's trainings, one per point (in :meth:`Grid.points`' order), each in ``out/<run_name>``."""
     tasks = []
     for p in grid.points():
         config = {**p["train"], "model": grid.model, "model_kwargs": {**p["model_kwargs"], "pool": p["gate"]},
                   "data": p["dataset"], "seed": p["seed"], "device": device}  # fmt: skip
-        tasks.append({"config": config, "out": str(out / run_name(p)), "progress": progress, "point": p})
+        tasks.append(TrainTask(config, str(out / run_name(p)), progress))
     return tasks
 
 
@@ -227,9 +221,8 @@ def run_grid(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tasks = tasks_of(grid, out, device=device, progress=progress and jobs == 1 and executor is None)
-    work = [{k: v for k, v in t.items() if k != "point"} for t in tasks]
-    records = run_tasks(train_one, work, jobs, executor, failures="return")
-    rows = [_row(t, r) for t, r in zip(tasks, records)]
+    records = run_tasks(train_task, tasks, jobs, executor, failures="return")
+    rows = [_row(p, t, r) for p, t, r in zip(grid.points(), tasks, records)]
     for row, rec in zip(rows, records):
         if isinstance(rec, TaskFailed):
             row.update(status="failed", error=rec.error)
@@ -240,10 +233,9 @@ def run_grid(
     return result
 
 
-def _row(task: dict[str, Any], rec: Any) -> dict[str, Any]:
-    p = task["point"]
+def _row(p: dict[str, Any], task: TrainTask, rec: Any) -> dict[str, Any]:
     row = {"dataset": p["dataset"], "gate": p["gate"], "seed": p["seed"], "settings": p["settings"],
-           "status": "ok", "out": task["out"], "error": ""}  # fmt: skip
+           "status": "ok", "out": task.out, "error": ""}  # fmt: skip
     if isinstance(rec, dict):
         final = rec["final"]
         row.update({k: final[k] for k in ("test_acc", "test_loss", "train_acc", "train_loss")})

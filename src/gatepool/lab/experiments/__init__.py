@@ -1,4 +1,11 @@
-"""The lecture's experiments, one file per claim group; importing this package imports them all.
+"""The lecture's experiments, one file per experiment, named as the experiment: ``conv-forward`` is
+``conv_forward.py``. Importing this package imports them all.
+
+One flat folder rather than a folder per lecture section: the name a user types (``gatepool run
+padding-map``, a row of the report) is the file to open, without knowing which section it belongs to.
+What two or more experiments share (a family's setup, the attention nets and their trainings, the
+lecture's window of scores, relative error, the gate list) lives in ``gatepool.lab.common``; no
+experiment imports another's file.
 
 Each file declares its experiment with ``gatepool.lab.claims.experiment`` (claims, setups, the function
 that measures); :func:`registry` lists them in the lecture's order. ``harness.py`` runs one,
@@ -11,15 +18,20 @@ import importlib
 
 from gatepool.lab.claims import Experiment, declared
 
-# Claim groups, in the lecture's order.
-GROUPS: list[str] = ["conv_variance", "pool_variance", "network", "soft_gate", "pool_comparison",
-                     "attention_reach", "sqrt_d", "attention_cost", "flashcards", "seq_demo", "vit_mnist",
-                     "init_rules", "conv_unrolled", "max_normals", "transformer_variants", "orange_numbers",
-                     # beyond the lecture (``Experiment.beyond``): `reproduce --beyond`
-                     "gate_matters", "distractor_study"]
+# Every experiment, in the lecture's order (its ``order``); experiment ``a-b`` is the module ``a_b``.
+EXPERIMENTS: list[str] = [
+    "conv-forward", "he-init", "he-fan-mode", "padding-map", "conv-unrolled", "conv-backward", "weight-uses",
+    "pool-forward", "max-normals", "pool-backward", "pool-compound", "network-forward", "stream-skew",
+    "network-backward", "orange-numbers", "head-chain", "soft-gate", "temperature-dial", "soft-gradient",
+    "gradient-share", "pool-comparison", "adam-reach", "attention-reach", "conv-reach", "sqrt-d",
+    "attention-maps", "shuffle", "attention-cost", "batchnorm", "flashcards", "definitions", "vit-mnist",
+    "seq-demo", "seq-demo-encdec", "transformer-variants",
+    # beyond the lecture (``Experiment.beyond``): `reproduce --beyond`
+    "gate-matters", "distractor-study",
+]  # fmt: skip
 
-for _group in GROUPS:
-    importlib.import_module(f"gatepool.lab.experiments.{_group}")
+for _name in EXPERIMENTS:
+    importlib.import_module(f"gatepool.lab.experiments.{_name.replace('-', '_')}")
 
 
 def registry(beyond: bool = True) -> dict[str, Experiment]:
@@ -28,4 +40,4 @@ def registry(beyond: bool = True) -> dict[str, Experiment]:
     return {name: exp for name, exp in items if beyond or not exp.beyond}
 
 
-__all__ = ["GROUPS", "registry"]
+__all__ = ["EXPERIMENTS", "registry"]

@@ -22,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gatepool.lab.claims import Claim, Context, experiment
+from gatepool.lab.common import relative_error
 from gatepool.layers.blocks import MLP
 from gatepool.utils.checks import check_int
 
@@ -81,10 +82,6 @@ def mlp_as_conv(mlp: MLP) -> nn.Sequential:
             conv.bias.copy_(fc.bias)
         convs.append(conv)
     return nn.Sequential(convs[0], nn.GELU(), convs[1])
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
 # ----------------------------------------------------------------------------- 2.5 conv-unrolled
@@ -253,7 +250,7 @@ def conv_unrolled(ctx: Context) -> None:
             for i in range(8)
         ]
     )
-    ctx.check("nine-products-map", _rel(by_hand, ref), theory=0.0)
+    ctx.check("nine-products-map", relative_error(by_hand, ref), theory=0.0)
 
     w = torch.randn(k, generator=gen, requires_grad=True)
     x = torch.randn(n, generator=gen, requires_grad=True)
@@ -261,14 +258,14 @@ def conv_unrolled(ctx: Context) -> None:
     W.retain_grad()
     y = W @ x
     y_ref = F.conv1d(x.view(1, 1, n), w.view(1, 1, k), padding=p).reshape(-1)
-    ctx.check("matrix-forward", _rel(y, y_ref), theory=0.0)
+    ctx.check("matrix-forward", relative_error(y, y_ref), theory=0.0)
     g = torch.randn(y.shape, generator=gen)
     gx_auto, gw_auto = torch.autograd.grad(y_ref, (x, w), grad_outputs=g)
     gx_mat = W.detach().T @ g
-    ctx.check("matrix-backward", _rel(gx_mat, gx_auto), theory=0.0)
+    ctx.check("matrix-backward", relative_error(gx_mat, gx_auto), theory=0.0)
     if y.shape[0] == n:  # the flipped-filter conv with the same padding gives back length n
         flipped = F.conv1d(g.view(1, 1, -1), w.detach().flip(0).view(1, 1, k), padding=k - 1 - p).reshape(-1)
-        ctx.check("flipped-filter", _rel(flipped, gx_mat), theory=0.0)
+        ctx.check("flipped-filter", relative_error(flipped, gx_mat), theory=0.0)
     Wd = W.detach()
     tied = all(
         Wd[i, j].item() == (w[j - i + p].item() if 0 <= j - i + p < k else 0.0)
@@ -291,7 +288,7 @@ def conv_unrolled(ctx: Context) -> None:
     y.backward(g)  # untied gradients ∂L/∂W on every entry, and autograd's own ∂L/∂w
     ctx.check(
         "tied-gradient",
-        _rel(tied_gradient(W.grad, k, p), gw_auto),
+        relative_error(tied_gradient(W.grad, k, p), gw_auto),
         theory=0.0,
         note=f"∂L/∂w = {[round(v, 4) for v in gw_auto.tolist()]}",
     )
@@ -304,4 +301,4 @@ def conv_unrolled(ctx: Context) -> None:
         tokens = mlp(fmap.flatten(2).transpose(1, 2))  # (B, HW, C): the Linear over channels
         as_map = tokens.transpose(1, 2).reshape(fmap.shape)
         conv_out = mlp_as_conv(mlp)(fmap)
-    ctx.check("mlp-1x1", _rel(conv_out, as_map), theory=0.0)
+    ctx.check("mlp-1x1", relative_error(conv_out, as_map), theory=0.0)

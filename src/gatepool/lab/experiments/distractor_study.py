@@ -38,10 +38,11 @@ import numpy as np
 import torch
 
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.experiments.gate_matters import CANVAS_MODEL, EVAL_COST, RATES, gate_maps, routed_weight
-from gatepool.lab.experiments.pool_comparison import train_one, training_config
+from gatepool.lab.common.canvas_gates import CANVAS_MODEL, EVAL_COST, RATES, gate_maps, routed_weight
+from gatepool.lab.common.gate_trainings import gate_task, training_config
 from gatepool.lab.stats import bonferroni, welch_difference
 from gatepool.train.sweep import run_tasks
+from gatepool.train.task import train_task
 from gatepool.utils.plotting import pyplot
 
 PLAN = Path(__file__).resolve().parents[4] / "results-beyond" / "distractor-plan.md"
@@ -143,16 +144,15 @@ def distractor_study(ctx: Context) -> None:
     _check_plan(ctx)
     tasks = [
         {
-            "config": training_config(ctx, CANVAS_MODEL, pool, seed, data=DATA),
-            "out": str(ctx.out / f"{pool}-s{seed}"),
-            "progress": ctx.progress and ctx.jobs == 1,
+            "task": gate_task(training_config(ctx, CANVAS_MODEL, pool, seed, data=DATA),
+                              ctx.out / f"{pool}-s{seed}", ctx.progress and ctx.jobs == 1),
             "pool": pool,
             "seed": seed,
         }
         for pool in ctx["pools"]
         for seed in ctx["seeds"]
     ]
-    records = run_tasks(train_one, tasks, ctx.jobs, ctx.executor)
+    records = run_tasks(train_task, [t["task"] for t in tasks], ctx.jobs, ctx.executor)
     acc: dict[str, list[float]] = {}  # gate -> test accuracy (%) per seed, in seed order
     curves: dict[str, list[list[dict[str, float]]]] = {}  # gate -> per seed, per epoch
     for task, rec in zip(tasks, records):

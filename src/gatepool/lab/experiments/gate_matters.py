@@ -26,49 +26,18 @@ quick profile) there is no interval and the claims are ``not run``.
 Every training is a ``gatepool.train`` run in ``<out>/<net>-<data>/<pool>-s<seed>/`` (checkpoint every
 epoch), all of them through the same parallel workers (``run_tasks``), so a killed run resumes.
 
-Sizing the full profile: an *estimate*, at reserved rates, of ≤ 2.5 h wall on 2 cores (2 one-thread
-workers = 18,000 worker-seconds). The full run took 1 h 48 min 53 s wall (6,528 s for the experiment) on
-a quiet 2-core AMD EPYC, torch 2.13.0, 2026-12-02: ``results-beyond/full``.
-``python -m gatepool.lab.experiments.gate_matters --measure`` times training steps of the three nets in
-turn (the trainer's ``train_step``, timed by ``torch.utils.benchmark``: 1 thread, batch 64, Adam,
-channels_last; median of 3 rounds; the harmonic mean over the six gates).
-On 2026-12-02, on the 2-core development machine **under load** (load average ≈ 6: four other sessions
-busy), torch 2.13.0, seed 0, it gave images/s (then with a loop of its own and ``time.perf_counter``; the
-step was the same computation, bit for bit):
-
-    residual_cnn         1,052  (28×28, Fashion-MNIST)     relative cost 1
-    residual_cnn_canvas    223  (60×60)                    4.7× the lecture's CNN
-    resnet_gate            330  (60×60)                    3.2×
-
-The load changes the rates (an earlier timing of the same steps, one net after another, at load ≈ 3:
-1,440 / 340 / 640), so the budget
-takes the *relative* costs measured together and one reference rate for the lecture's CNN: 1,400 images/s
-per one-thread worker (``gatepool.train.sweep.default_jobs`` records about 1,900 on the quiet machine;
-1,400 keeps a quarter in reserve): RATES = 1,400 / 297 / 440. A training costs
-epochs · (train_size + test_size/3) image-passes (an evaluation pass is about a third of a training
-step); with train_size 10,000, test_size 4,000 and 5 epochs (56,667 passes):
-
-    canvas CNN   3 sets × 6 gates × 3 seeds = 54 × 191 s = 10,300 worker-s
-    resnet_gate  2 sets × 6 gates × 3 seeds = 36 × 129 s =  4,640 worker-s
-    Fashion      1 set  × 6 gates × 3 seeds = 18 ×  40 s =    730 worker-s
-    total 15,670 worker-s / 2 workers ≈ 2.2 h estimated (13% under 2.5 h at the reserved rates)
-
-:func:`estimate_seconds` computes this from the setup (a test keeps the full setup's estimate at the
-reserved rates within 2.5 h; it cannot say the run will be: the rates were measured under load). The
-budget allows 3 seeds, not 5; the 10,000 training and 4,000 test digits are the same random subsets for
-every gate and seed (``subset_seed`` 0). Does the budget learn the tasks? Single trainings with max
-pools, seed 0, 5 epochs, 4,000 test digits (``gatepool train --model M --pool max --data D --train-size
-N --test-size 4000 --epochs 5 --threads 1 --seed 0``, 2026-12-02, under load): cluttered-mnist, canvas CNN
-93.8% (N = 12,000), ResNetGate 93.7% (N = 10,000); distractor-mnist (N = 10,000), canvas CNN 28.9%,
-ResNetGate 27.4%, learning only from epoch 4 on: with max pools distractor-mnist is far from learned at
-this budget. train_size went from 12,000 to 10,000 for the time budget after the first of these runs;
-nothing was changed after the others, and no other gate was tried. Settled before the full run, from these
-max-pool runs alone: the budget stays 5 epochs everywhere (more epochs for every gate would not fit the
-3-hour bound; an epoch count fitted to max pool's curve would let the reference choose the budget), so on
-distractor-mnist the gates are compared at the onset of learning.
-Quick profile: cluttered- and distractor-mnist, canvas CNN, one seed, 512 images × 2 epochs: a smoke run of
-the whole pipeline (accuracies near chance, no intervals, claims not run): 25.8 s for the experiment,
-30 s wall with the report, on a quiet 2-core AMD EPYC, torch 2.13.0, 2026-12-02 (measured by the lead).
+Sizing: :func:`estimate_seconds` predicts a setup's wall clock on 2 one-thread workers from ``RATES``
+(training images/s of one worker per net: the nets' relative costs, measured together, times one
+reference rate for the lecture's CNN, kept a quarter below what a quiet machine gives) and ``EVAL_COST``
+(an evaluation pass costs about a third of a training step): a training costs
+epochs · (train_size + test_size/3) image-passes. The full profile (10,000 training and 4,000 test
+digits, 5 epochs, 3 seeds, not 5; the same random subsets for every gate and seed) is sized so that its
+estimate stays within ``BUDGET_S`` (2.5 h), and a test keeps it there; the estimate cannot say how long
+the run will take (the rates were measured under load). ``python -m gatepool.lab.experiments.gate_matters
+--measure`` times training steps of the three nets in turn (:func:`measure_rates`). The quick profile
+(cluttered- and distractor-mnist, canvas CNN, one seed, 512 images × 2 epochs) is a smoke run of the
+whole pipeline: accuracies near chance, no intervals, claims not run. The measurements behind ``RATES``,
+the budget rule and the runs: docs/beyond.md.
 """
 
 from __future__ import annotations
@@ -80,26 +49,28 @@ import sys
 from typing import Any
 
 import torch
-import torch.nn as nn
 
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.lab.experiments.pool_comparison import (  # train_one records τ of nested pools too
-    train_one,
-    training_config,
+from gatepool.lab.common import GATES
+from gatepool.lab.common.canvas_gates import (
+    CANVAS_MODEL,
+    DEEP_MODEL,
+    EVAL_COST,
+    MNIST_MODEL,
+    RATES,
+    gate_maps,
+    routed_weight,
 )
+from gatepool.lab.common.gate_trainings import gate_task, training_config
 from gatepool.lab.stats import bonferroni, welch_difference
 from gatepool.train.sweep import run_tasks
+from gatepool.train.task import train_task
 from gatepool.utils.plotting import pyplot
 
-POOLS = ["max", "avg", "soft", "soft-learned", "attention", "conv"]
+POOLS = list(GATES)  # every gate of the library, in its order
 DATASETS = ["cluttered-mnist", "distractor-mnist", "translated-mnist", "fashion-mnist"]
-CANVAS_MODEL, MNIST_MODEL, DEEP_MODEL = "residual_cnn_canvas", "residual_cnn", "resnet_gate"
 MODEL_NAMES = {CANVAS_MODEL: "the canvas ResidualCNN", MNIST_MODEL: "the lecture's ResidualCNN",
                DEEP_MODEL: "ResNetGate"}
-# Training images/s of one 1-thread worker: relative costs measured under load, times a reference 1,400
-# for the lecture's CNN (see the module docstring).
-RATES = {CANVAS_MODEL: 297.0, DEEP_MODEL: 440.0, MNIST_MODEL: 1400.0}
-EVAL_COST = 1 / 3  # an evaluation pass, in training passes
 BUDGET_S = 2.5 * 3600  # the bound on the full profile's *estimated* wall clock on 2 cores (RATES)
 
 
@@ -208,9 +179,8 @@ def gate_matters(ctx: Context) -> None:
     available = _available(ctx)
     tasks = [
         {
-            "config": training_config(ctx, model_for(net, data), pool, seed, data=data),
-            "out": str(ctx.out / f"{net}-{data}" / f"{pool}-s{seed}"),
-            "progress": ctx.progress and ctx.jobs == 1,
+            "task": gate_task(training_config(ctx, model_for(net, data), pool, seed, data=data),
+                              ctx.out / f"{net}-{data}" / f"{pool}-s{seed}", ctx.progress and ctx.jobs == 1),
             "cell": (net, data),
             "pool": pool,
             "seed": seed,
@@ -220,7 +190,7 @@ def gate_matters(ctx: Context) -> None:
         for pool in ctx["pools"]
         for seed in ctx["seeds"]
     ]
-    records = run_tasks(train_one, tasks, ctx.jobs, ctx.executor)
+    records = run_tasks(train_task, [t["task"] for t in tasks], ctx.jobs, ctx.executor)
 
     acc: dict[str, dict[str, list[float]]] = {}  # "net/data" -> pool -> accuracy per seed (%)
     taus: dict[str, list[float]] = {}  # data -> every final τ of the canvas CNN's soft-learned pools
@@ -355,55 +325,6 @@ def picture_grid(datasets: list[str], n: int = 8) -> Any:
         axes[r, 0].set_ylabel(data, rotation=0, ha="right", va="center", fontsize=8)
     fig.tight_layout()
     return fig
-
-
-def gate_maps(model: nn.Module, x: torch.Tensor, gate: str = "attention") -> list[torch.Tensor]:
-    """Per ``gate`` pool in forward order: each input position's gate weight, (N, H, W) at that pool's
-    input resolution (2×2 stride-2 windows: position (2i + a, 2j + b) gets window (i, j)'s weight k = 2a + b),
-    averaged over the channels (the attention gate's weights are the same for every channel).
-    """
-    maps: list[torch.Tensor] = []
-
-    def hook(module: nn.Module, _inp: Any, out: Any) -> Any:
-        y, w = out  # w: (N, C, Ho, Wo, 4), the same for every channel
-        n, _, ho, wo, _ = w.shape
-        m = w.mean(1).reshape(n, ho, wo, 2, 2).permute(0, 1, 3, 2, 4).reshape(n, 2 * ho, 2 * wo)
-        maps.append(m.detach())
-        return y
-
-    pools = [m for m in model.modules() if getattr(m, "gate", None) == gate]
-    handles = [p.register_forward_hook(hook) for p in pools]
-    for p in pools:
-        p.return_weights = True
-    try:
-        with torch.no_grad():
-            model.eval()(x)
-    finally:
-        for p in pools:
-            p.return_weights = False
-        for h in handles:
-            h.remove()
-    return maps
-
-
-def routed_weight(maps: list[torch.Tensor]) -> torch.Tensor:
-    """(N, H, W) at the first pool's resolution: the product of every pool's gate weight over the input
-    positions it covers, how much of the composed window each input position gets, were the layers
-    between the pools the identity:
-
-        routed[n, r, c] = Π_i maps[i][n, r // 2^i, c // 2^i]
-
-    Pool i's map sits at 1/2^i of the input (every pool before it halves), so each of its entries covers
-    2^i × 2^i input positions. The scale is 2^i, not a ratio of map sizes: floor division leaves odd maps
-    short (ResNetGate on 60×60: 60, 30, 14, 6, where 6 covers 6 · 8 = 48 input rows, not 56 // 6 = 9
-    each). The result is cropped to the rows and columns every pool covers."""
-    out = maps[0]  # (N, H, W)
-    for i, m in enumerate(maps[1:], start=1):
-        scale = 2**i
-        up = m.repeat_interleave(scale, -2).repeat_interleave(scale, -1)  # (N, h·2^i, w·2^i)
-        h, w = min(out.shape[-2], up.shape[-2]), min(out.shape[-1], up.shape[-1])
-        out = out[:, :h, :w] * up[:, :h, :w]
-    return out
 
 
 def attention_figure(run: str, n: int = 6) -> Any:

@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import statistics
 
-import torch
-
 from gatepool.analysis.probe import measure
 from gatepool.analysis.probe.correlated import measure_fields, measure_input, neighbour_corr
 from gatepool.analysis.probe.correlated_predict import predict_correlated
 from gatepool.data import mnist_batch
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.models import ResidualCNN
+from gatepool.lab.common.cnn_at_init import SETUP, seeded_cnn
 from gatepool.utils.plotting import pyplot
 
 FORWARD = {"stem": 0.89, "pool1": 0.90, "block1": 1.88, "pool2": 2.02, "block2": 3.16, "block3": 4.41}
@@ -42,7 +40,6 @@ CORR_AT = [
     "block3.conv1",
     "block3.conv2",
 ]
-SETUP = {"batch": 512, "pool": "max", "seeds": [0, 1, 2, 3, 4]}
 QUICK = {"batch": 256, "seeds": [0, 1]}
 REF_FWD = "lecture, Tuesday's CNN forward on 512 digits, its measured (orange) column"
 REF_BWD = "lecture, Tuesday's CNN backward, E[g²] per stage (its measured column)"
@@ -129,8 +126,7 @@ def orange_numbers(ctx: Context) -> None:
     stats = measure_input(x)
     runs = []
     for seed in ctx["seeds"]:
-        torch.manual_seed(seed)
-        model = ResidualCNN(pool=ctx["pool"])
+        model = seeded_cnn(ctx["pool"], seed)
         pred = predict_correlated(model, stats)
         rep = measure(model, x, backward="unit-noise", seed=seed, samples=0)
         runs.append((pred, rep, measure_fields(model, x, CORR_AT)))

@@ -1,4 +1,4 @@
-"""Experiment 12: Tuesday's CNN with both pools swapped for every gate, trained on MNIST.
+"""Experiment 12 ``pool-comparison``: Tuesday's CNN with both pools swapped for every gate, trained on MNIST.
 
     max  avg  soft  soft-learned  attention  conv        × seeds, full MNIST, 6 epochs
 
@@ -15,46 +15,15 @@ import statistics
 from typing import Any
 
 import numpy as np
-import torch.nn as nn
 
 from gatepool.lab.claims import Claim, Context, experiment
+from gatepool.lab.common import GATES
+from gatepool.lab.common.gate_trainings import gate_task, training_config
 from gatepool.train.sweep import run_tasks
+from gatepool.train.task import train_task
 from gatepool.utils.plotting import pyplot
 
-POOLS = ["max", "avg", "soft", "soft-learned", "attention", "conv"]
-
-
-def record_temperatures(model: nn.Module, epoch: int) -> dict[str, Any]:
-    """The learned τ of every pool that has one (per channel, at any depth), for the history."""
-    return {
-        f"tau_{name}": module.temperature.detach().tolist()
-        for name, module in model.named_modules()
-        if getattr(module, "gate", None) == "soft-learned"
-    }
-
-
-def train_one(task: dict[str, Any]) -> dict[str, Any]:
-    """One training (a worker's unit): returns its results record."""
-    from gatepool.train import TrainConfig, train
-
-    config = TrainConfig.from_dict(task["config"])
-    result = train(
-        config,
-        out=task["out"],
-        progress=task["progress"],
-        verbose=task["progress"],
-        on_epoch_end=record_temperatures,
-    )
-    return result.record
-
-
-def training_config(ctx: Context, model: str, pool: str, seed: int, **extra: Any) -> dict[str, Any]:
-    """A TrainConfig (as a dict, for a worker) of ``model`` with ``pool`` in every pool, trained by the
-    experiment's own budget and recipe (its setup's epochs, sizes, batch, optimizer, lr and schedule)."""
-    keys = ("epochs", "train_size", "test_size", "batch_size", "optimizer", "lr", "schedule")
-    return {"model": model, "model_kwargs": {"pool": pool}, **{k: ctx[k] for k in keys}, "seed": seed,
-            "device": ctx.device, **extra}
-
+POOLS = list(GATES)  # every gate of the library, in its order
 
 COMPARISON_REF = ("lecture, every gate trains Tuesday's CNN alike: 'all six within 0.3 points of each other, "
                   "about the spread between seeds'")
@@ -194,16 +163,10 @@ def pool_comparison(ctx: Context) -> None:
     tasks = []
     for pool in ctx["pools"]:
         for seed in ctx["seeds"]:
-            tasks.append(
-                {
-                    "config": training_config(ctx, "residual_cnn", pool, seed),
-                    "out": str(ctx.out / f"{pool}-s{seed}"),
-                    "progress": ctx.progress and ctx.jobs == 1,
-                    "pool": pool,
-                    "seed": seed,
-                }
-            )
-    records = run_tasks(train_one, tasks, ctx.jobs, ctx.executor)
+            config = training_config(ctx, "residual_cnn", pool, seed)
+            task = gate_task(config, ctx.out / f"{pool}-s{seed}", ctx.progress and ctx.jobs == 1)
+            tasks.append({"task": task, "pool": pool, "seed": seed})
+    records = run_tasks(train_task, [t["task"] for t in tasks], ctx.jobs, ctx.executor)
 
     acc: dict[str, list[float]] = {p: [] for p in ctx["pools"]}
     for task, rec in zip(tasks, records):
@@ -264,42 +227,3 @@ def _figures(ctx: Context, acc: dict[str, list[float]], taus: dict[int, dict[str
             ax.axhline(1.0, color="k", lw=0.8, ls=":")
             ax.set(xlabel="epoch", ylabel="τ per channel", title=f"{key[4:]} (seed {min(taus)})")
         ctx.figure(fig, "pool-comparison-tau.png")
-
-
-# ----------------------------------------------------------------------------- 12.1 adam-reach
-
-REACH_SETUP = {"epochs": 6, "train_size": 60000, "batch_size": 128, "lr": 3e-3, "schedule": "onecycle"}
-
-
-@experiment(
-    "adam-reach",
-    title="Adam could have moved τ 10× either way: the schedule's Σ lr against ln 10",
-    order=12.1,
-    setup=REACH_SETUP,
-    claims=[
-        Claim(
-            "log-tau-reach",
-            "Adam moves a parameter by at most about lr per step (|m̂/√v̂| ≲ 1), so over pool-comparison's "
-            "schedule log τ could have moved by Σ_t lr_t: at least ln 10 = 2.30, i.e. τ 10× either way",
-            math.log(10),
-            0.0,
-            "a bound, no slack",
-            kind="min",
-            depends=("epochs", "train_size", "batch_size", "lr", "schedule"),
-            source="arithmetic",
-            ref="lecture, the learned temperatures: 'Adam could have moved τ 10× either way' (the sum of the "
-            "schedule's learning rates: arithmetic; the τ the trainings reached is pool-comparison's tau-min "
-            "and tau-max)",
-        ),
-    ],
-)
-def adam_reach(ctx: Context) -> None:
-    from gatepool.train.schedule import DEFAULT_WARMUP, get_lr
-
-    steps = ctx["epochs"] * math.ceil(ctx["train_size"] / ctx["batch_size"])
-    total = sum(get_lr(t, steps, lr=ctx["lr"], schedule=ctx["schedule"],
-                       warmup=DEFAULT_WARMUP[ctx["schedule"]]) for t in range(steps))  # fmt: skip
-    ctx.check("log-tau-reach", total, theory=math.log(10),
-              note=f"{steps} steps, Σ lr = {total:.2f}: τ could have reached e^±{total:.2f} = "
-              f"{math.exp(-total):.3g} to {math.exp(total):.3g}; the learned log τ is a parameter "
-              "(GatedPool's log_temperature), so Adam's step applies to it directly")

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from gatepool.lab.claims import Claim, Context, experiment
+from gatepool.lab.common import relative_error
 from gatepool.utils.plotting import pyplot
 from gatepool.utils.threads import num_threads
 
@@ -154,11 +155,6 @@ def _claims(setup: dict[str, Any]) -> list[Claim]:
     ]  # fmt: skip
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return (a - b).abs().max().item() / max(1e-12, b.abs().max().item())
-
-
 def variant_config(setup: dict[str, Any], name: str) -> dict[str, Any]:
     """The ``gatepool.train.variants`` config of model ``name`` for a setup."""
     from gatepool.train.variants import default_config
@@ -221,8 +217,9 @@ def _encoder_only(ctx: Context, test: Any) -> tuple[str, str]:
         perm = torch.randperm(t.shape[1] - 1, generator=torch.Generator().manual_seed(ctx["seed"])) + 1
         idx = torch.cat([torch.zeros(1, dtype=torch.long), perm])
         out, out_p = vit.encoder(t), vit.encoder(t[:, idx])
-    err = _rel(out_p, out[:, idx])
-    ctx.check("encoder-only-equivariant", err, note=f"CLS token alone: {_rel(out_p[:, 0], out[:, 0]):.1e}",
+    err = relative_error(out_p, out[:, idx])
+    cls = relative_error(out_p[:, 0], out[:, 0])
+    ctx.check("encoder-only-equivariant", err, note=f"CLS token alone: {cls:.1e}",
               shipped_model="vit_mnist-n60000-s0")  # fmt: skip
     return f"test accuracy {acc:.4f} ({n} digits)", f"permutation-equivariant to {err:.1e}"
 
@@ -233,15 +230,15 @@ def _causal_error(logits_fn: Any, ids: torch.Tensor, j: int) -> tuple[float, flo
     changed[:, j] = (changed[:, j] + 1) % 10
     with torch.no_grad():
         a, b = logits_fn(ids), logits_fn(changed)
-    return _rel(b[:, :j], a[:, :j]), _rel(b[:, j:], a[:, j:])
+    return relative_error(b[:, :j], a[:, :j]), relative_error(b[:, j:], a[:, j:])
 
 
 def _sequence_models(ctx: Context) -> tuple[tuple[str, str], tuple[str, str]]:
-    from gatepool.lab.experiments import seq_demo
+    from gatepool.lab.common import seq_task
     from gatepool.models.seq import SEP, EncoderDecoder, make_task_batch
     from gatepool.train.seq import greedy_accuracy, train_seq_demo
 
-    s = {**seq_demo.SETUP, **(seq_demo.QUICK if ctx.quick else {})}
+    s = {**seq_task.SETUP, **(seq_task.QUICK if ctx.quick else {})}
     r = train_seq_demo(arch="encoder-decoder", task=s["task"], seed=ctx["seed"], length=s["length"],
                        steps=ctx["encdec_steps"], batch_size=s["batch_size"], lr=s["lr"],
                        warmup=min(s["warmup"], ctx["encdec_steps"] // 2),

@@ -43,6 +43,7 @@ import torch
 
 from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.train.sweep import run_tasks
+from gatepool.train.task import TrainTask, train_task
 from gatepool.utils.checks import check_int, check_number
 from gatepool.utils.io import atomic_write_json, read_json
 from gatepool.utils.plotting import pyplot
@@ -169,15 +170,6 @@ def measured_speeds(ctx: Context, specs: dict[str, dict[str, Any]], threads: int
     return speeds
 
 
-def train_one(task: dict[str, Any]) -> dict[str, Any]:
-    """One training (a worker's unit): returns its results record."""
-    from gatepool.train import TrainConfig, train
-
-    result = train(TrainConfig.from_dict(task["config"]), out=task["out"], progress=task["progress"],
-                   verbose=task["progress"])  # fmt: skip
-    return result.record
-
-
 def _check_setup(ctx: Context) -> None:
     sizes, budgets = ctx["sizes"], ctx["budget_s"]
     if len(sizes) != len(budgets) or not sizes:
@@ -217,7 +209,8 @@ def vit_mnist(ctx: Context) -> None:
             config = train_config(ctx.setup, name, n, epochs, threads=threads, device=ctx.device)
             tasks.append({"config": config, "out": str(ctx.out / f"{name}-n{n}-e{epochs}-s{ctx['seed']}"),
                           "progress": ctx.progress and jobs == 1, "name": name, "n": n, "budget": budget})
-    records = run_tasks(train_one, tasks, jobs, ctx.executor)
+    records = run_tasks(train_task, [TrainTask(t["config"], t["out"], t["progress"]) for t in tasks], jobs,
+                        ctx.executor)  # fmt: skip
 
     test = load_data(TrainConfig(train_size=1, test_size=ctx["test_size"]))
     rows = []

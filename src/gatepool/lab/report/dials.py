@@ -32,7 +32,7 @@ KERNELS = (1, 3, 5, 7)
 
 def tau_dial(window: list[float], tau: float) -> dict[str, Any]:
     """Gates and output of ``softmax(v/τ) · v`` on ``window``; its limits max and mean."""
-    from gatepool.lab.experiments.soft_gate import softmax_theory  # lazy: the page needs no torch
+    from gatepool.lab.common.soft_window import softmax_theory  # lazy: the page needs no torch
 
     check_number(tau, "tau", 0, low_open=True)
     v = np.asarray(window, dtype=np.float64)

@@ -1,16 +1,10 @@
-"""Experiments 6–7: the signal and the gradient through all of Tuesday's CNN at initialization.
+"""Experiment 7 ``network-backward``: the gradient through all of Tuesday's CNN at initialization.
 
-Forward, per stage, the ideal from the rules (``gatepool.analysis.probe.predict``:
-conv ``fan_in·E[w²]·E[x²]``,
-max pool of N(0, σ²) → 0.49 σ², GroupNorm → 1, ReLU → ½, residual: stream + branch) beside the
-measurement on 512 MNIST digits. The rules assume independent N(0, 1) values; real digits are smooth, so
-a 2×2 max pool barely shrinks them (the four values are nearly equal) and the stream grows faster than
-the ideal. Backward, a unit-variance gradient is seeded at the logits (the lecture's "loss" L = Σ g·out,
-summed over the 512 images) and E[(∂L/∂·)²] is read at each stage's output (block 3, block 2, pool 2, and
-block 1 = pool 2's input), with the share of exact zeros. The absolute figures depend on the head's
-Linear init (N(0, 1/32) in ResidualCNN, as the lecture's ideal assumes); the growth between stages does not.
-
-The variance of a stage depends on the random init: every measured claim is the mean over ``seeds``.
+A unit-variance gradient is seeded at the logits (the lecture's "loss" L = Σ g·out, summed over the 512
+images) and E[(∂L/∂·)²] is read at each stage's output (block 3, block 2, pool 2, and block 1 = pool 2's
+input), with the share of exact zeros. The absolute figures depend on the head's Linear init (N(0, 1/32)
+in ResidualCNN, as the lecture's ideal assumes); the growth between stages does not. Every measured claim
+is the mean over ``seeds``: :mod:`gatepool.lab.common.cnn_at_init`.
 """
 
 from __future__ import annotations
@@ -18,203 +12,21 @@ from __future__ import annotations
 import math
 import statistics
 
-import torch
-
-from gatepool.analysis.probe import measure
-from gatepool.data import mnist_batch
 from gatepool.lab.claims import Claim, Context, experiment
-from gatepool.models import ResidualCNN
+from gatepool.lab.common.cnn_at_init import (
+    LECTURE_BACK,
+    SEED_WHY,
+    SETUP,
+    histograms,
+    mean_ideal,
+    probe_seeds,
+)
 from gatepool.utils.plotting import pyplot
 
-STAGES = ["stem", "pool1", "block1", "pool2", "block2", "block3"]
-LECTURE_IDEAL = {"pool1": 0.49, "block1": 1.47, "pool2": 0.74, "block2": 1.71, "block3": 2.68}
-LECTURE_MEASURED = {
-    "stem": 0.89,
-    "pool1": 0.90,
-    "block1": 1.88,
-    "pool2": 2.02,
-    "block2": 3.16,
-    "block3": 4.41,
-}
-SETUP = {"batch": 512, "pool": "max", "seeds": [0, 1, 2, 3, 4]}
-QUICK = {"batch": 256, "seeds": [0, 1, 2]}
 # backward, the quick profile keeps the lecture's 512 digits: a weight's gradient sums over the batch, so
 # ‖∂L/∂W‖ and rms ∂L/∂W on 256 digits would be another quantity than the lecture's
 BACK_QUICK = {"seeds": [0, 1, 2]}
-NORMS = ["block1.gn1", "block1.gn2", "block2.gn1", "block2.gn2", "block3.gn1", "block3.gn2", "head.norm"]
-RELUS = ["block1.relu1", "block2.relu1", "block3.relu1"]
 CONVS = [f"block{b}.conv{c}" for b in (1, 2, 3) for c in (1, 2)]
-SEED_WHY = (
-    "mean over seeds; one init's stage variance differs from the next by up to ±30% "
-    "(seeds 0–4: block 3 from 3.1 to 5.4)"
-)
-
-
-def probe_seeds(ctx: Context, backward: str | None) -> list:
-    """One probe report per seed, on the same digits."""
-    x, _ = mnist_batch(ctx["batch"])
-    reports = []
-    for seed in ctx["seeds"]:
-        torch.manual_seed(seed)
-        model = ResidualCNN(pool=ctx["pool"])
-        reports.append(measure(model, x, backward=backward, seed=seed, samples=20000))
-    return reports
-
-
-def mean_ideal(reports: list, stage: str, field: str = "grad_e2") -> float | None:
-    """The rules' ``field`` (``var`` or ``grad_e2``) at ``stage``, averaged over the seeds' inits (the
-    rules use each init's actual weights)."""
-    values = [getattr(r[stage].ideal, field) for r in reports if r[stage].ideal]
-    return statistics.fmean(values) if values else None
-
-
-def mean_over(reports: list, fn) -> float:
-    return statistics.fmean(fn(r) for r in reports)
-
-
-# ----------------------------------------------------------------------------- 6. network-forward
-
-
-def _forward_claims(setup: dict) -> list[Claim]:
-    claims = [
-        Claim(
-            f"ideal-{s}",
-            f"the rules' ideal σ² after {s}",
-            v,
-            0.05,
-            "the rules use each init's actual weights: their mean over the seeds' inits, "
-            "against the lecture's arithmetic (an expectation over inits, rounded)",
-            kind="rel",
-            depends=("pool",),
-            source="prediction",
-            ref="our rules (probe.predict) held to the lecture's ideal column for Tuesday's CNN",
-        )
-        for s, v in LECTURE_IDEAL.items()
-    ]
-    claims += [
-        Claim(
-            f"measured-{s}",
-            f"measured σ² after {s} (512 digits)",
-            v,
-            0.3,
-            SEED_WHY,
-            kind="rel",
-            quick_tolerance=0.4,
-            depends=("pool",),
-            source="lecture",
-            ref="lecture, Tuesday's CNN forward on 512 digits, its measured column",
-        )
-        for s, v in LECTURE_MEASURED.items()
-    ]
-    claims += [
-        Claim(
-            "relu-keeps",
-            "the first ReLU in each block keeps E[p²] ≈ 0.64, not ½",
-            0.64,
-            0.05,
-            "mean of three blocks and the seeds; the lecture says 'about'",
-            depends=("pool",),
-            source="lecture",
-            ref="lecture, Tuesday's CNN forward: 'the ReLU keeps about 0.64, not ½'",
-        ),
-        Claim(
-            "after-norm",
-            "every branch and the head see σ² = 1 after their norm (largest |E[x̂²] − 1|)",
-            0.0,
-            0.01,
-            "GroupNorm normalizes each group exactly (up to eps)",
-            kind="max",
-            source="arithmetic",
-            ref="lecture, Tuesday's CNN forward: every branch and the head see σ² = 1 after their norm "
-            "(GroupNorm's definition: any correct GroupNorm meets it)",
-        ),
-    ]
-    return claims
-
-
-@experiment(
-    "network-forward",
-    title="Tuesday's CNN forward: the ideal σ² per stage beside the measured",
-    order=6,
-    setup=SETUP,
-    quick=QUICK,
-    claims=_forward_claims,
-)
-def network_forward(ctx: Context) -> None:
-    reports = probe_seeds(ctx, backward=None)
-    first = reports[0]
-    for stage in LECTURE_IDEAL:
-        ideals = [r[stage].ideal.var for r in reports if r[stage].ideal]
-        ctx.check(f"ideal-{stage}", statistics.fmean(ideals) if ideals else None,
-                  note="per seed " + ", ".join(f"{v:.3f}" for v in ideals))
-    for stage in LECTURE_MEASURED:
-        values = [r[stage].forward.var for r in reports]
-        ideal = mean_ideal(reports, stage, "var")
-        ctx.check(
-            f"measured-{stage}",
-            statistics.fmean(values),
-            theory=ideal,
-            note="seeds: " + ", ".join(f"{v:.2f}" for v in values),
-        )
-    ctx.check(
-        "relu-keeps",
-        mean_over(reports, lambda r: statistics.fmean(r[n].forward.e2 for n in RELUS)),
-        theory=0.5,
-    )
-    ctx.check("after-norm", max(abs(r[n].forward.e2 - 1) for r in reports for n in NORMS), theory=0.0)
-    ctx.data["stages"] = {
-        s: {
-            "ideal": mean_ideal(reports, s, "var"),
-            "measured": [r[s].forward.var for r in reports],
-        }
-        for s in STAGES
-    }
-
-    plt = pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [1.2, 1]})
-    pos = range(len(STAGES))
-    ax1.bar(
-        [p - 0.2 for p in pos],
-        [mean_ideal(reports, s, "var") or 0 for s in STAGES],
-        0.4,
-        label="ideal (rules)",
-    )
-    ax1.bar(
-        [p + 0.2 for p in pos],
-        [statistics.fmean(r[s].forward.var for r in reports) for s in STAGES],
-        0.4,
-        label=f"measured (mean of {len(reports)} seeds)",
-    )
-    ax1.scatter(
-        [p + 0.2 for p in pos],
-        [LECTURE_MEASURED[s] for s in STAGES],
-        marker="x",
-        color="k",
-        zorder=3,
-        label="lecture measured",
-    )
-    ax1.set_xticks(list(pos), STAGES)
-    ax1.set(ylabel="σ²", title="forward variance per stage")
-    ax1.legend(fontsize=8)
-    for name, color in (("stem", "C0"), ("pool1", "C1"), ("block1.relu1", "C2")):
-        ax2.hist(
-            first[name].samples.numpy(),
-            bins=100,
-            range=(-3, 5),
-            density=True,
-            histtype="step",
-            color=color,
-            label=name,
-        )
-    ax2.set(yscale="log", title=f"values (seed {ctx['seeds'][0]}): the spike at 0 after the ReLU")
-    ax2.legend(fontsize=8)
-    ctx.figure(fig, "network-forward.png")
-    ctx.figure(_histograms(first, "forward"), "network-forward-histograms.png")
-
-
-# ----------------------------------------------------------------------------- 7. network-backward
-
-LECTURE_BACK = {"block3": 13.3e-6, "block2": 16.7e-6, "pool2": 22.2e-6, "block1": 5.5e-6}
 BACK_REF = "lecture, Tuesday's CNN backward, E[g²] per stage (its measured column)"
 LECTURE_BACK_IDEAL = {"block3": 24.3e-6, "block2": 38.5e-6, "pool2": 90.3e-6, "block1": 22.6e-6}
 RMS_CONV = "block1.conv1"  # the conv of the lecture's first rms pair g → ∂L/∂W (0.0022 → 1.21)
@@ -450,36 +262,4 @@ def network_backward(ctx: Context) -> None:
     )
     ax.legend(fontsize=8)
     ctx.figure(fig, "network-backward.png")
-    ctx.figure(_histograms(first, "backward"), "network-backward-histograms.png")
-
-
-def _histograms(report, which: str):
-    """Per stage, the sampled values (forward) or gradients (backward) of seed 0's net.
-
-    Forward, over each the Gaussian the rules assume (the measured mean, the ideal σ²); backward, on a log
-    scale, with the share of exact zeros: the spike at 0 below each max pool.
-    """
-    import numpy as np
-
-    plt = pyplot()
-    stages = STAGES if which == "forward" else list(LECTURE_BACK)
-    fig, axes = plt.subplots(1, len(stages), figsize=(2.6 * len(stages), 2.6))
-    for ax, stage in zip(axes, stages):
-        row = report[stage]
-        s = (row.samples if which == "forward" else row.grad_samples).double().numpy()
-        ax.hist(s, bins=80, density=True, color="#47a", alpha=0.7)
-        if which == "forward":
-            var = row.ideal.var if row.ideal else row.forward.var
-            x = np.linspace(s.min(), s.max(), 200)
-            pdf = np.exp(-((x - row.forward.mean) ** 2) / (2 * var)) / np.sqrt(2 * np.pi * var)
-            ax.plot(x, pdf, color="C3", lw=1.2, label=f"N(μ, {var:.2f})")
-            ax.set_title(f"{stage}: σ² {row.forward.var:.2f}", fontsize=8)
-            ax.legend(fontsize=6)
-        else:
-            ax.set_yscale("log")
-            ax.set_title(f"{stage} out: g = 0 for {row.backward.zero_share:.0%}", fontsize=8)
-        ax.tick_params(labelsize=6)
-    fig.suptitle("seed 0: " + ("values per stage, the rules' Gaussian over them" if which == "forward"
-                               else "gradients per stage (unit-variance at the logits)"), fontsize=9)
-    fig.subplots_adjust(top=0.78, wspace=0.3)  # the panels' titles below the figure's
-    return fig
+    ctx.figure(histograms(first, "backward"), "network-backward-histograms.png")
