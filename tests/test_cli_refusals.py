@@ -57,7 +57,7 @@ def test_experiments_under_ray_hand_the_unresolved_name_to_the_tasks(ray_stub, t
     seen = []
 
     def fake_run_tasks(fn, tasks, jobs=1, executor=None, **kw):
-        seen.append(tasks[0]["config"]["device"])
+        seen.append(tasks[0].config["device"])  # a gatepool.train.task.TrainTask
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(pool_comparison, "run_tasks", fake_run_tasks)

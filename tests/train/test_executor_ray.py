@@ -139,7 +139,8 @@ def call(pair):
 
 
 def test_run_and_reproduce_hand_the_executor_to_the_experiments_sweeps(tmp_path, monkeypatch):
-    from gatepool.lab.experiments import attention_reach, pool_comparison, vit_mnist
+    from gatepool.lab.experiments import pool_comparison, vit_mnist
+    from gatepool.train import sweep
 
     seen = []
 
@@ -147,7 +148,7 @@ def test_run_and_reproduce_hand_the_executor_to_the_experiments_sweeps(tmp_path,
         seen.append(executor)
         raise RuntimeError("stop here")
 
-    for module in (pool_comparison, attention_reach, vit_mnist):
+    for module in (sweep, pool_comparison, vit_mnist):  # attention-reach's train_pending calls sweep's
         monkeypatch.setattr(module, "run_tasks", fake_run_tasks)
     argv = ["--executor", "ray", "--address", "auto", "--cpus-per-task", "2", "--retries", "5", "--quiet"]
     assert main(["run", "pool-comparison", "--out", str(tmp_path / "a"), *argv]) == 1  # the experiment broke
