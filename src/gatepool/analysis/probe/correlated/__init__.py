@@ -21,6 +21,7 @@ The rules, each from the module's actual weights, one file each (its equations i
 
     conv.py     conv (and avg pools, the global pool: a box filter)
     relu.py     ReLU (and of the residual sum b + ReLU(y))
+    pointwise.py  any other activation (ReLU6, SiLU, GELU, Hardswish, Hardsigmoid, sigmoid, tanh)
     maxpool.py  max pool (window draws, Clark's recursion)
     norms.py    GroupNorm, BatchNorm
     add.py      residual adds, the sum of two gradients
@@ -39,6 +40,7 @@ from gatepool.analysis.probe.correlated.maxpool import MaxPool, clark_max
 from gatepool.analysis.probe.correlated.measure import measure_field, measure_fields, measure_input
 from gatepool.analysis.probe.correlated.normal import bivariate_relu, relu_moments_map, relu_of_sum_map
 from gatepool.analysis.probe.correlated.norms import BatchNorm, GroupNorm
+from gatepool.analysis.probe.correlated.pointwise import Pointwise, hermite_coefficients
 from gatepool.analysis.probe.correlated.relu import ReLU, relu_series_maps
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "GroupNorm",
     "Linear",
     "MaxPool",
+    "Pointwise",
     "ReLU",
     "add",
     "add_grads",
@@ -55,6 +58,7 @@ __all__ = [
     "bivariate_relu",
     "box_conv",
     "clark_max",
+    "hermite_coefficients",
     "measure_field",
     "measure_fields",
     "measure_input",
