@@ -57,7 +57,8 @@ def test_unknown_activation_is_refused():
 
 
 class _Act(torch.nn.Module):
-    """conv → BatchNorm → SiLU → depth 2 of (conv, activation) with functional and module activations."""
+    """conv → BatchNorm → SiLU, (conv, activation) × 3 with functional and module activations, the global pool
+    as a function, dropout (training), the classifier."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -70,7 +71,7 @@ class _Act(torch.nn.Module):
         self.conv2 = torch.nn.Conv2d(c, c, 3, padding=1)
         self.gelu = torch.nn.GELU()
         self.conv3 = torch.nn.Conv2d(c, c, 3, padding=1)
-        self.pool = torch.nn.AdaptiveAvgPool2d(1)
+        self.drop = torch.nn.Dropout(0.2)
         self.fc = torch.nn.Linear(c, 10)
 
     def forward(self, x):
@@ -78,14 +79,14 @@ class _Act(torch.nn.Module):
         x = self.relu6(self.conv1(x))
         x = F.hardswish(self.gelu(self.conv2(x)))
         x = torch.sigmoid(self.conv3(x))
-        return self.fc(torch.flatten(self.pool(x), 1))
+        return self.fc(self.drop(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)))
 
 
 @pytest.mark.slow
 def test_the_walk_follows_every_activation_forward_and_backward():
-    """A net of SiLU, ReLU6, GELU, a functional Hardswish and sigmoid: every module predicted, forward within
-    10% and backward within 15% of its measurement (512 noise images, ∂L/∂logits ~ N(0, 1); at width 32
-    the finite-width spread is most of the error: 3–14% backward here, ≤ 7% at width 96)."""
+    """A net of SiLU, ReLU6, GELU, a functional Hardswish, sigmoid and dropout: every module predicted,
+    forward within 10% and backward within 15% of its measurement (512 noise images, ∂L/∂logits ~ N(0, 1);
+    at width 32 the finite-width spread is most of the error: 2–12% backward here)."""
     from gatepool.analysis.probe.correlated_predict import predict_correlated
 
     torch.manual_seed(0)
@@ -102,9 +103,26 @@ def test_the_walk_follows_every_activation_forward_and_backward():
         m.register_forward_hook(lambda mod, a, y, n=n: hook(mod, a, y, n))
     out = model(x.requires_grad_())
     (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=DT)).sum().backward()
-    assert {"silu", "relu6", "gelu", "conv3"} <= set(acts)
+    assert {"silu", "relu6", "gelu", "conv3", "drop"} <= set(acts)
     for n, y in acts.items():
         row = pred[n]
         assert row.var is not None and row.grad_e2 is not None, (n, row.note)
         assert abs(row.var / float(y.var(unbiased=False)) - 1) < 0.10, (n, row.var, float(y.var()))
         assert abs(row.grad_e2 / float(grads[n].pow(2).mean()) - 1) < 0.15, (n, row.grad_e2)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_dropout_forward_and_backward_match_monte_carlo(training):
+    """Dropout's independent masks raise the variance map by 1/q and leave every other lag as it was."""
+    x, field = gaussian_field(mean=_ramp(2, 10, 10, -0.5, 1.5), ell=1.5)
+    drop = torch.nn.Dropout(0.3).double().train(training)
+    rule = cr.Dropout(0.3, training)
+    torch.manual_seed(3)
+    xr = x.clone().requires_grad_()
+    y = drop(xr)
+    close(rule.forward(field), y.detach(), rel=0.02, corr=0.01)
+    g, gf = gaussian_field(seed=2, ell=1.2)
+    (y * g).sum().backward()
+    close(rule.backward(gf), xr.grad, rel=0.02, corr=0.01)
+    with pytest.raises(ValueError, match="p must be"):
+        cr.Dropout(1.0)

@@ -148,6 +148,7 @@ _RULES = {
     nn.AdaptiveAvgPool2d: _Adaptive,
     nn.GroupNorm: _groupnorm,
     nn.modules.batchnorm._BatchNorm: _batchnorm,
+    nn.Dropout: lambda m: cr.Dropout(m.p, m.training),
     nn.Flatten: lambda m: _Identity(),
     nn.Identity: lambda m: _Identity(),
 }
@@ -351,6 +352,19 @@ def predict_correlated(
                     steps[n] = _Identity()
                 elif n.target in _RELU or (n.op == "call_method" and n.target == "relu"):
                     step = cr.ReLU(exact_lags)
+                    value[n] = step.forward(value[args[0]])
+                    steps[n] = step
+                elif n.target is _F.adaptive_avg_pool2d:
+                    size = n.kwargs.get("output_size", n.args[1] if len(n.args) > 1 else None)
+                    step = _Adaptive(nn.AdaptiveAvgPool2d(size))
+                    value[n] = step.forward(value[args[0]])
+                    steps[n] = step
+                elif n.target is _F.dropout:
+                    p = n.kwargs.get("p", n.args[1] if len(n.args) > 1 else 0.5)
+                    training = n.kwargs.get("training", n.args[2] if len(n.args) > 2 else True)
+                    if type(p) not in (int, float) or not isinstance(training, bool):
+                        raise NotImplementedError("dropout with a traced p or training flag")
+                    step = cr.Dropout(float(p), training)
                     value[n] = step.forward(value[args[0]])
                     steps[n] = step
                 elif n.target in _POINTWISE or n.target is _F.gelu:

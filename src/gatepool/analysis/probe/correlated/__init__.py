@@ -26,6 +26,7 @@ The rules, each from the module's actual weights, one file each (its equations i
     norms.py    GroupNorm, BatchNorm
     add.py      residual adds, the sum of two gradients
     linear.py   linear on (C, 1, 1) features
+    dropout.py  dropout (train and eval)
 
 ``field.py`` holds the state and the lag helpers, ``normal.py`` the normal integrals, ``measure.py`` the
 measurement (the input's statistics, and a tensor's for comparison). The walk through a model is
@@ -34,6 +35,7 @@ measurement (the input's statistics, and a tensor's for comparison). The walk th
 
 from gatepool.analysis.probe.correlated.add import add, add_grads
 from gatepool.analysis.probe.correlated.conv import Conv, autocorr, box_conv
+from gatepool.analysis.probe.correlated.dropout import Dropout
 from gatepool.analysis.probe.correlated.field import Field, neighbour_corr, unit_noise, xcorr
 from gatepool.analysis.probe.correlated.linear import Linear
 from gatepool.analysis.probe.correlated.maxpool import MaxPool, clark_max
@@ -46,6 +48,7 @@ from gatepool.analysis.probe.correlated.relu import ReLU, relu_series_maps
 __all__ = [
     "BatchNorm",
     "Conv",
+    "Dropout",
     "Field",
     "GroupNorm",
     "Linear",
