@@ -106,6 +106,15 @@ class _Identity:
         return g
 
 
+def _hardtanh(m: nn.Hardtanh):
+    lo, hi = float(m.min_val), float(m.max_val)
+    return cr.Pointwise(lambda x: torch.nn.functional.hardtanh(x, lo, hi), (lo, hi))
+
+
+def _gelu(approximate: str) -> cr.Pointwise:
+    return cr.Pointwise("gelu_tanh" if approximate == "tanh" else "gelu")
+
+
 def _groupnorm(m: nn.GroupNorm):
     return cr.GroupNorm(m.num_groups, m.weight if m.affine else None, m.bias if m.affine else None, m.eps)
 
@@ -126,11 +135,20 @@ _RULES = {
     nn.Conv2d: _conv,
     nn.Linear: lambda m: cr.Linear(m.weight, m.bias),
     nn.ReLU: lambda m: cr.ReLU(),
+    nn.ReLU6: lambda m: cr.Pointwise("relu6"),
+    nn.Hardtanh: _hardtanh,
+    nn.SiLU: lambda m: cr.Pointwise("silu"),
+    nn.GELU: lambda m: _gelu(m.approximate),
+    nn.Hardswish: lambda m: cr.Pointwise("hardswish"),
+    nn.Hardsigmoid: lambda m: cr.Pointwise("hardsigmoid"),
+    nn.Sigmoid: lambda m: cr.Pointwise("sigmoid"),
+    nn.Tanh: lambda m: cr.Pointwise("tanh"),
     nn.MaxPool2d: _maxpool,
     nn.AvgPool2d: _AvgPool,
     nn.AdaptiveAvgPool2d: _Adaptive,
     nn.GroupNorm: _groupnorm,
     nn.modules.batchnorm._BatchNorm: _batchnorm,
+    nn.Dropout: lambda m: cr.Dropout(m.p, m.training),
     nn.Flatten: lambda m: _Identity(),
     nn.Identity: lambda m: _Identity(),
 }
@@ -161,6 +179,13 @@ class _Tracer(fx.Tracer):
 _ADDS = (operator.add, torch.add, operator.iadd)
 _FLAT = (torch.flatten,)
 _RELU = (torch.relu, torch.nn.functional.relu)
+_F = torch.nn.functional
+# activations called as functions (or tensor methods): their pointwise rule by name
+_POINTWISE = {
+    _F.relu6: "relu6", _F.silu: "silu", _F.hardswish: "hardswish", _F.hardsigmoid: "hardsigmoid",
+    torch.sigmoid: "sigmoid", _F.sigmoid: "sigmoid", "sigmoid": "sigmoid",
+    torch.tanh: "tanh", _F.tanh: "tanh", "tanh": "tanh",
+}
 
 
 def _pooled(fields: list, key: str) -> float | None:
@@ -327,6 +352,24 @@ def predict_correlated(
                     steps[n] = _Identity()
                 elif n.target in _RELU or (n.op == "call_method" and n.target == "relu"):
                     step = cr.ReLU(exact_lags)
+                    value[n] = step.forward(value[args[0]])
+                    steps[n] = step
+                elif n.target is _F.adaptive_avg_pool2d:
+                    size = n.kwargs.get("output_size", n.args[1] if len(n.args) > 1 else None)
+                    step = _Adaptive(nn.AdaptiveAvgPool2d(size))
+                    value[n] = step.forward(value[args[0]])
+                    steps[n] = step
+                elif n.target is _F.dropout:
+                    p = n.kwargs.get("p", n.args[1] if len(n.args) > 1 else 0.5)
+                    training = n.kwargs.get("training", n.args[2] if len(n.args) > 2 else True)
+                    if type(p) not in (int, float) or not isinstance(training, bool):
+                        raise NotImplementedError("dropout with a traced p or training flag")
+                    step = cr.Dropout(float(p), training)
+                    value[n] = step.forward(value[args[0]])
+                    steps[n] = step
+                elif n.target in _POINTWISE or n.target is _F.gelu:
+                    name = _POINTWISE.get(n.target)
+                    step = cr.Pointwise(name) if name else _gelu(n.kwargs.get("approximate", "none"))
                     value[n] = step.forward(value[args[0]])
                     steps[n] = step
                 else:

@@ -21,10 +21,12 @@ The rules, each from the module's actual weights, one file each (its equations i
 
     conv.py     conv (and avg pools, the global pool: a box filter)
     relu.py     ReLU (and of the residual sum b + ReLU(y))
+    pointwise.py  any other activation (ReLU6, SiLU, GELU, Hardswish, Hardsigmoid, sigmoid, tanh)
     maxpool.py  max pool (window draws, Clark's recursion)
     norms.py    GroupNorm, BatchNorm
     add.py      residual adds, the sum of two gradients
     linear.py   linear on (C, 1, 1) features
+    dropout.py  dropout (train and eval)
 
 ``field.py`` holds the state and the lag helpers, ``normal.py`` the normal integrals, ``measure.py`` the
 measurement (the input's statistics, and a tensor's for comparison). The walk through a model is
@@ -33,21 +35,25 @@ measurement (the input's statistics, and a tensor's for comparison). The walk th
 
 from gatepool.analysis.probe.correlated.add import add, add_grads
 from gatepool.analysis.probe.correlated.conv import Conv, autocorr, box_conv
+from gatepool.analysis.probe.correlated.dropout import Dropout
 from gatepool.analysis.probe.correlated.field import Field, neighbour_corr, unit_noise, xcorr
 from gatepool.analysis.probe.correlated.linear import Linear
 from gatepool.analysis.probe.correlated.maxpool import MaxPool, clark_max
 from gatepool.analysis.probe.correlated.measure import measure_field, measure_fields, measure_input
 from gatepool.analysis.probe.correlated.normal import bivariate_relu, relu_moments_map, relu_of_sum_map
 from gatepool.analysis.probe.correlated.norms import BatchNorm, GroupNorm
+from gatepool.analysis.probe.correlated.pointwise import Pointwise, hermite_coefficients
 from gatepool.analysis.probe.correlated.relu import ReLU, relu_series_maps
 
 __all__ = [
     "BatchNorm",
     "Conv",
+    "Dropout",
     "Field",
     "GroupNorm",
     "Linear",
     "MaxPool",
+    "Pointwise",
     "ReLU",
     "add",
     "add_grads",
@@ -55,6 +61,7 @@ __all__ = [
     "bivariate_relu",
     "box_conv",
     "clark_max",
+    "hermite_coefficients",
     "measure_field",
     "measure_fields",
     "measure_input",

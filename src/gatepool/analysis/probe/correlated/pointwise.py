@@ -1,0 +1,140 @@
+"""Any pointwise activation f of the Gaussian field: ReLU6, SiLU, GELU, Hardswish, Hardsigmoid, sigmoid, tanh.
+
+x = m + s z at each position (z ~ N(0, 1)); every expectation is Gauss–Legendre over z ∈ [−9, 9], cut into
+pieces at f's kinks (where f or f' jumps: ReLU6 at 0 and 6, the hard ones at ±3), so each piece is smooth.
+
+per position  E[f(x)], Var f(x); back E[f'(x)²]
+per lag       Mehler's series in the normalized Hermite coefficients a_n(p) = E[f(x_p) He_n(z_p)] / √n!:
+
+                  Cov(f(x_p), f(x_q)) = Σ_{n=1..N} ρⁿ a_n(p) a_n(q) + ρ^{N+1} r(p) r(q),
+                  r² = Var f(x) − Σ_{n ≤ N} a_n²   (Parseval: the series' whole remainder at ρ = 1)
+
+              so the sum is exact at ρ = 0 and at ρ = 1, and between them off by at most ρ^{N+1} r²
+              (a kink makes a_n decay slowly: the remainder term carries what N = 24 terms leave).
+backward      g independent of x: Cov(g_p f'(x_p), g_q f'(x_q)) = Cov(g_p, g_q) E[f'(x_p) f'(x_q)], the same
+              series of f' (its mean b_0 = E[f'] included); for a norm before it (``Field.yy``)
+              E[g_p g_q x_p x_q f'(x_p) f'(x_q)], the series of u(x) = x f'(x).
+
+ReLU keeps its own rule (:mod:`relu`: exact integrals at the near lags, the shapes b + ReLU(y)).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
+
+_ORDER = 24  # Mehler's series to ρ²⁴, then the Parseval remainder
+_Z = 9.0  # the normal beyond |z| = 9 has mass 2e-19
+_PIECES = 8  # [−9, 9] in 8 equal pieces (plus cuts at the kinks), 16-point Gauss–Legendre on each
+_GL_X, _GL_W = (torch.tensor(a, dtype=_DT) for a in np.polynomial.legendre.leggauss(16))
+_CHUNK = 2048  # positions at a time (the nodes of 2048 positions: 2048 × 160 float64 per map)
+
+# f and the points where f or f' jumps (the quadrature cuts its pieces there)
+ACTIVATIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], tuple[float, ...]]] = {
+    "relu6": (F.relu6, (0.0, 6.0)),
+    "silu": (F.silu, ()),
+    "gelu": (F.gelu, ()),
+    "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), ()),
+    "hardswish": (F.hardswish, (-3.0, 3.0)),
+    "hardsigmoid": (F.hardsigmoid, (-3.0, 3.0)),
+    "sigmoid": (torch.sigmoid, ()),
+    "tanh": (torch.tanh, ()),
+}
+
+
+def _nodes(m: torch.Tensor, s: torch.Tensor, kinks: tuple[float, ...]):
+    """Gauss–Legendre nodes z (P, Q) and weights w · φ(z) (P, Q) for E[h(m + s z)] at P positions."""
+    edges = torch.linspace(-_Z, _Z, _PIECES + 1, dtype=_DT).expand(m.shape[0], -1)
+    if kinks:
+        alive = s > 0
+        cut = [torch.where(alive, (t - m) / torch.where(alive, s, 1.0), -_Z).clamp(-_Z, _Z) for t in kinks]
+        edges = torch.cat([edges, torch.stack(cut, 1)], 1).sort(1).values
+    lo, half = edges[:, :-1, None], (edges[:, 1:, None] - edges[:, :-1, None]) / 2  # (P, pieces, 1)
+    z = (lo + half * (_GL_X + 1)).flatten(1)
+    w = (half * _GL_W).flatten(1) * torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+    return z, w
+
+
+def hermite_coefficients(f: Callable, kinks: tuple[float, ...], m: torch.Tensor, s: torch.Tensor,
+                         order: int = _ORDER):
+    """For h = f, f' and u = x f'(x) of x ~ N(m, s²) at every position of the maps m, s:
+    ``{name: (E[h], E[h²], [a_1 … a_order])}``, a_n = E[h(x) He_n(z)] / √n! (maps like m).
+
+    Positions with the same (m, s) (a map's interior, away from its borders and the data's layout) are
+    integrated once."""
+    shape = m.shape
+    ms = torch.stack([m.reshape(-1), s.clamp_min(0).reshape(-1)], 1)
+    ms, where = torch.unique(ms, dim=0, return_inverse=True)
+    parts = []
+    for chunk in ms.split(_CHUNK):
+        mc, sc = chunk[:, 0], chunk[:, 1]
+        z, w = _nodes(mc, sc, kinks)  # (P, Q)
+        x = (mc[:, None] + sc[:, None] * z).requires_grad_()
+        with torch.enable_grad():
+            y = f(x)
+            (dy,) = torch.autograd.grad(y.sum(), x)
+        x, y = x.detach(), y.detach()
+        h = torch.stack([y, dy, x * dy], 1)  # (P, 3, Q): f, f', u
+        he = [torch.ones_like(z), z]  # He_n / √n!, normalized: He_{n+1} = (z He_n − √n He_{n−1}) / √(n+1)
+        for n in range(1, order):
+            he.append((z * he[n] - math.sqrt(n) * he[n - 1]) / math.sqrt(n + 1))
+        basis = torch.stack(he, 2)  # (P, Q, order + 1)
+        wh = w[:, None, :] * h
+        parts.append(torch.cat([torch.bmm(wh, basis), (wh * h).sum(2, keepdim=True)], 2))  # (P, 3, order + 2)
+    out = torch.cat(parts)[where].movedim(0, -1)  # (3, order + 2, positions)
+    return {
+        key: (out[i, 0].reshape(shape), out[i, -1].reshape(shape),
+              [out[i, n].reshape(shape) for n in range(1, order + 1)])
+        for i, key in enumerate(("f", "df", "u"))
+    }
+
+
+def series_lag_sums(corr: torch.Tensor, mean: torch.Tensor, e2: torch.Tensor, coef: list[torch.Tensor],
+                    weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Σ_p w_p w_{p+e} Cov(h(x_p), h(x_{p+e})) for every lag e: Mehler's series to ``len(coef)`` and the
+    Parseval remainder ρ^{N+1} r_p r_q (see the module docstring)."""
+    w = torch.ones_like(mean) if weight is None else weight
+    rest = (e2 - mean * mean - sum(c * c for c in coef)).clamp_min(0).sqrt()
+    T = torch.zeros_like(corr)
+    rn = torch.ones_like(corr)
+    for c in coef:
+        rn = rn * corr
+        T += rn * xcorr(w * c, w * c)
+    return T + rn * corr * xcorr(w * rest, w * rest)
+
+
+class Pointwise:
+    """f applied elementwise (one of :data:`ACTIVATIONS`, or any f with its kinks) to the Gaussian field."""
+
+    def __init__(self, f: str | Callable[[torch.Tensor], torch.Tensor], kinks: tuple[float, ...] = ()
+                 ) -> None:
+        if isinstance(f, str):
+            if f not in ACTIVATIONS:
+                raise ValueError(f"f must be a callable or one of {sorted(ACTIVATIONS)}, got {f!r}")
+            f, kinks = ACTIVATIONS[f]
+        self.f, self.kinks = f, tuple(kinks)
+
+    def forward(self, x: Field) -> Field:
+        self.x = x
+        self.h = hermite_coefficients(self.f, self.kinks, x.mean, x.var.clamp_min(0).sqrt())
+        mean, e2, coef = self.h["f"]
+        return _field_from_sums(mean, (e2 - mean * mean).clamp_min(0), series_lag_sums(x.corr, *self.h["f"]))
+
+    def backward(self, g: Field) -> Field:
+        sg = g.var.clamp_min(0).sqrt()
+        corr = self.x.corr
+
+        def second_moments(key: str) -> torch.Tensor:  # Σ_p sg_p sg_q E[h(x_p) h(x_q)] per lag
+            mean = self.h[key][0]
+            return xcorr(sg * mean, sg * mean) + series_lag_sums(corr, *self.h[key], weight=sg)
+
+        T = g.corr * second_moments("df")
+        YY = g.corr * second_moments("u")
+        var = g.var * self.h["df"][1]  # E[g²] E[f'(x)²]
+        return _field_from_sums(torch.zeros_like(var), var, T, yy=YY.sum((1, 2)))
