@@ -16,7 +16,7 @@ GROUPS: list[str] = ["conv_variance", "pool_variance", "network", "soft_gate", "
                      "attention_reach", "sqrt_d", "attention_cost", "flashcards", "seq_demo", "vit_mnist",
                      "init_rules", "conv_unrolled", "max_normals", "transformer_variants", "orange_numbers",
                      # beyond the lecture (``Experiment.beyond``): `reproduce --beyond`
-                     "gate_matters", "distractor_study"]
+                     "gate_matters", "distractor_study", "symmetry_gain"]
 
 for _group in GROUPS:
     importlib.import_module(f"gatepool.lab.experiments.{_group}")
