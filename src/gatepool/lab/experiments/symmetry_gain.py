@@ -368,6 +368,8 @@ def _judge_gains(ctx: Context, errors: dict[str, dict[float, list[float]]]) -> N
 def _figure(ctx: Context, cells: dict[str, dict[float, dict[str, Any]]],
             curves: dict[str, dict[float, list[list[float]]]]) -> None:
     plt = pyplot()
+    from matplotlib import ticker
+
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.0, 3.6))
     colors = {"p4cnn": "C0", "z2cnn": "C3"}
     for m, by in cells.items():
@@ -393,11 +395,17 @@ def _figure(ctx: Context, cells: dict[str, dict[float, dict[str, Any]]],
     for m, by in curves.items():
         for f, runs in sorted(by.items()):
             arr = np.array(runs)  # (seeds, epochs)
-            images = np.arange(1, arr.shape[1] + 1) * ctx["epoch_images"]
-            right.plot(images, arr.mean(0), color=colors.get(m, "k"), ls=styles.get(f, "-"),
+            epochs = np.arange(1, arr.shape[1] + 1)
+            right.plot(epochs, arr.mean(0), color=colors.get(m, "k"), ls=styles.get(f, "-"),
                        label=f"{m}, {_pct(f)}")
-            right.fill_between(images, arr.min(0), arr.max(0), color=colors.get(m, "k"), alpha=0.12, lw=0)
-    right.set(yscale="log", xlabel="training images seen", ylabel="test error (%)")
+            right.fill_between(epochs, arr.min(0), arr.max(0), color=colors.get(m, "k"), alpha=0.12, lw=0)
+    right.set(yscale="log", xlabel=f"epoch ({ctx['epoch_images']:,} training images each)",
+              ylabel="test error (%)")
+    right.set_xticks(range(1, ctx["epochs"] + 1))
+    for ax in (left, right):  # error ticks at 1, 2, 5 × 10^k, written as plain numbers
+        ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
     right.set_title(f"learning curves on {ctx['curve_test_size']:,} test digits: mean over seeds, band min "
                     "to max", fontsize=8)
     right.legend(fontsize=6, ncol=2)
