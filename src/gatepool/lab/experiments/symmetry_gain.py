@@ -32,13 +32,15 @@ training; ours is a different draw and a CPU budget, said beside the comparison.
 
 Every training is a ``gatepool.train`` run in ``<out>/<net>-<share>-s<seed>/`` with a checkpoint every
 epoch, through ``run_tasks``, so a killed run resumes; the tasks go seed by seed, so a run cut short has
-whole seeds. Sizing: on the 2-core AMD EPYC VM (torch 2.13.0, one thread, batch 100, load ≈ 1,
-2026-12-04) a training step ran at about 700 images/s for the p4cnn and 2,300 for the z2cnn
-(channels-last), an evaluation at 1,100 and 4,400 (:data:`RATES`). One epoch of each at 100%, measured
-through this experiment under load ≈ 7 (four other sessions busy), took 150 s (p4cnn) and 39 s (z2cnn)
-with an evaluation on all 10,000 test digits each epoch: about 5× the quiet rates. So the curve is
-evaluated on 2,000 digits and the epochs are 4, and :func:`estimate_seconds` gives 16.5 minutes for the
-18 trainings at the quiet rates (the issue's budget was 25), leaving room for a loaded machine.
+whole seeds. Sizing: on the project's 2-core VM (its processor reads "Intel(R) Xeon(R) Processor"; torch
+2.13.0, one thread, batch 100, load ≈ 1, 2026-12-04) a training step ran at about 700 images/s for the p4cnn
+and 2,300 for the z2cnn (channels-last), an evaluation at 1,100 and 4,400 (:data:`RATES`). One epoch of each
+at 100%, measured through this experiment under load ≈ 7 (four other sessions busy), took 150 s (p4cnn) and
+39 s (z2cnn) with an evaluation on all 10,000 test digits each epoch: about 5× the quiet rates. So the curve
+is evaluated on 2,000 digits and the epochs are 4, and :func:`estimate_seconds` gives 16.5 minutes for the
+18 trainings at the quiet rates (the issue's budget was 25), leaving room for a loaded machine. The full run
+(``results-beyond/symmetry-gain``, docs/symmetry-gain.md) met a load of 4–14 and ran on two one-thread
+workers (``--jobs 2``): 72.9 minutes of worker time, 40 minutes of wall clock.
 The quick profile (two seeds, 2 epochs of 200 images, 200 test digits) is a smoke run of seconds.
 """
 
