@@ -49,10 +49,10 @@ def test_data_info_names_the_explicit_copy_or_what_it_looked_for(tmp_path, capsy
 def test_data_fetch_and_generate_take_exactly_the_package_sets(capsys):
     """The parser's lists are written out (``--help`` must not import torch): they must match the package."""
     from gatepool.cli import build_parser
-    from gatepool.data import DATASETS, GENERATED, dataset_names
+    from gatepool.data import DATASETS, GENERATED, ROTATED, dataset_names
 
     parser = build_parser()
-    for action, names in (("fetch", list(DATASETS)), ("generate", list(GENERATED))):
+    for action, names in (("fetch", list(DATASETS)), ("generate", [*GENERATED, *ROTATED])):
         for name in dataset_names():
             if name in names:
                 assert parser.parse_args(["data", action, name]).name == name

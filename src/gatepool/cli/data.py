@@ -20,8 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     pf.add_argument("name", choices=["mnist", "fashion-mnist"])
     pf.add_argument("--dest", default=None, help="folder to write to (default ~/.cache/gatepool/NAME)")
     pf.set_defaults(func=_fetch)
-    pg = dsub.add_parser("generate", help="make a generated 60×60 set now (else on first use)")
-    pg.add_argument("name", choices=["translated-mnist", "cluttered-mnist", "distractor-mnist"])
+    pg = dsub.add_parser("generate", help="make a generated set now (else on first use)")
+    pg.add_argument("name", choices=["translated-mnist", "cluttered-mnist", "distractor-mnist",
+                                     "rotated-mnist"])
     pg.add_argument("--data-dir", default=None, help="keep it in DIR/NAME/ (default: the cache)")
     pg.add_argument("--force", action="store_true", help="make it again even if a good copy is there")
     pg.set_defaults(func=_generate)

@@ -1,5 +1,6 @@
 """Verified data sets, every one by name: MNIST and Fashion-MNIST from IDX files (:mod:`gatepool.data.idx`)
-and the 60×60 canvases generated from MNIST on first use (:mod:`gatepool.data.canvas`).
+the 60×60 canvases generated from MNIST on first use (:mod:`gatepool.data.canvas`) and rotated MNIST
+(:mod:`gatepool.data.rotated`), generated the same way.
 
     dataset_names()                      -> ['mnist', 'fashion-mnist', 'translated-mnist', ...]
     load("cluttered-mnist", "test")      -> Dataset: images (N, H, W) uint8, labels (N,) int64
@@ -13,14 +14,14 @@ A missing or corrupt file is a :class:`DataError` naming the file and the fix; a
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
-from gatepool.data import canvas, idx
+from gatepool.data import canvas, idx, rotated
 from gatepool.data.canvas import (
     GENERATED,
     CanvasRecipe,
     digit_layer,
-    generate,
     generate_split,
     loudest_not_digit,
 )
@@ -41,15 +42,18 @@ from gatepool.data.idx import (
     repo_data_dir,
     search_roots,
 )
+from gatepool.data.rotated import ROTATED, RotationRecipe
 
 __all__ = [
     "DATASETS",
     "DEBIAN_DATA",
     "GENERATED",
+    "ROTATED",
     "CanvasRecipe",
     "DataError",
     "Dataset",
     "DatasetSpec",
+    "RotationRecipe",
     "dataset_names",
     "digit_layer",
     "fetch",
@@ -73,11 +77,11 @@ __all__ = [
 
 def dataset_names() -> list[str]:
     """Every name :func:`load` accepts: the IDX sets, then the generated ones."""
-    return [*DATASETS, *GENERATED]
+    return [*DATASETS, *GENERATED, *ROTATED]
 
 
 def _known(name: str) -> None:
-    if name not in DATASETS and name not in GENERATED:
+    if name not in dataset_names():
         raise ValueError(f"dataset={name!r} is unknown; choose one of {dataset_names()}")
 
 
@@ -89,13 +93,15 @@ def load(name: str, split: str = "train", data_dir: str | os.PathLike | None = N
     _known(name)
     if name in GENERATED:
         return canvas.load(name, split, data_dir)
+    if name in ROTATED:
+        return rotated.load(name, split, data_dir)
     return idx.load_dataset(name, split, data_dir)
 
 
 def split_size(name: str, split: str, data_dir: str | os.PathLike | None = None) -> int:
     """Examples in a split without loading it (an IDX set's labels header; a generated set has MNIST's)."""
     _known(name)
-    module = canvas if name in GENERATED else idx
+    module = canvas if name in GENERATED else rotated if name in ROTATED else idx
     return module.split_size(name, split, data_dir)
 
 
@@ -104,4 +110,11 @@ def info(data_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
 
     The IDX sets' rows, then the generated sets' (nothing is fetched or generated).
     """
-    return idx.info(data_dir) + canvas.info(data_dir)
+    return idx.info(data_dir) + canvas.info(data_dir) + rotated.info(data_dir)
+
+
+def generate(name: str, data_dir: str | os.PathLike | None = None, *, force: bool = False) -> Path:
+    """Make generated set ``name`` now (else it is made on first use); returns its folder."""
+    if name in ROTATED:
+        return rotated.generate(name, data_dir, force=force)
+    return canvas.generate(name, data_dir, force=force)

@@ -5,7 +5,7 @@ Importing this package imports every model file, and each registers its construc
 
 from gatepool.models.registry import create_model, list_models, register_model  # noqa: I001  (first)
 from gatepool.models import conv_attention, residual_cnn, resnet_gate, seq, vit  # noqa: F401  (register)
-from gatepool.models import dual_encoder, flamingo, unet  # noqa: F401  (register)
+from gatepool.models import dual_encoder, flamingo, gcnn, unet  # noqa: F401  (register)
 from gatepool.models.residual_cnn import PreActBlock, ResidualCNN
 from gatepool.models.resnet_gate import PreActProjBlock, ResNetGate
 

@@ -27,7 +27,7 @@ EXPERIMENTS: list[str] = [
     "attention-maps", "shuffle", "attention-cost", "batchnorm", "flashcards", "definitions", "vit-mnist",
     "seq-demo", "seq-demo-encdec", "transformer-variants",
     # beyond the lecture (``Experiment.beyond``): `reproduce --beyond`
-    "gate-matters", "distractor-study",
+    "gate-matters", "distractor-study", "symmetry-gain",
 ]  # fmt: skip
 
 for _name in EXPERIMENTS:

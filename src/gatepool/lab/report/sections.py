@@ -24,7 +24,8 @@ SECTIONS: list[tuple[str, str, tuple[str, ...]]] = [
      ("attention-reach", "conv-reach", "sqrt-d", "attention-maps", "shuffle", "attention-cost")),
     ("flashcards", "Normalisation and the flashcards", ("batchnorm", "flashcards", "definitions")),
     ("transformers", "Transformers", ("vit-mnist", "seq-demo", "seq-demo-encdec", "transformer-variants")),
-    ("beyond", "Beyond the lecture", ("gate-matters", "distractor-study")),  # `reproduce --beyond`
+    ("beyond", "Beyond the lecture",  # `reproduce --beyond`
+     ("gate-matters", "distractor-study", "symmetry-gain")),
 ]
 OTHER = ("other", "Other experiments")
 
