@@ -21,7 +21,7 @@ from gatepool.lab.experiments import EXPERIMENTS, registry
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "src" / "gatepool" / "lab" / "experiments"
 RECORDS = ["results/quick/results.json", "results/full/results.json",
-           "results-beyond/distractor/results.json"]
+           "results-beyond/distractor/results.json", "results-beyond/symmetry-gain/results.json"]
 
 
 def _records() -> list[tuple[str, dict]]:
@@ -38,8 +38,9 @@ def test_registry_lists_every_experiment_in_the_lectures_order():
     assert list(reg) == EXPERIMENTS
     orders = [reg[name].order for name in EXPERIMENTS]
     assert orders == sorted(orders)  # the list and each experiment's ``order`` agree
-    assert [n for n, e in reg.items() if e.beyond] == ["gate-matters", "distractor-study"]
-    assert list(registry(beyond=False)) == EXPERIMENTS[:-2]
+    beyond = ["gate-matters", "distractor-study", "symmetry-gain"]
+    assert [n for n, e in reg.items() if e.beyond] == beyond
+    assert list(registry(beyond=False)) == EXPERIMENTS[: -len(beyond)]
 
 
 def test_the_lecture_order_is_the_published_one():
