@@ -261,8 +261,8 @@ def test_report_only_shows_the_named_experiments_and_keeps_results_whole(tmp_pat
     assert main(["report", str(run_dir), "--only", "gate-matters"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(
-        "Profile quick: beyond the lecture ('off': the gates differ): 0 ok of 1 (1 off, 0 "
-        "undecided, 0 not run).")
+        "Profile quick: beyond the lecture ('off': a finding about the question asked, not a failed "
+        "check): 0 ok of 1 (1 off, 0 undecided, 0 not run).")
     assert (run_dir / "results.json").read_bytes() == before
     page = (run_dir / "report.html").read_text(encoding="utf-8")
     assert "<h1>gatepool: beyond the lecture (quick profile)</h1>" in page

@@ -6,11 +6,12 @@ from __future__ import annotations
 import functools
 import pickle
 
+import pytest
 import torch
 import torch.nn as nn
 
 from gatepool.train import TrainConfig, load_data
-from gatepool.train.task import TrainTask, run_folder, train_pending, train_task
+from gatepool.train.task import TrainTask, load_trained, run_folder, train_pending, train_task
 
 CONFIG = {"model": "residual_cnn", "model_kwargs": {"width": 8, "pool": "soft-learned"}, "train_size": 64,
           "test_size": 32, "epochs": 2, "batch_size": 32, "threads": 1, "seed": 0}  # fmt: skip
@@ -64,3 +65,31 @@ def test_a_task_builds_its_model_and_data_and_train_pending_skips_the_finished(t
     both = train_pending(tasks)
     assert calls == [0, 1] and both[0] == first[0]
     assert both[0]["final"] != both[1]["final"]
+
+
+def first_eight(config: TrainConfig, data, seen: list):
+    """The task's batches: always the first 8 training digits (and a record of the data they came from)."""
+    seen.append(len(data.train_y))
+
+    def batches(generator):
+        return iter([(data.train_x[:8], data.train_y[:8])] * 3)
+
+    return batches
+
+
+def test_a_task_draws_its_own_batches_and_load_trained_gives_the_model(tmp_path):
+
+    seen: list = []
+    config = {**CONFIG, "model": "tiny-mlp", "model_kwargs": {}, "epochs": 1, "steps_per_epoch": 3}
+    task = TrainTask(config, str(tmp_path / "run"), model=tiny_mlp,
+                     batches=functools.partial(first_eight, seen=seen))  # fmt: skip
+    with pytest.raises(ValueError, match="task.out"):
+        load_trained(task)
+    record = train_task(task)
+    assert seen == [64]  # called once, with the task's training set
+    assert record["history"][0]["train_acc"] is not None
+    trained = load_trained(task)
+    assert trained.record["final"] == record["final"] and seen == [64]  # loaded: no batches drawn again
+    x = load_data(TrainConfig.from_dict(config)).test_x
+    untrained = tiny_mlp(TrainConfig.from_dict(config))
+    assert not torch.equal(trained.model(x), untrained(x))  # the trained weights, not a fresh model

@@ -191,7 +191,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     if broken:
         print(f"experiments that broke: {', '.join(broken)}", file=sys.stderr)
         return 1
-    # --strict: a claim off fails the run, except a "beyond" one, a finding ("off": the gates differ)
+    # --strict: a claim off fails the run, except a "beyond" one, a finding about the question it asks
     off = [c for r in records for c in r.get("claims", [])
            if c["verdict"] == "off" and c.get("source") != "beyond"]  # fmt: skip
     return 1 if (args.strict and off) else 0

@@ -30,17 +30,11 @@ all of them; and the p4cnn cuts the z2cnn's error at least as much as in Cohen &
 2.28% against 5.03%), within our stated slack. Their numbers come from their draw of MNIST-rot and their
 training; ours is a different draw and a CPU budget, said beside the comparison.
 
-Every training is a ``gatepool.train`` run in ``<out>/<net>-<share>-s<seed>/`` with a checkpoint every
-epoch, through ``run_tasks``, so a killed run resumes; the tasks go seed by seed, so a run cut short has
-whole seeds. Sizing: on the project's 2-core VM (its processor reads "Intel(R) Xeon(R) Processor"; torch
-2.13.0, one thread, batch 100, load ≈ 1, 2026-12-04) a training step ran at about 700 images/s for the p4cnn
-and 2,300 for the z2cnn (channels-last), an evaluation at 1,100 and 4,400 (:data:`RATES`). One epoch of each
-at 100%, measured through this experiment under load ≈ 7 (four other sessions busy), took 150 s (p4cnn) and
-39 s (z2cnn) with an evaluation on all 10,000 test digits each epoch: about 5× the quiet rates. So the curve
-is evaluated on 2,000 digits and the epochs are 4, and :func:`estimate_seconds` gives 16.5 minutes for the
-18 trainings at the quiet rates (the issue's budget was 25), leaving room for a loaded machine. The full run
-(``results-beyond/symmetry-gain``, docs/symmetry-gain.md) met a load of 4–14 and ran on two one-thread
-workers (``--jobs 2``): 72.9 minutes of worker time, 40 minutes of wall clock.
+Every training is a :class:`gatepool.train.task.TrainTask` in ``<out>/<net>-<share>-s<seed>/`` with a
+checkpoint every epoch (its batches drawn by :func:`cycled_batches`), so a killed run resumes; the tasks go
+seed by seed, so a run cut short has whole seeds; the final evaluation and the symmetry test read the
+finished runs. :func:`estimate_seconds` sizes the full profile from measured rates (:data:`RATES`; how they
+were measured, and how the full run went: docs/symmetry-gain.md).
 The quick profile (two seeds, 2 epochs of 200 images, 200 test digits) is a smoke run of seconds.
 """
 
@@ -58,7 +52,8 @@ from scipy import stats as scipy_stats
 
 from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.lab.stats import welch_difference
-from gatepool.train.sweep import run_tasks
+from gatepool.train import TrainConfig, TrainData, evaluate, load_data
+from gatepool.train.task import TrainTask, load_trained, train_pending
 from gatepool.utils.plotting import pyplot
 from gatepool.utils.threads import num_threads
 
@@ -117,23 +112,22 @@ def rotation_change(model: torch.nn.Module, x: torch.Tensor) -> dict[str, float]
     return {"relative": worst / scale, "flips": flips}
 
 
-def train_one(task: dict[str, Any]) -> dict[str, Any]:
-    """One training (a worker's unit): its results record (the learning curve on the first
-    ``curve_test_size`` test digits), its final test error on all ``test_size`` of them, and its logits'
-    change under quarter turns."""
-    from gatepool.train import TrainConfig, evaluate, load_data, train
+def _cycled(config: TrainConfig, data: TrainData):
+    """The task's batches: ``batch_size`` digits of the training subset by fresh permutations."""
+    return functools.partial(cycled_batches, x=data.train_x, y=data.train_y, batch_size=config.batch_size)
 
-    config = TrainConfig.from_dict(task["config"])
-    data = load_data(config)  # rotated-mnist, normalized: the training subset, the curve's test digits
-    batches = functools.partial(cycled_batches, x=data.train_x, y=data.train_y, batch_size=config.batch_size)
-    result = train(config, out=task["out"], progress=task["progress"], verbose=task["progress"], data=data,
-                   batches=batches)
-    test = load_data(TrainConfig.from_dict({**task["config"], "test_size": task["test_size"]}))
+
+def evaluate_trained(task: TrainTask, test_size: int, invariance_digits: int) -> dict[str, Any]:
+    """A finished training's final test error (%) on the first ``test_size`` test digits and its logits'
+    change under quarter turns on the first ``invariance_digits`` of them."""
+    result = load_trained(task)
+    config = TrainConfig.from_dict({**task.config, "test_size": test_size})
+    test = load_data(config)
     model = result.model.cpu()
     with num_threads(config.threads):
         final = evaluate(model, test.test_x, test.test_y, batch_size=config.eval_batch_size,
                          channels_last=result.record["channels_last"])
-        rotation = rotation_change(model, test.test_x[: task["invariance_digits"]].contiguous())
+        rotation = rotation_change(model, test.test_x[:invariance_digits].contiguous())
     return {"record": result.record, "test_error": 100 * (1 - final["acc"]), "rotation": rotation}
 
 
@@ -259,33 +253,27 @@ def symmetry_gain(ctx: Context) -> None:
     ctx.cite(f"MNIST-rot test error: P4CNN {ANCHOR['p4cnn']}%, Z2CNN {ANCHOR['z2cnn']}% (their draw of "
              "12,000 training and 50,000 test digits, not ours)", ANCHOR_REF)
     steps = max(1, ctx["epoch_images"] // ctx["batch_size"])
+    cells = [(model, f, seed) for seed in ctx["seeds"] for f in ctx["fractions"] for model in ctx["models"]]
     tasks = [
-        {
-            "config": {"model": model, "data": DATA, "train_size": subset_size(ctx.setup, f),
-                       "test_size": ctx["curve_test_size"], "epochs": ctx["epochs"],
-                       "batch_size": ctx["batch_size"],
-                       "steps_per_epoch": steps, "optimizer": ctx["optimizer"], "lr": ctx["lr"],
-                       "schedule": ctx["schedule"], "seed": seed, "threads": ctx["threads"],
-                       "device": ctx.device},
-            "out": str(ctx.out / f"{model}-{_pct(f).rstrip('%')}pct-s{seed}"),
-            "progress": ctx.progress and ctx.jobs == 1,
-            "invariance_digits": ctx["invariance_digits"],
-            "test_size": ctx["test_size"],
-            "model": model,
-            "fraction": f,
-            "seed": seed,
-        }
-        for seed in ctx["seeds"]
-        for f in ctx["fractions"]
-        for model in ctx["models"]
+        TrainTask(
+            {"model": model, "data": DATA, "train_size": subset_size(ctx.setup, f),
+             "test_size": ctx["curve_test_size"], "epochs": ctx["epochs"], "batch_size": ctx["batch_size"],
+             "steps_per_epoch": steps, "optimizer": ctx["optimizer"], "lr": ctx["lr"],
+             "schedule": ctx["schedule"], "seed": seed, "threads": ctx["threads"], "device": ctx.device},
+            str(ctx.out / f"{model}-{_pct(f).rstrip('%')}pct-s{seed}"),
+            progress=ctx.progress and ctx.jobs == 1,
+            batches=_cycled,
+        )
+        for model, f, seed in cells
     ]
-    results = run_tasks(train_one, tasks, ctx.jobs, ctx.executor)
+    train_pending(tasks, ctx.jobs, ctx.executor)
+    results = [evaluate_trained(t, ctx["test_size"], ctx["invariance_digits"]) for t in tasks]
     errors: dict[str, dict[float, list[float]]] = {}  # net -> share -> test error (%) per seed
     curves: dict[str, dict[float, list[list[float]]]] = {}  # net -> share -> per seed, per epoch
     rotation: dict[str, list[dict[str, float]]] = {}
     seconds = 0.0
-    for task, res in zip(tasks, results):
-        rec, model, f = res["record"], task["model"], task["fraction"]
+    for (model, f, _), res in zip(cells, results):
+        rec = res["record"]
         errors.setdefault(model, {}).setdefault(f, []).append(res["test_error"])
         curve = [100 * (1 - row["test_acc"]) for row in rec["history"]]
         curves.setdefault(model, {}).setdefault(f, []).append(curve)

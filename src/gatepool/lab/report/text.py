@@ -85,7 +85,7 @@ SOURCE_NAMES = {
     "arithmetic": "arithmetic and definitions restated",
     "ours": "our own checks",
     "prediction": "prediction checks",
-    "beyond": "beyond the lecture ('off': the gates differ)",
+    "beyond": "beyond the lecture ('off': a finding about the question asked, not a failed check)",
 }
 
 
