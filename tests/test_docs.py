@@ -30,6 +30,7 @@ EXPECT = {
                               "writes": ["runs/resnet18-soft/results.json"]},
     ("docs/probe.md", False): {"prints": ["(output)"], "writes": ["probe-figures"]},
     ("docs/training.md", False): {"prints": ["test_acc"], "writes": ["runs/soft-s0/results.json"]},
+    ("docs/symmetry.md", False): {"prints": ["GIN: Permutations(9): pass"]},
 }
 
 
