@@ -13,6 +13,8 @@ getting the sum of its two (independent) gradients. A node without a rule has no
 anything computed from it; ``notes`` says which. Two shapes are carried past a Gaussian: a max pool
 whose input is a ReLU's output draws the ReLU's input (``MaxPool.forward(x, pre=...)``), and an add of
 a ReLU's output and another tensor marks the sum b + ReLU(y) (``Field.parts``) for the ReLU after it.
+A parameter or buffer (a ``get_attr`` node), and whatever is computed from such constants alone
+(``gamma.view(-1, 1, 1)``), is evaluated: a product with it is a :class:`correlated.Scale`.
 """
 
 from __future__ import annotations
@@ -177,6 +179,9 @@ class _Tracer(fx.Tracer):
 
 
 _ADDS = (operator.add, torch.add, operator.iadd)
+_CATS = (torch.cat, torch.concat, torch.concatenate)
+_MULS = (operator.mul, torch.mul, operator.imul, "mul", "mul_")
+_DIVS = (operator.truediv, torch.div, torch.true_divide, operator.itruediv, "div", "div_", "true_divide")
 _FLAT = (torch.flatten,)
 _RELU = (torch.relu, torch.nn.functional.relu)
 _F = torch.nn.functional
@@ -186,6 +191,64 @@ _POINTWISE = {
     torch.sigmoid: "sigmoid", _F.sigmoid: "sigmoid", "sigmoid": "sigmoid",
     torch.tanh: "tanh", _F.tanh: "tanh", "tanh": "tanh",
 }
+
+
+def _node_args(n: fx.Node) -> list[fx.Node]:
+    """The nodes among ``n.args``, lists and tuples included (``torch.cat([a, b], 1)``), in order."""
+    found: list[fx.Node] = []
+    fx.node.map_arg(n.args, found.append)
+    return found
+
+
+def _fold(n: fx.Node, const: dict) -> object:
+    """A node computed from constants alone (parameters, buffers, numbers), evaluated."""
+    args, kwargs = fx.node.map_arg((n.args, n.kwargs), const.__getitem__)
+    if n.op == "call_function":
+        return n.target(*args, **kwargs)
+    if n.op == "call_method":
+        return getattr(args[0], n.target)(*args[1:], **kwargs)
+    raise NotImplementedError(f"{n.op} of constants")
+
+
+def _cat(n: fx.Node, fields: list) -> cr.Cat:
+    """``torch.cat(xs, dim)`` along channels (dim 1, or −3 of a 4-D tensor) of fields of one map size."""
+    dim = n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else 0)
+    if dim not in (1, -3):
+        raise NotImplementedError(f"cat along dim {dim}: channels only (dim=1 or -3)")
+    if len({f.shape[1:] for f in fields}) != 1:
+        raise NotImplementedError("cat of maps of different sizes")
+    return cr.Cat()
+
+
+def _factor(v, shape: tuple[int, int, int]) -> torch.Tensor:
+    """A number or a constant tensor multiplying a (N, C, H, W) tensor, as a map for its (C, H, W) field;
+    a (C,) vector on a (C, 1, 1) field multiplies a flattened (N, C) tensor's features."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, torch.Tensor)):
+        raise NotImplementedError(f"a product with a {type(v).__name__}")
+    t = torch.as_tensor(v).detach()
+    if t.ndim == 1 and shape[1:] == (1, 1) and len(t) == shape[0]:
+        return t[:, None, None]
+    while t.ndim > 3 and t.shape[0] == 1:
+        t = t[0]
+    try:
+        ok = t.ndim <= 3 and torch.broadcast_shapes(t.shape, shape) == torch.Size(shape)
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise NotImplementedError(f"a product with a {tuple(t.shape)} tensor on a {shape} map")
+    return t
+
+
+def _scale(n: fx.Node, x: fx.Node, shape: tuple[int, int, int], const: dict) -> cr.Scale:
+    """x · c, c · x or x / c with c a number or a constant: the factor map's :class:`correlated.Scale`."""
+    if len(n.args) != 2 or n.kwargs.get("rounding_mode") is not None or set(n.kwargs) - {"rounding_mode"}:
+        raise NotImplementedError(f"{getattr(n.target, '__name__', n.target)} with these arguments")
+    a, b = (const.get(v, v) if isinstance(v, fx.Node) and v is not x else v for v in n.args)
+    divide = n.target in _DIVS
+    if divide and a is not x:
+        raise NotImplementedError("a constant divided by a tensor")
+    c = _factor(b if a is x else a, shape)
+    return cr.Scale(1 / c if divide else c)
 
 
 def _pooled(fields: list, key: str) -> float | None:
@@ -304,10 +367,22 @@ def predict_correlated(
     steps: dict[fx.Node, object] = {}
     why: dict[fx.Node, str] = {}
     inputs: dict[fx.Node, list[fx.Node]] = {}
+    const: dict[fx.Node, object] = {}  # parameters, buffers and what is computed from them alone
     out_node = None
     with torch.no_grad():
         for n in nodes:
-            args = [a for a in n.args if isinstance(a, fx.Node)]
+            if n.op == "get_attr":
+                const[n] = functools.reduce(getattr, str(n.target).split("."), gm)
+                continue
+            found = _node_args(n)
+            if found and n.op in ("call_function", "call_method") and all(a in const for a in found):
+                try:
+                    const[n] = _fold(n, const)
+                    continue
+                except Exception as e:  # noqa: BLE001 (any op on constants: no prediction, the reason kept)
+                    value[n], why[n] = None, f"{n.name}: {type(e).__name__} on constants"
+                    continue
+            args = [a for a in found if a not in const]
             if n.op == "placeholder":
                 value[n] = input_stats
                 continue
@@ -344,6 +419,14 @@ def predict_correlated(
                     if r is not None:  # b + ReLU(y): a ReLU after it takes the skewed sum's moments
                         value[n] = dataclasses.replace(value[n], parts=(value[args[1 - r]], steps[args[r]].x))
                     steps[n] = _Add(r)
+                elif n.target in _CATS:
+                    step = _cat(n, [value[a] for a in args])
+                    value[n] = step.forward([value[a] for a in args])
+                    steps[n] = step
+                elif (n.target in _MULS or n.target in _DIVS) and len(args) == 1:
+                    step = _scale(n, args[0], value[args[0]].shape, const)
+                    value[n] = step.forward(value[args[0]])
+                    steps[n] = step
                 elif n.target in _FLAT or (n.op == "call_method" and n.target in ("flatten", "view")):
                     f = value[args[0]]
                     if f.shape[1:] != (1, 1):
@@ -393,14 +476,18 @@ def predict_correlated(
                 if n.op == "placeholder":
                     continue
                 step = steps.get(n)
-                gi = None
-                if g is not None and step is not None and not isinstance(step, _Add):
+                gi = per_input = None
+                if g is not None and isinstance(step, cr.Cat):  # each input its channels
+                    per_input = step.backward(g)
+                elif g is not None and step is not None and not isinstance(step, _Add):
                     gi = (
                         step.backward(ps) if isinstance(step, cr.ReLU) else step.backward(g)
                     )  # ReLU: per part
                 for i, a in enumerate(inputs.get(n, [])):
                     if g is not None and isinstance(step, _Add):
                         gi = step.backward_to(g, i)
+                    if per_input is not None:
+                        gi = per_input[i]
                     parts.setdefault(a, []).append(gi)
 
     rows: dict[str, CorrelatedRow] = {}
