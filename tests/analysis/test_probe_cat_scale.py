@@ -127,3 +127,21 @@ def test_the_walk_carries_cat_and_layer_scale_forward_and_backward():
         assert abs(row.var / float(y.var(unbiased=False)) - 1) < 0.10, (n, row.var, float(y.var()))
         assert abs(row.grad_e2 / float(grads[n].pow(2).mean()) - 1) < 0.15, (n, row.grad_e2)
     assert pred["(input)"].grad is not None
+
+
+def test_channel_shuffle_forward_and_backward_match_monte_carlo():
+    """Each channel's state moves with it (channels of different means, variances and correlations)."""
+    C = 6
+    mean, var = _channel_var(C, 10, 10, -1.0, 2.0), _channel_var(C, 10, 10, 0.2, 3.0)
+    x, field = gaussian_field(C=C, mean=mean, var=var, ell=0.5)
+    field.corr[::2] = gaussian_field(C=C, ell=1.8, batch=1)[1].corr[::2]  # half the channels more correlated
+    x[:, ::2] = gaussian_field(C=C, mean=field.mean, var=field.var, ell=1.8)[0][:, ::2]
+    rule = cr.ChannelShuffle(3)
+    xr = x.clone().requires_grad_()
+    y = torch.nn.ChannelShuffle(3)(xr)
+    close(rule.forward(field), y.detach(), rel=0.02, corr=0.01)
+    g, gf = gaussian_field(C=C, var=_channel_var(C, 10, 10, 0.3, 3.0), ell=1.2, seed=2)
+    (y * g).sum().backward()
+    close(rule.backward(gf), xr.grad, rel=0.02, corr=0.01)
+    with pytest.raises(ValueError, match="groups must be"):
+        cr.ChannelShuffle(0)

@@ -29,6 +29,7 @@ The rules, each from the module's actual weights, one file each (its equations i
     dropout.py  dropout (train and eval)
     cat.py      concatenation along channels
     scale.py    a product with a constant (layer scale, a multiply or divide by a number)
+    shuffle.py  a channel shuffle (a permutation of the channels)
 
 ``field.py`` holds the state and the lag helpers, ``normal.py`` the normal integrals, ``measure.py`` the
 measurement (the input's statistics, and a tensor's for comparison). The walk through a model is
@@ -48,10 +49,12 @@ from gatepool.analysis.probe.correlated.norms import BatchNorm, GroupNorm
 from gatepool.analysis.probe.correlated.pointwise import Pointwise, hermite_coefficients
 from gatepool.analysis.probe.correlated.relu import ReLU, relu_series_maps
 from gatepool.analysis.probe.correlated.scale import Scale
+from gatepool.analysis.probe.correlated.shuffle import ChannelShuffle
 
 __all__ = [
     "BatchNorm",
     "Cat",
+    "ChannelShuffle",
     "Conv",
     "Dropout",
     "Field",
