@@ -14,7 +14,10 @@ anything computed from it; ``notes`` says which. Two shapes are carried past a G
 whose input is a ReLU's output draws the ReLU's input (``MaxPool.forward(x, pre=...)``), and an add of
 a ReLU's output and another tensor marks the sum b + ReLU(y) (``Field.parts``) for the ReLU after it.
 A parameter or buffer (a ``get_attr`` node), and whatever is computed from such constants alone
-(``gamma.view(-1, 1, 1)``), is evaluated: a product with it is a :class:`correlated.Scale`.
+(``gamma.view(-1, 1, 1)``), is evaluated: a product with it is a :class:`correlated.Scale`. The size of
+a map (``x.size()``, ``x.shape``) is known (its batch taken as 1), so ShuffleNet's channel shuffle
+``x.view(N, g, C/g, H, W).transpose(1, 2).reshape(N, C, H, W)`` is recognised whole, and carried as the
+permutation it is (:class:`correlated.ChannelShuffle`).
 """
 
 from __future__ import annotations
@@ -151,6 +154,7 @@ _RULES = {
     nn.GroupNorm: _groupnorm,
     nn.modules.batchnorm._BatchNorm: _batchnorm,
     nn.Dropout: lambda m: cr.Dropout(m.p, m.training),
+    nn.ChannelShuffle: lambda m: cr.ChannelShuffle(m.groups),
     nn.Flatten: lambda m: _Identity(),
     nn.Identity: lambda m: _Identity(),
 }
@@ -181,6 +185,8 @@ class _Tracer(fx.Tracer):
 _ADDS = (operator.add, torch.add, operator.iadd)
 _CATS = (torch.cat, torch.concat, torch.concatenate)
 _MULS = (operator.mul, torch.mul, operator.imul, "mul", "mul_")
+_RESHAPES = (torch.reshape, "view", "reshape")
+_TRANSPOSES = (torch.transpose, "transpose", "swapaxes", torch.swapaxes)
 _DIVS = (operator.truediv, torch.div, torch.true_divide, operator.itruediv, "div", "div_", "true_divide")
 _FLAT = (torch.flatten,)
 _RELU = (torch.relu, torch.nn.functional.relu)
@@ -249,6 +255,69 @@ def _scale(n: fx.Node, x: fx.Node, shape: tuple[int, int, int], const: dict) -> 
         raise NotImplementedError("a constant divided by a tensor")
     c = _factor(b if a is x else a, shape)
     return cr.Scale(1 / c if divide else c)
+
+
+def _size(n: fx.Node, value: dict) -> torch.Size | int | None:
+    """``x.size()``, ``x.size(d)`` or ``x.shape`` of a map (positions besides one: a 4-D tensor), its
+    batch taken as 1; None for anything else."""
+    is_size = n.op == "call_method" and n.target == "size"
+    if not (is_size or (n.target is getattr and n.args[1:] == ("shape",))):
+        return None
+    f = value.get(n.args[0]) if isinstance(n.args[0], fx.Node) else None
+    if f is None or f.shape[1:] == (1, 1):
+        return None
+    size = torch.Size((1, *f.shape))
+    d = n.kwargs.get("dim", n.args[1] if is_size and len(n.args) > 1 else None)
+    if d is None:
+        return size
+    return size[d] if isinstance(d, int) and -4 <= d < 4 else None
+
+
+def _shape_args(n: fx.Node, const: dict) -> list | None:
+    """The shape a view or reshape asks for, as numbers (None where it is not known)."""
+    rest = n.args[1:]
+    if len(rest) == 1 and isinstance(rest[0], (list, tuple, torch.Size)):
+        rest = rest[0]
+    rest = [const.get(v) if isinstance(v, fx.Node) else v for v in rest]
+    return rest if all(isinstance(v, int) for v in rest) else None
+
+
+def _only_user(n: fx.Node) -> fx.Node | None:
+    return next(iter(n.users)) if len(n.users) == 1 else None
+
+
+def _shuffle(n: fx.Node, shape: tuple[int, int, int], const: dict) -> tuple[list[fx.Node], int] | None:
+    """Whether ``n`` begins ``x.view(N, g, C/g, H, W).transpose(1, 2)[.contiguous()].reshape(N, C, H, W)``
+    (or ``.flatten(1, 2)``): the chain's later nodes and g, else None."""
+    if n.target not in _RESHAPES:
+        return None
+    C, H, W = shape
+    want = _shape_args(n, const)
+    if want is None or len(want) != 5 or want[0] not in (1, -1) or want[3:] != [H, W] or want[1] < 1:
+        return None
+    g = want[1]
+    if C % g or want[2] not in (C // g, -1):
+        return None
+    t = _only_user(n)
+    if t is None or not (
+        (t.target in _TRANSPOSES and sorted(t.args[1:]) == [1, 2] and not t.kwargs)
+        or (t.target == "permute" and list(t.args[1:]) in ([0, 2, 1, 3, 4], [[0, 2, 1, 3, 4]]))
+    ):
+        return None
+    chain = [t]
+    last = _only_user(t)
+    if last is not None and last.target == "contiguous":
+        chain.append(last)
+        last = _only_user(last)
+    if last is None:
+        return None
+    if last.target in _RESHAPES:
+        out = _shape_args(last, const)
+        ok = out is not None and len(out) == 4 and out[0] in (1, -1) and out[1] in (C, -1)
+        ok = ok and out[2:] == [H, W]
+    else:
+        ok = last.target in ("flatten", torch.flatten) and list(last.args[1:]) == [1, 2] and not last.kwargs
+    return (chain + [last], g) if ok else None
 
 
 def _pooled(fields: list, key: str) -> float | None:
@@ -367,12 +436,17 @@ def predict_correlated(
     steps: dict[fx.Node, object] = {}
     why: dict[fx.Node, str] = {}
     inputs: dict[fx.Node, list[fx.Node]] = {}
-    const: dict[fx.Node, object] = {}  # parameters, buffers and what is computed from them alone
+    const: dict[fx.Node, object] = {}  # parameters, buffers, maps' sizes and what is computed from them
+    planned: dict[fx.Node, object] = {}  # the later steps of a chain recognised whole (a channel shuffle)
     out_node = None
     with torch.no_grad():
         for n in nodes:
             if n.op == "get_attr":
                 const[n] = functools.reduce(getattr, str(n.target).split("."), gm)
+                continue
+            size = _size(n, value)
+            if size is not None:
+                const[n] = size
                 continue
             found = _node_args(n)
             if found and n.op in ("call_function", "call_method") and all(a in const for a in found):
@@ -400,7 +474,22 @@ def predict_correlated(
                 )
                 continue
             try:
-                if n.op == "call_module":
+                if n in planned:
+                    steps[n] = planned.pop(n)
+                    value[n] = steps[n].forward(value[args[0]])
+                elif (chain := _shuffle(n, value[args[0]].shape, const)) is not None:
+                    *between, last = chain[0]
+                    planned.update({m: _Identity() for m in between})
+                    planned[last] = cr.ChannelShuffle(chain[1])
+                    value[n], steps[n] = value[args[0]], _Identity()
+                elif n.target in (_F.channel_shuffle, torch.channel_shuffle):
+                    groups = n.kwargs.get("groups", n.args[1] if len(n.args) > 1 else None)
+                    if not isinstance(groups, int):
+                        raise NotImplementedError("channel shuffle with a traced group count")
+                    step = cr.ChannelShuffle(groups)
+                    value[n] = step.forward(value[args[0]])
+                    steps[n] = step
+                elif n.op == "call_module":
                     m = gm.get_submodule(str(n.target))
                     make = _rule(m)
                     if make is None:
