@@ -205,3 +205,33 @@ def test_the_walk_recognises_a_channel_shuffle_only_whole():
     assert not torch.allclose(plain.field.var, out.field.var) and not torch.allclose(plain_grad.var, grad.var)
     refused = predict("not-a-shuffle")[0]
     assert refused.field is None and "view" in refused.note, refused.note
+
+
+class _Constants(torch.nn.Module):
+    """A cat with a parameter (a class token's kind), and a product with a parameter changed in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 6, 3, padding=1)
+        self.extra = torch.nn.Parameter(torch.ones(1, 2, 8, 8))
+        self.count = torch.nn.Parameter(torch.ones(()), requires_grad=False)
+        self.after_cat = torch.nn.Conv2d(8, 6, 1)
+        self.after_mul = torch.nn.Identity()
+
+    def forward(self, x):
+        x = self.conv(x)
+        return self.after_cat(torch.cat([x, self.extra], 1)) + self.after_mul(x * self.count.add_(1))
+
+
+def test_the_walk_leaves_what_is_not_a_field_or_would_change_the_model():
+    """A cat that includes a parameter is not a stack of fields: no prediction; an in-place op on a
+    parameter is never evaluated (the parameter keeps its value), and what uses it has no prediction."""
+    from gatepool.analysis.probe.correlated_predict import predict_correlated
+
+    model = _Constants().double()
+    stats = cr.measure_input(torch.randn(64, 4, 8, 8, generator=torch.Generator().manual_seed(1), dtype=DT))
+    pred = predict_correlated(model, stats)
+    assert pred["conv"].field is not None
+    assert pred["after_cat"].field is None and "not all fields" in pred["after_cat"].note
+    assert pred["after_mul"].field is None and "add_" in pred["after_mul"].note
+    assert float(model.count) == 1.0

@@ -185,6 +185,8 @@ class _Tracer(fx.Tracer):
 _ADDS = (operator.add, torch.add, operator.iadd)
 _CATS = (torch.cat, torch.concat, torch.concatenate)
 _MULS = (operator.mul, torch.mul, operator.imul, "mul", "mul_")
+_IN_PLACE = (operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+             operator.ifloordiv, operator.ipow, operator.imod, operator.iand, operator.ior, operator.ixor)
 _RESHAPES = (torch.reshape, "view", "reshape")
 _TRANSPOSES = (torch.transpose, "transpose", "swapaxes", torch.swapaxes)
 _DIVS = (operator.truediv, torch.div, torch.true_divide, operator.itruediv, "div", "div_", "true_divide")
@@ -207,7 +209,11 @@ def _node_args(n: fx.Node) -> list[fx.Node]:
 
 
 def _fold(n: fx.Node, const: dict) -> object:
-    """A node computed from constants alone (parameters, buffers, numbers), evaluated."""
+    """A node computed from constants alone (parameters, buffers, numbers), evaluated; never one that
+    would write into them (an in-place op: the walk leaves the model as it is)."""
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    if name.endswith("_") or n.target in _IN_PLACE:
+        raise NotImplementedError(f"{name} would change a parameter or buffer")
     args, kwargs = fx.node.map_arg((n.args, n.kwargs), const.__getitem__)
     if n.op == "call_function":
         return n.target(*args, **kwargs)
@@ -217,7 +223,11 @@ def _fold(n: fx.Node, const: dict) -> object:
 
 
 def _cat(n: fx.Node, fields: list) -> cr.Cat:
-    """``torch.cat(xs, dim)`` along channels (dim 1, or −3 of a 4-D tensor) of fields of one map size."""
+    """``torch.cat(xs, dim)`` along channels (dim 1, or −3 of a 4-D tensor) of fields of one map size,
+    every one of ``xs`` a field (not a parameter such as a class token)."""
+    xs = n.args[0] if n.args else None
+    if not isinstance(xs, (list, tuple)) or len(xs) != len(fields):
+        raise NotImplementedError("cat of tensors that are not all fields (a parameter or a constant)")
     dim = n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else 0)
     if dim not in (1, -3):
         raise NotImplementedError(f"cat along dim {dim}: channels only (dim=1 or -3)")
