@@ -13,6 +13,11 @@ getting the sum of its two (independent) gradients. A node without a rule has no
 anything computed from it; ``notes`` says which. Two shapes are carried past a Gaussian: a max pool
 whose input is a ReLU's output draws the ReLU's input (``MaxPool.forward(x, pre=...)``), and an add of
 a ReLU's output and another tensor marks the sum b + ReLU(y) (``Field.parts``) for the ReLU after it.
+A parameter or buffer (a ``get_attr`` node), and whatever is computed from such constants alone
+(``gamma.view(-1, 1, 1)``), is evaluated: a product with it is a :class:`correlated.Scale`. The size of
+a map (``x.size()``, ``x.shape``) is known (its batch taken as 1), so ShuffleNet's channel shuffle
+``x.view(N, g, C/g, H, W).transpose(1, 2).reshape(N, C, H, W)`` is recognised whole, and carried as the
+permutation it is (:class:`correlated.ChannelShuffle`).
 """
 
 from __future__ import annotations
@@ -149,6 +154,7 @@ _RULES = {
     nn.GroupNorm: _groupnorm,
     nn.modules.batchnorm._BatchNorm: _batchnorm,
     nn.Dropout: lambda m: cr.Dropout(m.p, m.training),
+    nn.ChannelShuffle: lambda m: cr.ChannelShuffle(m.groups),
     nn.Flatten: lambda m: _Identity(),
     nn.Identity: lambda m: _Identity(),
 }
@@ -177,6 +183,13 @@ class _Tracer(fx.Tracer):
 
 
 _ADDS = (operator.add, torch.add, operator.iadd)
+_CATS = (torch.cat, torch.concat, torch.concatenate)
+_MULS = (operator.mul, torch.mul, operator.imul, "mul", "mul_")
+_IN_PLACE = (operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+             operator.ifloordiv, operator.ipow, operator.imod, operator.iand, operator.ior, operator.ixor)
+_RESHAPES = (torch.reshape, "view", "reshape")
+_TRANSPOSES = (torch.transpose, "transpose", "swapaxes", torch.swapaxes)
+_DIVS = (operator.truediv, torch.div, torch.true_divide, operator.itruediv, "div", "div_", "true_divide")
 _FLAT = (torch.flatten,)
 _RELU = (torch.relu, torch.nn.functional.relu)
 _F = torch.nn.functional
@@ -186,6 +199,135 @@ _POINTWISE = {
     torch.sigmoid: "sigmoid", _F.sigmoid: "sigmoid", "sigmoid": "sigmoid",
     torch.tanh: "tanh", _F.tanh: "tanh", "tanh": "tanh",
 }
+
+
+def _node_args(n: fx.Node) -> list[fx.Node]:
+    """The nodes among ``n.args``, lists and tuples included (``torch.cat([a, b], 1)``), in order."""
+    found: list[fx.Node] = []
+    fx.node.map_arg(n.args, found.append)
+    return found
+
+
+def _fold(n: fx.Node, const: dict) -> object:
+    """A node computed from constants alone (parameters, buffers, numbers), evaluated; never one that
+    would write into them (an in-place op: the walk leaves the model as it is)."""
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    if name.endswith("_") or n.target in _IN_PLACE:
+        raise NotImplementedError(f"{name} would change a parameter or buffer")
+    args, kwargs = fx.node.map_arg((n.args, n.kwargs), const.__getitem__)
+    if n.op == "call_function":
+        return n.target(*args, **kwargs)
+    if n.op == "call_method":
+        return getattr(args[0], n.target)(*args[1:], **kwargs)
+    raise NotImplementedError(f"{n.op} of constants")
+
+
+def _cat(n: fx.Node, fields: list) -> cr.Cat:
+    """``torch.cat(xs, dim)`` along channels (dim 1, or −3 of a 4-D tensor) of fields of one map size,
+    every one of ``xs`` a field (not a parameter such as a class token)."""
+    xs = n.args[0] if n.args else None
+    if not isinstance(xs, (list, tuple)) or len(xs) != len(fields):
+        raise NotImplementedError("cat of tensors that are not all fields (a parameter or a constant)")
+    dim = n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else 0)
+    if dim not in (1, -3):
+        raise NotImplementedError(f"cat along dim {dim}: channels only (dim=1 or -3)")
+    if len({f.shape[1:] for f in fields}) != 1:
+        raise NotImplementedError("cat of maps of different sizes")
+    return cr.Cat()
+
+
+def _factor(v, shape: tuple[int, int, int]) -> torch.Tensor:
+    """A number or a constant tensor multiplying a (N, C, H, W) tensor, as a map for its (C, H, W) field;
+    a (C,) vector on a (C, 1, 1) field multiplies a flattened (N, C) tensor's features."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, torch.Tensor)):
+        raise NotImplementedError(f"a product with a {type(v).__name__}")
+    t = torch.as_tensor(v).detach()
+    if t.ndim == 1 and shape[1:] == (1, 1) and len(t) == shape[0]:
+        return t[:, None, None]
+    while t.ndim > 3 and t.shape[0] == 1:
+        t = t[0]
+    try:
+        ok = t.ndim <= 3 and torch.broadcast_shapes(t.shape, shape) == torch.Size(shape)
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise NotImplementedError(f"a product with a {tuple(t.shape)} tensor on a {shape} map")
+    return t
+
+
+def _scale(n: fx.Node, x: fx.Node, shape: tuple[int, int, int], const: dict) -> cr.Scale:
+    """x · c, c · x or x / c with c a number or a constant: the factor map's :class:`correlated.Scale`."""
+    if len(n.args) != 2 or n.kwargs.get("rounding_mode") is not None or set(n.kwargs) - {"rounding_mode"}:
+        raise NotImplementedError(f"{getattr(n.target, '__name__', n.target)} with these arguments")
+    a, b = (const.get(v, v) if isinstance(v, fx.Node) and v is not x else v for v in n.args)
+    divide = n.target in _DIVS
+    if divide and a is not x:
+        raise NotImplementedError("a constant divided by a tensor")
+    c = _factor(b if a is x else a, shape)
+    return cr.Scale(1 / c if divide else c)
+
+
+def _size(n: fx.Node, value: dict) -> torch.Size | int | None:
+    """``x.size()``, ``x.size(d)`` or ``x.shape`` of a map (positions besides one: a 4-D tensor), its
+    batch taken as 1; None for anything else."""
+    is_size = n.op == "call_method" and n.target == "size"
+    if not (is_size or (n.target is getattr and n.args[1:] == ("shape",))):
+        return None
+    f = value.get(n.args[0]) if isinstance(n.args[0], fx.Node) else None
+    if f is None or f.shape[1:] == (1, 1):
+        return None
+    size = torch.Size((1, *f.shape))
+    d = n.kwargs.get("dim", n.args[1] if is_size and len(n.args) > 1 else None)
+    if d is None:
+        return size
+    return size[d] if isinstance(d, int) and -4 <= d < 4 else None
+
+
+def _shape_args(n: fx.Node, const: dict) -> list | None:
+    """The shape a view or reshape asks for, as numbers (None where it is not known)."""
+    rest = n.args[1:]
+    if len(rest) == 1 and isinstance(rest[0], (list, tuple, torch.Size)):
+        rest = rest[0]
+    rest = [const.get(v) if isinstance(v, fx.Node) else v for v in rest]
+    return rest if all(isinstance(v, int) for v in rest) else None
+
+
+def _only_user(n: fx.Node) -> fx.Node | None:
+    return next(iter(n.users)) if len(n.users) == 1 else None
+
+
+def _shuffle(n: fx.Node, shape: tuple[int, int, int], const: dict) -> tuple[list[fx.Node], int] | None:
+    """Whether ``n`` begins ``x.view(N, g, C/g, H, W).transpose(1, 2)[.contiguous()].reshape(N, C, H, W)``
+    (or ``.flatten(1, 2)``): the chain's later nodes and g, else None."""
+    if n.target not in _RESHAPES:
+        return None
+    C, H, W = shape
+    want = _shape_args(n, const)
+    if want is None or len(want) != 5 or want[0] not in (1, -1) or want[3:] != [H, W] or want[1] < 1:
+        return None
+    g = want[1]
+    if C % g or want[2] not in (C // g, -1):
+        return None
+    t = _only_user(n)
+    if t is None or not (
+        (t.target in _TRANSPOSES and sorted(t.args[1:]) == [1, 2] and not t.kwargs)
+        or (t.target == "permute" and list(t.args[1:]) in ([0, 2, 1, 3, 4], [[0, 2, 1, 3, 4]]))
+    ):
+        return None
+    chain = [t]
+    last = _only_user(t)
+    if last is not None and last.target == "contiguous":
+        chain.append(last)
+        last = _only_user(last)
+    if last is None:
+        return None
+    if last.target in _RESHAPES:
+        out = _shape_args(last, const)
+        ok = out is not None and len(out) == 4 and out[0] in (1, -1) and out[1] in (C, -1)
+        ok = ok and out[2:] == [H, W]
+    else:
+        ok = last.target in ("flatten", torch.flatten) and list(last.args[1:]) == [1, 2] and not last.kwargs
+    return (chain + [last], g) if ok else None
 
 
 def _pooled(fields: list, key: str) -> float | None:
@@ -304,10 +446,27 @@ def predict_correlated(
     steps: dict[fx.Node, object] = {}
     why: dict[fx.Node, str] = {}
     inputs: dict[fx.Node, list[fx.Node]] = {}
+    const: dict[fx.Node, object] = {}  # parameters, buffers, maps' sizes and what is computed from them
+    planned: dict[fx.Node, object] = {}  # the later steps of a chain recognised whole (a channel shuffle)
     out_node = None
     with torch.no_grad():
         for n in nodes:
-            args = [a for a in n.args if isinstance(a, fx.Node)]
+            if n.op == "get_attr":
+                const[n] = functools.reduce(getattr, str(n.target).split("."), gm)
+                continue
+            size = _size(n, value)
+            if size is not None:
+                const[n] = size
+                continue
+            found = _node_args(n)
+            if found and n.op in ("call_function", "call_method") and all(a in const for a in found):
+                try:
+                    const[n] = _fold(n, const)
+                    continue
+                except Exception as e:  # noqa: BLE001 (any op on constants: no prediction, the reason kept)
+                    value[n], why[n] = None, f"{n.name}: {type(e).__name__} on constants"
+                    continue
+            args = [a for a in found if a not in const]
             if n.op == "placeholder":
                 value[n] = input_stats
                 continue
@@ -325,7 +484,22 @@ def predict_correlated(
                 )
                 continue
             try:
-                if n.op == "call_module":
+                if n in planned:
+                    steps[n] = planned.pop(n)
+                    value[n] = steps[n].forward(value[args[0]])
+                elif (chain := _shuffle(n, value[args[0]].shape, const)) is not None:
+                    *between, last = chain[0]
+                    planned.update({m: _Identity() for m in between})
+                    planned[last] = cr.ChannelShuffle(chain[1])
+                    value[n], steps[n] = value[args[0]], _Identity()
+                elif n.target in (_F.channel_shuffle, torch.channel_shuffle):
+                    groups = n.kwargs.get("groups", n.args[1] if len(n.args) > 1 else None)
+                    if not isinstance(groups, int):
+                        raise NotImplementedError("channel shuffle with a traced group count")
+                    step = cr.ChannelShuffle(groups)
+                    value[n] = step.forward(value[args[0]])
+                    steps[n] = step
+                elif n.op == "call_module":
                     m = gm.get_submodule(str(n.target))
                     make = _rule(m)
                     if make is None:
@@ -344,6 +518,14 @@ def predict_correlated(
                     if r is not None:  # b + ReLU(y): a ReLU after it takes the skewed sum's moments
                         value[n] = dataclasses.replace(value[n], parts=(value[args[1 - r]], steps[args[r]].x))
                     steps[n] = _Add(r)
+                elif n.target in _CATS:
+                    step = _cat(n, [value[a] for a in args])
+                    value[n] = step.forward([value[a] for a in args])
+                    steps[n] = step
+                elif (n.target in _MULS or n.target in _DIVS) and len(args) == 1:
+                    step = _scale(n, args[0], value[args[0]].shape, const)
+                    value[n] = step.forward(value[args[0]])
+                    steps[n] = step
                 elif n.target in _FLAT or (n.op == "call_method" and n.target in ("flatten", "view")):
                     f = value[args[0]]
                     if f.shape[1:] != (1, 1):
@@ -393,14 +575,18 @@ def predict_correlated(
                 if n.op == "placeholder":
                     continue
                 step = steps.get(n)
-                gi = None
-                if g is not None and step is not None and not isinstance(step, _Add):
+                gi = per_input = None
+                if g is not None and isinstance(step, cr.Cat):  # each input its channels
+                    per_input = step.backward(g)
+                elif g is not None and step is not None and not isinstance(step, _Add):
                     gi = (
                         step.backward(ps) if isinstance(step, cr.ReLU) else step.backward(g)
                     )  # ReLU: per part
                 for i, a in enumerate(inputs.get(n, [])):
                     if g is not None and isinstance(step, _Add):
                         gi = step.backward_to(g, i)
+                    if per_input is not None:
+                        gi = per_input[i]
                     parts.setdefault(a, []).append(gi)
 
     rows: dict[str, CorrelatedRow] = {}

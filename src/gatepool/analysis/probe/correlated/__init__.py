@@ -27,6 +27,9 @@ The rules, each from the module's actual weights, one file each (its equations i
     add.py      residual adds, the sum of two gradients
     linear.py   linear on (C, 1, 1) features
     dropout.py  dropout (train and eval)
+    cat.py      concatenation along channels
+    scale.py    a product with a constant (layer scale, a multiply or divide by a number)
+    shuffle.py  a channel shuffle (a permutation of the channels)
 
 ``field.py`` holds the state and the lag helpers, ``normal.py`` the normal integrals, ``measure.py`` the
 measurement (the input's statistics, and a tensor's for comparison). The walk through a model is
@@ -34,6 +37,7 @@ measurement (the input's statistics, and a tensor's for comparison). The walk th
 """
 
 from gatepool.analysis.probe.correlated.add import add, add_grads
+from gatepool.analysis.probe.correlated.cat import Cat
 from gatepool.analysis.probe.correlated.conv import Conv, autocorr, box_conv
 from gatepool.analysis.probe.correlated.dropout import Dropout
 from gatepool.analysis.probe.correlated.field import Field, neighbour_corr, unit_noise, xcorr
@@ -44,9 +48,13 @@ from gatepool.analysis.probe.correlated.normal import bivariate_relu, relu_momen
 from gatepool.analysis.probe.correlated.norms import BatchNorm, GroupNorm
 from gatepool.analysis.probe.correlated.pointwise import Pointwise, hermite_coefficients
 from gatepool.analysis.probe.correlated.relu import ReLU, relu_series_maps
+from gatepool.analysis.probe.correlated.scale import Scale
+from gatepool.analysis.probe.correlated.shuffle import ChannelShuffle
 
 __all__ = [
     "BatchNorm",
+    "Cat",
+    "ChannelShuffle",
     "Conv",
     "Dropout",
     "Field",
@@ -55,6 +63,7 @@ __all__ = [
     "MaxPool",
     "Pointwise",
     "ReLU",
+    "Scale",
     "add",
     "add_grads",
     "autocorr",
