@@ -36,31 +36,33 @@ Every data set by name, these and the IDX sets: :func:`gatepool.data.load` (``Tr
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import shutil
-import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
+from gatepool.data import generated
 from gatepool.data import idx as idx_sets
-from gatepool.data.idx import DataError, Dataset, _explicit, read_idx
-from gatepool.utils.environment import cache_dir
-from gatepool.utils.io import atomic_write_bytes, atomic_write_json, read_json
+from gatepool.data.generated import (
+    FILES,
+    MANIFEST,
+    _load,  # noqa: F401 (its cache is cleared by the tests as canvas._load)
+    check_split,
+    file_rows,
+    idx_bytes,
+    load_split,
+    read_manifest,
+)
+from gatepool.data.idx import Dataset
+from gatepool.utils.io import atomic_write_bytes, atomic_write_json
 
 CANVAS = 60  # canvas side, pixels
 DIGIT = 28  # MNIST's side
 SPLITS = {"train": 0, "test": 1}  # split -> its id in the SeedSequence
-FILES = {
-    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
-}
-MANIFEST = "manifest.json"
 CHUNK = 8192  # images generated at a time (bounds the index arrays' memory)
 
 
@@ -198,19 +200,7 @@ def _bar(canvas: np.ndarray, recipe: CanvasRecipe, pos: np.ndarray, vertical: np
 def folder(name: str, data_dir: str | os.PathLike | None = None) -> Path:
     """Where ``name`` is kept: ``DIR/<name>`` for an explicit folder, else the cache's ``<name>/``."""
     _recipe(name)
-    explicit = _explicit(data_dir)
-    return (explicit[1] if explicit is not None else cache_dir()) / name
-
-
-def _idx_bytes(arr: np.ndarray) -> bytes:
-    """uint8 array -> IDX bytes (magic 0x0000 08 ndim, big-endian sizes, values)."""
-    header = b"\x00\x00\x08" + bytes([arr.ndim]) + struct.pack(f">{arr.ndim}I", *arr.shape)
-    return header + np.ascontiguousarray(arr, np.uint8).tobytes()
-
-
-def _fix(name: str, where: Path) -> str:
-    return (f"delete {where} (it is generated again on the next use) or run "
-            f"`gatepool data generate {name} --force`")
+    return generated.where(name, data_dir)
 
 
 def generate(name: str, data_dir: str | os.PathLike | None = None, *, force: bool = False) -> Path:
@@ -236,7 +226,7 @@ def generate(name: str, data_dir: str | os.PathLike | None = None, *, force: boo
             stats = {"mean": float(x.mean()), "std": float(x.std())}
             del x
         for file, arr in ((img_file, images), (label_file, labels)):
-            blob = _idx_bytes(arr)
+            blob = idx_bytes(arr)
             digests[file] = hashlib.sha256(blob).hexdigest()
             atomic_write_bytes(where / file, blob)
     atomic_write_json(where / MANIFEST, {"recipe": asdict(recipe), "source": SOURCE, "sha256": digests,
@@ -249,15 +239,8 @@ def _source(split: str, data_dir: str | os.PathLike | None = None) -> Dataset:
     return idx_sets.load_dataset(SOURCE, split, data_dir=data_dir)
 
 
-def _read_manifest(where: Path) -> dict[str, Any] | None:
-    try:
-        return read_json(where / MANIFEST)
-    except (OSError, ValueError):
-        return None
-
-
 def _manifest_matches(where: Path, recipe: CanvasRecipe) -> bool:
-    m = _read_manifest(where)
+    m = read_manifest(where)
     return m is not None and m.get("recipe") == _jsonish(asdict(recipe))
 
 
@@ -276,33 +259,8 @@ def split_size(name: str, split: str, data_dir: str | os.PathLike | None = None)
 def load(name: str, split: str = "train", data_dir: str | os.PathLike | None = None) -> Dataset:
     """Load (generating on first use) and verify one split of generated set ``name``."""
     _recipe(name)
-    if split not in FILES:
-        raise ValueError(f"split={split!r} is unknown; choose 'train' or 'test'")
-    where = generate(name, data_dir)
-    manifest = _read_manifest(where)
-    if manifest is None:
-        raise DataError(f"{where / MANIFEST}: missing or unreadable; {_fix(name, where)}")
-    paths = [where / f for f in FILES[split]]
-    for p in paths:
-        if not p.is_file():
-            raise DataError(f"{p}: missing (the manifest lists it); {_fix(name, where)}")
-    stamp = tuple((p.stat().st_mtime_ns, p.stat().st_size) for p in paths)
-    return _load(name, split, where, stamp, manifest["sha256"][FILES[split][0]],
-                 manifest["sha256"][FILES[split][1]], manifest["mean"], manifest["std"])
-
-
-@functools.lru_cache(maxsize=2)
-def _load(name: str, split: str, where: Path, _stamp: tuple, img_sha: str, label_sha: str,
-          mean: float, std: float) -> Dataset:
-    hint = _fix(name, where)
-    img_file, label_file = FILES[split]
-    images = read_idx(where / img_file, img_sha, hint=hint)
-    labels = read_idx(where / label_file, label_sha, hint=hint)
-    if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-        raise DataError(f"{where / img_file}: images {images.shape} and labels {labels.shape} do not pair"
-                        f" up; {hint}")
-    return Dataset(name=name, split=split, images=torch.from_numpy(images),
-                   labels=torch.from_numpy(labels.astype(np.int64)), mean=mean, std=std, source=where)
+    check_split(split)
+    return load_split(name, split, generate(name, data_dir))
 
 
 def info(data_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
@@ -310,26 +268,7 @@ def info(data_dir: str | os.PathLike | None = None) -> list[dict[str, Any]]:
     rows = []
     for name, recipe in GENERATED.items():
         where = folder(name, data_dir)
-        manifest = _read_manifest(where)
-        current = manifest is not None and manifest.get("recipe") == _jsonish(asdict(recipe))
-        for file in (f for pair in FILES.values() for f in pair):
-            row = {"dataset": name, "file": file, "rule": "generated", "folder": str(where),
-                   "path": str(where / file), "verified": False, "error": None,
-                   "recipe": recipe.describe()}
-            if manifest is None:
-                row["path"] = None
-                row["error"] = "not generated yet (made on first use, or `gatepool data generate " \
-                               f"{name}`)"
-            elif not current:
-                row["error"] = "made by another recipe: generated again on the next use"
-            elif not (where / file).is_file():
-                row["error"] = f"missing; {_fix(name, where)}"
-            else:
-                got = hashlib.sha256((where / file).read_bytes()).hexdigest()
-                row["verified"] = got == manifest["sha256"].get(file)
-                if not row["verified"]:
-                    row["error"] = f"SHA-256 mismatch; {_fix(name, where)}"
-            rows.append(row)
+        rows += file_rows(name, where, _manifest_matches(where, recipe), recipe.describe())
     return rows
 
 
