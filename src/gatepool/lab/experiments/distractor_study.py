@@ -42,7 +42,7 @@ from gatepool.lab.common.canvas_gates import CANVAS_MODEL, EVAL_COST, RATES, gat
 from gatepool.lab.common.gate_trainings import gate_task, training_config
 from gatepool.lab.stats import bonferroni, welch_difference
 from gatepool.train.sweep import run_tasks
-from gatepool.train.task import train_task
+from gatepool.train.task import TrainTask, load_trained, train_task
 from gatepool.utils.plotting import pyplot
 
 PLAN = Path(__file__).resolve().parents[4] / "results-beyond" / "distractor-plan.md"
@@ -303,11 +303,9 @@ def weight_shares(maps: torch.Tensor, bars: np.ndarray, digit: np.ndarray) -> di
 
 
 def _trained(run: Path) -> torch.nn.Module:
-    from gatepool.train import TrainConfig, train
     from gatepool.utils.io import read_json
 
-    config = TrainConfig.from_dict(read_json(run / "results.json")["config"])
-    return train(config, out=str(run), progress=False, verbose=False).model.cpu()  # finished: loads
+    return load_trained(TrainTask(read_json(run / "results.json")["config"], str(run))).model.cpu()
 
 
 def _where_the_weight_goes(ctx: Context, runs: dict[str, Path]) -> None:

@@ -64,7 +64,7 @@ from gatepool.lab.common.canvas_gates import (
 from gatepool.lab.common.gate_trainings import gate_task, training_config
 from gatepool.lab.stats import bonferroni, welch_difference
 from gatepool.train.sweep import run_tasks
-from gatepool.train.task import train_task
+from gatepool.train.task import TrainTask, load_trained, train_task
 from gatepool.utils.plotting import pyplot
 
 POOLS = list(GATES)  # every gate of the library, in its order
@@ -330,11 +330,11 @@ def picture_grid(datasets: list[str], n: int = 8) -> Any:
 def attention_figure(run: str, n: int = 6) -> Any:
     """Where the attention gate's weight goes on the first ``n`` cluttered test digits."""
     from gatepool.data import load
-    from gatepool.train import TrainConfig, train
+    from gatepool.train import TrainConfig
     from gatepool.utils.io import read_json
 
-    config = TrainConfig.from_dict(read_json(f"{run}/results.json")["config"])
-    model = train(config, out=run, progress=False, verbose=False).model.cpu()  # finished: loads
+    task = TrainTask(read_json(f"{run}/results.json")["config"], str(run))
+    model, config = load_trained(task).model.cpu(), TrainConfig.from_dict(task.config)
     test = load(config.data, "test")
     x = (test.images[:n].unsqueeze(1).float() / 255 - test.mean) / test.std  # (n, 1, 60, 60)
     maps = gate_maps(model, x)

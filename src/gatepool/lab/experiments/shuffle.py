@@ -28,7 +28,7 @@ from gatepool.lab.common.attention_nets import (
     train_config,
 )
 from gatepool.train import TrainConfig, TrainData
-from gatepool.train.task import TrainTask, run_folder, train_pending
+from gatepool.train.task import TrainTask, load_trained, run_folder, train_pending
 from gatepool.utils.plotting import pyplot
 
 
@@ -185,9 +185,7 @@ def shuffle(ctx: Context) -> None:
 
 
 def _load(task: TrainTask) -> nn.Module:
-    from gatepool.train import train
-
-    return train(TrainConfig.from_dict(task.config), out=task.out, progress=False, verbose=False).model
+    return load_trained(task).model
 
 
 def _shuffle_figure(ctx: Context, plain: torch.Tensor, shuffled: torch.Tensor, acc: dict[str, float]) -> None:

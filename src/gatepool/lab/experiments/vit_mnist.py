@@ -43,7 +43,7 @@ import torch
 
 from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.train.sweep import run_tasks
-from gatepool.train.task import TrainTask, train_task
+from gatepool.train.task import TrainTask, load_trained, train_task
 from gatepool.utils.checks import check_int, check_number
 from gatepool.utils.io import atomic_write_json, read_json
 from gatepool.utils.plotting import pyplot
@@ -337,9 +337,7 @@ def _position_figure(sim: torch.Tensor, side: int):
 
 
 def _load(task: dict[str, Any]) -> torch.nn.Module:
-    from gatepool.train import TrainConfig, train
-
-    return train(TrainConfig.from_dict(task["config"]), out=task["out"], progress=False, verbose=False).model
+    return load_trained(TrainTask(task["config"], task["out"])).model
 
 
 def _figure(ctx: Context, rows: list[dict[str, Any]], specs: dict[str, dict[str, Any]]) -> None:
