@@ -54,7 +54,7 @@ def test_every_claim_says_where_its_bar_comes_from():
     from gatepool.lab.claims import SOURCES
     from gatepool.lab.experiments import registry
 
-    assert SOURCES == ("lecture", "arithmetic", "ours", "prediction", "beyond")
+    assert SOURCES == ("lecture", "arithmetic", "ours", "identity", "prediction", "beyond")
     for exp in registry().values():
         for c in exp.claims(exp.resolve_setup("full")):
             assert c.source in SOURCES and c.ref, (exp.name, c.id)
@@ -72,10 +72,91 @@ def test_records_carry_the_source_and_the_report_counts_them_apart(toy, tmp_path
     assert summary([rec], "ours") == {"ok": 0, "off": 0, "undecided": 0, "not run": 1}
     line = headline([rec], {"profile": "full"})
     assert (
-        "the lecture's measured claims: 1 ok of 1 (0 off, 0 undecided, 0 not run)" in line
-        and "our own checks: 0 ok of 1 (0 off, 0 undecided, 1 not run)" in line
+        "the lecture's claims: 1 ok of 1 measured (0 off, 0 undecided, 0 not run)" in line
+        and "our own checks: 0 ok of 1 measured (0 off, 0 undecided, 1 not run)" in line
     )
     assert "(lecture: a toy passage)" in markdown([rec], {"profile": "full"})
+
+
+def _relabelled(record: dict, ids: dict[str, str], verdict: str | None = None) -> dict:
+    """A copy of ``record`` whose claims ``ids`` have the given sources (and ``verdict``, if given)."""
+    claims = [{**c, "source": ids.get(c["id"], c["source"]), "verdict": verdict or c["verdict"]}
+              if c["id"] in ids else c for c in record["claims"]]
+    return {**record, "claims": claims}
+
+
+def test_a_restated_claim_is_never_counted_as_measured(toy, tmp_path):
+    """Restated claims (the lecture's arithmetic, our identities) stand beside the measured count, never in
+    it: in the headline, report.md and the page's cards."""
+    from gatepool.lab.report import headline, html_page
+
+    rec = run_experiment("toy-sum", profile="full", out=tmp_path)
+    meta = {"profile": "full"}
+    lecture = headline([rec], meta)
+    assert "the lecture's claims: 1 ok of 1 measured (0 off, 0 undecided, 0 not run)" in lecture
+    restated = _relabelled(rec, {"sum": "arithmetic", "never": "identity"}, verdict="off")
+    line = headline([restated], meta)
+    assert "ok of" not in line.split("Machine")[0] and "measured" not in line, line  # nothing measured
+    assert "the lecture's claims: 1 restated beside them (0 ok, 1 off)" in line
+    assert "our own checks: 1 identities beside them (0 ok, 1 off)" in line
+    both = {**rec, "claims": rec["claims"] + [{**c, "id": c["id"] + "-r"} for c in restated["claims"]]}
+    line = headline([both], meta)
+    assert "the lecture's claims: 1 ok of 1 measured (0 off, 0 undecided, 0 not run), 1 restated" in line
+    page = html_page([both], meta, tmp_path)
+    card = page.split("id='lecture-counts'")[1].split("</div>")[0]
+    assert "1 ok of 1 measured; 1 restated beside them" in card
+    assert "data-count='ok'>1<" in card and "data-count='off'>0<" in card  # the restated off is not in it
+    own = page.split("id='own-counts'")[1].split("</div>")[0]
+    assert "0 ok of 1</h3>" in own and "data-count='not run'>1<" in own and "data-count='off'>0<" in own
+    card = page.split("id='restated-counts'")[1].split("</div></div>")[0]
+    assert "Restated, counted apart: 2" in card and "data-count='off'>2<" in card
+
+
+def test_a_lecture_claim_not_ok_says_why(toy, tmp_path):
+    """The declared miss (one of three) goes into the record of a claim that is not ok, and the report
+    shows it; an undecided claim is 'too wide' by itself; one that says nothing is marked so."""
+    import html
+
+    from gatepool.lab.claims import MISSES
+    from gatepool.lab.report import html_page, markdown
+    from gatepool.lab.report.text import miss_text
+
+    with pytest.raises(ValueError, match="miss"):
+        Claim("a", "a", 1, 0, source="lecture", ref="x", miss="bad luck", miss_why="x")
+    with pytest.raises(ValueError, match="miss"):
+        Claim("a", "a", 1, 0, source="ours", ref="x", miss="setup differs", miss_why="x")
+    with pytest.raises(ValueError, match="miss"):
+        Claim("a", "a", 1, 0, source="lecture", ref="x", miss="setup differs")
+    spec = Claim("s", "s", 4, 0.5, source="lecture", ref="x", miss="setup differs",
+                 miss_why="three, not four")
+    ok = claims.claim_record(spec, on_lecture=True, measured=4, expected=4, basis="lecture", tolerance=0.5)
+    off = claims.claim_record(spec, on_lecture=True, measured=3, expected=4, basis="lecture", tolerance=0.5)
+    assert "miss" not in ok and (off["miss"], off["miss_why"]) == ("setup differs", "three, not four")
+    assert miss_text(off) == f"{MISSES['setup differs']}: three, not four" and miss_text(ok) == ""
+    assert miss_text({**off, "verdict": "undecided", "miss": None}) == MISSES["too wide"]
+    assert miss_text({**off, "miss": None}) == "not stated"
+    assert miss_text({**off, "source": "ours"}) == ""
+    rec = {"name": "toy", "title": "t", "status": "complete", "figures": [], "claims": [off, ok]}
+    page, md = html_page([rec], {"profile": "full"}, tmp_path), markdown([rec], {"profile": "full"})
+    assert page.count("Why not ok: ") == 1 and f"Why not ok: {html.escape(MISSES['setup differs'])}" in page
+    assert f"- **toy / s** (off): {MISSES['setup differs']}: three, not four" in md
+
+
+def test_a_miss_enters_the_claims_digest_only_where_declared():
+    from gatepool.lab.claims import Experiment
+
+    plain = Claim("s", "s", 4, 0.5, source="lecture", ref="x")
+    said = Claim("s", "s", 4, 0.5, source="lecture", ref="x", miss="too wide", miss_why="three seeds")
+
+    def digest(c):
+        return Experiment("e", lambda ctx: None, "t", 1, {}, {}, lambda setup: [c]).claims_digest({})
+
+    import dataclasses
+    import hashlib
+
+    old = [{k: v for k, v in dataclasses.asdict(plain).items() if k not in ("miss", "miss_why")}]
+    assert digest(plain) == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:16]
+    assert digest(said) != digest(plain)
 
 
 def test_a_tolerance_measured_in_the_run_replaces_the_declared_one(toy, tmp_path):

@@ -37,19 +37,30 @@ PROFILES = ("quick", "full")
 VERDICTS = ("ok", "off", "undecided", "not run")
 # Where a claim's bar comes from:
 # "lecture": the lecture's own number (``ref`` points to the passage), and the measurement runs our code
-#   on data or on a model, so it could come out otherwise: a reproduction;
-# "arithmetic": the lecture's arithmetic or a definition restated (a sum of its own printed numbers, a
-#   count or a share fixed by construction such as a max pool's one winner in four, an identity every
-#   correct implementation satisfies for any weights such as an equivariance, or a property of random
-#   draws computed with torch alone, no code of ours measured, such as Φ(1) or the lecture's √d
-#   simulation re-run): checked, but it cannot fail, so it is counted apart from the reproductions;
-# "ours": a bar of ours (``ref`` says why that bar);
+#   on data or on a model, so it could come out otherwise for a correct torch: a reproduction;
+# "arithmetic": the lecture's number restated, computed from its own formula or printed numbers or from
+#   torch's definition (a sum of its printed numbers, the softmax of its window, the moments of a max of
+#   normals or of a ReLU of one, a count or a share fixed by construction such as a max pool's one winner
+#   in four, an identity every correct implementation satisfies for any weights such as an equivariance,
+#   or the lecture's √d simulation re-run): checked, but no measurement of it could differ, so it is
+#   counted apart from the reproductions;
+# "ours": a bar of ours (``ref`` says why that bar), on a measurement that could come out otherwise;
+# "identity": a check of ours that no correct torch can fail (an identity for any weights or inputs such
+#   as W @ x = conv1d(x) or a causal mask's, or torch's own definition sampled such as an init's E[w²]):
+#   it tests our code, it measures nothing, so it is counted apart from our measured checks;
 # "prediction": our rule engine's prediction checked against the lecture's arithmetic (``ref`` names the
 #   rule): a check of ours, not a reproduction;
 # "beyond": a question beyond the lecture (``ref`` says what is asked): no bar of the lecture's, the
 #   answer as measured (only ``gatepool reproduce --beyond`` runs these experiments).
 # Numbers the lecture cites from the literature are not claims: ``Context.cite`` lists them, unjudged.
-SOURCES = ("lecture", "arithmetic", "ours", "prediction", "beyond")
+SOURCES = ("lecture", "arithmetic", "ours", "identity", "prediction", "beyond")
+RESTATED = ("arithmetic", "identity")  # checked, but they cannot fail: never counted as measurements
+# Why a lecture claim is not ok (``Claim.miss``, its ``miss_why`` saying how), declared with the claim:
+MISSES = {
+    "not reproduced": "the lecture's number does not reproduce on its own setup",
+    "setup differs": "our setup differs from the lecture's",
+    "too wide": "the spread is too wide to judge",
+}
 
 
 @dataclass(frozen=True)
@@ -62,7 +73,10 @@ class Claim:
     ``quick_tolerance`` widens the tolerance for the quick profile (smaller samples, shorter training);
     ``why`` says where the tolerance comes from. ``depends`` names the setup keys the lecture's value
     assumes. ``source`` (one of :data:`SOURCES`) and ``ref`` say where the bar comes from: the lecture,
-    with a pointer to the passage, or ours, with the reason for that bar.
+    with a pointer to the passage, or ours, with the reason for that bar. ``miss`` (a key of
+    :data:`MISSES`) and ``miss_why`` say, for a lecture claim, why it is not ok where it is not: its number
+    does not reproduce, our setup differs (how), or the spread is too wide to judge (an ``undecided``
+    verdict is that by itself); the report shows them beside a claim that is not ok.
     """
 
     id: str
@@ -75,6 +89,8 @@ class Claim:
     depends: tuple[str, ...] = ()
     source: str = ""
     ref: str = ""
+    miss: str = ""
+    miss_why: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in ("abs", "rel", "min", "max", "equal"):
@@ -83,6 +99,11 @@ class Claim:
             raise ValueError(
                 f"Claim {self.id}: source={self.source!r} must be one of {SOURCES}, with a ref "
                 "(the lecture's passage, or the reason for our bar)"
+            )
+        if self.miss and (self.miss not in MISSES or self.source != "lecture" or not self.miss_why):
+            raise ValueError(
+                f"Claim {self.id}: miss={self.miss!r} must be one of {tuple(MISSES)}, on a lecture claim, "
+                "with a miss_why (how)"
             )
 
     def tolerance_for(self, profile: str) -> float:
@@ -128,6 +149,10 @@ class Experiment:
         """A hash of the claims declared for ``setup`` (ids, statements, bars, tolerances, sources): a
         finished record whose digest differs was measured against other claims."""
         specs = [dataclasses.asdict(c) for c in self.claims(setup)]
+        for spec in specs:  # why a claim missed enters only where declared: the others hash without it
+            for key in ("miss", "miss_why"):
+                if not spec[key]:
+                    del spec[key]
         return hashlib.sha256(json.dumps(to_json(specs), sort_keys=True).encode()).hexdigest()[:16]
 
     def resolve_setup(
@@ -382,6 +407,8 @@ def claim_record(
         record["note"] = note
     if shipped_model is not None:
         record["shipped_model"] = shipped_model
+    if spec.miss and record["verdict"] != "ok":
+        record.update(miss=spec.miss, miss_why=spec.miss_why)
     return record
 
 

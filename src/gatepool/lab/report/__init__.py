@@ -1,8 +1,10 @@
 """The report: for every claim, its bar and where the bar comes from, our measurement and the verdict.
 
-A bar is the lecture's own number (``lecture``), one of ours (``ours``, with the reason), or our rule
-engine's prediction held to the lecture's arithmetic (``prediction``: a check of ours, not a
-reproduction); the summary counts the lecture's claims apart from the project's own checks.
+A bar is the lecture's own number on a measurement (``lecture``) or restated (``arithmetic``), one of ours
+on a measurement (``ours``, with the reason) or an identity of ours (``identity``), or our rule engine's
+prediction held to the lecture's arithmetic (``prediction``: a check of ours, not a reproduction); the
+summary counts the lecture's measured claims apart from the restated ones, which cannot fail, and from
+the project's own checks; a lecture claim that is not ok says why.
 
     text.py      the plain-text table printed by ``gatepool reproduce`` and ``report.md``
     page.py      ``report.html``: one self-contained page (page.css, page.js inlined; figures base64)

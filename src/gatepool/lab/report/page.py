@@ -1,13 +1,15 @@
 """The report as one self-contained page: ``report.html`` (CSS, JavaScript and figures inline; no network,
 opens from disk).
 
-    summary (the lecture's measured claims: N ok of M, off / undecided / not run; the arithmetic and
-             definitions restated, counted apart; the project's own checks apart; the extensions'
-             "beyond the lecture" claims in a card of their own, only when the run has any)
+    summary (the lecture's claims: N ok of M measured, off / undecided / not run, K restated beside them;
+             the restated ones, which cannot fail (the lecture's arithmetic, our identities), in a card
+             of their own; the project's own measured checks apart; the extensions' "beyond the
+             lecture" claims in a card of their own, only when the run has any)
     a filter (all | off | undecided | not run | all but ok) and a side navigation by the lecture's sections
     per experiment: each claim's statement, bar (the lecture's value, or ours, with its source), our value,
-    the tolerance and its reason, the verdict; notes; figures; and four interactive figures
-    (τ dial, √d dial, padding map, attention explorer) beside the experiments they belong to
+    the tolerance and its reason, the verdict (a lecture claim that is not ok: why); notes; figures; and
+    four interactive figures (τ dial, √d dial, padding map, attention explorer) beside the experiments
+    they belong to
 
 The interactive figures are plain JavaScript (``page.js``, inlined): four small dials need no library,
 and a vendored one would add weight to every page, a licence to carry and code nobody here reads; plain
@@ -24,10 +26,19 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from gatepool.lab.claims import VERDICTS
+from gatepool.lab.claims import RESTATED, VERDICTS
 from gatepool.lab.report.dials import KERNELS, SQRT_D_CHOICES, TAU_RANGE
 from gatepool.lab.report.sections import group
-from gatepool.lab.report.text import SOURCE_NAMES, counts_text, fmt, summary, title, tolerance
+from gatepool.lab.report.text import (
+    SOURCE_NAMES,
+    counts_text,
+    fmt,
+    miss_text,
+    restated_text,
+    summary,
+    title,
+    tolerance,
+)
 
 esc = html.escape
 VERDICT_CLASS = {"ok": "ok", "off": "off", "undecided": "undecided", "not run": "notrun"}
@@ -53,12 +64,12 @@ def slug(name: str) -> str:
 # ----------------------------------------------------------------------------------------------- summary
 
 
-APART = ("lecture", "arithmetic", "beyond")  # sources with a card of their own
+APART = ("lecture", *RESTATED, "beyond")  # sources with a card of their own
 
 
 def own_sources(records: list[dict[str, Any]]) -> list[str]:
-    """The sources of the project's own checks (every source but the lecture's and the extensions'
-    "beyond"), in a stable order."""
+    """The sources of the project's own measured checks (every source but the lecture's, the restated
+    ones and the extensions' "beyond"), in a stable order."""
     seen = {c.get("source") for rec in records for c in rec.get("claims", [])}
     known = [s for s in SOURCE_NAMES if s not in APART]
     return known + sorted(s for s in seen - set(known) - set(APART) if s)
@@ -93,25 +104,30 @@ def summary_html(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "differ (a finding, not a failure).</div></div>"
         if sum(beyond.values()) else ""
     )
+    restated = {src: summary(records, src) for src in RESTATED}
     # a card only where its claims are in the report (``gatepool report --only gate-matters`` has none of
     # the lecture's)
     lecture_card = (
-        f"<div class='card' id='lecture-counts'><h3>The lecture's measured claims: {lecture['ok']} ok of "
-        f"{sum(lecture.values())}</h3>{_counts_html(lecture)}<div class='why'>Each runs our code on data or "
-        "on a model and could come out otherwise.</div></div>"
+        f"<div class='card' id='lecture-counts'><h3>The lecture's claims: {lecture['ok']} ok of "
+        f"{sum(lecture.values())} measured; {sum(restated['arithmetic'].values())} restated beside them</h3>"
+        f"{_counts_html(lecture)}<div class='why'>Each measured claim runs our code on data or on a model "
+        "and could come out otherwise; the restated ones are counted apart.</div></div>"
         if sum(lecture.values()) else ""
     )
-    restated = summary(records, "arithmetic")
-    arithmetic_card = (
-        f"<div class='card' id='arithmetic-counts'><h3>Arithmetic and definitions restated: "
-        f"{sum(restated.values())}</h3>{_counts_html(restated)}<div class='why'>The lecture's "
-        f"own arithmetic, "
-        "counts fixed by construction, identities any correct torch operation meets: checked, but they "
-        "cannot fail, so they are not counted as reproductions.</div></div>"
-        if sum(restated.values()) else ""
+    both = {v: sum(c.get(v, 0) for c in restated.values()) for v in VERDICTS}
+    restated_card = (
+        f"<div class='card' id='restated-counts'><h3>Restated, counted apart: {sum(both.values())}</h3>"
+        f"{_counts_html(both)}<div class='why'>"
+        + "; ".join(f"{esc(SOURCE_NAMES[src])}: {restated_text(c)}" for src, c in restated.items()
+                    if sum(c.values()))
+        + ". Checked, but no correct torch can fail them: the lecture's number computed from its own "
+        "formula or torch's definition, a count fixed by construction, an identity for any weights. "
+        "They are not counted as measurements.</div></div>"
+        if sum(both.values()) else ""
     )
     own_card = (
-        f"<div class='card' id='own-counts'><h3>The project's own checks</h3>{_counts_html(own)}"
+        f"<div class='card' id='own-counts'><h3>The project's own measured checks: {own['ok']} ok of "
+        f"{sum(own.values())}</h3>{_counts_html(own)}"
         f"<div class='why'>{'; '.join(lines)}</div></div>"
         if sum(own.values()) else ""
     )
@@ -125,7 +141,7 @@ def summary_html(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"{sum(r.get('seconds') or 0 for r in records):.0f} s of experiments (the last invocation, which "
         f"resumes finished ones: {meta.get('seconds', 0):.0f} s). Machine: {esc(machine)}. Every experiment "
         f"states its setup and seeds.</p><div class='cards'>"
-        f"{lecture_card}{arithmetic_card}{own_card}{beyond_card}</div>"
+        f"{lecture_card}{restated_card}{own_card}{beyond_card}</div>"
         f"<div id='filter'>Show: {radios}</div></section>"
     )
 
@@ -136,8 +152,8 @@ def summary_html(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 def bar_cell(c: dict[str, Any]) -> str:
     if c.get("basis") == "theory":
         return f"{esc(fmt(c.get('expected')))}<div class='why'>theory (the setup was changed)</div>"
-    label = {"lecture": "lecture", "arithmetic": "lecture's arithmetic", "ours": "our bar",
-             "prediction": "prediction"}.get(
+    label = {"lecture": "lecture", "arithmetic": "lecture, restated (cannot fail)", "ours": "our bar",
+             "identity": "our identity (cannot fail)", "prediction": "prediction"}.get(
         c.get("source") or "", c.get("source") or "?"
     )
     return f"{esc(fmt(c.get('bar')))}<div class='why'>{esc(label)}</div>"
@@ -149,6 +165,8 @@ def claim_row(c: dict[str, Any]) -> str:
     if c.get("shipped_model"):
         badges += f"<span class='badge shipped'>from a shipped model: {esc(str(c['shipped_model']))}</span>"
     note = f"<div class='note'>Note: {esc(str(c['note']))}</div>" if c.get("note") else ""
+    if miss_text(c):
+        note += f"<div class='miss'>Why not ok: {esc(miss_text(c))}</div>"
     return (
         f"<tr class='claim v-{VERDICT_CLASS.get(v, 'notrun')}' data-verdict='{esc(v)}' "
         f"data-id='{esc(c['id'])}'>"

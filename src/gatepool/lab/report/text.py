@@ -1,10 +1,13 @@
 """The report as text: for every claim, its bar and where the bar comes from, our measurement and the verdict.
 
 A bar is the lecture's own number on a measurement that could come out otherwise (``lecture``), the
-lecture's arithmetic or a definition restated (``arithmetic``: checked, but it cannot fail), one of ours
-(``ours``, with the reason), or our rule engine's prediction held to the lecture's arithmetic
-(``prediction``: a check of ours, not a reproduction); the summary counts them apart: "the lecture's
-measured claims: N ok of M" and "arithmetic and definitions restated: K".
+lecture's number restated (``arithmetic``: its own formula or torch's definition, checked, but it cannot
+fail), one of ours on a measurement (``ours``, with the reason), an identity of ours that no correct torch
+can fail (``identity``), or our rule engine's prediction held to the lecture's arithmetic (``prediction``:
+a check of ours, not a reproduction). The headline counts the measured apart from the restated: "the
+lecture's claims: N ok of M measured (...), K restated beside them (...)"; our own checks the same way.
+A lecture claim that is not ok says why (:func:`miss_text`): its number does not reproduce, our setup
+differs, or the spread is too wide to judge.
 
 ``table(records)`` is the plain-text table printed at the end of ``gatepool reproduce``;
 ``markdown(records, meta)`` is ``report.md``.
@@ -15,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gatepool.lab.claims import VERDICTS
+from gatepool.lab.claims import MISSES, RESTATED, VERDICTS
 
 
 def fmt(x: Any) -> str:
@@ -82,11 +85,15 @@ def summary(records: list[dict[str, Any]], source: str | None = None) -> dict[st
 
 SOURCE_NAMES = {
     "lecture": "the lecture's measured claims",
-    "arithmetic": "arithmetic and definitions restated",
-    "ours": "our own checks",
+    "arithmetic": "the lecture's numbers restated (its arithmetic, formulas, definitions: they cannot fail)",
+    "ours": "our own measured checks",
+    "identity": "our identities and definitions (they cannot fail for a correct torch)",
     "prediction": "prediction checks",
     "beyond": "beyond the lecture ('off': a finding about the question asked, not a failed check)",
 }
+# (measured source, the restated source counted beside it, the line's name, what the restated ones are)
+PAIRS = (("lecture", "arithmetic", "the lecture's claims", "restated"),
+         ("ours", "identity", "our own checks", "identities"))
 
 
 def counts_text(counts: dict[str, int]) -> str:
@@ -95,14 +102,43 @@ def counts_text(counts: dict[str, int]) -> str:
     return f"{counts.get('ok', 0)} ok of {sum(counts.values())} ({rest})"
 
 
+def restated_text(counts: dict[str, int], words: str = "") -> str:
+    """A restated source by its count, since it cannot fail: '12 (12 ok)', '49 restated (48 ok, 1 off)'."""
+    bad = [f"{counts[v]} {v}" for v in VERDICTS if v != "ok" and counts.get(v)]
+    shown = [f"{counts.get('ok', 0)} ok", *bad]
+    return f"{sum(counts.values())}{' ' + words if words else ''} ({', '.join(shown)})"
+
+
 def source_text(src: str, counts: dict[str, int]) -> str:
-    """One source's line: 'the lecture's measured claims: 3 ok of 5 (...)'; the restated arithmetic
-    by its count ('arithmetic and definitions restated: 12 (12 ok)'), since it cannot fail."""
+    """One source's line: 'the lecture's measured claims: 3 ok of 5 (...)'; a restated source by its count
+    ('... restated ...: 12 (12 ok)')."""
     name = SOURCE_NAMES.get(src, src)
-    if src == "arithmetic":
-        bad = ", ".join(f"{counts[v]} {v}" for v in VERDICTS if v != "ok" and counts.get(v))
-        return f"{name}: {sum(counts.values())} ({counts.get('ok', 0)} ok{', ' + bad if bad else ''})"
-    return f"{name}: {counts_text(counts)}"
+    return f"{name}: {restated_text(counts) if src in RESTATED else counts_text(counts)}"
+
+
+def pair_text(records: list[dict[str, Any]], measured: str, restated: str, name: str, word: str) -> str:
+    """'the lecture's claims: 35 ok of 47 measured (10 off, 2 undecided, 0 not run), 49 restated beside
+    them (48 ok, 1 off)': the measured count first, the restated one beside it, never in it."""
+    m, r = summary(records, measured), summary(records, restated)
+    parts = []
+    if sum(m.values()):
+        rest = ", ".join(f"{m.get(v, 0)} {v}" for v in VERDICTS if v != "ok")
+        parts.append(f"{m.get('ok', 0)} ok of {sum(m.values())} measured ({rest})")
+    if sum(r.values()):
+        parts.append(restated_text(r, f"{word} beside them"))
+    return f"{name}: {', '.join(parts)}" if parts else ""
+
+
+def miss_text(c: dict[str, Any]) -> str:
+    """Why a lecture claim is not ok, in words ('' for an ok claim or another source's): the category
+    declared with the claim and how, an ``undecided`` verdict's own reason, or that none is stated."""
+    if c.get("source") != "lecture" or c.get("verdict") == "ok":
+        return ""
+    if c.get("miss") in MISSES:
+        return f"{MISSES[c['miss']]}: {c.get('miss_why', '')}"
+    if c.get("verdict") == "undecided":
+        return MISSES["too wide"]
+    return "not stated"
 
 
 def _md_cell(s: str) -> str:
@@ -117,20 +153,28 @@ def title(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 
 
 def headline(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    """One sentence: profile, verdict counts, machine, Python and torch, total time."""
+    """One sentence: profile, verdict counts (the measured apart from the restated), machine, Python and
+    torch, total time."""
     env = meta.get("environment", {})
+    paired = {s for pair in PAIRS for s in pair[:2]}
     present = {c.get("source") for rec in records for c in rec.get("claims", [])}
-    parts = "; ".join(
-        source_text(src, summary(records, src))
-        for src in SOURCE_NAMES
-        if src in present  # e.g. "beyond" only where a claim has it (a report of --only beyond experiments)
-    )
+    parts = [text for pair in PAIRS if (text := pair_text(records, *pair))]
+    parts += [source_text(src, summary(records, src))
+              for src in SOURCE_NAMES
+              if src in present and src not in paired]  # e.g. "beyond" only where a claim has it
     return (
-        f"Profile {meta.get('profile')}: {parts}."
+        f"Profile {meta.get('profile')}: {'; '.join(parts)}."
         f" Machine: {env.get('processor')} ({env.get('cpu_count')} cores, {env.get('torch_threads')} torch"
         f" threads), Python {env.get('python')}, torch {env.get('torch')}."
         f" Total {meta.get('seconds', 0):.0f} s."
     )
+
+
+def misses_md(records: list[dict[str, Any]]) -> list[str]:
+    """The lecture's measured claims that are not ok, each with why (a list and a blank line; none: [])."""
+    rows = [f"- **{rec['name']} / {c['id']}** ({c['verdict']}): {miss_text(c)}"
+            for rec in records for c in rec.get("claims", []) if miss_text(c)]
+    return ["The lecture's measured claims that are not ok, and why:", "", *rows, ""] if rows else []
 
 
 def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
@@ -139,6 +183,7 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
         headline(records, meta),
         "",
+        *misses_md(records),
         "| " + " | ".join(HEADER) + " |",
         "|" + "---|" * len(HEADER),
     ]
@@ -162,6 +207,7 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                 f"({c.get('source')}: {c.get('ref')}), measured {fmt(c['measured'])}. "
                 f"Tolerance: {c.get('why') or fmt(c['tolerance'])}"
                 + (f" Note: {c['note']}" if c.get("note") else "")
+                + (f" Why not ok: {miss_text(c)}." if miss_text(c) else "")
                 + (f" (From a shipped model: {c['shipped_model']}.)" if c.get("shipped_model") else "")
             )
         for n in rec.get("notes", []):
