@@ -289,6 +289,8 @@ def test_rejudge_keeps_the_measurements_and_applies_the_declared_claims():
     maps = next(r for r in runs if r["name"] == "attention-maps")
     undecided = {c["id"]: c for c in maps["claims"] if c["verdict"] == "undecided"}
     assert undecided  # the record holds claims its seeds could not decide
+    assert rejudge(rejudge(maps, "a test"), "a test")["rejudged"] == rejudge(maps, "a test")["rejudged"]
+    assert rejudge(rejudge(maps, "a test"), "again")["rejudged"].endswith("a test; then again")
     twice = {c["id"]: c for c in rejudge(rejudge(maps, "a test"), "again")["claims"]}
     for cid, claim in undecided.items():  # an undecided claim judged again stays undecided, note whole
         assert {k: twice[cid][k] for k in claim} == claim

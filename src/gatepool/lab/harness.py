@@ -138,12 +138,13 @@ def rejudge(record: dict[str, Any], why: str) -> dict[str, Any]:
     For a run whose measurements are unchanged but whose claims were relabelled or re-barred (a source,
     a kind, a two-sided bar) and whose trainings are not at hand to run it again
     (:func:`gatepool.lab.claims.rejudge_claims` says how each claim is judged). ``why`` goes into the
-    record (``rejudged``, after the reason of any earlier judging again), so the report can say it.
+    record (``rejudged``, after the reason of any earlier judging again, once), so the report can say it.
     """
     exp = get(record["name"])
     setup = exp.resolve_setup(record["profile"])
     if jsonable(setup) != record.get("setup"):
         raise ValueError(f"{record['name']}: the record's setup is not the {record['profile']} profile's now")
     claims = rejudge_claims(exp.claims(setup), record.get("claims", []), record["profile"], why)
-    reasons = "; then ".join(r for r in (record.get("rejudged"), why) if r)
+    before = record.get("rejudged") or ""
+    reasons = before if before.endswith(why) else "; then ".join(r for r in (before, why) if r)
     return {**record, "claims": claims, "claims_digest": exp.claims_digest(setup), "rejudged": reasons}
