@@ -248,7 +248,6 @@ NOT_MUTATED = {
     "pool-comparison": "trainings (minutes): slow",
     "attention-reach": "trainings (minutes): slow",
     "attention-maps": "trained nets: slow",
-    "shuffle": "trained nets: slow",
     "vit-mnist": "trainings: slow",
 }
 

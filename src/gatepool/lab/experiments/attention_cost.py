@@ -71,8 +71,9 @@ def _claims(setup: dict) -> list[Claim]:
               "measured: the explicit gate's peak memory grows as t^2 (fitted exponent)",
               2.0, 0.0, "the fit's error, measured in this run: twice the slope's standard error plus the "
               "spread of the local slopes",
-              source="lecture",
-              ref="lecture, the cost of attention: a t × t gate per head per layer, memory ∝ t²"),
+              source="arithmetic",
+              ref="lecture, the cost of attention: a t × t gate per head per layer, memory ∝ t² (the "
+              "explicit path holds that gate by construction: its peak memory cannot grow otherwise)"),
         Claim("memory-exponent-sdpa",
               "measured: torch's SDPA, which never holds the gate, grows slower than t^1.5",
               1.5, 0.0, "between t (the output) and t² (the gate): 1.5 splits them", kind="max",

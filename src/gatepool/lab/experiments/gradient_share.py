@@ -22,11 +22,12 @@ def _share_claims(setup: dict) -> list[Claim]:
             0.25 if p == "max" else 1.0,
             0.01,
             "the share is exact up to ties and gradients that are exactly zero upstream (rare events)",
-            source="arithmetic" if p in ("max", "avg", "soft") else "ours",
+            source="arithmetic" if p in ("max", "avg", "soft") else "identity",
             ref="lecture, the gradient share: max pool reaches ¼ of its inputs, average and soft pooling all "
             "(by the gates' definitions: one winner in four, or every input a positive weight)"
             if p in ("max", "avg", "soft")
-            else "the lecture's 'a soft gate reaches every input', applied to our other gates",
+            else "the lecture's 'a soft gate reaches every input', applied to our other gates (each gives "
+            "every input of its window a non-zero weight by its definition: no correct gate misses it)",
         )
         for p in setup["pools"]
     ]

@@ -42,7 +42,7 @@ FAN_SETUP = {"c_in": 16, "c_out": 64, "batch": 64, "size": 16, "seeds": [0, 1, 2
 FAN_QUICK = {"batch": 16, "seeds": [0, 1, 2, 3]}
 
 TORCH_INIT = (" (torch's own kaiming_normal_ and Conv2d on random draws, no code of ours: the rule's "
-              "expectation sampled, as he-torch; he-block holds the library's init to the lecture)")
+              "expectation sampled, as he-torch; he-block checks the library's own init)")
 
 
 def _fan_claims(setup: dict) -> list[Claim]:
@@ -85,8 +85,9 @@ def _fan_claims(setup: dict) -> list[Claim]:
             why_b,
             kind="rel",
             depends=dep,
-            source="ours",
-            ref=f"C_out/C_in for our {setup['c_in']}→{setup['c_out']} conv (the lecture gives the rule only)",
+            source="identity",
+            ref=f"C_out/C_in for our {setup['c_in']}→{setup['c_out']} conv (the lecture gives the rule only)"
+            + TORCH_INIT,
         ),
         Claim(
             "fan-out-forward",
@@ -96,8 +97,9 @@ def _fan_claims(setup: dict) -> list[Claim]:
             why_f,
             kind="rel",
             depends=dep,
-            source="ours",
-            ref=f"C_in/C_out for our {setup['c_in']}→{setup['c_out']} conv (the lecture gives the rule only)",
+            source="identity",
+            ref=f"C_in/C_out for our {setup['c_in']}→{setup['c_out']} conv (the lecture gives the rule only)"
+            + TORCH_INIT,
         ),
         Claim(
             "fan-out-backward",

@@ -44,8 +44,9 @@ def _he_claims(setup: dict) -> list[Claim]:
             3 * se_normal + 0.00005,
             why + ", plus half a unit of the printed 0.0070",
             depends=("channels", "kernel"),
-            source="lecture",
-            ref="lecture, He init: 'E[w²] = 2/288 = 0.0070'",
+            source="arithmetic",
+            ref="lecture, He init: 'E[w²] = 2/288 = 0.0070' (He's definition sampled on the library's block "
+            "conv: any He-initialised conv meets it)",
         ),
         Claim(
             "he-exact",
@@ -54,8 +55,9 @@ def _he_claims(setup: dict) -> list[Claim]:
             3 * se_normal,
             why,
             depends=("channels", "kernel"),
-            source="ours",
-            ref="2/288 unrounded: the lecture's 0.0070 is 0.00694 rounded up (four decimals give 0.0069)",
+            source="identity",
+            ref="torch's kaiming_normal_ sampled; 2/288 unrounded: the lecture's 0.0070 is 0.00694 rounded "
+            "up (four decimals give 0.0069)",
         ),
         Claim(
             "torch-default",
@@ -65,8 +67,9 @@ def _he_claims(setup: dict) -> list[Claim]:
             f"3 s.e. of the mean of {n} squared U(−b, b) weights: s.e. = (b²/3)·√(4/5·9/4 − 1)/√{n} "
             f"= {se_uniform:.2g}",
             depends=("channels", "kernel"),
-            source="ours",
-            ref="torch's documented default bound b = 1/√fan_in, E[w²] = b²/3: a contrast, not the lecture's",
+            source="identity",
+            ref="torch's own default init sampled: its documented default bound b = 1/√fan_in, "
+            "E[w²] = b²/3: a contrast, not the lecture's",
         ),
     ]
 

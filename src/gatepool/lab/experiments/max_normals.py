@@ -69,8 +69,9 @@ def _max_claims(setup: dict) -> list[Claim]:
             0.50,
             0.005 + 3 * se4,
             f"the lecture prints two digits (±0.005), plus 3 s.e. √(p(1−p)/{n_s}) = {3 * se4:.4f}",
-            source="lecture",
-            ref="lecture, the max of n normals: 'Φ(1)⁴ = 50%'",
+            source="arithmetic",
+            ref="lecture, the max of n normals: 'all four only 50% of the time' (Φ(1)⁴ of torch's draws "
+            "through the library's max pool, which no correct max pool misses)",
         ),
         Claim(
             "moves-right",
@@ -104,8 +105,9 @@ def _max_claims(setup: dict) -> list[Claim]:
                 mean,
                 3 * se_m,
                 f"3 s.e. σ/√{n_s} = {3 * se_m:.2g}",
-                source="ours",
-                ref="the exact moment, integrating n φ Φ^(n−1) with scipy.integrate.quad",
+                source="identity",
+                ref="the exact moment, integrating n φ Φ^(n−1) with scipy.integrate.quad, against torch's "
+                "randn and max: a property of the normal distribution, sampled",
             ),
             Claim(
                 f"std-n{n}",
@@ -113,8 +115,9 @@ def _max_claims(setup: dict) -> list[Claim]:
                 std,
                 3 * se_s,
                 f"3 s.e. σ·√((κ − 1)/4)/√{n_s} = {3 * se_s:.2g} (κ = {kurt:.2f}, by integration)",
-                source="ours",
-                ref="the exact moment, integrating n φ Φ^(n−1) with scipy.integrate.quad",
+                source="identity",
+                ref="the exact moment, integrating n φ Φ^(n−1) with scipy.integrate.quad, against torch's "
+                "randn and max: a property of the normal distribution, sampled",
             ),
         ]
     return claims

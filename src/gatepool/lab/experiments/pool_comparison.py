@@ -10,6 +10,7 @@ learned temperatures start at τ = 1 and end between 0.89 and 1.12 per channel. 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from typing import Any
@@ -109,6 +110,31 @@ CLAIMS = [
 ]
 
 
+def _claims(setup: dict[str, Any]) -> list[Claim]:
+    """The claims, with why a lecture claim is not ok (``miss``) as it holds for this setup: the lecture's
+    (full MNIST, 6 epochs, 3 seeds) or a smaller one (the quick profile's)."""
+    lecture_run = setup["epochs"] == 6 and setup["train_size"] == 60000
+    seeds = len(setup["seeds"])
+    misses = {
+        "seed-spread": (
+            ("not reproduced", "on the lecture's own setup (full MNIST, 6 epochs, 3 seeds; it names Adam but "
+             "no learning rate or schedule: ours are 3e-3, one-cycle) the spread between our seeds is not "
+             "about 0.3 points; the gates' spread, the lecture's point, holds (spread, gates-within-seeds)")
+            if seeds > 1 and lecture_run
+            else ("setup differs", f"this setup trains {seeds} seed{'s' * (seeds != 1)} on "
+                  f"{setup['train_size']:,} digits for {setup['epochs']} epochs, the lecture 3 seeds on full "
+                  "MNIST for 6")
+        ),
+        "tau-push-turns": (
+            ("setup differs", f"this setup trains {setup['epochs']} epochs on {setup['train_size']:,} "
+             "digits, the lecture 6 on full MNIST")
+            if not lecture_run else ("", "")
+        ),
+    }
+    return [dataclasses.replace(c, miss=misses[c.id][0], miss_why=misses[c.id][1]) if c.id in misses else c
+            for c in CLAIMS]
+
+
 def tau_series(record: dict[str, Any]) -> dict[str, list[float]]:
     """Per learned-τ pool, its mean τ over channels at the start and after every epoch."""
     out = {}
@@ -157,7 +183,7 @@ def null_ratio_percentile(gates: int, seeds: int, q: float = 0.95, draws: int = 
         "schedule": "onecycle",
     },
     quick={"seeds": [0], "epochs": 3, "train_size": 5000, "test_size": 1000, "batch_size": 64},
-    claims=CLAIMS,
+    claims=_claims,
 )
 def pool_comparison(ctx: Context) -> None:
     tasks = []

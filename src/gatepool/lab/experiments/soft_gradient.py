@@ -50,8 +50,9 @@ def _gradient_claims(setup: dict) -> list[Claim]:
             printed(3, 1.0),
             THREE_DECIMALS,
             depends=("window",),
-            source="lecture",
-            ref=GRADIENT_REF,
+            source="arithmetic",
+            ref=GRADIENT_REF + " (its arithmetic: the closed form g_j(1 + v_j − out) on its printed window, "
+            "which autograd of any correct soft pool gives; checked on the library's gated pool)",
         )
         for j in range(n)
     ]

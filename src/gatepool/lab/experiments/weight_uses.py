@@ -91,9 +91,10 @@ def _uses_claims(setup: dict) -> list[Claim]:
                 "count is not the one the backward sums",
                 kind="equal",
                 depends=("batch", "sizes"),
-                source="lecture",
+                source="arithmetic",
                 ref=f"lecture, weight gradient: {LECTURE_USES.get(size, '?'):,} products per weight "
-                f"= 512·{size}·{size} (its 512 digits)",
+                f"= 512·{size}·{size} (its 512 digits; batch · size² by construction, checked against "
+                "autograd's ∂L/∂w, which any correct conv backward meets)",
             )
         )
         claims.append(
