@@ -85,9 +85,9 @@ def summary(records: list[dict[str, Any]], source: str | None = None) -> dict[st
 
 SOURCE_NAMES = {
     "lecture": "the lecture's measured claims",
-    "arithmetic": "the lecture's numbers restated (its arithmetic, formulas, definitions: they cannot fail)",
+    "arithmetic": "the lecture's numbers restated",
     "ours": "our own measured checks",
-    "identity": "our identities and definitions (they cannot fail for a correct torch)",
+    "identity": "our identities and definitions",
     "prediction": "prediction checks",
     "beyond": "beyond the lecture ('off': a finding about the question asked, not a failed check)",
 }
