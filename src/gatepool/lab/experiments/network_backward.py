@@ -181,7 +181,9 @@ def _backward_claims(setup: dict) -> list[Claim]:
                 g,
                 0.25,
                 "one init's rms g differs from the next by up to ±25% (block1.conv1, seeds 0–4: 0.0017 to "
-                "0.0027), and the lecture's is one init's; the same bar for all six pairs",
+                "0.0027), and the lecture's is one init's; the same bar for all six pairs. The quick "
+                "profile's three inits (seeds 0–2) have the smaller g at every conv: where their mean "
+                "misses, the spread is too wide to judge",
                 kind="rel",
                 depends=("pool",),
                 source="lecture",
