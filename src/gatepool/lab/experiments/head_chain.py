@@ -14,8 +14,8 @@ The first three factors are the lecture's arithmetic, met by construction (the h
 definition, a ReLU on a symmetric stream). GroupNorm's divisor is not ÷σ²: its backward,
 ∂L/∂x = (g − mean(g) − x̂·mean(g·x̂))/σ over each group, also removes the group mean of g and its
 component along x̂. Here g is the same c/49 on all 49 positions of a channel, where the ReLU passes it
-(half of them), with c independent across the group's 4 channels: of E[g²] = ½E[c²]/49², the mean takes
-(½)²/4 = 1/8 and the x̂ component (E[x̂⁺])²/(4 · ½) = 1/(4π), so
+(half of them), with c independent across the group's 4 channels: of E[g²] = ½E[c²]/49², the group mean
+takes (½)²/(4 · ½) = 1/8 and the x̂ component (E[x̂⁺])²/(4 · ½) = 1/(4π) (E[x̂⁺] = 1/√(2π)), so
 
     divisor = σ² / (1 − 1/8 − 1/(4π)) = 2.68 / 0.795 = 3.37.
 
