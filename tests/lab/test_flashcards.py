@@ -54,6 +54,17 @@ def test_residual_mlp_matches_the_mean_field_prediction(record):
         assert r["log10_ratio"] == pytest.approx(math.log10(r["with_skips"] / r["without"]), abs=1e-3)
 
 
+def test_deep_residual_mlp_matches_the_mean_field_prediction(record):
+    # at the flashcards' L ≫ 100 (152 blocks, float64): with skips ‖g‖² grows by 19/18 a block, without it
+    # shrinks by 1/18, so log10(‖∇x‖/‖g‖) ≈ L/2·log10(19/18) = 1.8 with skips and −L/2·log10(18) = −95 without
+    depth = record["setup"]["residual_deep"]
+    c = {x["id"]: x for x in record["claims"]}
+    assert c["residual-deep-mlp"]["verdict"] == "ok"
+    assert abs(c["residual-deep-mlp"]["measured"] - depth / 2 * math.log10(19 / 18)) < 1.0
+    for r in record["data"]["residual_deep"]["mlp"]:
+        assert abs(r["without"] + depth / 2 * math.log10(18)) < 5.0
+
+
 def _loop_normalize(x, kind, groups, eps=1e-5):
     """Statistics gathered element by element with numpy, per the flashcards' axes."""
     x = x.numpy().astype(np.float64)

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gatepool.lab.claims import SOURCES
-from gatepool.lab.experiments.batchnorm import ema, feed_batchnorm, fold_batchnorm
+from gatepool.lab.experiments.batchnorm import affine_error, ema, feed_batchnorm, fold_batchnorm
 from gatepool.lab.experiments.conv_unrolled import (
     FILTER,
     WINDOW,
@@ -22,8 +22,9 @@ from gatepool.lab.experiments.conv_unrolled import (
     unrolled_matrix,
 )
 from gatepool.lab.experiments.he_fan_mode import fan_mode_moments
-from gatepool.lab.experiments.head_chain import head_factors
+from gatepool.lab.experiments.head_chain import FULL_RULE, IDEAL_VAR, head_factors
 from gatepool.lab.experiments.max_normals import max_moments, phi
+from gatepool.lab.experiments.network_backward import prediction_interval
 from gatepool.lab.experiments.pool_compound import two_max_pools
 from gatepool.lab.experiments.stream_skew import skewness
 from gatepool.lab.experiments.weight_uses import weight_uses
@@ -208,6 +209,49 @@ def test_head_factors():
     w2 = model.head.fc.weight.detach().double().pow(2)
     assert f["fc"] == pytest.approx(w2.sum(0).mean().item(), rel=0.25)  # E[g²]-weighted Σ_o w², 160 g's
     assert 0 < f["relu"] < 1 and 0 < f["positive"] < 1
+
+
+def test_groupnorm_backward_divides_by_the_full_rule_not_the_variance():
+    """On the ideal stream N(0, 2.68) the head's GroupNorm divides E[g²] by 2.68/(1 − 1/8 − 1/(4π)) = 3.37:
+    its backward also removes the group mean of g and g's component along x̂ (head_chain's docstring)."""
+    assert FULL_RULE == pytest.approx(3.369, abs=1e-3)
+    divisors = []
+    for seed in range(5):
+        torch.manual_seed(seed)
+        model = ResidualCNN()
+        gen = torch.Generator().manual_seed(100 + seed)
+        stream = IDEAL_VAR**0.5 * torch.randn(256, 32, 7, 7, generator=gen)  # (B, C, 7, 7)
+        divisors.append(head_factors(model, torch.zeros(1), seed, stream=stream)["norm"])
+    mean = sum(divisors) / len(divisors)
+    assert mean == pytest.approx(FULL_RULE, rel=0.06)
+    assert mean > 1.15 * IDEAL_VAR  # the lecture's ÷σ² alone is not what GroupNorm's backward does
+
+
+def test_prediction_interval_for_one_more_init():
+    from scipy.stats import t
+
+    mean, half = prediction_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(t.ppf(0.975, 2) * 1.0 * math.sqrt(4 / 3))
+    with pytest.raises(ValueError, match="values"):
+        prediction_interval([1.0])
+
+
+def test_batchnorm_affine_against_its_definition():
+    bn = nn.BatchNorm2d(4)
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([0.5, 1.5, 2.0, 0.7]))
+        bn.bias.copy_(torch.tensor([1.0, -2.0, 0.3, 0.0]))
+    running = bn.running_mean.clone()
+    assert affine_error(bn, torch.Generator().manual_seed(0)) < 1e-5
+    torch.testing.assert_close(bn.running_mean, running)  # left as it was
+
+    class NoShift(nn.BatchNorm2d):  # forgets β
+        def forward(self, x):
+            return super().forward(x) - self.bias.view(1, -1, 1, 1)
+
+    wrong = NoShift(4)
+    wrong.load_state_dict(bn.state_dict())
+    assert affine_error(wrong, torch.Generator().manual_seed(0)) > 1e-2
 
 
 # ----------------------------------------------------------------------------- the harness

@@ -5,6 +5,8 @@
     eval BN after a conv: y = γ (W∗x + b − μ)/√(σ² + ε) + β
                             = (s W)∗x + (s (b − μ) + β),  s = γ/√(σ² + ε) per output channel.
 
+    train BN: y = γ (x − μ)/√(σ² + ε) + β, γ and β learnable per channel (biased σ² of the batch).
+
 Exact identities are checked against float32 rounding.
 """
 
@@ -66,6 +68,22 @@ def fold_batchnorm(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
     return folded
 
 
+def affine_error(bn: nn.BatchNorm2d, gen: torch.Generator) -> float:
+    """Training-mode ``bn`` on a fresh batch against γ·(x − μ)/√(σ² + ε) + β by hand (float64, biased σ²):
+    the largest |difference| over the largest |output|. ``bn``'s running statistics and mode are kept."""
+    x = 3 * torch.randn(16, bn.num_features, 5, 5, generator=gen) + 1  # (B, C, H, W)
+    state, mode = {k: v.clone() for k, v in bn.state_dict().items()}, bn.training
+    with torch.no_grad():
+        out = bn.train()(x).double()
+    bn.load_state_dict(state)
+    bn.train(mode)
+    xd = x.double()
+    mu, var = xd.mean(dim=(0, 2, 3), keepdim=True), xd.var(dim=(0, 2, 3), unbiased=False, keepdim=True)
+    gamma, beta = bn.weight.double().view(1, -1, 1, 1), bn.bias.double().view(1, -1, 1, 1)
+    ref = gamma * (xd - mu) / torch.sqrt(var + bn.eps) + beta
+    return ((out - ref).abs().max() / ref.abs().max()).item()
+
+
 BN_SETUP = {"channels": 8, "batch": 32, "size": 6, "means": [float(t) for t in range(1, 11)], "seed": 0}
 FLOAT32 = "float32 rounding of values up to ~10 over 10 updates (≈ 1e-6), with a margin"
 
@@ -114,6 +132,19 @@ def _bn_claims(setup: dict) -> list[Claim]:
             kind="min",
             source="ours",
             ref="the contrast with an average over all batches (torch's momentum=None)",
+        ),
+        Claim(
+            "affine",
+            "in training mode y = γ·(x − μ)/√(σ² + ε) + β per channel, γ and β the module's (C,) parameters "
+            "(largest |difference| / largest |output|, γ and β away from their defaults)",
+            0.0,
+            1e-5,
+            "float32 rounding (rtol 1e-5, as gatepool.analysis.symmetry.default_tolerance)",
+            kind="max",
+            source="arithmetic",
+            ref="flashcards, BatchNorm: 'followed by a learnable affine rescaling y = γ x' + β (with γ, β ∈ "
+            "R^d)' (torch's BatchNorm2d against that definition, computed by hand in float64: any correct "
+            "BatchNorm meets it)",
         ),
         Claim(
             "fold",
@@ -172,3 +203,4 @@ def batchnorm(ctx: Context) -> None:
         ref = bn(conv(x))
         err = (fold_batchnorm(conv, bn)(x) - ref).abs().max().item() / ref.abs().max().item()
     ctx.check("fold", err, theory=0.0)
+    ctx.check("affine", affine_error(bn, torch.Generator().manual_seed(ctx["seed"] + 2)), theory=0.0)

@@ -76,6 +76,19 @@ _relu_mean, _relu_var, _relu_e2, _ = relu_moments()
             "Gaussian draws, which no correct torch misses)",
         ),
         Claim(
+            "relu-spike",
+            "after ReLU half the values are exactly 0: the spike at 0 holds ½ of p̂",
+            0.50,
+            0.01,
+            "512·32·196 samples: s.e. < 0.001",
+            quick_tolerance=0.02,
+            depends=STEP,
+            source="arithmetic",
+            ref="lecture, Tuesday's CNN forward, the ideal distributions: 'Every branch starts with a "
+            "GroupNorm: N(0, 1). ReLU keeps half, E[p̂²] = ½, with a spike at 0' (GroupNorm of Gaussian "
+            "values is symmetric, so any correct ReLU zeroes half of them)",
+        ),
+        Claim(
             "conv-variance",
             "σ²(ŷ) = 288 · (2/288) · ½ = 1 away from the border (lecture measured 0.97)",
             1.00,
@@ -94,6 +107,7 @@ def conv_forward(ctx: Context) -> None:
     ctx.check("relu-e2", relu.e2, theory=e2)
     ctx.check("relu-mean", relu.mean, theory=m)
     ctx.check("relu-variance", relu.var, theory=v)
+    ctx.check("relu-spike", relu.zero_share, theory=0.5)
     mid = conv.maps["var"][interior(ctx)].mean().item()
     ctx.check(
         "conv-variance",

@@ -1,7 +1,8 @@
 """Experiment 2 ``padding-map``: zero padding, per output position.
 
 An output that sees N of the k² taps of the 3×3 conv gets N/k² of the interior's variance: a corner 4/9,
-an edge 6/9. The step, its setup and the ideal: :mod:`gatepool.lab.common.conv_variance`.
+an edge 6/9. The step, its setup and the ideal: :mod:`gatepool.lab.common.conv_variance`. Each position's
+σ² is taken over the batch's images and the 32 channels.
 """
 
 from __future__ import annotations
@@ -70,6 +71,19 @@ class BorderRescale(nn.Module):
             depends=STEP, source="lecture", ref=PADDING_REF,
         ),
         Claim(
+            "map-max",
+            "the largest σ²(ŷ) in the map: the top of the lecture's colour scale, 2.1",
+            2.1,
+            0.05,
+            "half a unit of the lecture's printed digit",
+            depends=STEP,
+            source="lecture",
+            ref="lecture, the padding map of the same step: its colour scale 'σ²ŷ 0.4 … 2.1, white = 1'. The "
+            "passage does not say over how many values each position's σ² is taken; ours takes the batch's "
+            "images × 32 channels, as for its middle, edge and corner, so off here means our setup differs: "
+            "a map that reaches 2.1 averages far fewer values per position",
+        ),
+        Claim(
             "corrected-corner",
             "a conv whose outputs are scaled by (k²/N)^½ (×1.5 at a corner): "
             "corner/middle = 1 on a new batch",
@@ -108,6 +122,11 @@ def padding_map(ctx: Context) -> None:
     ctx.check("middle", mid_v, theory=ideal_mid)
     ctx.check("edge", measured[edge].mean().item(), theory=ideal_mid * share[edge].mean().item())
     ctx.check("corner", measured[corner].mean().item(), theory=ideal_mid * share[corner].mean().item())
+    with torch.no_grad():
+        one = step(x[:1])[0].var(0)  # (H, W): one image's map, σ² over its channels
+    ctx.check("map-max", measured.max().item(),
+              note=f"smallest {measured.min().item():.2f}; a map of one image (σ² over its {x.shape[1]} "
+              f"channels) spans {one.min().item():.2f} to {one.max().item():.2f}")
     # The correction as a layer: the conv's outputs scaled by (k²/N)^½, measured on a batch it has not seen
     corrected_step = nn.Sequential(
         OrderedDict([*step.named_children(), ("rescale", BorderRescale(k, k // 2))])
