@@ -2,21 +2,28 @@
 
 A definition holds for any correct implementation: each claim runs the library's own layer or model and
 checks the identity against float32 rounding (the tolerances: :mod:`gatepool.lab.common.flashcard_checks`).
+
+The flashcards define the encoder and decoder blocks post-norm (attention, add + LayerNorm, MLP, add +
+LayerNorm). Our blocks are pre-norm by default and post-norm with ``prenorm=False``; the post-norm ones are
+traced with torch.fx down to those sub-operations (attention, MLP and LayerNorm kept whole) and the traced
+program, each step with the steps it reads, is compared with the flashcards' step by step.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
-from typing import Any
+import operator
 
 import torch
+import torch.fx as fx
 import torch.nn as nn
 
 from gatepool.lab.claims import Claim, Context, experiment
 from gatepool.lab.common import relative_error
 from gatepool.lab.common.flashcard_checks import FAR, FAR_WHY, ROUNDING, RTOL
 from gatepool.layers.attention import MultiHeadAttention
-from gatepool.layers.blocks import EncoderBlock
+from gatepool.layers.blocks import MLP, DecoderBlock, EncoderBlock
 from gatepool.models.residual_cnn import PreActBlock
 from gatepool.utils.checks import check_int
 from gatepool.utils.threads import num_threads
@@ -32,9 +39,10 @@ def _definition_claims(setup: dict) -> list[Claim]:
     def far(cid: str, statement: str, why: str) -> Claim:
         return Claim(cid, statement, FAR, 0.0, FAR_WHY, kind="min", source="ours", ref=why)
 
-    def count(cid: str, statement: str, n: int, where: str) -> Claim:
-        return Claim(cid, statement, n, 0, "a count", kind="equal", source="arithmetic",
-                     ref=f"lecture, {where} (a structural fact of the library's block)")
+    def order(cid: str, statement: str, where: str) -> Claim:
+        return Claim(cid, statement, 0, 0, "a count of steps: exact", kind="equal", source="arithmetic",
+                     ref=f"flashcards, {where} (a structural fact of the library's block, checked in the "
+                     "flashcards' order)")
 
     return [
         exact("sdpa-formula", "scaled_dot_product_attention(q, k, v) = softmax(q kᵀ/√d) v, by "
@@ -48,16 +56,26 @@ def _definition_claims(setup: dict) -> list[Claim]:
         exact("multihead-concat", "MultiHeadAttention = concat(head_1 .. head_H) W_O with head_h = "
               "softmax(Q_h K_hᵀ/√d_h) V_h, by hand (largest relative |difference|)",
               "multi-head attention: the heads concatenated, then the output projection"),
-        count("encoder-ops", "an encoder block's forward runs 4 sub-operations (norm, self-attention, norm, "
-              "MLP; each inside a residual)", 4, "the encoder block's four sub-operations"),
-        count("decoder-ops", "a decoder block's forward runs 6 sub-operations (norm, masked self-attention, "
-              "norm, cross-attention, norm, MLP)", 6, "the decoder block's six sub-operations"),
+        order("encoder-order", "a post-norm encoder block (prenorm=False), traced op by op with torch.fx, "
+              "runs the flashcards' program: self-attention, add + LayerNorm, MLP, add + LayerNorm, each add "
+              "taking the sub-operation's input and output (steps that differ)",
+              "'Define a transformer encoder block, listing its four sub-operations'"),
+        order("decoder-order", "a post-norm decoder block (prenorm=False), traced the same way, runs the "
+              "flashcards' program: masked self-attention, add + LayerNorm, cross-attention to Z, add + "
+              "LayerNorm, MLP, add + LayerNorm (steps that differ)",
+              "'Define a transformer decoder block, listing its six sub-operations'"),
         exact("residual-identity", "a residual block whose branch is f ≡ 0 (its last conv zeroed) is the "
               "identity: max|block(x) − x| / max|x|", "a residual block is x + f(x): the identity at f ≡ 0"),
         exact("patchify-conv", f"patchify = a stride-{setup['patch']} conv: ViT's patch embedding of a "
               f"{setup['image']}×{setup['image']} image equals each {setup['patch']}×{setup['patch']} patch "
               "flattened times one shared matrix (largest relative |difference|)",
               "the ViT: patchify is a conv with kernel = stride = the patch"),
+        Claim("vit-2d-positions", "a ViT with 2-D positions (pos='learned-2d') adds to the patch token at "
+              "(row r, col c) the code P(r, c) = row_r + col_c, then prepends the CLS token without one: "
+              "embed(x) against patchify(x) + P by hand (largest relative |difference|)", 0.0, RTOL, ROUNDING,
+              kind="max", source="arithmetic",
+              ref="flashcards, the ViT pipeline: 'Add a 2D positional encoding to each token', then "
+              f"'Prepend a CLS token'; x_i' = x_i + P(i) ({DEFINITION})"),
         exact("attention-pool-formula", "the attention gate pool: out = Σ_j softmax(s/τ)_j · V "
                                         "x_j, s_j = x_j · w, "
               "by hand over each 2×2 window (largest relative |difference|)", "the "
@@ -82,18 +100,80 @@ def _definition_claims(setup: dict) -> list[Claim]:
     ]
 
 
-def _count_calls(block: nn.Module, *args: Any) -> int:
-    """How many of ``block``'s direct children its forward calls (each call counted once)."""
-    calls: list[str] = []
-    hooks = [m.register_forward_hook(lambda mod, a, o, n=name: calls.append(n))
-             for name, m in block.named_children()]
-    try:
-        with torch.no_grad():
-            block(*args)
-    finally:
-        for h in hooks:
-            h.remove()
-    return len(calls)
+# The flashcards' blocks, post-norm, as programs: each step an operation and the steps (1-based) or
+# inputs (X the tokens, Z the encoder output) it reads.
+FLASHCARD_ENCODER = (("self-attention", ("X",)), ("add", ("X", 1)), ("LayerNorm", (2,)), ("MLP", (3,)),
+                     ("add", (3, 4)), ("LayerNorm", (5,)))  # fmt: skip
+FLASHCARD_DECODER = (("masked self-attention", ("X",)), ("add", ("X", 1)), ("LayerNorm", (2,)),
+                     ("cross-attention", (3, "Z")), ("add", (3, 4)), ("LayerNorm", (5,)), ("MLP", (6,)),
+                     ("add", (6, 7)), ("LayerNorm", (8,)))  # fmt: skip
+
+
+class _SubOperations(fx.Tracer):
+    """torch.fx tracer that stops at the flashcards' sub-operations: attention, MLP and the norms."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return isinstance(m, (MultiHeadAttention, MLP)) or super().is_leaf_module(m, qualname)
+
+
+def block_program(block: nn.Module, inputs: tuple[str, ...] = ("x",)) -> list[tuple[str, tuple]]:
+    """``block``'s forward as the flashcards write it: the operations on its tensors, in the order they
+    run, each with what it reads (``"X"`` / ``"Z"`` for the inputs named ``inputs``, else the 1-based step).
+    The forward's other arguments are traced at their defaults (a decoder's ``is_causal=True``)."""
+    params = inspect.signature(block.forward).parameters
+    if not inputs or any(name not in params for name in inputs) or len(inputs) > 2:
+        raise ValueError(f"inputs must name one or two of {type(block).__name__}.forward's arguments "
+                         f"{list(params)}, got {inputs}")
+    graph = _SubOperations().trace(block, concrete_args={n: p.default for n, p in params.items()
+                                                         if n not in inputs})  # fmt: skip
+    modules = dict(block.named_modules())
+    label = {name: "XZ"[i] for i, name in enumerate(inputs)}
+    steps: list[tuple[str, tuple]] = []
+    for node in graph.nodes:
+        reads = [a for a in node.all_input_nodes if a.name in label]
+        if node.op == "placeholder" or not reads:
+            continue  # the inputs, and the checks fx adds on the arguments traced at their defaults
+        if node.op == "output":
+            break
+        if node.op == "call_module":
+            m = modules[node.target]
+            context = node.kwargs.get("context") is not None
+            name = (("cross-attention" if context else "masked self-attention" if node.kwargs.get("is_causal")
+                     else "self-attention") if isinstance(m, MultiHeadAttention)
+                    else "LayerNorm" if isinstance(m, nn.LayerNorm) else type(m).__name__)  # fmt: skip
+        else:
+            target = node.target
+            name = "add" if target is operator.add else str(getattr(target, "__name__", target))
+        args = tuple(label[a.name] for a in node.all_input_nodes if a.name in label)
+        steps.append((name, _unordered(args) if name == "add" else args))
+        label[node.name] = len(steps)
+    return steps
+
+
+def _unordered(args: tuple) -> tuple:
+    """An add's operands in one order (the inputs X, Z first, then the steps): a + b = b + a."""
+    return tuple(sorted(args, key=lambda a: (isinstance(a, int), str(a).zfill(4))))
+
+
+def program_differences(steps: list[tuple[str, tuple]], want: tuple[tuple[str, tuple], ...]) -> int:
+    """Steps of ``steps`` that are not the flashcards' ``want`` at the same place (adds unordered), plus
+    the steps one has more than the other."""
+    canon = [(op, _unordered(a) if op == "add" else a) for op, a in want]
+    return sum(s != w for s, w in zip(steps, canon)) + abs(len(steps) - len(canon))
+
+
+def format_program(steps: list[tuple[str, tuple]]) -> str:
+    return ", ".join(f"{op}({', '.join(map(str, args))})" for op, args in steps)
+
+
+def _check_program(ctx: Context, claim_id: str, block: nn.Module, default: nn.Module,
+                   want: tuple[tuple[str, tuple], ...], inputs: tuple[str, ...]) -> None:  # fmt: skip
+    """The post-norm ``block``'s traced program against the flashcards'; the note gives the trace and how far
+    the library's default (pre-norm) block is from the flashcards' order."""
+    steps = block_program(block.eval(), inputs)
+    prenorm = program_differences(block_program(default.eval(), inputs), want)
+    ctx.check(claim_id, program_differences(steps, want), theory=0,
+              note=f"traced: {format_program(steps)}; the default pre-norm block differs in {prenorm} steps")
 
 
 def _trunk(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -108,7 +188,6 @@ def definitions(ctx: Context) -> None:
     from gatepool.data import mnist_batch
     from gatepool.layers import create_pool
     from gatepool.layers.attention import scaled_dot_product_attention
-    from gatepool.layers.blocks import DecoderBlock
     from gatepool.models import ResidualCNN
     from gatepool.models.vit import ViT
 
@@ -137,9 +216,10 @@ def definitions(ctx: Context) -> None:
             heads = torch.softmax(split[0] @ split[1].transpose(-2, -1) / math.sqrt(d // h), -1) @ split[2]
             by_hand = mha.to_out(heads.transpose(1, 2).reshape(2, t, d))  # concat, then W_O
             ctx.check("multihead-concat", relative_error(mha(x), by_hand), theory=0.0)
-        ctx.check("encoder-ops", _count_calls(EncoderBlock(d, h).eval(), x), theory=4)
-        context = torch.randn(2, 3, d, generator=gen)  # (B, M, D)
-        ctx.check("decoder-ops", _count_calls(DecoderBlock(d, h).eval(), x, context), theory=6)
+        _check_program(ctx, "encoder-order", EncoderBlock(d, h, prenorm=False), EncoderBlock(d, h),
+                       FLASHCARD_ENCODER, ("x",))
+        _check_program(ctx, "decoder-order", DecoderBlock(d, h, prenorm=False), DecoderBlock(d, h),
+                       FLASHCARD_DECODER, ("x", "context"))
 
         block = PreActBlock(d, groups=8).eval()
         nn.init.zeros_(block.conv2.weight)  # the branch f ≡ 0
@@ -197,6 +277,19 @@ def definitions(ctx: Context) -> None:
                         base[..., : base.shape[-2] - i, : base.shape[-1] - j][inner])
                    for i in (0, 1) for j in (0, 1))
         ctx.check("shift-by-1-breaks", best, theory=FAR)
+
+        vit2d = ViT(image_size=image, patch_size=patch, in_channels=3, dim=d, depth=1, num_heads=h,
+                    num_classes=10, pos="learned-2d").eval()
+        pos = vit2d.pos_embedding
+        with torch.no_grad():
+            for p in (pos.rows, pos.cols, vit2d.cls_token):
+                p.copy_(torch.randn(p.shape, generator=gen))  # codes as large as the tokens (init: 0.02)
+            side = image // patch
+            code = pos.rows[:, None, :] + pos.cols[None, :, :]  # (H, W, D): P(r, c) = row_r + col_c
+            hand = torch.cat([vit2d.cls_token[0], vit2d.patchify(img)[0] + code.reshape(side * side, d)])
+            ctx.check("vit-2d-positions", relative_error(vit2d.embed(img)[0], hand), theory=0.0,
+                      note=f"{side}×{side} patch grid: {side} row and {side} column vectors, the CLS token "
+                           "first")  # fmt: skip
         ctx.cite("ViT-H/14 pre-trained on JFT-300M reaches 88.55% ImageNet top-1 and ViT-L/16 87.76%, beside "
                  "BiT-L (ResNet152x4, same data) at 87.54%; pre-trained on ImageNet alone the "
                  "ViTs fall behind "
