@@ -100,17 +100,11 @@ def test_the_attention_nets_run_folders_keep_their_names():
     assert names == ["conv_stem-s0-c2ab1e91"] * 2 + ["conv_attention-s0-981b76b0"] * 2
 
 
-# experiments whose non-ok lecture claims do not yet say why (issue #42: their files are being reworked)
-WHY_PENDING = {"network-backward", "head-chain", "attention-maps", "vit-mnist"}
-
-
 @pytest.mark.parametrize("where,record", _records(), ids=lambda v: v if isinstance(v, str) else v["name"])
 def test_a_committed_lecture_claim_that_is_not_ok_says_why(where, record):
     """Each of the lecture's measured claims that is not ok says which of three it is (its number does not
     reproduce, our setup differs, the spread is too wide), in the record as the report shows it."""
     from gatepool.lab.report.text import miss_text
 
-    if record["name"] in WHY_PENDING:
-        pytest.skip("its claims' reasons are being declared with its rework (#42)")
     silent = [c["id"] for c in record["claims"] if miss_text(c) == "not stated"]
     assert not silent, f"{where}: {record['name']}: {silent} say nothing of why (declare Claim.miss)"

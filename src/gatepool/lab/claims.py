@@ -407,7 +407,7 @@ def claim_record(
         record["note"] = note
     if shipped_model is not None:
         record["shipped_model"] = shipped_model
-    if spec.miss and record["verdict"] != "ok":
+    if spec.miss and record["verdict"] in ("off", "not run"):  # an undecided one is too wide to judge
         record.update(miss=spec.miss, miss_why=spec.miss_why)
     return record
 

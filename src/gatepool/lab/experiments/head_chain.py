@@ -150,6 +150,9 @@ def _head_claims(setup: dict) -> list[Claim]:
             source="lecture",
             ref=ref + "; a test of the lecture's rule: off means the rule does not hold on its own setup "
             "(GroupNorm's backward also removes the group mean of g and its component along x̂: norm-rule)",
+            miss="not reproduced",
+            miss_why="fed the lecture's own ideal stream, GroupNorm divides E[g²] by more than σ²: its "
+            "backward also removes the group mean of g and its component along x̂ (norm-rule)",
         ),
         Claim(
             "norm-rule",

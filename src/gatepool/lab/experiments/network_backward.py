@@ -188,6 +188,9 @@ def _backward_claims(setup: dict) -> list[Claim]:
                 depends=("pool",),
                 source="lecture",
                 ref=PAIR_REF,
+                miss="too wide",
+                miss_why="the inits scatter wider than the ±25% bar (seeds 0–4 at block1.conv1: 0.0017 to "
+                "0.0027); the mean of three (quick) can miss where five (full) hold",
             ),
             Claim(
                 f"rms-dw-{conv}",

@@ -82,6 +82,9 @@ class BorderRescale(nn.Module):
             "passage does not say over how many values each position's σ² is taken; ours takes the batch's "
             "images × 32 channels, as for its middle, edge and corner, so off here means our setup differs: "
             "a map that reaches 2.1 averages far fewer values per position",
+            miss="setup differs",
+            miss_why="ours takes each position's σ² over the batch's images × 32 channels; the lecture's map "
+            "does not say over how many, and one image's map reaches 1.8",
         ),
         Claim(
             "corrected-corner",

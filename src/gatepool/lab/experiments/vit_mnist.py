@@ -107,7 +107,9 @@ def _claims(setup: dict[str, Any]) -> list[Claim]:
               kind="min", depends=("sizes", "budget_s", "vit_patch"),
               source="lecture", ref="flashcards: 'ViT's positional encoding is learned from scratch ... each "
               "patch's embedding is most similar to its spatial neighbours' (2-D, though the table is 1-D); "
-              "our setup differs (see why): a verdict on our setup, not on the flashcard's finding"),
+              "our setup differs (see why): a verdict on our setup, not on the flashcard's finding",
+              miss="setup differs", miss_why="a 4×4 grid of 7×7 patches trained on 60,000 digits, where the "
+              "flashcard's ViT reads a 14×14 grid pre-trained at ImageNet scale"),
     ]
 
 

@@ -134,10 +134,10 @@ def miss_text(c: dict[str, Any]) -> str:
     declared with the claim and how, an ``undecided`` verdict's own reason, or that none is stated."""
     if c.get("source") != "lecture" or c.get("verdict") == "ok":
         return ""
+    if c.get("verdict") == "undecided":  # whatever was declared for a miss: this one could not be judged
+        return MISSES["too wide"]
     if c.get("miss") in MISSES:
         return f"{MISSES[c['miss']]}: {c.get('miss_why', '')}"
-    if c.get("verdict") == "undecided":
-        return MISSES["too wide"]
     return "not stated"
 
 
