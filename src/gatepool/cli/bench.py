@@ -1,4 +1,5 @@
-"""``gatepool bench train|pool|attention|probe [--json] [--out FILE] [--quick] [--threads N] [--device D]``.
+"""``gatepool bench NAME [--json] [--out FILE] [--quick] [--threads N] [--device D]``, NAME one of train,
+pool, attention, probe (``pool`` also takes ``--cases``).
 
 Never part of the test suite. Each ``gatepool/bench/<name>.py`` has ``run(quick, device) -> record`` and
 ``table(record) -> str``; this command sets the threads, prints the table (or the JSON record) and
@@ -42,7 +43,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         if name == "train":
             bp.add_argument("--compile", action="store_true",
                             help="add a row: the trainer's loop through torch.compile")  # fmt: skip
+        if name == "pool":
+            bp.add_argument("--cases", type=_names, default=None,
+                            help="comma-separated cases to measure (default: all of the device's; "
+                            "tiny-tiled,tiny-overlapping: the per-call cost alone)")  # fmt: skip
         bp.set_defaults(func=_run)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """``a,b``: the names, each checked where it is used."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -61,9 +74,22 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(f"bench {args.bench} needs {', '.join(missing)}, which is not installed: "
                          "pip install gatepool[vision] (make test-vision's .venv-vision has it)")  # fmt: skip
     with num_threads(args.threads):
-        extra = {"compile": True} if getattr(args, "compile", False) else {}
-        record = module.run(quick=args.quick, device=where, **extra)
+        try:
+            record = module.run(quick=args.quick, device=where, **_extra(args))
+        except ValueError as e:  # bench pool checks its cases before it measures
+            if args.bench != "pool":
+                raise
+            raise UsageError(str(e)) from None
     print(json.dumps(record, indent=2, ensure_ascii=False) if args.json else module.table(record))
     if args.out:
         atomic_write_json(args.out, record)
     return 0
+
+
+def _extra(args: argparse.Namespace) -> dict:
+    """The bench's own options that were given, as ``run``'s keyword arguments."""
+    if args.bench == "train":
+        return {"compile": True} if args.compile else {}
+    if args.bench == "pool":
+        return {"cases": args.cases} if args.cases else {}
+    return {}
