@@ -63,7 +63,7 @@ gpu-check: $(VISION_STAMP)  # on a machine with a CUDA device: the GPU tests, th
 # 480 s in all, so the whole check ends within 8 minutes), a part that fails or runs out of time does not
 # stop the next, and the recipe fails at the end if any did. The JSON goes to runs/gpu-check/: bench pool
 # in three records (float32, the stem's bf16, the tiny input) so that one that runs out of time leaves the
-# others; bench step on ResNet-50 at 224, batch 128, eager and compiled, the max-pool net against soft and
+# others (bench step, stopped by its limit's SIGTERM, saves what it timed); bench step on ResNet-50 at 224, batch 128, eager and compiled, the max-pool net against soft and
 # attention (the gates with step targets), 10 steps after 2 warm-up, no compile started after 110 s
 # (a ResNet-50's first compile takes about a minute; the later ones reuse its kernels).
 GPU_PY ?= python3

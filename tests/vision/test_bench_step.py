@@ -7,6 +7,8 @@ Needs torchvision (``make test-vision``); skipped without it."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import statistics
 
 import pytest
@@ -89,6 +91,27 @@ def test_the_budget_skips_the_nets_that_would_start_after_it(tmp_path, capsys, m
     assert rec["results"][0]["status"] == "skipped: the bench's budget of 0 s was spent before its warm-up"
     assert "skipped: the compiled max-pool net was not measured" == rec["results"][3]["status"]
     assert rec["budget_s"] == 0
+
+
+def test_a_sigterm_keeps_what_was_timed(tmp_path, capsys, monkeypatch):
+    real = step.build
+
+    def build(model, gate, x, device):  # the signal `timeout` sends, in the second net's warm-up
+        if gate == "soft":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(model, gate, x, device)
+
+    monkeypatch.setattr(step, "build", build)
+    before = signal.getsignal(signal.SIGTERM)
+    rec, _ = bench(tmp_path, capsys, "--steps", "1", "--gates", "soft,attention")
+    assert signal.getsignal(signal.SIGTERM) == before  # put back
+    status = {r["gate"]: r["status"] for r in rec["results"]}
+    assert status == {
+        "max": "measured",
+        "soft": "stopped: the bench was asked to stop (SIGTERM) in its warm-up",
+        "attention": "skipped: the bench was asked to stop (SIGTERM) before its warm-up",
+    }
+    assert rec["stopped"] and len(rec["results"][0]["times_ms"]) == 1
 
 
 def test_an_unknown_model_is_refused_in_one_line(capsys):

@@ -22,7 +22,10 @@ synchronized before and after each step; the median over rounds is reported, and
 max-pool net's in the same mode. On CUDA also the peak memory of one step beyond what the nets hold
 (``torch.cuda.max_memory_allocated``). ``budget``: a net whose warm-up would start after this many
 seconds of the bench is left out ("skipped"), so a slow compile cannot run on for long; a net whose
-conversion, warm-up or compile raises is "failed", with the error's first line; the others are timed.
+conversion, warm-up or compile raises is "failed", with the error's first line; the others are timed. A
+SIGTERM (``timeout``'s) stops the warm-ups where they are, and the rounds ``GRACE_S`` after it (at least
+one round is timed): the nets warmed up are timed over the rounds done, and the record says which were
+stopped, so a time limit does not lose the run.
 
 Targets (issue 44, ResNet-50 at 224 on a GPU, eager and compiled): soft ≤ 1.05 × the max-pool net's
 step time, attention ≤ 1.10 ×; reported on CUDA only.
@@ -33,9 +36,12 @@ Needs torchvision (``pip install gatepool[vision]``; ``make test-vision``'s ``.v
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import statistics
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +60,7 @@ DEFAULTS = {  # device type ("cuda", or any other: "cpu"): what the bench runs w
 }
 QUICK = {"steps": 3, "warmup": 1}
 BUDGET_S = 300.0
+GRACE_S = 5.0  # after a SIGTERM the timed rounds go on this long (at least one round), then stop
 LR, MOMENTUM = 1e-3, 0.9
 TARGETS = {"soft": 1.05, "attention": 1.10}  # × the max-pool net's step, each mode, on CUDA
 
@@ -159,12 +166,22 @@ def run(
     nets = [Net(gate, mode) for mode in modes for gate in (("max", *gates) if mode == "eager" else order)]
 
     start = time.perf_counter()
-    for net in nets:
-        prepare(net, settings, x, y, device, start, budget, nets)
-    ready = [net for net in nets if net.status == "measured"]
-    for _ in range(settings["steps"]):
-        for net in ready:
-            net.times.append(timed(net.step, device))
+    with _terminable() as stop:
+        for net in nets:
+            if stop.requested:
+                net.status = "skipped: the bench was asked to stop (SIGTERM) before its warm-up"
+                continue
+            try:
+                prepare(net, settings, x, y, device, start, budget, nets, stop)
+            except _Stop:  # between prepare's steps
+                net.status, net.model, net.step = "stopped: the bench was asked to stop (SIGTERM)", None, None
+        stop.raises = False  # from here a SIGTERM is only noted
+        ready = [net for net in nets if net.status == "measured"]
+        for i in range(settings["steps"]):
+            if i and stop.requested and time.perf_counter() - stop.at > GRACE_S:
+                break  # ``timeout -k 10`` kills 10 s after its SIGTERM: what was timed is returned first
+            for net in ready:
+                net.times.append(timed(net.step, device))
     for net in nets:  # the nets go before the record is built: on a GPU their memory is freed
         net.model = net.step = None
 
@@ -186,6 +203,7 @@ def run(
         "steps": settings["steps"],
         "compile": settings["compile"],
         "budget_s": budget,
+        "stopped": stop.requested,  # by a SIGTERM: some nets were not warmed up, or fewer rounds ran
         "seed": 0,
         "quick": quick,
         "results": results,
@@ -202,6 +220,7 @@ def prepare(
     start: float,
     budget: float,
     nets: list[Net],
+    stop: _Stop,
 ) -> None:
     """Build, convert, compile and warm up ``net``; its status says where that stopped, if it did."""
     if net.mode == "compiled":
@@ -223,8 +242,41 @@ def prepare(
     except Exception as e:  # a gate that cannot run this net (or compile) is reported, the others timed
         first = (str(e).strip().splitlines() or [""])[0]
         net.status = f"failed: {type(e).__name__}: {first}"[:300]
+        if stop.requested:  # the SIGTERM came in its warm-up (a compile may wrap it in its own error)
+            net.status = "stopped: the bench was asked to stop (SIGTERM) in its warm-up"
         net.model = net.step = None
     net.warmup_s = time.perf_counter() - began
+
+
+class _Stop(Exception):
+    """A SIGTERM (``timeout``'s signal) while the bench runs: raised once in a warm-up, then only noted."""
+
+    def __init__(self) -> None:
+        super().__init__("stopped by SIGTERM")
+        self.requested = False
+        self.raises = True
+        self.at = 0.0  # when it came (time.perf_counter)
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.requested, self.at = True, time.perf_counter()
+        if self.raises:
+            self.raises = False
+            raise self
+
+
+@contextlib.contextmanager
+def _terminable() -> Iterator[_Stop]:
+    """SIGTERM handled by a :class:`_Stop` for the block (in the main thread; elsewhere only the flag,
+    never set): a bench cut short by ``timeout`` still returns what it timed, and the command saves it."""
+    stop = _Stop()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _peak_mib(step: Callable[[], None], device: torch.device) -> float | None:
