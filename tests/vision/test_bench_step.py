@@ -29,7 +29,9 @@ def bench(tmp_path, capsys, *args: str) -> tuple[dict, str]:
 
 
 def test_bench_step_writes_the_documented_record(tmp_path, capsys):
+    cudnn_benchmark = torch.backends.cudnn.benchmark
     rec, table = bench(tmp_path, capsys, "--steps", "2", "--gates", "soft")
+    assert torch.backends.cudnn.benchmark == cudnn_benchmark and rec["cudnn_benchmark"]  # on, then restored
     assert rec["bench"] == "step" and rec["model"].startswith("torchvision:resnet18")
     assert rec["input_shape"] == [2, 3, 32, 32] and rec["steps"] == 2 and rec["warmup"] == 1
     assert rec["autocast"] == "bfloat16" and rec["memory_format"] == "channels_last"

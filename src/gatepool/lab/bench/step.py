@@ -5,8 +5,9 @@ What is timed, per net: one training step as AMP training runs it, channels_last
     with torch.autocast(device, bfloat16):  loss = cross_entropy(net(x), y)      # x: (B, 3, S, S)
     loss.backward(); sgd.step(); sgd.zero_grad(set_to_none=True)                 # SGD, momentum 0.9
 
-for torchvision's ``MODEL`` at random init (seed 0) as it is (max pool, the baseline) and with its
-pools converted to each gate (``gatepool.layers.convert.convert(net, gate, example_input=…)``: ResNet's
+for torchvision's ``model`` (the defaults below) at random init (seed 0), ``torch.backends.cudnn.benchmark``
+on (as ImageNet recipes train; restored after), as it is (max pool, the baseline) and with its pools
+converted to each gate (``gatepool.layers.convert.convert(net, gate, example_input=…)``: ResNet's
 stem max pool, 3×3 stride 2 padding 1; the head's global average pool stays), each eager and, with
 ``compile``, through ``torch.compile`` (the net compiled, the optimizer step eager). Every net starts
 from the same weights and sees the same batch (random images and labels, seed 0).
@@ -166,7 +167,10 @@ def run(
     nets = [Net(gate, mode) for mode in modes for gate in (("max", *gates) if mode == "eager" else order)]
 
     start = time.perf_counter()
-    with _terminable() as stop:
+    cudnn_benchmark = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True  # as ImageNet recipes train: each conv's fastest cuDNN algorithm
+    with _terminable() as stop, contextlib.ExitStack() as restore:
+        restore.callback(setattr, torch.backends.cudnn, "benchmark", cudnn_benchmark)
         for net in nets:
             if stop.requested:
                 net.status = "skipped: the bench was asked to stop (SIGTERM) before its warm-up"
@@ -198,6 +202,7 @@ def run(
         "input_shape": [b, 3, s, s],
         "autocast": "bfloat16",
         "memory_format": "channels_last",
+        "cudnn_benchmark": True,
         "optimizer": f"SGD(lr={LR}, momentum={MOMENTUM})",
         "warmup": settings["warmup"],
         "steps": settings["steps"],
