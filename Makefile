@@ -53,21 +53,39 @@ test-vision: $(VISION_STAMP)  # convert() and the probe on torchvision's and tim
 	$(VISION_PY) -m pytest -m "not kill" tests/vision tests/layers tests/analysis/test_probe_fx.py \
 		tests/test_docs.py tests/lab/test_bench_quiet.py
 
-gpu-check: $(VISION_STAMP)  # on a machine with a CUDA device: the GPU tests, then bench pool there (JSON)
+gpu-check: $(VISION_STAMP)  # on a machine with a CUDA device: the GPU tests, then bench pool and bench step there
 	$(MAKE) gpu-check-here GPU_PY=$(VISION_PY)
 
 # The same checks with GPU_PY (default: the machine's own python3 and torch) and the package from src/, no
 # install: for a lent GPU machine without a package registry, where .venv-vision cannot be built. Where
 # pytest-xdist is installed the Triton tests' compiles spread over the cores (one by one, 17 of the 63 took
-# 210 s on an H200; 14 workers ran them all in 70 s).
+# 210 s on an H200; 14 workers ran them all in 70 s). Each part has its own time limit (seconds, beside it:
+# 480 s in all, so the whole check ends within 8 minutes), a part that fails or runs out of time does not
+# stop the next, and the recipe fails at the end if any did. The JSON goes to runs/gpu-check/: bench pool
+# in three records (float32, the stem's bf16, the tiny input) so that one that runs out of time leaves the
+# others (bench step, stopped by its limit's SIGTERM, saves what it timed); bench step on ResNet-50 at 224, batch 128, eager and compiled, the max-pool net against soft and
+# attention (the gates with step targets), 10 steps after 2 warm-up, no compile started after 110 s
+# (a ResNet-50's first compile takes about a minute; the later ones reuse its kernels).
 GPU_PY ?= python3
+GPU_OUT ?= runs/gpu-check
+GPU_BENCH := env PYTHONPATH=src $(GPU_PY) -m gatepool bench
 gpu-check-here:
-	PYTHONPATH=src $(GPU_PY) -m pytest $(shell $(GPU_PY) -c "import xdist" 2>/dev/null && echo "-n auto") \
-		tests/layers/test_triton_pool.py
-	PYTHONPATH=src $(GPU_PY) -m pytest -m gpu tests
-	@mkdir -p runs/gpu-check
-	PYTHONPATH=src $(GPU_PY) -m gatepool bench pool --device cuda --json > runs/gpu-check/bench-pool.json
-	@echo "wrote runs/gpu-check/bench-pool.json"
+	@mkdir -p $(GPU_OUT); failed=""; \
+	part() { limit=$$1; name=$$2; shift 2; echo "== $$name (at most $$limit s): $$*"; \
+		timeout -k 10 $$limit "$$@" || { echo "== $$name: FAILED (exit $$?; 124: out of time)"; failed="$$failed $$name"; }; }; \
+	part 110 triton-tests env PYTHONPATH=src $(GPU_PY) -m pytest -q \
+		$$($(GPU_PY) -c "import xdist" 2>/dev/null && echo "-n auto") tests/layers/test_triton_pool.py; \
+	part 50 gpu-tests env PYTHONPATH=src $(GPU_PY) -m pytest -q -m gpu tests; \
+	part 60 bench-pool $(GPU_BENCH) pool --device cuda --cases tiled,overlapping \
+		--out $(GPU_OUT)/bench-pool.json; \
+	part 50 bench-pool-stem $(GPU_BENCH) pool --device cuda --cases stem-tiled,stem-overlapping \
+		--out $(GPU_OUT)/bench-pool-stem.json; \
+	part 30 bench-pool-tiny $(GPU_BENCH) pool --device cuda --cases tiny-tiled,tiny-overlapping \
+		--out $(GPU_OUT)/bench-pool-tiny.json; \
+	part 180 bench-step $(GPU_BENCH) step --device cuda --gates soft,attention --steps 10 \
+		--warmup 2 --budget 110 --out $(GPU_OUT)/bench-step.json; \
+	ls -l $(GPU_OUT); \
+	if [ -n "$$failed" ]; then echo "gpu-check: failed or out of time:$$failed"; exit 1; fi
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
