@@ -516,7 +516,8 @@ def predict_correlated(
                     relus = [isinstance(steps.get(a), cr.ReLU) for a in args]
                     r = relus.index(True) if sum(relus) == 1 else None
                     if r is not None:  # b + ReLU(y): a ReLU after it takes the skewed sum's moments
-                        value[n] = dataclasses.replace(value[n], parts=(value[args[1 - r]], steps[args[r]].x))
+                        stream = steps[args[r]].law
+                        value[n] = dataclasses.replace(value[n], parts=(value[args[1 - r]], stream))
                     steps[n] = _Add(r)
                 elif n.target in _CATS:
                     step = _cat(n, [value[a] for a in args])

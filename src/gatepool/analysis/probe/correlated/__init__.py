@@ -44,7 +44,14 @@ from gatepool.analysis.probe.correlated.field import Field, neighbour_corr, unit
 from gatepool.analysis.probe.correlated.linear import Linear
 from gatepool.analysis.probe.correlated.maxpool import MaxPool, clark_max
 from gatepool.analysis.probe.correlated.measure import measure_field, measure_fields, measure_input
-from gatepool.analysis.probe.correlated.normal import bivariate_relu, relu_moments_map, relu_of_sum_map
+from gatepool.analysis.probe.correlated.normal import (
+    Law,
+    bivariate_relu,
+    relu_law,
+    relu_moments_map,
+    relu_of_sum_law,
+    relu_of_sum_map,
+)
 from gatepool.analysis.probe.correlated.norms import BatchNorm, GroupNorm
 from gatepool.analysis.probe.correlated.pointwise import Pointwise, hermite_coefficients
 from gatepool.analysis.probe.correlated.relu import ReLU, relu_series_maps
@@ -77,6 +84,9 @@ __all__ = [
     "neighbour_corr",
     "relu_moments_map",
     "relu_of_sum_map",
+    "relu_of_sum_law",
+    "relu_law",
+    "Law",
     "relu_series_maps",
     "unit_noise",
     "xcorr",

@@ -30,8 +30,9 @@ class Field:
     set by a ReLU's backward for the norm before it (:func:`groupnorm_backward`). ``pre_relu``
     (gradients only, optional): the gradient at the input of the ReLU that made this tensor, set by a
     step that knows it jointly (a max pool of a ReLU's output); the ReLU's backward then returns it.
-    ``parts`` (optional): (b, y) where this tensor is b + ReLU(y), the two independent (a residual add
-    whose stream is a ReLU's output): a ReLU of it then takes the skewed sum's own moments.
+    ``parts`` (optional): (b, law) where this tensor is b + ReLU(y), the two independent (a residual add
+    whose stream is a ReLU's output) and ``law`` ReLU(y)'s law per position (:class:`normal.Law`): a
+    ReLU of it then takes the skewed sum's own moments.
     ``stream_gate`` (gradients only, optional): set by that ReLU's backward, per position
     P(y > 0 | b + ReLU(y) > 0) / P(y > 0): the gate 1[y > 0] of the stream's ReLU is not independent of
     this one, 1[b + ReLU(y) > 0]; the stream's ReLU scales the gradient it passes by it.
@@ -45,7 +46,7 @@ class Field:
     corr: torch.Tensor
     yy: torch.Tensor | None = field(default=None, repr=False)
     pre_relu: Field | None = field(default=None, repr=False)
-    parts: tuple[Field, Field] | None = field(default=None, repr=False)
+    parts: tuple[Field, object] | None = field(default=None, repr=False)
     stream_gate: torch.Tensor | None = field(default=None, repr=False)
     components: tuple[torch.Tensor, Field] | None = field(default=None, repr=False)
 

@@ -5,6 +5,7 @@ normal's E[ReLU(x) ReLU(y)] and P(x > 0, y > 0) (48-point Gauss–Legendre).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,21 +40,66 @@ def relu_moments_map(m: torch.Tensor, v: torch.Tensor):
     return m * cdf + s * pdf, (m * m + v) * cdf + m * s * pdf, cdf
 
 
-def relu_of_sum_map(mb, vb, my, vy):
-    """(E[p], E[p²], P(p > 0), P(p > 0, y > 0)) of p = ReLU(b + ReLU(y)), b ~ N(mb, vb) and y ~ N(my, vy)
-    independent, elementwise (a ResNet's block output whose stream is a ReLU's output: the sum is skewed).
+@dataclass(frozen=True)
+class Law:
+    """The law of a ReLU's output per position, as atoms: values ``x`` (..., n) ≥ 0 with masses ``w``
+    (..., n) summing to 1 (``x[..., 0] = 0`` carries P(output = 0)). A residual stream
+    z_k = b_k + ReLU(z_{k−1}) is not normal past its first block (each ReLU skews it); its law is
+    carried exactly, block to block, as these atoms (:func:`relu_of_sum_law`)."""
 
-    Given y the inner value is N(mb + ReLU(y), vb): each moment is the rectified normal's, averaged
-    over y: its mass Φ(−my/sy) at ReLU(y) = 0, and 48-point Gauss–Legendre over y > 0 (z = (y − my)/sy
-    from −my/sy to 9, as :func:`bivariate_relu`)."""
-    sy = vy.clamp_min(0).sqrt()
-    z0 = (-my / sy.clamp_min(1e-300)).clamp(-_Z, _Z)
+    x: torch.Tensor
+    w: torch.Tensor
+
+    def positive(self) -> torch.Tensor:
+        """P(output > 0) per position."""
+        return self.w[..., 1:].sum(-1)
+
+
+def relu_law(m: torch.Tensor, v: torch.Tensor) -> Law:
+    """The atoms of ReLU(y), y ~ N(m, v): the mass Φ(−m/s) at 0, and 48-point Gauss–Legendre nodes over
+    y > 0 (z = (y − m)/s from −m/s to 9) with the normal's density as their masses."""
+    s = v.clamp_min(0).sqrt()
+    z0 = (-m / s.clamp_min(1e-300)).clamp(-_Z, _Z)
     half = (_Z - z0) / 2
-    z = z0[..., None] + half[..., None] * (_GL_X + 1)  # (..., n)
+    z = z0[..., None] + half[..., None] * (_GL_X + 1)  # (..., 48)
+    x = (m[..., None] + s[..., None] * z).clamp_min(0)
     w = half[..., None] * _GL_W * _pdf(z)
-    inner = relu_moments_map((mb + my)[..., None] + sy[..., None] * z, vb[..., None])  # given y > 0
-    out = tuple(_cdf(z0) * o + (w * i).sum(-1) for o, i in zip(relu_moments_map(mb, vb), inner))
-    return (*out, (w * inner[2]).sum(-1))
+    return Law(torch.cat([torch.zeros_like(m)[..., None], x], -1), torch.cat([_cdf(z0)[..., None], w], -1))
+
+
+def relu_of_sum_law(mb: torch.Tensor, vb: torch.Tensor, r: Law, chunk: int = 1 << 22) -> Law:
+    """The atoms of ReLU(b + r), b ~ N(mb, vb) independent of r ~ ``r``: the sum is the normal mixture
+    Σ_j w_j N(mb + x_j, vb); its mass below 0 goes to the atom at 0, and its density over (0, hi]
+    (hi = the largest component mean + 9 sd) is sampled at 48 Gauss–Legendre nodes, their masses scaled
+    to the exact P(sum > 0). Positions in chunks of ``chunk`` node-atom pairs (memory)."""
+    sb = vb.clamp_min(0).sqrt().clamp_min(1e-12)
+    shape, n = mb.shape, r.x.shape[-1]
+    mb_, sb_, x_, w_ = mb.reshape(-1), sb.reshape(-1), r.x.reshape(-1, n), r.w.reshape(-1, n)
+    xs, ws = [], []
+    step = max(1, chunk // (48 * n))
+    for i in range(0, len(mb_), step):
+        m, s, x, w = mb_[i : i + step, None], sb_[i : i + step, None], x_[i : i + step], w_[i : i + step]
+        c = m + x  # (P, n) the components' means
+        p0 = (w * _cdf(-c / s)).sum(-1)  # P(sum ≤ 0)
+        top = torch.where(w > 0, c, torch.full_like(c, -math.inf)).amax(-1, keepdim=True)
+        hi = (top + _Z * s).clamp_min(1e-300)
+        t = hi / 2 * (_GL_X + 1)  # (P, 48) nodes over (0, hi)
+        dens = (w[:, None, :] * _pdf((t[..., None] - c[:, None, :]) / s[..., None])).sum(-1) / s  # (P, 48)
+        wt = hi / 2 * _GL_W * dens
+        wt = wt * ((1 - p0) / wt.sum(-1).clamp_min(1e-300))[:, None]
+        xs.append(torch.cat([torch.zeros_like(p0)[:, None], t], -1))
+        ws.append(torch.cat([p0[:, None], wt], -1))
+    return Law(torch.cat(xs).reshape(*shape, 49), torch.cat(ws).reshape(*shape, 49))
+
+
+def relu_of_sum_map(mb, vb, r: Law):
+    """(E[p], E[p²], P(p > 0), P(p > 0, r > 0)) of p = ReLU(b + r), b ~ N(mb, vb) independent of the ReLU
+    output r ~ ``r`` (its atoms), elementwise (a ResNet's block output, whose stream is a ReLU's output:
+    the sum is skewed). Given r = x_j the inner value is N(mb + x_j, vb): each moment is the rectified
+    normal's, averaged over the atoms."""
+    inner = relu_moments_map(mb[..., None] + r.x, vb[..., None])
+    out = tuple((r.w * i).sum(-1) for i in inner)
+    return (*out, (r.w[..., 1:] * inner[2][..., 1:]).sum(-1))
 
 
 def bivariate_relu(m1, s1, m2, s2, r):
