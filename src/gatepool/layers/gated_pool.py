@@ -243,11 +243,9 @@ class GatedPoolNd(GateParameters):
             scores = scale_scores(self.scores(x), self.fixed_temperature)  # (N, 1, *spatial)
             pooled, weights = softmax_pool_unfold(x, scores, geo)
         # V · Σ_j g_j x_j = Σ_j g_j V x_j (the gates sum to 1); weights (N, 1, *out, K)
-        empty = None
-        if max(geo.dilation) > 1 and geo.has_padding:  # only dilated windows can miss the input entirely
-            empty = ~window_mask(geo, x.device).any(-1)  # (*out): the gates sum to 0 there, out is −inf
-        if empty is None or not empty.any():
+        if not geo.has_empty_windows:  # decided from the sizes (only dilated windows can miss the input)
             return self.project(pooled), None, weights
+        empty = ~window_mask(geo, x.device).any(-1)  # (*out): the gates sum to 0 there, out is −inf
         out = self.project(pooled.masked_fill(empty, 0.0)).masked_fill(empty, -math.inf)
         return out, None, weights
 

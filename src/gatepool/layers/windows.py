@@ -78,7 +78,12 @@ def check_window_args(
 
 
 def check_temperature(temperature: float | torch.Tensor, channels: int | None = None) -> None:
-    """τ must be > 0 and not NaN: a positive float, or a tensor of shape () or (C,)."""
+    """τ must be > 0 and not NaN: a positive float, or a tensor of shape () or (C,).
+
+    A float is checked here (ValueError). A tensor's shape is checked here; its values by
+    ``torch._assert_async``, which does not wait for the device: on the CPU it raises a RuntimeError at
+    once, on CUDA the error surfaces at the next synchronization (as torch's own device-side checks do).
+    """
     if isinstance(temperature, torch.Tensor):
         if temperature.dim() > 1 or (
             temperature.dim() == 1 and channels is not None and temperature.numel() not in (1, channels)
@@ -87,13 +92,15 @@ def check_temperature(temperature: float | torch.Tensor, channels: int | None = 
                 f"temperature must be a float or a tensor of shape () or (C,) = ({channels},), "
                 f"got shape {tuple(temperature.shape)}"
             )
-        if not bool((temperature.detach() > 0).all()):
-            raise ValueError("temperature must be > 0 (and not NaN) in every channel")
+        torch._assert_async((temperature.detach() > 0).all(), TEMPERATURE_NOT_POSITIVE)
         return
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise TypeError(f"temperature must be a positive float or a tensor, got {type(temperature).__name__}")
     if not temperature > 0:  # also catches NaN
         raise ValueError(f"temperature must be > 0 (τ in (0, ∞)), got {temperature}")
+
+
+TEMPERATURE_NOT_POSITIVE = "temperature must be > 0 (and not NaN) in every channel"
 
 
 def _out_len(size: int, k: int, s: int, p: int, dl: int, ceil_mode: bool) -> int:
@@ -142,6 +149,23 @@ class PoolGeometry:
     def has_padding(self) -> bool:
         """Does some window read a position outside the input?"""
         return any(self.padding) or any(r > 0 for r in self.pad_right)
+
+    @property
+    def has_empty_windows(self) -> bool:
+        """Does some window read no input position at all (possible only with dilation and padding)?
+
+        Decided from the sizes alone, on the host: a window is empty where it misses the input along one
+        axis, and it misses along an axis when none of its k taps ``o·s − p + t·dl`` lies in ``[0, n)``.
+        """
+        if max(self.dilation) == 1 or not self.has_padding:
+            return False
+        return any(
+            all(not 0 <= o * s - p + t * dl < n for t in range(k))
+            for k, s, p, dl, n, out in zip(
+                self.kernel_size, self.stride, self.padding, self.dilation, self.in_size, self.out_size
+            )
+            for o in range(out)
+        )
 
     @property
     def tiles(self) -> bool:
