@@ -1,4 +1,4 @@
-"""What one call of a gate costs the host: no sync with the device, forward or backward.
+"""What one call of a gate costs the host: no sync with the device, and a budget of dispatcher calls.
 
 A ``TorchDispatchMode`` sees every aten call that reaches the dispatcher; one that reads a tensor's
 value back to Python (``aten._local_scalar_dense``: ``.item()``, ``bool(t)``, ``if t.any():``) waits for the
@@ -6,12 +6,18 @@ device, so a CUDA graph cannot capture the call and ``torch.compile`` breaks its
 one forward and backward of every gate in the gate table, windowed (tiling, overlapping and dilated
 windows, one of which reads no input), global and adaptive, in 1-D to 3-D, on the fused and the
 pure-PyTorch paths. On a GPU (``gpu``) ``torch.cuda.set_sync_debug_mode("error")`` does the same there.
+
+Every dispatcher call costs the host a few microseconds whatever the tensor's size; on a small input (and on
+a GPU at any size) they, not the arithmetic, are the cost of a call. ``BUDGET`` is how many one forward and
+backward of each 2-D gate makes (the library's own ops counted with the aten calls inside them); a change
+that adds one fails here: lower the budget when a change removes some.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch._library.custom_ops import OPDEFS
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gatepool.layers import gate_table
@@ -41,6 +47,43 @@ class NoHostSync(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in SYNCS:
             raise AssertionError(f"a host sync: {func}")
+        return func(*args, **(kwargs or {}))
+
+
+# fmt: off
+BUDGET = {  # dispatcher calls of one forward + backward of each 2-D pool, (2, 3, 6, 5), on either path
+    "fused": {
+        "max": dict(tiled=3, overlap=3, dilated=3, glob=3, adaptive=3),
+        "avg": dict(tiled=3, overlap=3, dilated=29, glob=4, adaptive=3),
+        "soft": dict(tiled=32, overlap=32, dilated=32, glob=35, adaptive=84),
+        "soft-learned": dict(tiled=41, overlap=41, dilated=41, glob=46, adaptive=112),
+        "attention": dict(tiled=41, overlap=41, dilated=41, glob=51, adaptive=111),
+        "conv": dict(tiled=6, overlap=6, dilated=6),
+    },
+    "python": {  # the tiled path where windows tile, else the plain one
+        "max": dict(tiled=3, overlap=3, dilated=3, glob=3, adaptive=3),
+        "avg": dict(tiled=3, overlap=3, dilated=29, glob=4, adaptive=3),
+        "soft": dict(tiled=38, overlap=67, dilated=77, glob=67, adaptive=84),
+        "soft-learned": dict(tiled=56, overlap=95, dilated=105, glob=87, adaptive=112),
+        "attention": dict(tiled=55, overlap=76, dilated=86, glob=52, adaptive=111),
+        "conv": dict(tiled=6, overlap=6, dilated=6),
+    },
+}
+# fmt: on
+
+
+class CountCalls(TorchDispatchMode):
+    """Counts the dispatcher calls by op; the library's ops (``gatepool::``) with the calls inside them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls[str(func)] = self.calls.get(str(func), 0) + 1
+        if func.namespace == "gatepool":  # run the op's Python body under this mode, so its calls count
+            with self:
+                return OPDEFS[func._schema.name]._init_fn(*args, **(kwargs or {}))
         return func(*args, **(kwargs or {}))
 
 
@@ -121,6 +164,22 @@ def test_has_empty_windows_agrees_with_the_window_mask(n, k, dl):
                 mask = window_mask(geo)
                 want = mask is not None and bool((~mask.any(-1)).any())
                 assert geo.has_empty_windows == want, (n, k, s, p, dl, ceil)
+
+
+@pytest.mark.parametrize("name", [n for n in POOLS if "-2d-" in n])
+def test_dispatcher_calls_within_the_budget(name, pool_path):
+    kind, d, gate = POOLS[name]
+    torch.manual_seed(0)
+    pool = make_pool(kind, d, gate)
+    x = torch.randn(2, C, *SIZE[d], requires_grad=True)
+    grad = torch.ones(pool(x).shape)
+    forward_backward(pool, x)  # the first call builds and loads what it needs
+    with CountCalls() as count:
+        out = pool(x)
+        out.backward(grad)
+    budget = BUDGET[pool_path.name][gate]["glob" if kind == "global" else kind]
+    total = sum(count.calls.values())
+    assert total <= budget, f"{total} calls, {budget} budgeted: {count.calls}"
 
 
 @pytest.mark.gpu
