@@ -28,14 +28,14 @@ import torch
 from gatepool.layers.windows import PoolGeometry
 from gatepool.utils.environment import cache_dir
 
-__all__ = ["available", "build", "layout", "load"]
+__all__ = ["DTYPES", "available", "build", "call", "geometry_struct", "layout", "load"]
 
 SOURCE = Path(__file__).with_name("kernels") / "softmax_pool.c"
 # -fno-trapping-math: the clamps and selects on floats may be if-converted, so the channel loops vectorize
 FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-fPIC", "-shared"]
 if platform.machine().lower() in ("x86_64", "amd64"):
     FLAGS.insert(2, "-mprefer-vector-width=512")  # whole AVX-512 registers where the CPU has them
-_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}  # the kernels' element types
+DTYPES = {torch.float32: "f32", torch.float64: "f64"}  # the kernels' element types
 
 
 # ----------------------------------------------------------------------------------------------- build
@@ -176,7 +176,7 @@ def available() -> bool:
     return _library() is not None
 
 
-def _geometry(geo: PoolGeometry, n: int, c: int, cs: int, ca: int) -> Geometry:
+def geometry_struct(geo: PoolGeometry, n: int, c: int, cs: int, ca: int) -> Geometry:
     """The C side's :class:`Geometry` of ``geo``, its sizes padded to 3-D."""
     lead = 3 - geo.dim
 
@@ -187,7 +187,7 @@ def _geometry(geo: PoolGeometry, n: int, c: int, cs: int, ca: int) -> Geometry:
                     three(geo.stride, 1), three(geo.padding, 0), three(geo.dilation, 1))  # fmt: skip
 
 
-def _call(direction: str, geometry: Geometry, threads: int, **tensors: torch.Tensor | None) -> int | None:
+def call(direction: str, geometry: Geometry, threads: int, **tensors: torch.Tensor | None) -> int | None:
     """Run ``softmax_pool_{direction}`` on ``tensors`` (:class:`Tensors`' fields, all of one dtype; the
     caller keeps each alive for the call: a temporary's memory is reused)."""
     lib = _library()
@@ -197,6 +197,6 @@ def _call(direction: str, geometry: Geometry, threads: int, **tensors: torch.Ten
             "GATEPOOL_KERNELS=0); check gatepool.layers.c_kernels.available() first"
         )
     dtype = tensors["v"].dtype
-    kernel = getattr(lib, f"softmax_pool_{direction}_{_SUFFIX[dtype]}")
+    kernel = getattr(lib, f"softmax_pool_{direction}_{DTYPES[dtype]}")
     ptrs = Tensors(**{k: None if t is None else t.data_ptr() for k, t in tensors.items()})
     return kernel(ctypes.byref(geometry), ctypes.byref(ptrs), threads)

@@ -1,4 +1,5 @@
-"""Fused window softmax pooling: a C kernel built on first use (CPU), Triton (CUDA), as torch operators.
+"""Fused window softmax pooling as torch operators: their registration and autograd (CPU: the C kernel of
+:mod:`gatepool.layers.c_kernels`; CUDA: the Triton kernels of :mod:`gatepool.layers.triton_pool`).
 
     gatepool::softmax_pool(values, scores, tau, geometry) -> (out, stats)
     gatepool::softmax_pool_backward(grad_out, values, scores, tau, out, stats, geometry, tau_grad)
@@ -24,6 +25,12 @@ On CUDA the same two ops run the Triton kernels of :mod:`gatepool.layers.triton_
 below as the ops' CUDA kernels; float16/bfloat16/float32 in, computed in float32, ``stats`` in float32),
 wherever triton imports; :func:`usable` sends CUDA tensors there.
 
+Which function is which: :func:`_op_forward` / :func:`_op_forward_cuda` are the op's forward (its CPU and
+CUDA kernels), :func:`_op_backward` / :func:`_op_backward_cuda` the op's backward (the op
+``softmax_pool_backward``), :func:`_autograd_backward` the autograd formula that calls it once
+(:func:`_autograd_setup_context` keeps what it needs); :func:`softmax_pool` is the call the pools make.
+Whether a call comes here at all is :mod:`gatepool.layers.softmax_paths`' decision.
+
 The backward is the closed form ``g_j G (1 + (v_j − out)/τ)`` (see the C file), not autograd. A
 backward that must itself be differentiable (``create_graph=True``) goes through the plain path's
 autograd graph instead, so double backward works.
@@ -35,7 +42,7 @@ The C kernel's build and its ctypes boundary are in :mod:`gatepool.layers.c_kern
 import torch  # no ``from __future__ import annotations``: torch.library reads the ops' annotations
 
 from gatepool.layers import triton_pool
-from gatepool.layers.c_kernels import _SUFFIX, _call, _geometry, available
+from gatepool.layers.c_kernels import DTYPES, available, call, geometry_struct
 from gatepool.layers.windows import (
     PoolGeometry,
     channel_view,
@@ -54,7 +61,7 @@ def usable(x: torch.Tensor) -> bool:
     float16/bfloat16/float32 on CUDA, with triton there?"""
     if x.device.type == "cuda":
         return x.dtype in _CUDA_DTYPES and triton_pool.available()
-    return x.device.type == "cpu" and x.dtype in _SUFFIX and available()
+    return x.device.type == "cpu" and x.dtype in DTYPES and available()
 
 
 # -------------------------------------------------------------------------------------------- geometry
@@ -110,18 +117,18 @@ def _score_map(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op("gatepool::softmax_pool", mutates_args=(), device_types="cpu")
-def _forward(
+def _op_forward(
     values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor, geometry: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     geo, n, c, cs, v, s, w, a = _operands(values, scores, tau, geometry)
     y = values.new_empty((n, *geo.out_size, c))
     stats = values.new_empty((2, n, *geo.out_size, cs))
-    _call("forward", _geometry(geo, n, c, cs, a.numel()), torch.get_num_threads(), v=v, s=s, a=a, w=w,
-          out=y, stats=stats)  # fmt: skip
+    call("forward", geometry_struct(geo, n, c, cs, a.numel()), torch.get_num_threads(), v=v, s=s, a=a, w=w,
+         out=y, stats=stats)  # fmt: skip
     return _like(y, values), stats
 
 
-@_forward.register_fake
+@_op_forward.register_fake
 def _(values, scores, tau, geometry):
     geo = decode(geometry)
     n, c = values.shape[:2]
@@ -130,15 +137,16 @@ def _(values, scores, tau, geometry):
     return _like(values.new_empty((n, *geo.out_size, c)), values), stats
 
 
-@_forward.register_kernel("cuda")
-def _triton_forward(values, scores, tau, geometry):
-    """The op on Triton (its CUDA kernel; under ``TRITON_INTERPRET=1`` it also runs on CPU tensors)."""
+@_op_forward.register_kernel("cuda")
+def _op_forward_cuda(values, scores, tau, geometry):
+    """The op ``gatepool::softmax_pool``'s forward on CUDA: Triton (under ``TRITON_INTERPRET=1`` it also
+    runs on CPU tensors)."""
     scores = _score_map(values, scores) if _weights(scores) else scores  # Triton reads a score map
     return triton_pool.forward(values, scores, tau, decode(geometry))
 
 
 @torch.library.custom_op("gatepool::softmax_pool_backward", mutates_args=(), device_types="cpu")
-def _backward_op(
+def _op_backward(
     grad_out: torch.Tensor,
     values: torch.Tensor,
     scores: torch.Tensor | None,
@@ -148,6 +156,8 @@ def _backward_op(
     geometry: list[int],
     tau_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The op ``gatepool::softmax_pool``'s backward (itself the op ``gatepool::softmax_pool_backward``) on the
+    CPU: the C kernel. ``(grad_values, grad_scores, grad_tau)``, empty where not asked for."""
     geo, n, c, cs, v, s, w, a = _operands(values, scores, tau, geometry)
     threads = torch.get_num_threads()
     gv = torch.empty_like(v)
@@ -155,8 +165,8 @@ def _backward_op(
     ga = values.new_zeros((threads, a.numel())) if tau_grad else None
     gw = None if w is None else values.new_empty((threads, c))  # each thread zeroes its row
     y, stats, go = _last(out), stats.contiguous(), _last(grad_out)  # named: each must outlive the call
-    _call("backward", _geometry(geo, n, c, cs, a.numel()), threads, v=v, s=s, a=a, w=w, out=y, stats=stats,
-          gout=go, gv=gv, gs=gs, ga=ga, gw=gw)  # fmt: skip
+    call("backward", geometry_struct(geo, n, c, cs, a.numel()), threads, v=v, s=s, a=a, w=w, out=y,
+         stats=stats, gout=go, gv=gv, gs=gs, ga=ga, gw=gw)  # fmt: skip
     if gw is not None:
         grad_scores = gw.sum(0)  # ∂L/∂w
     else:
@@ -165,15 +175,15 @@ def _backward_op(
     return _like(gv, values), grad_scores, grad_tau
 
 
-@_backward_op.register_fake
+@_op_backward.register_fake
 def _(grad_out, values, scores, tau, out, stats, geometry, tau_grad):
     grad_scores = values.new_empty(0) if scores is None else torch.empty_like(scores)
     return torch.empty_like(values), grad_scores, torch.empty_like(tau) if tau_grad else values.new_empty(0)
 
 
-@_backward_op.register_kernel("cuda")
-def _triton_backward(grad_out, values, scores, tau, out, stats, geometry, tau_grad):
-    """The backward op on Triton, as :func:`_triton_forward`."""
+@_op_backward.register_kernel("cuda")
+def _op_backward_cuda(grad_out, values, scores, tau, out, stats, geometry, tau_grad):
+    """The op ``gatepool::softmax_pool_backward`` on CUDA: Triton, as :func:`_op_forward_cuda`."""
     if not _weights(scores):
         return triton_pool.backward(grad_out, values, scores, tau, out, stats, decode(geometry), tau_grad)
     # score weights: Triton takes the score map; the chain rule through s_j = w · v_j here
@@ -184,7 +194,8 @@ def _triton_backward(grad_out, values, scores, tau, out, stats, geometry, tau_gr
     return grad_values, torch.einsum("n...,nc...->c", gs[:, 0], values), gt  # ∂L/∂w = Σ_j ∂L/∂s_j v_j
 
 
-def _setup_context(ctx, inputs, output):
+def _autograd_setup_context(ctx, inputs, output):
+    """What the autograd formula keeps of a forward: its inputs, out and stats."""
     values, scores, tau, geometry = inputs
     out, stats = output
     ctx.save_for_backward(values, scores, tau, out, stats)
@@ -193,18 +204,22 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # no zeros of stats' shape for a gradient it never has
 
 
-def _backward(ctx, grad_out, _grad_stats):
+def _autograd_backward(ctx, grad_out, _grad_stats):
+    """The autograd formula of ``gatepool::softmax_pool``: one call of the backward op (or, for a
+    differentiable backward, autograd through the plain path)."""
     values, scores, tau, out, stats = ctx.saved_tensors
     need_v, need_s, need_tau = ctx.needs_input_grad[:3]
     if grad_out is None:  # out did not reach the loss
         grad_out = torch.zeros_like(out)
     if torch.is_grad_enabled():  # create_graph=True: the gradient needs a graph of its own
         return (*_plain_vjp(values, scores, tau, ctx.geometry, grad_out, (need_v, need_s, need_tau)), None)
-    gv, gs, gt = _backward_op(grad_out, values, scores, tau, out, stats, ctx.geometry, need_tau)
+    gv, gs, gt = _op_backward(grad_out, values, scores, tau, out, stats, ctx.geometry, need_tau)
     return gv, (gs if scores is not None else None), (gt if need_tau else None), None
 
 
-torch.library.register_autograd("gatepool::softmax_pool", _backward, setup_context=_setup_context)
+torch.library.register_autograd(
+    "gatepool::softmax_pool", _autograd_backward, setup_context=_autograd_setup_context
+)
 
 
 def _plain(values, scores, tau, geo: PoolGeometry) -> torch.Tensor:

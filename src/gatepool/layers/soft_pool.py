@@ -32,9 +32,10 @@ Weights layout (``return_weights=True``): ``(N, C, *out_spatial, K)`` with K = �
 positions flattened row-major (the last spatial axis fastest); ``(C, *out_spatial, K)`` for unbatched input.
 
 Numerics: the softmax subtracts the window max before exp, so every finite input (±1e4 included, any
-τ > 0) gives finite outputs. float16 / bfloat16 inputs are computed in float32 and cast back.
+τ > 0) gives finite outputs. float16 / bfloat16 inputs go into Triton as they are (computed in float32
+inside); the C kernel and the pure-PyTorch paths compute them in float32 and cast back.
 
-Three ways to compute, side by side (``soft_pool_windows`` picks):
+Three ways to compute, side by side (``softmax_paths.softmax_path`` picks, and says why):
   * the plain one, ``soft_pool_unfold`` (in windows.py): unfold the windows to ``(N, C, *out, K)``,
     softmax over K, weighted sum; autograd does the rest (double backward included). Any stride,
     padding, dilation, ceil_mode; it also returns the weights, and it holds the limits above. The
@@ -67,13 +68,12 @@ import dataclasses
 import torch
 
 from gatepool.layers import fused_pool
+from gatepool.layers.softmax_paths import pool_in, softmax_path
 from gatepool.layers.windows import (
     IntOrTuple,
     PoolGeometry,
     channel_view,
     check_temperature,
-    compute_dtype,
-    like_input_format,
     pool_geometry,
     soft_pool_unfold,
 )
@@ -199,19 +199,17 @@ def soft_pool_tiled(
 def soft_pool_windows(
     x: torch.Tensor, geo: PoolGeometry, temperature: float | torch.Tensor, return_weights: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Soft pooling of ``x`` ``(N, C, *spatial)`` over the windows ``geo``, by the fastest path that applies.
-
-    The fused kernel (float32/float64 on the CPU, once built), else the tiled fast path where windows
-    tile, else the plain one; the plain one also when the weights are asked for (``(out, weights)``;
-    otherwise ``(out, None)``).
+    """Soft pooling of ``x`` ``(N, C, *spatial)`` over the windows ``geo``, by the path
+    :func:`~gatepool.layers.softmax_paths.softmax_path` chooses: ``(out, weights)`` with the weights, asked
+    for, from the plain path, else ``(out, None)``.
     """
-    if return_weights:
-        return soft_pool_unfold(x, geo, temperature)
-    if fused_pool.usable(x):
+    path = softmax_path(x, tiles=geo.tiles, return_weights=return_weights)
+    if path.fused:
         return fused_pool.softmax_pool(x, None, temperature, geo), None
-    if geo.tiles:
+    if path.name == "tiled":
         return soft_pool_tiled(x, geo, temperature), None
-    return soft_pool_unfold(x, geo, temperature)[0], None
+    out, weights = soft_pool_unfold(x, geo, temperature)
+    return out, (weights if return_weights else None)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -238,17 +236,19 @@ def soft_pool(
     """
     geo = pool_geometry(input, dim, kernel_size, stride, padding, dilation, ceil_mode)
     check_temperature(temperature, input.shape[-dim - 1])
-    xb = input if geo.batched else input.unsqueeze(0)  # (N, C, *spatial)
-    xc = xb.to(compute_dtype(input.dtype))
-    tau = temperature.to(xc.dtype) if isinstance(temperature, torch.Tensor) else float(temperature)
-    out, weights = soft_pool_windows(xc, geo, tau, return_weights)
-    out = like_input_format(out, xb).to(input.dtype)
-    if not geo.batched:
-        out = out.squeeze(0)
-        weights = None if weights is None else weights.squeeze(0)
-    if return_weights:
-        return out, weights.to(input.dtype)
-    return out
+    weights = []
+
+    def pool(x: torch.Tensor) -> torch.Tensor:
+        tau = temperature.to(x.dtype) if isinstance(temperature, torch.Tensor) else float(temperature)
+        out, w = soft_pool_windows(x, geo, tau, return_weights)
+        weights.append(w)
+        return out
+
+    out = pool_in(input, geo.batched, pool)
+    if not return_weights:
+        return out
+    w = weights[0].to(input.dtype)
+    return out, (w if geo.batched else w.squeeze(0))
 
 
 def soft_pool1d(
