@@ -55,17 +55,17 @@ BUDGET = {  # dispatcher calls of one forward + backward of each 2-D pool, (2, 3
     "fused": {
         "max": dict(tiled=3, overlap=3, dilated=3, glob=3, adaptive=3),
         "avg": dict(tiled=3, overlap=3, dilated=29, glob=4, adaptive=3),
-        "soft": dict(tiled=32, overlap=32, dilated=32, glob=35, adaptive=84),
-        "soft-learned": dict(tiled=41, overlap=41, dilated=41, glob=46, adaptive=112),
-        "attention": dict(tiled=41, overlap=41, dilated=41, glob=51, adaptive=111),
+        "soft": dict(tiled=23, overlap=23, dilated=23, glob=26, adaptive=58),
+        "soft-learned": dict(tiled=34, overlap=34, dilated=34, glob=39, adaptive=86),
+        "attention": dict(tiled=32, overlap=32, dilated=32, glob=40, adaptive=85),
         "conv": dict(tiled=6, overlap=6, dilated=6),
     },
     "python": {  # the tiled path where windows tile, else the plain one
         "max": dict(tiled=3, overlap=3, dilated=3, glob=3, adaptive=3),
         "avg": dict(tiled=3, overlap=3, dilated=29, glob=4, adaptive=3),
-        "soft": dict(tiled=38, overlap=67, dilated=77, glob=67, adaptive=84),
-        "soft-learned": dict(tiled=56, overlap=95, dilated=105, glob=87, adaptive=112),
-        "attention": dict(tiled=55, overlap=76, dilated=86, glob=52, adaptive=111),
+        "soft": dict(tiled=38, overlap=67, dilated=77, glob=67, adaptive=58),
+        "soft-learned": dict(tiled=56, overlap=95, dilated=105, glob=87, adaptive=86),
+        "attention": dict(tiled=55, overlap=76, dilated=86, glob=52, adaptive=85),
         "conv": dict(tiled=6, overlap=6, dilated=6),
     },
 }

@@ -176,6 +176,7 @@ def available() -> bool:
     return _library() is not None
 
 
+@functools.lru_cache(maxsize=1024)
 def geometry_struct(geo: PoolGeometry, n: int, c: int, cs: int, ca: int) -> Geometry:
     """The C side's :class:`Geometry` of ``geo``, its sizes padded to 3-D."""
     lead = 3 - geo.dim

@@ -39,7 +39,9 @@ The C kernel's build and its ctypes boundary are in :mod:`gatepool.layers.c_kern
 
 """
 
-import torch  # no ``from __future__ import annotations``: torch.library reads the ops' annotations
+import functools  # no ``from __future__ import annotations``: torch.library reads the ops' annotations
+
+import torch
 
 from gatepool.layers import triton_pool
 from gatepool.layers.c_kernels import DTYPES, available, call, geometry_struct
@@ -47,8 +49,10 @@ from gatepool.layers.windows import (
     PoolGeometry,
     channel_view,
     compute_dtype,
+    inverse_temperature,
     scale_scores,
     softmax_pool_unfold,
+    temperature_tensor,
 )
 
 __all__ = ["available", "encode", "softmax_pool", "usable"]
@@ -67,27 +71,49 @@ def usable(x: torch.Tensor) -> bool:
 # -------------------------------------------------------------------------------------------- geometry
 
 
+@functools.lru_cache(maxsize=1024)
 def encode(geo: PoolGeometry) -> list[int]:
-    """``geo`` as the ops' ``geometry`` argument: dim, kernel, stride, padding, dilation, in, out, ceil."""
+    """``geo`` as the ops' ``geometry`` argument: dim, kernel, stride, padding, dilation, in, out, ceil
+    (made once per geometry: callers do not change it)."""
     return [geo.dim, *geo.kernel_size, *geo.stride, *geo.padding, *geo.dilation, *geo.in_size, *geo.out_size,
             int(geo.ceil_mode)]  # fmt: skip
 
 
 def decode(geometry: list[int]) -> PoolGeometry:
+    """The :class:`PoolGeometry` that :func:`encode` gave ``geometry`` for (decoded once per geometry)."""
+    return _decode(tuple(geometry))
+
+
+@functools.lru_cache(maxsize=1024)
+def _decode(geometry: tuple[int, ...]) -> PoolGeometry:
     d = geometry[0]
     k, s, p, dl, size, out = (tuple(geometry[1 + i * d : 1 + (i + 1) * d]) for i in range(6))
     return PoolGeometry(k, s, p, dl, bool(geometry[-1]), size, out, True)
 
 
+def _channels_last_memory(t: torch.Tensor) -> bool:
+    """Is ``t`` ``(N, C, *S)`` dense in channels-last memory, ``t.movedim(1, -1).is_contiguous()``? Read from
+    its strides (no view made)."""
+    shape, strides = t.shape, t.stride()
+    if 0 in shape:
+        return True
+    expected = 1
+    for i in (1, *range(t.dim() - 1, 1, -1), 0):  # innermost first: C, the spatial dims, N
+        if shape[i] != 1 and strides[i] != expected:
+            return False
+        expected *= shape[i]
+    return True
+
+
 def _last(t: torch.Tensor) -> torch.Tensor:
     """``(N, C, *S)`` as channels-last memory ``(N, *S, C)``, contiguous (a view for channels_last input)."""
-    return t.movedim(1, -1).contiguous()
+    return t.movedim(1, -1) if _channels_last_memory(t) else t.movedim(1, -1).contiguous()
 
 
 def _like(y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Kernel layout ``(N, *S, C)`` back to ``(N, C, *S)`` in ``like``'s memory format."""
     out = y.movedim(-1, 1)
-    return out if like.movedim(1, -1).is_contiguous() else out.contiguous()
+    return out if _channels_last_memory(like) else out.contiguous()
 
 
 def _operands(values, scores, tau, geometry):
@@ -96,11 +122,12 @@ def _operands(values, scores, tau, geometry):
     geo = decode(geometry)
     n, c = values.shape[:2]
     v = _last(values)
+    a = inverse_temperature(tau, values.dtype)
     if _weights(scores):  # s_j = w · v_j, in the kernel
-        return geo, n, c, 1, v, None, scores.contiguous(), (1.0 / tau).contiguous()
+        return geo, n, c, 1, v, None, scores.contiguous(), a
     cs = c if scores is None else scores.shape[1]
     s = v if scores is None else _last(scores)
-    return geo, n, c, cs, v, s, None, (1.0 / tau).contiguous()
+    return geo, n, c, cs, v, s, None, a
 
 
 def _weights(scores: torch.Tensor | None) -> bool:
@@ -251,8 +278,9 @@ def softmax_pool(
     tensor > 0.
     """
     if not isinstance(tau, torch.Tensor):
-        tau = values.new_full((1,), float(tau))
-    tau = tau.to(values.dtype).reshape(-1)
+        tau = temperature_tensor(float(tau), values)  # (1,), made once per value
+    elif tau.dtype != compute_dtype(values.dtype) or tau.dim() != 1:
+        tau = tau.to(compute_dtype(values.dtype)).reshape(-1)  # τ in float32 for float16/bfloat16 values
     if scores is not None and tau.numel() != 1:
         raise ValueError(f"shared scores take one temperature, got {tau.numel()}")
     # The kernel reads channels-last memory: copy an NCHW input there once, here, so that autograd
@@ -268,4 +296,4 @@ def softmax_pool(
 
 def _as_channels_last(t: torch.Tensor) -> torch.Tensor:
     """``t`` ``(N, C, *S)`` with channels-last strides: ``t`` itself when it has them, else a copy."""
-    return t if t.movedim(1, -1).is_contiguous() else t.movedim(1, -1).contiguous().movedim(-1, 1)
+    return t if _channels_last_memory(t) else t.movedim(1, -1).contiguous().movedim(-1, 1)

@@ -234,7 +234,7 @@ class GatedPoolNd(GateParameters):
 
     def _soft(self, x: torch.Tensor, geo: PoolGeometry):
         tau = self.temperature  # a float, or (C,) = exp(log τ) > 0 for "soft-learned"
-        tau = tau.to(x.dtype) if isinstance(tau, torch.Tensor) else tau
+        tau = tau.to(compute_dtype(x.dtype)) if isinstance(tau, torch.Tensor) else tau
         out, weights = soft_pool_windows(x, geo, tau, self.return_weights)
         return out, None, weights
 

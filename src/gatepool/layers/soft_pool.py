@@ -74,6 +74,7 @@ from gatepool.layers.windows import (
     PoolGeometry,
     channel_view,
     check_temperature,
+    compute_dtype,
     pool_geometry,
     soft_pool_unfold,
 )
@@ -239,7 +240,9 @@ def soft_pool(
     weights = []
 
     def pool(x: torch.Tensor) -> torch.Tensor:
-        tau = temperature.to(x.dtype) if isinstance(temperature, torch.Tensor) else float(temperature)
+        tau = temperature  # a float, or a tensor in float32 for float16/bfloat16 x
+        if isinstance(temperature, torch.Tensor):
+            tau = temperature.to(compute_dtype(x.dtype))
         out, w = soft_pool_windows(x, geo, tau, return_weights)
         weights.append(w)
         return out

@@ -9,6 +9,7 @@ See :mod:`gatepool.layers.soft_pool` for the equations and the limits.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -24,11 +25,13 @@ __all__ = [
     "check_temperature",
     "check_window_args",
     "compute_dtype",
+    "inverse_temperature",
     "like_input_format",
     "pool_geometry",
     "scale_scores",
     "soft_pool_unfold",
     "softmax_pool_unfold",
+    "temperature_tensor",
     "unfold_windows",
     "weighted_sum",
     "window_mask",
@@ -182,7 +185,11 @@ def pool_geometry(
     dilation: IntOrTuple = 1,
     ceil_mode: bool = False,
 ) -> PoolGeometry:
-    """Validate a pooling call (input and window arguments) and return where its windows lie."""
+    """Validate a pooling call (input and window arguments) and return where its windows lie.
+
+    The geometry of a shape and window arguments is computed once and kept (the arguments checked then):
+    a pool called again on the same shape pays for the input checks only.
+    """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"input must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() not in (dim + 1, dim + 2):
@@ -192,13 +199,35 @@ def pool_geometry(
         )
     if not x.is_floating_point():
         raise TypeError(f"input must be a floating-point tensor, got {x.dtype}")
-    k, s, p, dl = check_window_args(kernel_size, stride, padding, dilation, dim)
-    size = tuple(x.shape[-dim:])
-    if min(x.shape[-dim - 1 :]) == 0:  # as torch: only the batch may be empty
+    shape = tuple(x.shape[-dim - 1 :])  # (C, *spatial)
+    args = tuple(tuple(a) if isinstance(a, list) else a for a in (kernel_size, stride, padding, dilation))
+    if min(shape) == 0:  # as torch: only the batch may be empty
         raise ValueError(
             f"input must have ≥ 1 channel and a non-zero spatial size (only the batch may be empty), "
             f"got shape {tuple(x.shape)}"
         )
+    try:
+        return _geometry(shape, x.dim() == dim + 2, *args, bool(ceil_mode))
+    except TypeError as e:  # an unhashable argument (a bad one: check_window_args says which)
+        if "unhashable" not in str(e):
+            raise
+        return _geometry.__wrapped__(shape, x.dim() == dim + 2, *args, bool(ceil_mode))
+
+
+@functools.lru_cache(maxsize=1024)
+def _geometry(
+    shape: tuple[int, ...],
+    batched: bool,
+    kernel_size: IntOrTuple,
+    stride: IntOrTuple | None,
+    padding: IntOrTuple,
+    dilation: IntOrTuple,
+    ceil_mode: bool,
+) -> PoolGeometry:
+    """:func:`pool_geometry` of an input whose channels and spatial sizes are ``shape`` ``(C, *spatial)``."""
+    dim = len(shape) - 1
+    k, s, p, dl = check_window_args(kernel_size, stride, padding, dilation, dim)
+    size = shape[1:]
     span = tuple(d * (ki - 1) + 1 for ki, d in zip(k, dl))
     if any(w > n + 2 * pi for w, n, pi in zip(span, size, p)):
         raise ValueError(
@@ -206,7 +235,7 @@ def pool_geometry(
             f"{tuple(n + 2 * pi for n, pi in zip(size, p))}"
         )
     out = tuple(_out_len(n, ki, si, pi, d, ceil_mode) for n, ki, si, pi, d in zip(size, k, s, p, dl))
-    return PoolGeometry(k, s, p, dl, bool(ceil_mode), size, out, x.dim() == dim + 2)
+    return PoolGeometry(k, s, p, dl, ceil_mode, size, out, batched)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -276,6 +305,35 @@ def scale_scores(x: torch.Tensor, tau: float | torch.Tensor) -> torch.Tensor:
         return x if tau == 1.0 else x / tau
     finite = x.isfinite()
     return torch.where(finite, x.masked_fill(~finite, 0.0) / tau, x)
+
+
+_FIXED_TAU: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
+_INVERSE: dict[int, torch.Tensor] = {}  # id of a tensor in _FIXED_TAU -> its 1/τ (both kept alive there)
+
+
+def temperature_tensor(tau: float, like: torch.Tensor) -> torch.Tensor:
+    """A fixed τ as the ``(1,)`` tensor the kernels take, in ``like``'s compute dtype and device: made once
+    per value, dtype and device (with its 1/τ, for :func:`inverse_temperature`), not at every call."""
+    dtype = compute_dtype(like.dtype)  # float16 / bfloat16 values take τ in float32
+    key = (tau, dtype, like.device)
+    t = _FIXED_TAU.get(key)
+    if t is None:
+        if torch.compiler.is_compiling():  # a traced call makes its own (no cached constant in the graph)
+            return like.new_full((1,), tau, dtype=dtype)
+        with torch.inference_mode(False), torch.no_grad():  # usable by autograd, made under any mode
+            t = torch.full((1,), tau, dtype=dtype, device=like.device)
+            _INVERSE[id(t)] = 1.0 / t
+        _FIXED_TAU[key] = t
+    return t
+
+
+def inverse_temperature(tau: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``a = 1/τ``, ``(1,)`` or ``(C,)`` in ``dtype``, for the kernels (kept for a fixed τ's tensor)."""
+    a = _INVERSE.get(id(tau))
+    if a is not None and a.dtype == dtype:
+        return a
+    tau = tau if tau.dtype == dtype else tau.to(dtype)
+    return (tau if tau.dim() == 1 else tau.reshape(-1)).reciprocal()
 
 
 def like_input_format(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
