@@ -73,8 +73,9 @@ def test_padding_out_of_range(kernel_size, padding):
         GatedPool2d(kernel_size, padding=padding, gate="max")
 
 
-@pytest.mark.parametrize("value", [(2, 2, 2), "2", 2.0])
+@pytest.mark.parametrize("value", [(2, 2, 2), "2", 2.0, (2.0, 2)])
 def test_wrong_tuple(value):
+    soft_pool2d(X, 2)  # the same geometry with ints, kept: 2.0 == 2 must not find it
     with pytest.raises(ValueError, match="kernel_size must be an int or a tuple of 2 ints"):
         soft_pool2d(X, value)
 

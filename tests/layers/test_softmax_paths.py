@@ -72,3 +72,43 @@ def test_pool_in_keeps_batch_dtype_and_memory_format():
     cl = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
     out = pool_in(cl, True, lambda t: t[..., ::2, ::2].contiguous())
     assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+
+
+@pytest.mark.parametrize("gate", ["soft", "soft-learned", "attention"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_output_dtype_under_autocast_is_max_pools(gate, dtype):
+    """Under ``torch.autocast`` a gate gives the dtype ``F.max_pool2d`` gives there (the input's)."""
+    x = torch.randn(2, 3, 8, 8, dtype=dtype, requires_grad=True)
+    pool = GatedPool2d(3, 2, 1, gate=gate, channels=3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = pool(x)
+        want = torch.nn.functional.max_pool2d(x, 3, 2, 1)
+    assert out.dtype == want.dtype == dtype
+    out.float().sum().backward()
+    assert x.grad.dtype == dtype and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("gate", ["soft", "soft-learned", "attention"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_goes_into_triton_as_it_is(gate, dtype):
+    """On CUDA a float16/bfloat16 input reaches the kernels in its dtype: no full-size float32 copy."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    x = torch.randn(4, 8, 16, 16, device="cuda", dtype=dtype, requires_grad=True)
+    pool = GatedPool2d(3, 2, 1, gate=gate, channels=8).cuda()
+    copies = []
+
+    class Copies(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            full_size = isinstance(out, torch.Tensor) and out.numel() >= x.numel()
+            if func is torch.ops.aten._to_copy.default and full_size and out.dtype == torch.float32:
+                copies.append(tuple(out.shape))
+            return out
+
+    assert softmax_path(x.detach()).name == "triton" and input_dtype(x) == dtype
+    with Copies():
+        pool(x).sum().backward()
+    assert copies == [] and x.grad.dtype == dtype

@@ -206,12 +206,16 @@ def pool_geometry(
             f"input must have ≥ 1 channel and a non-zero spatial size (only the batch may be empty), "
             f"got shape {tuple(x.shape)}"
         )
-    try:
-        return _geometry(shape, x.dim() == dim + 2, *args, bool(ceil_mode))
-    except TypeError as e:  # an unhashable argument (a bad one: check_window_args says which)
-        if "unhashable" not in str(e):
-            raise
-        return _geometry.__wrapped__(shape, x.dim() == dim + 2, *args, bool(ceil_mode))
+    # the cache only for ints (2.0 == 2 and True == 1 would find int arguments' entries): others are checked
+    geometry = _geometry if all(map(_ints, args)) else _geometry.__wrapped__
+    return geometry(shape, x.dim() == dim + 2, *args, bool(ceil_mode))
+
+
+def _ints(value) -> bool:
+    """Is ``value`` None, an int or a tuple of ints (not bools, not floats)?"""
+    if type(value) is tuple:
+        return all(type(v) is int for v in value)
+    return value is None or type(value) is int
 
 
 @functools.lru_cache(maxsize=1024)
