@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gatepool.layers import GATES, GatedPool2d, fused_pool
+from gatepool.layers import GATES, GatedPool2d, c_kernels, fused_pool
 from gatepool.layers.windows import pool_geometry
 from gatepool.models import create_model
 
@@ -128,7 +128,7 @@ def test_threads_do_not_change_the_result():
 def test_no_compiler_warns_once_and_the_pure_pytorch_path_takes_over(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    fused_pool._library.cache_clear()
+    c_kernels._library.cache_clear()
     try:
         with pytest.warns(RuntimeWarning, match="could not be built.*pure-PyTorch paths"):
             assert not fused_pool.available()
@@ -138,24 +138,24 @@ def test_no_compiler_warns_once_and_the_pure_pytorch_path_takes_over(tmp_path, m
         assert type(out.grad_fn).__name__ == "_TiledSoftPoolBackward"
     finally:
         monkeypatch.undo()
-        fused_pool._library.cache_clear()
+        c_kernels._library.cache_clear()
     assert fused_pool.available()  # and back, for the tests after this one
 
 
 @pytest.mark.slow
 def test_the_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    fused_pool._library.cache_clear()
+    c_kernels._library.cache_clear()
     try:
         assert fused_pool.available()
         (built,) = (tmp_path / "cache" / "gatepool" / "kernels").glob("softmax_pool-*.so")
         stamp = built.stat().st_mtime_ns
-        fused_pool._library.cache_clear()
+        c_kernels._library.cache_clear()
         assert fused_pool.available() and built.stat().st_mtime_ns == stamp  # loaded, not rebuilt
         assert [p.name for p in built.parent.iterdir()] == [built.name]  # no temp file left behind
     finally:
         monkeypatch.undo()
-        fused_pool._library.cache_clear()
+        c_kernels._library.cache_clear()
 
 
 # ------------------------------------------------------------------------------------------ the boundary
@@ -165,9 +165,9 @@ def _altered_copy(tmp_path, old, new):
     """A copy of the kernels' sources with ``old`` replaced by ``new`` in softmax_pool.c: its .c path."""
     folder = tmp_path / "kernels"
     folder.mkdir()
-    for path in fused_pool.SOURCE.parent.iterdir():
+    for path in c_kernels.SOURCE.parent.iterdir():
         (folder / path.name).write_bytes(path.read_bytes())
-    source = folder / fused_pool.SOURCE.name
+    source = folder / c_kernels.SOURCE.name
     text = source.read_text()
     assert text.count(old) == 1
     source.write_text(text.replace(old, new))
@@ -175,11 +175,11 @@ def _altered_copy(tmp_path, old, new):
 
 
 def test_the_structs_match_the_c_side():
-    lib = fused_pool._library()
+    lib = c_kernels._library()
     buf = __import__("ctypes").create_string_buffer(4096)
     lib.gp_layout(buf, len(buf))
-    assert buf.value.decode() == fused_pool.layout()  # the check load() makes, field by field
-    assert "gp_geometry.dilation" in fused_pool.layout() and "gp_tensors.ga" in fused_pool.layout()
+    assert buf.value.decode() == c_kernels.layout()  # the check load() makes, field by field
+    assert "gp_geometry.dilation" in c_kernels.layout() and "gp_tensors.ga" in c_kernels.layout()
 
 
 @pytest.mark.parametrize(
@@ -192,22 +192,22 @@ def test_the_structs_match_the_c_side():
 )
 def test_a_c_side_that_disagrees_fails_at_load(tmp_path, old, new, where):
     source = _altered_copy(tmp_path, old, new)
-    lib = fused_pool.build(source, tmp_path / "cache")
+    lib = c_kernels.build(source, tmp_path / "cache")
     with pytest.raises(RuntimeError, match=f"disagree.*C says '{where}"):
-        fused_pool.load(lib)
+        c_kernels.load(lib)
 
 
 def test_a_python_side_that_disagrees_fails_at_load():
     import ctypes
 
     class Shorter(ctypes.Structure):  # the geometry without its last field
-        _fields_ = fused_pool.Geometry._fields_[:-1]
+        _fields_ = c_kernels.Geometry._fields_[:-1]
 
-    lib = fused_pool.build()
-    fused_pool.load(lib)  # the real one loads
-    structs = {"gp_geometry": Shorter, "gp_tensors": fused_pool.Tensors}
+    lib = c_kernels.build()
+    c_kernels.load(lib)  # the real one loads
+    structs = {"gp_geometry": Shorter, "gp_tensors": c_kernels.Tensors}
     with pytest.raises(RuntimeError, match="disagree at line 1 .*Python says 'gp_geometry 152'"):
-        fused_pool.load(lib, structs)
+        c_kernels.load(lib, structs)
 
 
 @pytest.mark.parametrize("channels", [1, 15, 16, 17, 33, 48])  # blocks of 16 floats, 8 doubles, the rest

@@ -317,12 +317,13 @@ def test_score_weights_through_triton_equal_the_c_op(channels):
     w, tau = torch.randn(channels, dtype=torch.float64), torch.tensor([0.7], dtype=torch.float64)
     g = fused_pool.encode(pool_geometry(x, 2, 3, 2, 1, 1, True))
     c_out, c_stats = torch.ops.gatepool.softmax_pool(x, w, tau, g)
-    t_out, t_stats = fused_pool._triton_forward(x.to(DEVICE), w.to(DEVICE), tau.to(DEVICE), g)
+    t_out, t_stats = fused_pool._op_forward_cuda(x.to(DEVICE), w.to(DEVICE), tau.to(DEVICE), g)
     torch.testing.assert_close(t_out.cpu(), c_out)
     torch.testing.assert_close(t_stats.cpu(), c_stats)
     grad = torch.randn_like(c_out)
     c_grads = torch.ops.gatepool.softmax_pool_backward(grad, x, w, tau, c_out, c_stats, g, True)
-    t_grads = fused_pool._triton_backward(*(t.to(DEVICE) for t in (grad, x, w, tau, t_out, t_stats)), g, True)
+    t_args = (t.to(DEVICE) for t in (grad, x, w, tau, t_out, t_stats))
+    t_grads = fused_pool._op_backward_cuda(*t_args, g, True)
     for c, t in zip(c_grads, t_grads):
         torch.testing.assert_close(t.cpu(), c)
 

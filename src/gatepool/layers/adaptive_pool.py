@@ -27,6 +27,8 @@ gate here); it computes in float32 (float64 stays float64) and returns the input
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from gatepool.layers import gate_table
@@ -125,8 +127,7 @@ class AdaptiveGatedPoolNd(GateParameters):
         else:
             scores, tau = x, self.temperature
             tau = channel_view(tau.to(x.dtype), d + 1) if isinstance(tau, torch.Tensor) else tau
-        found = [adaptive_windows(n, o, x.device) for n, o in zip(xb.shape[2:], size)]  # (o_a, K_a) each
-        windows, mask = [w for w, _ in found], _outer_mask([m for _, m in found])  # mask (*out, K)
+        windows, mask = _windows_of(tuple(xb.shape[2:]), size, x.device)  # [(o_a, K_a)], (*out, K)
         v = _gather(x, windows)  # (N, C, *out, K)
         s = v if scores is x else _gather(scores, windows)  # (N, 1 or C, *out, K)
         gates = window_softmax(scale_scores(s, tau), mask)
@@ -135,6 +136,23 @@ class AdaptiveGatedPoolNd(GateParameters):
             out = self.project(out)  # V · Σ_j g_j x_j = Σ_j g_j V x_j
         out = out.to(input.dtype)
         return out if batched else out.squeeze(0)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_windows(sizes: tuple[int, ...], outs: tuple[int, ...], device: torch.device):
+    with torch.inference_mode(False):  # usable by autograd whatever mode made them
+        found = [adaptive_windows(n, o, device) for n, o in zip(sizes, outs)]  # (o_a, K_a) each
+        return [w for w, _ in found], _outer_mask([m for _, m in found])
+
+
+def _windows_of(
+    sizes: tuple[int, ...], outs: tuple[int, ...], device: torch.device
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each axis's window index ``(o_a, K_a)`` and the mask ``(*out, K)`` of all: made once per sizes, output
+    sizes and device (a compiled call makes its own), not at every call."""
+    if torch.compiler.is_compiling():
+        return _cached_windows.__wrapped__(sizes, outs, device)
+    return _cached_windows(sizes, outs, device)
 
 
 def _gather(x: torch.Tensor, windows: list[torch.Tensor]) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Fused window softmax pooling: a C kernel built on first use (CPU), Triton (CUDA), as torch operators.
+"""Fused window softmax pooling as torch operators: their registration and autograd (CPU: the C kernel of
+:mod:`gatepool.layers.c_kernels`; CUDA: the Triton kernels of :mod:`gatepool.layers.triton_pool`).
 
     gatepool::softmax_pool(values, scores, tau, geometry) -> (out, stats)
     gatepool::softmax_pool_backward(grad_out, values, scores, tau, out, stats, geometry, tau_grad)
@@ -24,192 +25,39 @@ On CUDA the same two ops run the Triton kernels of :mod:`gatepool.layers.triton_
 below as the ops' CUDA kernels; float16/bfloat16/float32 in, computed in float32, ``stats`` in float32),
 wherever triton imports; :func:`usable` sends CUDA tensors there.
 
+Which function is which: :func:`_op_forward` / :func:`_op_forward_cuda` are the op's forward (its CPU and
+CUDA kernels), :func:`_op_backward` / :func:`_op_backward_cuda` the op's backward (the op
+``softmax_pool_backward``), :func:`_autograd_backward` the autograd formula that calls it once
+(:func:`_autograd_setup_context` keeps what it needs); :func:`softmax_pool` is the call the pools make.
+Whether a call comes here at all is :mod:`gatepool.layers.softmax_paths`' decision.
+
 The backward is the closed form ``g_j G (1 + (v_j − out)/τ)`` (see the C file), not autograd. A
 backward that must itself be differentiable (``create_graph=True``) goes through the plain path's
 autograd graph instead, so double backward works.
 
-Build: ``cc -O3 -march=native -fno-trapping-math -fopenmp -shared`` of ``kernels/softmax_pool.c`` into
-``~/.cache/gatepool/kernels/`` (``$XDG_CACHE_HOME`` respected), named by a hash of the source, the
-compiler's version and this CPU's flags: about a second, once per machine; concurrent builds each
-write a temporary file and rename it into place. Where the build fails (no compiler) one warning says
-so, and with ``GATEPOOL_KERNELS=0`` none is tried; then :func:`available` is False and the soft pools
-keep their pure-PyTorch paths.
+The C kernel's build and its ctypes boundary are in :mod:`gatepool.layers.c_kernels`.
 
-The C boundary is declared once on each side: the C file's structs ``gp_geometry`` and ``gp_tensors``
-are :class:`Geometry` and :class:`Tensors` here, every exported function's types are in
-:data:`FUNCTIONS`, and :func:`load` compares the structs field by field (offset and size) with the
-library's ``gp_layout()``, raising a RuntimeError that names the first difference.
 """
 
-import ctypes  # no ``from __future__ import annotations``: torch.library reads the ops' annotations
-import functools
-import hashlib
-import os
-import platform
-import subprocess
-import tempfile
-import warnings
-from pathlib import Path
+import functools  # no ``from __future__ import annotations``: torch.library reads the ops' annotations
 
 import torch
 
 from gatepool.layers import triton_pool
+from gatepool.layers.c_kernels import DTYPES, available, call, geometry_struct
 from gatepool.layers.windows import (
     PoolGeometry,
     channel_view,
     compute_dtype,
+    inverse_temperature,
     scale_scores,
     softmax_pool_unfold,
+    temperature_tensor,
 )
-from gatepool.utils.environment import cache_dir
 
 __all__ = ["available", "encode", "softmax_pool", "usable"]
 
-SOURCE = Path(__file__).with_name("kernels") / "softmax_pool.c"
-# -fno-trapping-math: the clamps and selects on floats may be if-converted, so the channel loops vectorize
-FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-fPIC", "-shared"]
-if platform.machine().lower() in ("x86_64", "amd64"):
-    FLAGS.insert(2, "-mprefer-vector-width=512")  # whole AVX-512 registers where the CPU has them
-_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}  # the kernels' element types
 _CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the Triton kernels' (computed in float32)
-
-
-# ----------------------------------------------------------------------------------------------- build
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        return ""
-
-
-def build(source: Path = SOURCE, folder: Path | None = None, cc: str | None = None) -> Path:
-    """Compile ``source`` (and the headers beside it) into ``folder`` unless it is there; the library's path.
-
-    Named by a hash of the sources, the compiler's version, the flags and this CPU's, so a changed source or
-    machine builds anew; each build writes a temporary file and renames it into place (concurrent builds
-    are safe). Raises OSError or subprocess.CalledProcessError where it cannot build.
-    """
-    cc = cc or os.environ.get("CC", "cc")
-    folder = folder or cache_dir() / "kernels"
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    sources = [source, *sorted(source.parent.glob("*.h"))]
-    key = hashlib.sha256(
-        b"".join(p.read_bytes() for p in sources) + (version + " ".join(FLAGS) + _cpu_flags()).encode()
-    ).hexdigest()[:16]
-    lib = folder / f"{source.stem}-{key}.so"
-    if not lib.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{lib.name}.", suffix=".tmp", dir=folder)
-        os.close(fd)
-        try:
-            subprocess.run([cc, *FLAGS, "-o", tmp, str(source), "-lm"], capture_output=True, text=True,
-                           check=True)  # fmt: skip
-            os.replace(tmp, lib)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    return lib
-
-
-@functools.lru_cache(maxsize=1)
-def _library() -> ctypes.CDLL | None:
-    """The compiled kernels, built now if this machine has none yet; None (warned once) if they cannot be."""
-    if os.environ.get("GATEPOOL_KERNELS", "1") == "0":
-        return None
-    try:
-        return load(build())
-    except (OSError, subprocess.CalledProcessError) as e:
-        failed = isinstance(e, subprocess.CalledProcessError) and e.stderr
-        detail = e.stderr.strip().splitlines()[-1] if failed else e
-        warnings.warn(
-            f"gatepool: the fused soft-pool kernels could not be built with {os.environ.get('CC', 'cc')!r} "
-            f"({detail}); the soft pools use the pure-PyTorch paths (1.2–4× slower on tiling windows, "
-            "25–100× where windows overlap). Install a C compiler (gcc) to get them.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return None
-
-
-# -------------------------------------------------------------------------------------- the C boundary
-# Declared once: the two structs of softmax_pool.c and every exported function's types. load() checks the
-# structs against the library's own account of them (gp_layout), so a change on one side only fails there.
-
-
-class Geometry(ctypes.Structure):
-    """``gp_geometry``: the pool's sizes, 3-D (1-D and 2-D pools lead with sizes 1, padding 0)."""
-
-    _fields_ = [
-        ("n", ctypes.c_int64),
-        ("c", ctypes.c_int64),
-        ("cs", ctypes.c_int64),  # score channels: c, or 1 (one score per position)
-        ("ca", ctypes.c_int64),  # temperatures: c, or 1
-        ("in_size", ctypes.c_int64 * 3),
-        ("out_size", ctypes.c_int64 * 3),
-        ("kernel", ctypes.c_int64 * 3),
-        ("stride", ctypes.c_int64 * 3),
-        ("padding", ctypes.c_int64 * 3),
-        ("dilation", ctypes.c_int64 * 3),
-    ]
-
-
-class Tensors(ctypes.Structure):
-    """``gp_tensors``: the operands' addresses (channels-last memory), None where one is absent."""
-
-    _fields_ = [(name, ctypes.c_void_p) for name in ("v", "s", "a", "w", "out", "stats", "gout")] + [
-        (name, ctypes.c_void_p) for name in ("gv", "gs", "ga", "gw")
-    ]
-
-
-_STRUCTS = {"gp_geometry": Geometry, "gp_tensors": Tensors}
-_CALL = [ctypes.POINTER(Geometry), ctypes.POINTER(Tensors), ctypes.c_int]  # (geometry, tensors, threads)
-FUNCTIONS = {  # name: (argtypes, restype)
-    "gp_layout": ([ctypes.c_char_p, ctypes.c_int64], ctypes.c_int64),
-    **{f"softmax_pool_forward_{t}": (_CALL, ctypes.c_int64) for t in ("f32", "f64")},  # -> non-finite outputs
-    **{f"softmax_pool_backward_{t}": (_CALL, None) for t in ("f32", "f64")},
-}
-
-
-def layout(structs: dict[str, type[ctypes.Structure]] = _STRUCTS) -> str:
-    """The structs as ``gp_layout`` writes them: ``"S size"``, then ``"S.field offset size"`` per field."""
-    lines = []
-    for name, cls in structs.items():
-        lines.append(f"{name} {ctypes.sizeof(cls)}")
-        lines += [f"{name}.{f} {getattr(cls, f).offset} {getattr(cls, f).size}" for f, _ in cls._fields_]
-    return "".join(line + "\n" for line in lines)
-
-
-def load(path: Path, structs: dict[str, type[ctypes.Structure]] = _STRUCTS) -> ctypes.CDLL:
-    """The library at ``path`` with :data:`FUNCTIONS` declared, once its structs match ``structs``.
-
-    Raises RuntimeError naming the first line where the C side's layout and the ctypes one differ.
-    """
-    lib = ctypes.CDLL(str(path))
-    for name, (argtypes, restype) in FUNCTIONS.items():
-        fn = getattr(lib, name)  # AttributeError: a function missing on the C side
-        fn.argtypes, fn.restype = argtypes, restype
-    buf = ctypes.create_string_buffer(4096)
-    if lib.gp_layout(buf, len(buf)) >= len(buf):
-        raise RuntimeError(f"{path.name}: gp_layout's text does not fit {len(buf)} bytes")
-    theirs, ours = buf.value.decode().splitlines(), layout(structs).splitlines()
-    if theirs != ours:
-        first = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
-        c_line = theirs[first] if first < len(theirs) else "(nothing)"
-        py_line = ours[first] if first < len(ours) else "(nothing)"
-        raise RuntimeError(
-            f"{path.name}: the C structs and fused_pool.py's ctypes copies disagree at line {first + 1} "
-            f"of the layout: C says {c_line!r}, Python says {py_line!r}; change both sides together"
-        )
-    return lib
-
-
-@torch.compiler.assume_constant_result  # torch.compile asks once, at trace time
-def available() -> bool:
-    """Are the fused CPU kernels built and loaded (building them now if need be)?"""
-    return _library() is not None
 
 
 def usable(x: torch.Tensor) -> bool:
@@ -217,44 +65,55 @@ def usable(x: torch.Tensor) -> bool:
     float16/bfloat16/float32 on CUDA, with triton there?"""
     if x.device.type == "cuda":
         return x.dtype in _CUDA_DTYPES and triton_pool.available()
-    return x.device.type == "cpu" and x.dtype in _SUFFIX and available()
+    return x.device.type == "cpu" and x.dtype in DTYPES and available()
 
 
 # -------------------------------------------------------------------------------------------- geometry
 
 
+@functools.lru_cache(maxsize=1024)
 def encode(geo: PoolGeometry) -> list[int]:
-    """``geo`` as the ops' ``geometry`` argument: dim, kernel, stride, padding, dilation, in, out, ceil."""
+    """``geo`` as the ops' ``geometry`` argument: dim, kernel, stride, padding, dilation, in, out, ceil
+    (made once per geometry: callers do not change it)."""
     return [geo.dim, *geo.kernel_size, *geo.stride, *geo.padding, *geo.dilation, *geo.in_size, *geo.out_size,
             int(geo.ceil_mode)]  # fmt: skip
 
 
 def decode(geometry: list[int]) -> PoolGeometry:
+    """The :class:`PoolGeometry` that :func:`encode` gave ``geometry`` for (decoded once per geometry)."""
+    return _decode(tuple(geometry))
+
+
+@functools.lru_cache(maxsize=1024)
+def _decode(geometry: tuple[int, ...]) -> PoolGeometry:
     d = geometry[0]
     k, s, p, dl, size, out = (tuple(geometry[1 + i * d : 1 + (i + 1) * d]) for i in range(6))
     return PoolGeometry(k, s, p, dl, bool(geometry[-1]), size, out, True)
 
 
-def _geometry(geo: PoolGeometry, n: int, c: int, cs: int, ca: int) -> Geometry:
-    """The C side's :class:`Geometry` of ``geo``, its sizes padded to 3-D."""
-    lead = 3 - geo.dim
-
-    def three(t: tuple[int, ...], fill: int) -> ctypes.Array:
-        return (ctypes.c_int64 * 3)(*([fill] * lead + list(t)))
-
-    return Geometry(n, c, cs, ca, three(geo.in_size, 1), three(geo.out_size, 1), three(geo.kernel_size, 1),
-                    three(geo.stride, 1), three(geo.padding, 0), three(geo.dilation, 1))  # fmt: skip
+def _channels_last_memory(t: torch.Tensor) -> bool:
+    """Is ``t`` ``(N, C, *S)`` dense in channels-last memory, ``t.movedim(1, -1).is_contiguous()``? Read from
+    its strides (no view made)."""
+    shape, strides = t.shape, t.stride()
+    if 0 in shape:
+        return True
+    expected = 1
+    for i in (1, *range(t.dim() - 1, 1, -1), 0):  # innermost first: C, the spatial dims, N
+        if shape[i] != 1 and strides[i] != expected:
+            return False
+        expected *= shape[i]
+    return True
 
 
 def _last(t: torch.Tensor) -> torch.Tensor:
     """``(N, C, *S)`` as channels-last memory ``(N, *S, C)``, contiguous (a view for channels_last input)."""
-    return t.movedim(1, -1).contiguous()
+    return t.movedim(1, -1) if _channels_last_memory(t) else t.movedim(1, -1).contiguous()
 
 
 def _like(y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Kernel layout ``(N, *S, C)`` back to ``(N, C, *S)`` in ``like``'s memory format."""
     out = y.movedim(-1, 1)
-    return out if like.movedim(1, -1).is_contiguous() else out.contiguous()
+    return out if _channels_last_memory(like) else out.contiguous()
 
 
 def _operands(values, scores, tau, geometry):
@@ -263,11 +122,12 @@ def _operands(values, scores, tau, geometry):
     geo = decode(geometry)
     n, c = values.shape[:2]
     v = _last(values)
+    a = inverse_temperature(tau, values.dtype)
     if _weights(scores):  # s_j = w · v_j, in the kernel
-        return geo, n, c, 1, v, None, scores.contiguous(), (1.0 / tau).contiguous()
+        return geo, n, c, 1, v, None, scores.contiguous(), a
     cs = c if scores is None else scores.shape[1]
     s = v if scores is None else _last(scores)
-    return geo, n, c, cs, v, s, None, (1.0 / tau).contiguous()
+    return geo, n, c, cs, v, s, None, a
 
 
 def _weights(scores: torch.Tensor | None) -> bool:
@@ -280,37 +140,22 @@ def _score_map(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return torch.einsum("nc...,c->n...", values, weights).unsqueeze(1)
 
 
-def _call(direction: str, geometry: Geometry, threads: int, **tensors: torch.Tensor | None) -> int | None:
-    """Run ``softmax_pool_{direction}`` on ``tensors`` (:class:`Tensors`' fields, all of one dtype; the
-    caller keeps each alive for the call: a temporary's memory is reused)."""
-    lib = _library()
-    if lib is None:
-        raise RuntimeError(
-            "gatepool's fused kernels are not built here (see the warning, or "
-            "GATEPOOL_KERNELS=0); check gatepool.layers.fused_pool.available() first"
-        )
-    dtype = tensors["v"].dtype
-    kernel = getattr(lib, f"softmax_pool_{direction}_{_SUFFIX[dtype]}")
-    ptrs = Tensors(**{k: None if t is None else t.data_ptr() for k, t in tensors.items()})
-    return kernel(ctypes.byref(geometry), ctypes.byref(ptrs), threads)
-
-
 # ------------------------------------------------------------------------------------------------- ops
 
 
 @torch.library.custom_op("gatepool::softmax_pool", mutates_args=(), device_types="cpu")
-def _forward(
+def _op_forward(
     values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor, geometry: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     geo, n, c, cs, v, s, w, a = _operands(values, scores, tau, geometry)
     y = values.new_empty((n, *geo.out_size, c))
     stats = values.new_empty((2, n, *geo.out_size, cs))
-    _call("forward", _geometry(geo, n, c, cs, a.numel()), torch.get_num_threads(), v=v, s=s, a=a, w=w,
-          out=y, stats=stats)  # fmt: skip
+    call("forward", geometry_struct(geo, n, c, cs, a.numel()), torch.get_num_threads(), v=v, s=s, a=a, w=w,
+         out=y, stats=stats)  # fmt: skip
     return _like(y, values), stats
 
 
-@_forward.register_fake
+@_op_forward.register_fake
 def _(values, scores, tau, geometry):
     geo = decode(geometry)
     n, c = values.shape[:2]
@@ -319,15 +164,16 @@ def _(values, scores, tau, geometry):
     return _like(values.new_empty((n, *geo.out_size, c)), values), stats
 
 
-@_forward.register_kernel("cuda")
-def _triton_forward(values, scores, tau, geometry):
-    """The op on Triton (its CUDA kernel; under ``TRITON_INTERPRET=1`` it also runs on CPU tensors)."""
+@_op_forward.register_kernel("cuda")
+def _op_forward_cuda(values, scores, tau, geometry):
+    """The op ``gatepool::softmax_pool``'s forward on CUDA: Triton (under ``TRITON_INTERPRET=1`` it also
+    runs on CPU tensors)."""
     scores = _score_map(values, scores) if _weights(scores) else scores  # Triton reads a score map
     return triton_pool.forward(values, scores, tau, decode(geometry))
 
 
 @torch.library.custom_op("gatepool::softmax_pool_backward", mutates_args=(), device_types="cpu")
-def _backward_op(
+def _op_backward(
     grad_out: torch.Tensor,
     values: torch.Tensor,
     scores: torch.Tensor | None,
@@ -337,6 +183,8 @@ def _backward_op(
     geometry: list[int],
     tau_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The op ``gatepool::softmax_pool``'s backward (itself the op ``gatepool::softmax_pool_backward``) on the
+    CPU: the C kernel. ``(grad_values, grad_scores, grad_tau)``, empty where not asked for."""
     geo, n, c, cs, v, s, w, a = _operands(values, scores, tau, geometry)
     threads = torch.get_num_threads()
     gv = torch.empty_like(v)
@@ -344,8 +192,8 @@ def _backward_op(
     ga = values.new_zeros((threads, a.numel())) if tau_grad else None
     gw = None if w is None else values.new_empty((threads, c))  # each thread zeroes its row
     y, stats, go = _last(out), stats.contiguous(), _last(grad_out)  # named: each must outlive the call
-    _call("backward", _geometry(geo, n, c, cs, a.numel()), threads, v=v, s=s, a=a, w=w, out=y, stats=stats,
-          gout=go, gv=gv, gs=gs, ga=ga, gw=gw)  # fmt: skip
+    call("backward", geometry_struct(geo, n, c, cs, a.numel()), threads, v=v, s=s, a=a, w=w, out=y,
+         stats=stats, gout=go, gv=gv, gs=gs, ga=ga, gw=gw)  # fmt: skip
     if gw is not None:
         grad_scores = gw.sum(0)  # ∂L/∂w
     else:
@@ -354,15 +202,15 @@ def _backward_op(
     return _like(gv, values), grad_scores, grad_tau
 
 
-@_backward_op.register_fake
+@_op_backward.register_fake
 def _(grad_out, values, scores, tau, out, stats, geometry, tau_grad):
     grad_scores = values.new_empty(0) if scores is None else torch.empty_like(scores)
     return torch.empty_like(values), grad_scores, torch.empty_like(tau) if tau_grad else values.new_empty(0)
 
 
-@_backward_op.register_kernel("cuda")
-def _triton_backward(grad_out, values, scores, tau, out, stats, geometry, tau_grad):
-    """The backward op on Triton, as :func:`_triton_forward`."""
+@_op_backward.register_kernel("cuda")
+def _op_backward_cuda(grad_out, values, scores, tau, out, stats, geometry, tau_grad):
+    """The op ``gatepool::softmax_pool_backward`` on CUDA: Triton, as :func:`_op_forward_cuda`."""
     if not _weights(scores):
         return triton_pool.backward(grad_out, values, scores, tau, out, stats, decode(geometry), tau_grad)
     # score weights: Triton takes the score map; the chain rule through s_j = w · v_j here
@@ -373,7 +221,8 @@ def _triton_backward(grad_out, values, scores, tau, out, stats, geometry, tau_gr
     return grad_values, torch.einsum("n...,nc...->c", gs[:, 0], values), gt  # ∂L/∂w = Σ_j ∂L/∂s_j v_j
 
 
-def _setup_context(ctx, inputs, output):
+def _autograd_setup_context(ctx, inputs, output):
+    """What the autograd formula keeps of a forward: its inputs, out and stats."""
     values, scores, tau, geometry = inputs
     out, stats = output
     ctx.save_for_backward(values, scores, tau, out, stats)
@@ -382,18 +231,22 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # no zeros of stats' shape for a gradient it never has
 
 
-def _backward(ctx, grad_out, _grad_stats):
+def _autograd_backward(ctx, grad_out, _grad_stats):
+    """The autograd formula of ``gatepool::softmax_pool``: one call of the backward op (or, for a
+    differentiable backward, autograd through the plain path)."""
     values, scores, tau, out, stats = ctx.saved_tensors
     need_v, need_s, need_tau = ctx.needs_input_grad[:3]
     if grad_out is None:  # out did not reach the loss
         grad_out = torch.zeros_like(out)
     if torch.is_grad_enabled():  # create_graph=True: the gradient needs a graph of its own
         return (*_plain_vjp(values, scores, tau, ctx.geometry, grad_out, (need_v, need_s, need_tau)), None)
-    gv, gs, gt = _backward_op(grad_out, values, scores, tau, out, stats, ctx.geometry, need_tau)
+    gv, gs, gt = _op_backward(grad_out, values, scores, tau, out, stats, ctx.geometry, need_tau)
     return gv, (gs if scores is not None else None), (gt if need_tau else None), None
 
 
-torch.library.register_autograd("gatepool::softmax_pool", _backward, setup_context=_setup_context)
+torch.library.register_autograd(
+    "gatepool::softmax_pool", _autograd_backward, setup_context=_autograd_setup_context
+)
 
 
 def _plain(values, scores, tau, geo: PoolGeometry) -> torch.Tensor:
@@ -425,8 +278,9 @@ def softmax_pool(
     tensor > 0.
     """
     if not isinstance(tau, torch.Tensor):
-        tau = values.new_full((1,), float(tau))
-    tau = tau.to(values.dtype).reshape(-1)
+        tau = temperature_tensor(float(tau), values)  # (1,), made once per value
+    elif tau.dtype != compute_dtype(values.dtype) or tau.dim() != 1:
+        tau = tau.to(compute_dtype(values.dtype)).reshape(-1)  # τ in float32 for float16/bfloat16 values
     if scores is not None and tau.numel() != 1:
         raise ValueError(f"shared scores take one temperature, got {tau.numel()}")
     # The kernel reads channels-last memory: copy an NCHW input there once, here, so that autograd
@@ -442,4 +296,4 @@ def softmax_pool(
 
 def _as_channels_last(t: torch.Tensor) -> torch.Tensor:
     """``t`` ``(N, C, *S)`` with channels-last strides: ``t`` itself when it has them, else a copy."""
-    return t if t.movedim(1, -1).is_contiguous() else t.movedim(1, -1).contiguous().movedim(-1, 1)
+    return t if _channels_last_memory(t) else t.movedim(1, -1).contiguous().movedim(-1, 1)

@@ -29,7 +29,8 @@ does, and the gate is a keyword. "max" and "avg" run torch's own kernels (``F.ma
 ``F.avg_pool*d``) in the input's dtype and equal ``nn.MaxPool*d`` / ``nn.AvgPool*d`` exactly; "max" takes
 ``return_indices`` (torch's indices, for ``nn.MaxUnpool*d``), "avg" takes ``count_include_pad`` (torch's
 default True) and a ``dilation``, which torch's average pool lacks (computed here: the window sum over
-the same divisor). The other gates compute in float32 (float64 stays float64) and return the input dtype.
+the same divisor). The other gates compute in float32 (float64 stays float64; the softmax gates read
+float16 / bfloat16 as they are where Triton runs them) and return the input dtype.
 
 Padding: for the soft family ("soft", "soft-learned", "attention") padded taps get gate 0, always (for max
 this is torch's −inf padding); for "conv" padded zeros add nothing. Non-finite inputs: see
@@ -54,6 +55,7 @@ import torch.nn.functional as F
 from gatepool.layers import fused_pool, gate_table
 from gatepool.layers.gate_parameters import GATES_WITH_TEMPERATURE, GATES_WITH_WEIGHTS, GateParameters
 from gatepool.layers.soft_pool import soft_pool_windows
+from gatepool.layers.softmax_paths import input_dtype, softmax_path
 from gatepool.layers.windows import (
     IntOrTuple,
     PoolGeometry,
@@ -182,7 +184,8 @@ class GatedPoolNd(GateParameters):
             )
         xb = input if geo.batched else input.unsqueeze(0)  # (N, C, *spatial)
         row = gate_table.row(self.gate)
-        x = xb if row.torch else xb.to(compute_dtype(input.dtype))
+        # torch's gates in the input's dtype; the softmax gates in their path's (softmax_paths.input_dtype)
+        x = xb if row.torch else xb.to(input_dtype(xb) if row.softmax else compute_dtype(input.dtype))
         out, indices, weights = getattr(self, row.function)(x, geo)  # the gate's own function
         out = like_input_format(out, xb).to(input.dtype)
         results = [out]
@@ -231,23 +234,22 @@ class GatedPoolNd(GateParameters):
 
     def _soft(self, x: torch.Tensor, geo: PoolGeometry):
         tau = self.temperature  # a float, or (C,) = exp(log τ) > 0 for "soft-learned"
-        tau = tau.to(x.dtype) if isinstance(tau, torch.Tensor) else tau
+        tau = tau.to(compute_dtype(x.dtype)) if isinstance(tau, torch.Tensor) else tau
         out, weights = soft_pool_windows(x, geo, tau, self.return_weights)
         return out, None, weights
 
     def _attention(self, x: torch.Tensor, geo: PoolGeometry):
-        if not self.return_weights and fused_pool.usable(x):  # one pass: the scores w · x_j, softmax, sum
+        path = softmax_path(x, scored=True, return_weights=self.return_weights)
+        if path.fused:  # one pass: the scores w · x_j, softmax, sum
             pooled = fused_pool.softmax_pool(x, self.score.weight.view(-1), self.fixed_temperature, geo)
             weights = None
         else:
             scores = scale_scores(self.scores(x), self.fixed_temperature)  # (N, 1, *spatial)
             pooled, weights = softmax_pool_unfold(x, scores, geo)
         # V · Σ_j g_j x_j = Σ_j g_j V x_j (the gates sum to 1); weights (N, 1, *out, K)
-        empty = None
-        if max(geo.dilation) > 1 and geo.has_padding:  # only dilated windows can miss the input entirely
-            empty = ~window_mask(geo, x.device).any(-1)  # (*out): the gates sum to 0 there, out is −inf
-        if empty is None or not empty.any():
+        if not geo.has_empty_windows:  # decided from the sizes (only dilated windows can miss the input)
             return self.project(pooled), None, weights
+        empty = ~window_mask(geo, x.device).any(-1)  # (*out): the gates sum to 0 there, out is −inf
         out = self.project(pooled.masked_fill(empty, 0.0)).masked_fill(empty, -math.inf)
         return out, None, weights
 

@@ -31,6 +31,7 @@ import torch
 from gatepool.layers import fused_pool, gate_table
 from gatepool.layers.gate_parameters import GateParameters
 from gatepool.layers.gated_pool import GatedPoolNd
+from gatepool.layers.softmax_paths import softmax_path
 from gatepool.layers.windows import (
     compute_dtype,
     pool_geometry,
@@ -96,19 +97,20 @@ class GlobalGatedPoolNd(GateParameters):
             out = row.torch_function(d, adaptive=True)(xb, 1)
             out = out.view(n, c) if self.flatten else out
             return out if batched else out.squeeze(0)
-        x = xb.to(compute_dtype(xb.dtype))
+        x = xb.to(compute_dtype(xb.dtype))  # one window of every position: float32, whatever the path
         scores = self.scores(x).flatten(2) if row.scored else None  # (N, 1, L)
         values = x.flatten(2)  # (N, C, L): the whole map is one window
         length = values.shape[-1]
         geo = pool_geometry(values, 1, length)  # one window of L taps, out (N, C, 1)
         tau = self.fixed_temperature if row.scored else self.temperature  # float or (C,)
         tau = tau.to(values.dtype) if isinstance(tau, torch.Tensor) else tau
-        if values.device.type != "cpu" and row.softmax:
+        path = softmax_path(values, scored=row.scored, windows="global")
+        if path.name == "one-window":
             # Off the CPU, one softmax over the L taps: the windowed GPU kernel unrolls its taps at compile
             # time and gathers over them in the backward, which a window of thousands of taps must not do.
             out = one_window(values, scores, tau)
         elif row.scored:
-            if fused_pool.usable(values):
+            if path.fused:
                 out = fused_pool.softmax_pool(values, scores, tau, geo)
             else:
                 out = softmax_pool_unfold(values, scale_scores(scores, tau), geo)[0]

@@ -32,9 +32,10 @@ Weights layout (``return_weights=True``): ``(N, C, *out_spatial, K)`` with K = �
 positions flattened row-major (the last spatial axis fastest); ``(C, *out_spatial, K)`` for unbatched input.
 
 Numerics: the softmax subtracts the window max before exp, so every finite input (±1e4 included, any
-τ > 0) gives finite outputs. float16 / bfloat16 inputs are computed in float32 and cast back.
+τ > 0) gives finite outputs. float16 / bfloat16 inputs go into Triton as they are (computed in float32
+inside); the C kernel and the pure-PyTorch paths compute them in float32 and cast back.
 
-Three ways to compute, side by side (``soft_pool_windows`` picks):
+Three ways to compute, side by side (``softmax_paths.softmax_path`` picks, and says why):
   * the plain one, ``soft_pool_unfold`` (in windows.py): unfold the windows to ``(N, C, *out, K)``,
     softmax over K, weighted sum; autograd does the rest (double backward included). Any stride,
     padding, dilation, ceil_mode; it also returns the weights, and it holds the limits above. The
@@ -50,12 +51,12 @@ Three ways to compute, side by side (``soft_pool_windows`` picks):
     front, ``(K, N, C, *out)``, so each of the K window positions is a dense tensor in the input's
     memory format; the max, exp, sums and the backward are then dense elementwise ops, and the backward
     is the identity above (no autograd graph), written straight into the input's layout. channels_last
-    in, channels_last out. It assumes finite windows: when its output is not finite everywhere (one
-    check, a host sync on GPU) the plain path recomputes it. Double backward (``create_graph=True``)
-    goes through the plain path's autograd graph (so does the fused kernel's). It is there for the
-    machines where no kernel runs (no compiler, ``GATEPOOL_KERNELS=0``, or CUDA without triton): dense
-    elementwise ops over K tensors instead of a softmax over unfolded windows, several times faster
-    than the plain path forward + backward (docs/benchmarks.md).
+    in, channels_last out. It takes the limits above in those same dense ops (inf − inf at an infinite
+    top becomes a shared gate, 0 · inf a zero), with no check on the host. Double backward
+    (``create_graph=True``) goes through the plain path's autograd graph (so does the fused kernel's).
+    It is there for the machines where no kernel runs (no compiler, ``GATEPOOL_KERNELS=0``, or CUDA
+    without triton): dense elementwise ops over K tensors instead of a softmax over unfolded windows,
+    several times faster than the plain path forward + backward (docs/benchmarks.md).
 
 ``gatepool bench pool`` measures all three against torch's max pool; docs/benchmarks.md has the tables.
 """
@@ -67,13 +68,13 @@ import dataclasses
 import torch
 
 from gatepool.layers import fused_pool
+from gatepool.layers.softmax_paths import pool_in, softmax_path
 from gatepool.layers.windows import (
     IntOrTuple,
     PoolGeometry,
     channel_view,
     check_temperature,
     compute_dtype,
-    like_input_format,
     pool_geometry,
     soft_pool_unfold,
 )
@@ -104,7 +105,7 @@ def _window_major(
 
 
 class _TiledSoftPool(torch.autograd.Function):
-    """Soft pooling of non-overlapping, unpadded windows with finite values.
+    """Soft pooling of non-overlapping, unpadded windows (the limits above for non-finite ones).
 
     ``x`` is ``(N, C, o_1·k_1, …, o_d·k_d)``, ``tau`` a float or a ``()`` / ``(C,)`` tensor, ``geo`` the
     windows of x. One copy puts the windows in front, ``w`` of shape ``(K, N, C, *out)``: each window
@@ -124,18 +125,19 @@ class _TiledSoftPool(torch.autograd.Function):
         w = x.view(tile_shape).permute(perm).contiguous()  # (k_1, …, k_d, [N, C, *out] in x's order)
         logical = [perm.index(i) for i in range(2 * d + 2) if i not in perm[:d]]  # -> (k…, N, C, *out)
         w = w.permute(list(range(d)) + logical).flatten(0, d - 1)  # (K, N, C, *out)
-        m = w[0].clone()  # window max  (N, C, *out)
+        m = w[0].clone()  # window max  (N, C, *out); NaN if the window holds one
         for wj in w[1:]:
             torch.maximum(m, wj, out=m)
         e = torch.sub(w, m)  # v_j − m ≤ 0  (K, N, C, *out)
         if isinstance(tau, torch.Tensor) or tau != 1.0:
             e.div_(channel_view(tau, d) if isinstance(tau, torch.Tensor) else tau)
-        e.exp_()  # e_j = exp((v_j − m)/τ) ∈ (0, 1]
-        denom = e[0].clone()  # Σ_j e_j ≥ 1
-        num = e[0] * w[0]  # Σ_j e_j v_j
-        for wj, ej in zip(w[1:], e[1:]):
-            denom.add_(ej)
-            num.addcmul_(ej, wj)
+        # e_j = exp((v_j − m)/τ) ∈ [0, 1]. The limits: a top of ±inf gives inf − inf = NaN at its top taps,
+        # which share the gate (e = 1), and −inf (e = 0) at the others; a NaN window gets den = NaN below.
+        e.exp_().nan_to_num_(nan=1.0)
+        denom = e.sum(0)  # Σ_j e_j ≥ 1  (N, C, *out)
+        denom.masked_fill_(m.isnan(), float("nan"))  # a NaN makes its window's output and gradients NaN
+        # Σ_j e_j v_j; a tap with e_j = 0 adds nothing (not 0 · −inf = NaN)
+        num = torch.mul(e, w).nan_to_num_(nan=0.0, posinf=float("inf"), neginf=float("-inf")).sum(0)
         out = num.div_(denom)  # (N, C, *out)
         tau_t = tau if isinstance(tau, torch.Tensor) else None
         ctx.save_for_backward(x, w, e, denom, out, tau_t)
@@ -150,7 +152,9 @@ class _TiledSoftPool(torch.autograd.Function):
         d = out.dim() - 2
         tau = channel_view(tau_t, d) if tau_t is not None else ctx.tau
         a = grad_out / denom  # g_j · ∂L/∂out = e_j · a
-        t = torch.sub(w, out)  # v_j − out  (K, N, C, *out)
+        # v_j − out  (K, N, C, *out); 0 where the limits make it inf − inf (the top taps of an infinite
+        # window: the max-pool gradient g_j) or ±inf (taps with gate 0)
+        t = torch.sub(w, out).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
         grad_tau = None
         if tau_t is not None and ctx.needs_input_grad[1]:
             # ∂L/∂τ = −Σ ∂L/∂out · Σ_j g_j (v_j − out)² / τ², summed over everything but the channel
@@ -190,28 +194,23 @@ def soft_pool_tiled(
     crop = tuple(slice(0, o * k) for o, k in zip(geo.out_size, geo.kernel_size))
     x = x[(slice(None), slice(None), *crop)]  # drop trailing inputs no window reads (a view)
     geo = dataclasses.replace(geo, in_size=tuple(x.shape[2:]), batched=True)
-    out = _TiledSoftPool.apply(x, temperature, geo)
-    if not bool(out.isfinite().all()):  # ±inf or NaN in a window: the plain path takes the limits
-        out = soft_pool_unfold(x, geo, temperature)[0]
-    return out
+    return _TiledSoftPool.apply(x, temperature, geo)
 
 
 def soft_pool_windows(
     x: torch.Tensor, geo: PoolGeometry, temperature: float | torch.Tensor, return_weights: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Soft pooling of ``x`` ``(N, C, *spatial)`` over the windows ``geo``, by the fastest path that applies.
-
-    The fused kernel (float32/float64 on the CPU, once built), else the tiled fast path where windows
-    tile, else the plain one; the plain one also when the weights are asked for (``(out, weights)``;
-    otherwise ``(out, None)``).
+    """Soft pooling of ``x`` ``(N, C, *spatial)`` over the windows ``geo``, by the path
+    :func:`~gatepool.layers.softmax_paths.softmax_path` chooses: ``(out, weights)`` with the weights, asked
+    for, from the plain path, else ``(out, None)``.
     """
-    if return_weights:
-        return soft_pool_unfold(x, geo, temperature)
-    if fused_pool.usable(x):
+    path = softmax_path(x, tiles=geo.tiles, return_weights=return_weights)
+    if path.fused:
         return fused_pool.softmax_pool(x, None, temperature, geo), None
-    if geo.tiles:
+    if path.name == "tiled":
         return soft_pool_tiled(x, geo, temperature), None
-    return soft_pool_unfold(x, geo, temperature)[0], None
+    out, weights = soft_pool_unfold(x, geo, temperature)
+    return out, (weights if return_weights else None)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -238,17 +237,21 @@ def soft_pool(
     """
     geo = pool_geometry(input, dim, kernel_size, stride, padding, dilation, ceil_mode)
     check_temperature(temperature, input.shape[-dim - 1])
-    xb = input if geo.batched else input.unsqueeze(0)  # (N, C, *spatial)
-    xc = xb.to(compute_dtype(input.dtype))
-    tau = temperature.to(xc.dtype) if isinstance(temperature, torch.Tensor) else float(temperature)
-    out, weights = soft_pool_windows(xc, geo, tau, return_weights)
-    out = like_input_format(out, xb).to(input.dtype)
-    if not geo.batched:
-        out = out.squeeze(0)
-        weights = None if weights is None else weights.squeeze(0)
-    if return_weights:
-        return out, weights.to(input.dtype)
-    return out
+    weights = []
+
+    def pool(x: torch.Tensor) -> torch.Tensor:
+        tau = temperature  # a float, or a tensor in float32 for float16/bfloat16 x
+        if isinstance(temperature, torch.Tensor):
+            tau = temperature.to(compute_dtype(x.dtype))
+        out, w = soft_pool_windows(x, geo, tau, return_weights)
+        weights.append(w)
+        return out
+
+    out = pool_in(input, geo.batched, pool)
+    if not return_weights:
+        return out
+    w = weights[0].to(input.dtype)
+    return out, (w if geo.batched else w.squeeze(0))
 
 
 def soft_pool1d(

@@ -52,7 +52,7 @@ import types
 
 import torch
 
-from gatepool.layers.windows import PoolGeometry, compute_dtype
+from gatepool.layers.windows import PoolGeometry, compute_dtype, inverse_temperature
 
 __all__ = ["available", "backward", "forward"]
 
@@ -387,17 +387,16 @@ def _kernels() -> types.SimpleNamespace:
 # ------------------------------------------------------------------------------------------- launchers
 
 
-def _five(t: torch.Tensor, d: int) -> torch.Tensor:
-    """``(N, C, *S)`` with d spatial dims as a ``(N, C, D, H, W)`` view (leading sizes of 1)."""
-    for _ in range(3 - d):
-        t = t.unsqueeze(2)
-    return t
-
-
 def _strides(t: torch.Tensor | None, d: int) -> list[int]:
-    return [0] * 5 if t is None else list(_five(t, d).stride())
+    """The strides of ``t`` ``(N, C, *S)`` as a ``(N, C, D, H, W)`` tensor: the leading spatial sizes of 1
+    (d < 3) take stride 0, as their index is always 0 (read from the strides: no view made)."""
+    if t is None:
+        return [0] * 5
+    strides = t.stride()
+    return [strides[0], strides[1], *[0] * (3 - d), *strides[2:]]
 
 
+@functools.lru_cache(maxsize=1024)
 def _window_args(geo: PoolGeometry) -> dict[str, int]:
     """Kernel, stride, padding, dilation as 3-D compile-time constants (1-D and 2-D: leading 1, 1, 0, 1)."""
     lead = 3 - geo.dim
@@ -409,9 +408,10 @@ def _window_args(geo: PoolGeometry) -> dict[str, int]:
     return args
 
 
-def _sizes(geo: PoolGeometry) -> list[int]:
+@functools.lru_cache(maxsize=1024)
+def _sizes(geo: PoolGeometry) -> tuple[int, ...]:
     lead = 3 - geo.dim
-    return [1] * lead + list(geo.in_size) + [1] * lead + list(geo.out_size)
+    return (1,) * lead + geo.in_size + (1,) * lead + geo.out_size
 
 
 def _like_values(values: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -461,7 +461,7 @@ def forward(
     stats = values.new_empty((2, n, *geo.out_size, cs), dtype=acc_dtype)
     if out.numel() == 0:
         return out, stats
-    a = (1.0 / tau.to(acc_dtype)).reshape(-1).contiguous()
+    a = inverse_temperature(tau, acc_dtype)
     per_channel = a.numel() > 1 and not shared
     block_p, block_c = _blocks(c)
     d = geo.dim
@@ -499,7 +499,7 @@ def backward(
     acc_dtype = compute_dtype(values.dtype)
     gv = torch.empty_like(values)
     gs = values.new_empty(0) if scores is None else torch.empty_like(scores)
-    a = (1.0 / tau.to(acc_dtype)).reshape(-1).contiguous()
+    a = inverse_temperature(tau, acc_dtype)
     per_channel = a.numel() > 1 and not shared
     block_p, block_c = _blocks(c)
     d = geo.dim
@@ -507,7 +507,8 @@ def backward(
     programs = _cdiv(positions, block_p)
     if positions and out.dtype != acc_dtype:  # fp16/bf16: out again, unrounded, for (v_j − out) (see top)
         out = forward(values, scores, tau, geo, dtype=acc_dtype)[0]
-    ga = values.new_zeros((programs, 1 if shared else c) if tau_grad else (1, 1), dtype=acc_dtype)  # ∂L/∂a
+    # ∂L/∂a per program; without tau_grad the kernel never reads it: stats (of its dtype) stands in
+    ga = values.new_zeros((programs, 1 if shared else c), dtype=acc_dtype) if tau_grad else stats
     if positions:
         stats = stats.contiguous()
         s = values if scores is None else scores

@@ -9,6 +9,7 @@ See :mod:`gatepool.layers.soft_pool` for the equations and the limits.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -24,11 +25,13 @@ __all__ = [
     "check_temperature",
     "check_window_args",
     "compute_dtype",
+    "inverse_temperature",
     "like_input_format",
     "pool_geometry",
     "scale_scores",
     "soft_pool_unfold",
     "softmax_pool_unfold",
+    "temperature_tensor",
     "unfold_windows",
     "weighted_sum",
     "window_mask",
@@ -78,7 +81,12 @@ def check_window_args(
 
 
 def check_temperature(temperature: float | torch.Tensor, channels: int | None = None) -> None:
-    """τ must be > 0 and not NaN: a positive float, or a tensor of shape () or (C,)."""
+    """τ must be > 0 and not NaN: a positive float, or a tensor of shape () or (C,).
+
+    A float is checked here (ValueError). A tensor's shape is checked here; its values by
+    ``torch._assert_async``, which does not wait for the device: on the CPU it raises a RuntimeError at
+    once, on CUDA the error surfaces at the next synchronization (as torch's own device-side checks do).
+    """
     if isinstance(temperature, torch.Tensor):
         if temperature.dim() > 1 or (
             temperature.dim() == 1 and channels is not None and temperature.numel() not in (1, channels)
@@ -87,13 +95,15 @@ def check_temperature(temperature: float | torch.Tensor, channels: int | None = 
                 f"temperature must be a float or a tensor of shape () or (C,) = ({channels},), "
                 f"got shape {tuple(temperature.shape)}"
             )
-        if not bool((temperature.detach() > 0).all()):
-            raise ValueError("temperature must be > 0 (and not NaN) in every channel")
+        torch._assert_async((temperature.detach() > 0).all(), TEMPERATURE_NOT_POSITIVE)
         return
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise TypeError(f"temperature must be a positive float or a tensor, got {type(temperature).__name__}")
     if not temperature > 0:  # also catches NaN
         raise ValueError(f"temperature must be > 0 (τ in (0, ∞)), got {temperature}")
+
+
+TEMPERATURE_NOT_POSITIVE = "temperature must be > 0 (and not NaN) in every channel"
 
 
 def _out_len(size: int, k: int, s: int, p: int, dl: int, ceil_mode: bool) -> int:
@@ -144,6 +154,23 @@ class PoolGeometry:
         return any(self.padding) or any(r > 0 for r in self.pad_right)
 
     @property
+    def has_empty_windows(self) -> bool:
+        """Does some window read no input position at all (possible only with dilation and padding)?
+
+        Decided from the sizes alone, on the host: a window is empty where it misses the input along one
+        axis, and it misses along an axis when none of its k taps ``o·s − p + t·dl`` lies in ``[0, n)``.
+        """
+        if max(self.dilation) == 1 or not self.has_padding:
+            return False
+        return any(
+            all(not 0 <= o * s - p + t * dl < n for t in range(k))
+            for k, s, p, dl, n, out in zip(
+                self.kernel_size, self.stride, self.padding, self.dilation, self.in_size, self.out_size
+            )
+            for o in range(out)
+        )
+
+    @property
     def tiles(self) -> bool:
         """Do the windows tile (a crop of) the input: stride = kernel, no dilation, nothing padded?"""
         return self.stride == self.kernel_size and max(self.dilation) == 1 and not self.has_padding
@@ -158,7 +185,11 @@ def pool_geometry(
     dilation: IntOrTuple = 1,
     ceil_mode: bool = False,
 ) -> PoolGeometry:
-    """Validate a pooling call (input and window arguments) and return where its windows lie."""
+    """Validate a pooling call (input and window arguments) and return where its windows lie.
+
+    The geometry of a shape and window arguments is computed once and kept (the arguments checked then):
+    a pool called again on the same shape pays for the input checks only.
+    """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"input must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() not in (dim + 1, dim + 2):
@@ -168,13 +199,39 @@ def pool_geometry(
         )
     if not x.is_floating_point():
         raise TypeError(f"input must be a floating-point tensor, got {x.dtype}")
-    k, s, p, dl = check_window_args(kernel_size, stride, padding, dilation, dim)
-    size = tuple(x.shape[-dim:])
-    if min(x.shape[-dim - 1 :]) == 0:  # as torch: only the batch may be empty
+    shape = tuple(x.shape[-dim - 1 :])  # (C, *spatial)
+    args = tuple(tuple(a) if isinstance(a, list) else a for a in (kernel_size, stride, padding, dilation))
+    if min(shape) == 0:  # as torch: only the batch may be empty
         raise ValueError(
             f"input must have ≥ 1 channel and a non-zero spatial size (only the batch may be empty), "
             f"got shape {tuple(x.shape)}"
         )
+    # the cache only for ints (2.0 == 2 and True == 1 would find int arguments' entries): others are checked
+    geometry = _geometry if all(map(_ints, args)) else _geometry.__wrapped__
+    return geometry(shape, x.dim() == dim + 2, *args, bool(ceil_mode))
+
+
+def _ints(value) -> bool:
+    """Is ``value`` None, an int or a tuple of ints (not bools, not floats)?"""
+    if type(value) is tuple:
+        return all(type(v) is int for v in value)
+    return value is None or type(value) is int
+
+
+@functools.lru_cache(maxsize=1024)
+def _geometry(
+    shape: tuple[int, ...],
+    batched: bool,
+    kernel_size: IntOrTuple,
+    stride: IntOrTuple | None,
+    padding: IntOrTuple,
+    dilation: IntOrTuple,
+    ceil_mode: bool,
+) -> PoolGeometry:
+    """:func:`pool_geometry` of an input whose channels and spatial sizes are ``shape`` ``(C, *spatial)``."""
+    dim = len(shape) - 1
+    k, s, p, dl = check_window_args(kernel_size, stride, padding, dilation, dim)
+    size = shape[1:]
     span = tuple(d * (ki - 1) + 1 for ki, d in zip(k, dl))
     if any(w > n + 2 * pi for w, n, pi in zip(span, size, p)):
         raise ValueError(
@@ -182,7 +239,7 @@ def pool_geometry(
             f"{tuple(n + 2 * pi for n, pi in zip(size, p))}"
         )
     out = tuple(_out_len(n, ki, si, pi, d, ceil_mode) for n, ki, si, pi, d in zip(size, k, s, p, dl))
-    return PoolGeometry(k, s, p, dl, bool(ceil_mode), size, out, x.dim() == dim + 2)
+    return PoolGeometry(k, s, p, dl, ceil_mode, size, out, batched)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -252,6 +309,35 @@ def scale_scores(x: torch.Tensor, tau: float | torch.Tensor) -> torch.Tensor:
         return x if tau == 1.0 else x / tau
     finite = x.isfinite()
     return torch.where(finite, x.masked_fill(~finite, 0.0) / tau, x)
+
+
+_FIXED_TAU: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
+_INVERSE: dict[int, torch.Tensor] = {}  # id of a tensor in _FIXED_TAU -> its 1/τ (both kept alive there)
+
+
+def temperature_tensor(tau: float, like: torch.Tensor) -> torch.Tensor:
+    """A fixed τ as the ``(1,)`` tensor the kernels take, in ``like``'s compute dtype and device: made once
+    per value, dtype and device (with its 1/τ, for :func:`inverse_temperature`), not at every call."""
+    dtype = compute_dtype(like.dtype)  # float16 / bfloat16 values take τ in float32
+    key = (tau, dtype, like.device)
+    t = _FIXED_TAU.get(key)
+    if t is None:
+        if torch.compiler.is_compiling():  # a traced call makes its own (no cached constant in the graph)
+            return like.new_full((1,), tau, dtype=dtype)
+        with torch.inference_mode(False), torch.no_grad():  # usable by autograd, made under any mode
+            t = torch.full((1,), tau, dtype=dtype, device=like.device)
+            _INVERSE[id(t)] = 1.0 / t
+        _FIXED_TAU[key] = t
+    return t
+
+
+def inverse_temperature(tau: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``a = 1/τ``, ``(1,)`` or ``(C,)`` in ``dtype``, for the kernels (kept for a fixed τ's tensor)."""
+    a = _INVERSE.get(id(tau))
+    if a is not None and a.dtype == dtype:
+        return a
+    tau = tau if tau.dtype == dtype else tau.to(dtype)
+    return (tau if tau.dim() == 1 else tau.reshape(-1)).reciprocal()
 
 
 def like_input_format(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -59,7 +59,7 @@
 #define THREAD_ID 0
 #endif
 
-/* The boundary with Python (fused_pool.py declares the same two structs as ctypes.Structure and checks
+/* The boundary with Python (c_kernels.py declares the same two structs as ctypes.Structure and checks
    them against gp_layout() when it loads this library). Sizes are 3-D: 1-D and 2-D pools have leading
    spatial sizes of 1 (kernel, stride, dilation 1, padding 0). */
 typedef struct {

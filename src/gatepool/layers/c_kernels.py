@@ -1,0 +1,203 @@
+"""The fused soft-pool kernels for the CPU: the C build (``kernels/softmax_pool.c``) and its ctypes boundary.
+
+Build: ``cc -O3 -march=native -fno-trapping-math -fopenmp -shared`` of ``kernels/softmax_pool.c`` into
+``~/.cache/gatepool/kernels/`` (``$XDG_CACHE_HOME`` respected), named by a hash of the source, the
+compiler's version and this CPU's flags: about a second, once per machine; concurrent builds each
+write a temporary file and rename it into place. Where the build fails (no compiler) one warning says
+so, and with ``GATEPOOL_KERNELS=0`` none is tried; then :func:`available` is False and the soft pools
+keep their pure-PyTorch paths.
+
+The C boundary is declared once on each side: the C file's structs ``gp_geometry`` and ``gp_tensors``
+are :class:`Geometry` and :class:`Tensors` here, every exported function's types are in
+:data:`FUNCTIONS`, and :func:`load` compares the structs field by field (offset and size) with the
+library's ``gp_layout()``, raising a RuntimeError that names the first difference.
+"""
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from gatepool.layers.windows import PoolGeometry
+from gatepool.utils.environment import cache_dir
+
+__all__ = ["DTYPES", "available", "build", "call", "geometry_struct", "layout", "load"]
+
+SOURCE = Path(__file__).with_name("kernels") / "softmax_pool.c"
+# -fno-trapping-math: the clamps and selects on floats may be if-converted, so the channel loops vectorize
+FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-fPIC", "-shared"]
+if platform.machine().lower() in ("x86_64", "amd64"):
+    FLAGS.insert(2, "-mprefer-vector-width=512")  # whole AVX-512 registers where the CPU has them
+DTYPES = {torch.float32: "f32", torch.float64: "f64"}  # the kernels' element types
+
+
+# ----------------------------------------------------------------------------------------------- build
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
+
+
+def build(source: Path = SOURCE, folder: Path | None = None, cc: str | None = None) -> Path:
+    """Compile ``source`` (and the headers beside it) into ``folder`` unless it is there; the library's path.
+
+    Named by a hash of the sources, the compiler's version, the flags and this CPU's, so a changed source or
+    machine builds anew; each build writes a temporary file and renames it into place (concurrent builds
+    are safe). Raises OSError or subprocess.CalledProcessError where it cannot build.
+    """
+    cc = cc or os.environ.get("CC", "cc")
+    folder = folder or cache_dir() / "kernels"
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    sources = [source, *sorted(source.parent.glob("*.h"))]
+    key = hashlib.sha256(
+        b"".join(p.read_bytes() for p in sources) + (version + " ".join(FLAGS) + _cpu_flags()).encode()
+    ).hexdigest()[:16]
+    lib = folder / f"{source.stem}-{key}.so"
+    if not lib.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{lib.name}.", suffix=".tmp", dir=folder)
+        os.close(fd)
+        try:
+            subprocess.run([cc, *FLAGS, "-o", tmp, str(source), "-lm"], capture_output=True, text=True,
+                           check=True)  # fmt: skip
+            os.replace(tmp, lib)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return lib
+
+
+@functools.lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL | None:
+    """The compiled kernels, built now if this machine has none yet; None (warned once) if they cannot be."""
+    if os.environ.get("GATEPOOL_KERNELS", "1") == "0":
+        return None
+    try:
+        return load(build())
+    except (OSError, subprocess.CalledProcessError) as e:
+        failed = isinstance(e, subprocess.CalledProcessError) and e.stderr
+        detail = e.stderr.strip().splitlines()[-1] if failed else e
+        warnings.warn(
+            f"gatepool: the fused soft-pool kernels could not be built with {os.environ.get('CC', 'cc')!r} "
+            f"({detail}); the soft pools use the pure-PyTorch paths (1.2–4× slower on tiling windows, "
+            "25–100× where windows overlap). Install a C compiler (gcc) to get them.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+
+
+# -------------------------------------------------------------------------------------- the C boundary
+# Declared once: the two structs of softmax_pool.c and every exported function's types. load() checks the
+# structs against the library's own account of them (gp_layout), so a change on one side only fails there.
+
+
+class Geometry(ctypes.Structure):
+    """``gp_geometry``: the pool's sizes, 3-D (1-D and 2-D pools lead with sizes 1, padding 0)."""
+
+    _fields_ = [
+        ("n", ctypes.c_int64),
+        ("c", ctypes.c_int64),
+        ("cs", ctypes.c_int64),  # score channels: c, or 1 (one score per position)
+        ("ca", ctypes.c_int64),  # temperatures: c, or 1
+        ("in_size", ctypes.c_int64 * 3),
+        ("out_size", ctypes.c_int64 * 3),
+        ("kernel", ctypes.c_int64 * 3),
+        ("stride", ctypes.c_int64 * 3),
+        ("padding", ctypes.c_int64 * 3),
+        ("dilation", ctypes.c_int64 * 3),
+    ]
+
+
+class Tensors(ctypes.Structure):
+    """``gp_tensors``: the operands' addresses (channels-last memory), None where one is absent."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in ("v", "s", "a", "w", "out", "stats", "gout")] + [
+        (name, ctypes.c_void_p) for name in ("gv", "gs", "ga", "gw")
+    ]
+
+
+_STRUCTS = {"gp_geometry": Geometry, "gp_tensors": Tensors}
+_CALL = [ctypes.POINTER(Geometry), ctypes.POINTER(Tensors), ctypes.c_int]  # (geometry, tensors, threads)
+FUNCTIONS = {  # name: (argtypes, restype)
+    "gp_layout": ([ctypes.c_char_p, ctypes.c_int64], ctypes.c_int64),
+    **{f"softmax_pool_forward_{t}": (_CALL, ctypes.c_int64) for t in ("f32", "f64")},  # -> non-finite outputs
+    **{f"softmax_pool_backward_{t}": (_CALL, None) for t in ("f32", "f64")},
+}
+
+
+def layout(structs: dict[str, type[ctypes.Structure]] = _STRUCTS) -> str:
+    """The structs as ``gp_layout`` writes them: ``"S size"``, then ``"S.field offset size"`` per field."""
+    lines = []
+    for name, cls in structs.items():
+        lines.append(f"{name} {ctypes.sizeof(cls)}")
+        lines += [f"{name}.{f} {getattr(cls, f).offset} {getattr(cls, f).size}" for f, _ in cls._fields_]
+    return "".join(line + "\n" for line in lines)
+
+
+def load(path: Path, structs: dict[str, type[ctypes.Structure]] = _STRUCTS) -> ctypes.CDLL:
+    """The library at ``path`` with :data:`FUNCTIONS` declared, once its structs match ``structs``.
+
+    Raises RuntimeError naming the first line where the C side's layout and the ctypes one differ.
+    """
+    lib = ctypes.CDLL(str(path))
+    for name, (argtypes, restype) in FUNCTIONS.items():
+        fn = getattr(lib, name)  # AttributeError: a function missing on the C side
+        fn.argtypes, fn.restype = argtypes, restype
+    buf = ctypes.create_string_buffer(4096)
+    if lib.gp_layout(buf, len(buf)) >= len(buf):
+        raise RuntimeError(f"{path.name}: gp_layout's text does not fit {len(buf)} bytes")
+    theirs, ours = buf.value.decode().splitlines(), layout(structs).splitlines()
+    if theirs != ours:
+        first = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
+        c_line = theirs[first] if first < len(theirs) else "(nothing)"
+        py_line = ours[first] if first < len(ours) else "(nothing)"
+        raise RuntimeError(
+            f"{path.name}: the C structs and c_kernels.py's ctypes copies disagree at line {first + 1} "
+            f"of the layout: C says {c_line!r}, Python says {py_line!r}; change both sides together"
+        )
+    return lib
+
+
+@torch.compiler.assume_constant_result  # torch.compile asks once, at trace time
+def available() -> bool:
+    """Are the fused CPU kernels built and loaded (building them now if need be)?"""
+    return _library() is not None
+
+
+@functools.lru_cache(maxsize=1024)
+def geometry_struct(geo: PoolGeometry, n: int, c: int, cs: int, ca: int) -> Geometry:
+    """The C side's :class:`Geometry` of ``geo``, its sizes padded to 3-D."""
+    lead = 3 - geo.dim
+
+    def three(t: tuple[int, ...], fill: int) -> ctypes.Array:
+        return (ctypes.c_int64 * 3)(*([fill] * lead + list(t)))
+
+    return Geometry(n, c, cs, ca, three(geo.in_size, 1), three(geo.out_size, 1), three(geo.kernel_size, 1),
+                    three(geo.stride, 1), three(geo.padding, 0), three(geo.dilation, 1))  # fmt: skip
+
+
+def call(direction: str, geometry: Geometry, threads: int, **tensors: torch.Tensor | None) -> int | None:
+    """Run ``softmax_pool_{direction}`` on ``tensors`` (:class:`Tensors`' fields, all of one dtype; the
+    caller keeps each alive for the call: a temporary's memory is reused)."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError(
+            "gatepool's fused kernels are not built here (see the warning, or "
+            "GATEPOOL_KERNELS=0); check gatepool.layers.c_kernels.available() first"
+        )
+    dtype = tensors["v"].dtype
+    kernel = getattr(lib, f"softmax_pool_{direction}_{DTYPES[dtype]}")
+    ptrs = Tensors(**{k: None if t is None else t.data_ptr() for k, t in tensors.items()})
+    return kernel(ctypes.byref(geometry), ctypes.byref(ptrs), threads)
