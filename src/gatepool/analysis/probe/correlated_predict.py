@@ -34,8 +34,9 @@ import torch.nn as nn
 
 from gatepool.analysis.probe import correlated as cr
 from gatepool.analysis.probe.graph import Untraceable
+from gatepool.analysis.probe.registry import Registry
 
-__all__ = ["CorrelatedPrediction", "CorrelatedRow", "predict_correlated"]
+__all__ = ["CorrelatedPrediction", "CorrelatedRow", "predict_correlated", "register_correlated_rule"]
 
 
 def _pair(v) -> tuple[int, int]:
@@ -136,7 +137,7 @@ def _batchnorm(m: nn.modules.batchnorm._BatchNorm):
     )
 
 
-_RULES = {
+_RULES = {  # the built-in rules; register_correlated_rule adds a user's (a module class or a function)
     nn.Conv2d: _conv,
     nn.Linear: lambda m: cr.Linear(m.weight, m.bias),
     nn.ReLU: lambda m: cr.ReLU(),
@@ -158,13 +159,25 @@ _RULES = {
     nn.Flatten: lambda m: _Identity(),
     nn.Identity: lambda m: _Identity(),
 }
+_RULES = Registry("target", modules=True, functions=True, entries=_RULES)
+
+
+def register_correlated_rule(target, rule=None):
+    """Use ``rule`` in the correlated walk for ``target``; returns ``rule`` (without it, a decorator).
+
+    ``target`` a module class (its subclasses too; the walk keeps its calls whole, as one node):
+    ``rule(module)`` builds the step. A function or a method's name (a call node of the traced graph;
+    ``torch.fx.wrap`` keeps a function of yours one node): ``rule(*args, **kwargs)`` the call's
+    arguments, its tensor input as its :class:`correlated.Field`, constants as they are. The step maps
+    one input: ``step.forward(x: Field) -> Field`` (the output's mean map, variance map and correlation
+    stencil) and ``step.backward(g: Field) -> Field`` (the gradient's, at the input). A rule that has no
+    answer raises NotImplementedError: the row says why, and nothing after it is predicted.
+    """
+    return _RULES.register(target, rule)
 
 
 def _rule(m: nn.Module):
-    for cls in type(m).__mro__:
-        if cls in _RULES:
-            return _RULES[cls]
-    return None
+    return _RULES.lookup(type(m))
 
 
 class _Tracer(fx.Tracer):
@@ -510,6 +523,13 @@ def predict_correlated(
                         value[n] = step.forward(value[args[0]], pre=before.x)
                     else:
                         value[n] = step.forward(value[args[0]])
+                    steps[n] = step
+                elif n.op != "call_module" and (make := _RULES.lookup(n.target)) is not None:
+                    if len(args) != 1:
+                        raise NotImplementedError(f"a registered rule maps one tensor, not {len(args)}")
+                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, value.get(a)))
+                    step = make(*given[0], **given[1])
+                    value[n] = step.forward(value[args[0]])
                     steps[n] = step
                 elif n.target in _ADDS and len(args) == 2 and len(n.args) == 2:
                     value[n] = cr.add(value[args[0]], value[args[1]])
