@@ -4,9 +4,9 @@
     pred = predict_correlated(model, stats)          # the model's weights and those statistics, no batch
     pred["pool1"].var, pred["pool1"].corr(1), pred["block3"].grad_e2
 
-``predict_correlated(model, input_stats)`` traces ``model`` with ``torch.fx`` (as the probe's
-:mod:`graph` walk does: the same :class:`graph.Untraceable` when torch cannot), the modules with a
-correlated rule (:mod:`correlated`) as leaves, everything else traced through; it never runs the model
+``predict_correlated(model, input_stats)`` traces ``model`` with the probe's :func:`graph.trace` (its
+:class:`graph.Untraceable` when torch cannot), the modules with a correlated rule (:mod:`correlated`) as
+leaves, everything else traced through; it never runs the model
 on data and puts no hook on it. Forward node by node, each tensor node's :class:`correlated.Field`;
 backward in reverse from ∂L/∂logits ~ N(0, 1) (the lecture's unit-noise seed), a node used twice
 getting the sum of its two (independent) gradients. A node without a rule has no prediction, nor has
@@ -33,7 +33,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from gatepool.analysis.probe import correlated as cr
-from gatepool.analysis.probe.graph import Untraceable
+from gatepool.analysis.probe.graph import trace
 from gatepool.analysis.probe.registry import Registry
 
 __all__ = ["CorrelatedPrediction", "CorrelatedRow", "predict_correlated", "register_correlated_rule"]
@@ -180,19 +180,9 @@ def _rule(m: nn.Module):
     return _RULES.lookup(type(m))
 
 
-class _Tracer(fx.Tracer):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[str, fx.Node]] = []
-
-    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return (_rule(m) is not None and type(m) is not nn.Sequential) or super().is_leaf_module(m, qualname)
-
-    def call_module(self, m, forward, args, kwargs):
-        out = super().call_module(m, forward, args, kwargs)
-        if isinstance(out, fx.Proxy):
-            self.calls.append((self.path_of_module(m), out.node))
-        return out
+def _is_leaf(m: nn.Module) -> bool:
+    """A module with a correlated rule is one node of the trace (a plain ``nn.Sequential`` traced through)."""
+    return _rule(m) is not None and type(m) is not nn.Sequential
 
 
 _ADDS = (operator.add, torch.add, operator.iadd)
@@ -448,13 +438,8 @@ def predict_correlated(
         )
     if backward not in ("unit-noise", None):
         raise ValueError(f"backward must be 'unit-noise' or None, got {backward!r}")
-    tracer = _Tracer()
-    try:
-        graph = tracer.trace(model)
-    except Exception as e:
-        raise Untraceable(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-    gm = fx.GraphModule(model, graph)
-    nodes = list(graph.nodes)
+    gm, calls = trace(model, _is_leaf)
+    nodes = list(gm.graph.nodes)
     value: dict[fx.Node, cr.Field | None] = {}
     steps: dict[fx.Node, object] = {}
     why: dict[fx.Node, str] = {}
@@ -612,7 +597,7 @@ def predict_correlated(
     rows: dict[str, CorrelatedRow] = {}
     placeholder = next(n for n in nodes if n.op == "placeholder")
     rows["(input)"] = CorrelatedRow("(input)", "input", input_stats, grad.get(placeholder))
-    for name, node in tracer.calls:
+    for name, node in calls:
         if name in rows:  # a module called again: pooled with its first call
             rows[name].more.append((value.get(node), grad.get(node)))
             if value.get(node) is None and not rows[name].note:
