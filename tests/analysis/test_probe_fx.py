@@ -23,7 +23,7 @@ from gatepool.analysis.probe.external_models import build_model
 @pytest.fixture(autouse=True)
 def private_registry(monkeypatch):
     """Each test registers into a copy: the built-in rules stay as they were."""
-    monkeypatch.setattr(rules_module, "_RULES", dict(rules_module._RULES))
+    monkeypatch.setattr(rules_module, "_RULES", rules_module._RULES.copy())
 
 
 class Shift(nn.Module):

@@ -334,3 +334,52 @@ def test_nan_activations_are_flagged():
     assert row.forward.numel + row.forward.nonfinite == 32 * 16
     assert any(w.startswith("1:") and "NaN" in w for w in report.warnings)
     assert "warning" in report.table()
+
+
+class Roll(nn.Module):
+    """A block the correlated walk has no rule for."""
+
+    def forward(self, x):
+        return x.roll(1, dims=-1)
+
+
+def test_measure_gives_the_correlated_prediction():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 16, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10),
+    )  # fmt: skip
+    x = normal(64, 3, 12, 12, seed=3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = measure(model, x, correlated=True)
+    assert report.complete and not report.warnings
+    stem = report["0"]  # linear: the prediction is the measurement (up to the border's correlation)
+    assert stem.predicted.var == pytest.approx(stem.forward.var, rel=1e-3)
+    for name in ("3", "4", "7", "(input)"):  # a max pool, a conv after it, the logits, the input's E[g²]
+        r = report[name]
+        assert r.predicted.var == pytest.approx(r.forward.var, rel=0.15), name
+        assert r.predicted.grad_e2 == pytest.approx(r.backward.e2, rel=0.2), name
+    assert report["0"].measured_field.shape == (16, 12, 12) and report["7"].measured_field.shape == (10, 1, 1)
+    assert "predicted" in report.table().splitlines()[0] and "predicted" in report.to_dict()["modules"][1]
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())  # BatchNorm's stats too
+    assert _no_hooks(model)
+    plain = measure(model, x)  # the default: no correlated prediction
+    assert plain["0"].predicted is None and plain["0"].measured_field is None
+
+
+def test_measure_correlated_names_what_has_no_rule():
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), Roll(), nn.ReLU())
+    report = measure(model, normal(8, 1, 8, 8), correlated=True)
+    assert report["0"].predicted.var is not None
+    assert report["1"].predicted.var is None and "no correlated rule" in report["1"].predicted.note
+    assert report["2"].predicted.var is None and "roll" in report["2"].predicted.note  # named, not guessed
+    loss = measure(model[:1], normal(8, 1, 8, 8), torch.zeros(8, dtype=torch.long), correlated=True)
+    assert any("unit-noise seed only" in w for w in loss.warnings)  # (B, 4, 8, 8) logits: no loss; warned
+
+
+def test_measure_correlated_bad_arguments():
+    model = nn.Sequential(nn.Linear(4, 3))
+    with pytest.raises(TypeError, match="correlated"):
+        measure(model, normal(5, 4), correlated="yes")
+    with pytest.raises(ValueError, match="correlated=True needs one input"):
+        measure(model, normal(5, 2, 4), correlated=True)

@@ -23,7 +23,7 @@ from gatepool.cli.args import Parser, UsageError
 from gatepool.utils.lock import LockHeld
 
 COMMAND_MODULES = ["experiments", "report", "train", "sweep", "probe", "data", "bench", "pretrained",
-                   "convert_check"]
+                   "convert_check", "probe_check"]
 
 
 def build_parser() -> argparse.ArgumentParser:

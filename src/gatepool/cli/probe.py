@@ -5,10 +5,9 @@
     gatepool probe --model torchvision:resnet18 --data mnist --batch 64     (digits resized to --size)
 
 Builds the model at initialization, takes ``--batch`` training images, predicts the ideal
-E[x²] forward and E[g²] backward after every module (:func:`gatepool.analysis.probe.predict`), and the
-correlation-aware ``predicted`` column from the input's own statistics
-(:func:`gatepool.analysis.probe.correlated_predict.predict_correlated`), measures
-them (:func:`gatepool.analysis.probe.measure`), prints the side-by-side table and writes ``DIR/probe.json``
+E[x²] forward and E[g²] backward after every module (:func:`gatepool.analysis.probe.predict`), measures
+them with the correlation-aware ``predicted`` column beside (:func:`gatepool.analysis.probe.measure`,
+``correlated=True``), prints the side-by-side table and writes ``DIR/probe.json``
 and the figures (``DIR/*.png``). ``--device`` (auto: CUDA, else MPS, else CPU): the model is built and
 the images drawn on the CPU (the same weights and batch anywhere), then both move there for the measurement.
 A ``torchvision:NAME`` or ``timm:NAME`` model (random weights, nothing downloaded) is probed on N(0, 1)
@@ -117,9 +116,8 @@ def _run(args: argparse.Namespace) -> int:
         loss_reduction="sum",
         prediction=ideal,
         maps=True,
+        correlated=inputs.dim() == 4 and not args.no_predicted,
     )
-    if inputs.dim() == 4 and not args.no_predicted:
-        _add_correlated(report, model, inputs, args.backward)
     report.setup = {
         "model": args.model,
         "pool": args.pool,
@@ -144,30 +142,6 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(report.table())
     return 1 if report.error else 0
-
-
-def _add_correlated(report, model, inputs, backward: str) -> None:
-    """The correlation-aware prediction beside each row (``predicted``), from the input's statistics
-    only, and the measured correlation stencil of each output; a model it cannot follow gets a warning."""
-    from gatepool.analysis.probe.correlated import measure_fields, measure_input
-    from gatepool.analysis.probe.correlated_predict import predict_correlated
-    from gatepool.analysis.probe.graph import Untraceable
-
-    try:
-        pred = predict_correlated(
-            model, measure_input(inputs), backward="unit-noise" if backward == "unit-noise" else None
-        )
-    except (Untraceable, NotImplementedError, RuntimeError, ValueError) as e:
-        report.warnings.append(f"no correlated prediction: {type(e).__name__}: {e}")
-        return
-    fields = measure_fields(model, inputs, [r.name for r in report.rows.values()])
-    for r in report.rows.values():
-        if r.name in pred:
-            r.predicted = pred[r.name]
-        r.measured_field = fields.get(r.name)
-    report.warnings += pred.notes
-    if backward != "unit-noise":
-        report.warnings.append("the correlated prediction's backward follows the unit-noise seed only")
 
 
 def _load_inputs(data: str, batch: int, seed: int):

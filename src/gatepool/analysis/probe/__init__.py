@@ -13,9 +13,13 @@ call_function / call_method nodes follow ``functions`` (``register_function_rule
 
 The correlation-aware prediction (``predicted`` beside ``ideal`` and ``measured``) lives in
 ``correlated`` (the state: mean map, variance map, correlation at every lag; the rules) and
-``correlated_predict`` (``predict_correlated(model, measure_input(batch))``, a torch.fx walk).
+``correlated_predict`` (``predict_correlated(model, measure_input(batch))``, a torch.fx walk;
+``register_correlated_rule(ModuleType or function, rule)`` adds one for a block of yours), and
+``measure(model, batch, correlated=True)`` sets it beside the measurement. The three rule tables are each
+a ``registry.Registry``.
 """
 
+from gatepool.analysis.probe.correlated_predict import predict_correlated, register_correlated_rule
 from gatepool.analysis.probe.external_models import build_model
 from gatepool.analysis.probe.figures import save_figures
 from gatepool.analysis.probe.functions import Call, Op, TensorIn, function_rule_for, register_function_rule
@@ -88,6 +92,8 @@ __all__ = [
     "norm_backward",
     "padding_variance_map",
     "predict",
+    "predict_correlated",
+    "register_correlated_rule",
     "register_function_rule",
     "register_rule",
     "relu_backward",

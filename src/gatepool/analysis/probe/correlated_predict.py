@@ -4,9 +4,9 @@
     pred = predict_correlated(model, stats)          # the model's weights and those statistics, no batch
     pred["pool1"].var, pred["pool1"].corr(1), pred["block3"].grad_e2
 
-``predict_correlated(model, input_stats)`` traces ``model`` with ``torch.fx`` (as the probe's
-:mod:`graph` walk does: the same :class:`graph.Untraceable` when torch cannot), the modules with a
-correlated rule (:mod:`correlated`) as leaves, everything else traced through; it never runs the model
+``predict_correlated(model, input_stats)`` traces ``model`` with the probe's :func:`graph.trace` (its
+:class:`graph.Untraceable` when torch cannot), the modules with a correlated rule (:mod:`correlated`) as
+leaves, everything else traced through; it never runs the model
 on data and puts no hook on it. Forward node by node, each tensor node's :class:`correlated.Field`;
 backward in reverse from ∂L/∂logits ~ N(0, 1) (the lecture's unit-noise seed), a node used twice
 getting the sum of its two (independent) gradients. A node without a rule has no prediction, nor has
@@ -33,9 +33,10 @@ import torch.fx as fx
 import torch.nn as nn
 
 from gatepool.analysis.probe import correlated as cr
-from gatepool.analysis.probe.graph import Untraceable
+from gatepool.analysis.probe.graph import trace
+from gatepool.analysis.probe.registry import Registry
 
-__all__ = ["CorrelatedPrediction", "CorrelatedRow", "predict_correlated"]
+__all__ = ["CorrelatedPrediction", "CorrelatedRow", "predict_correlated", "register_correlated_rule"]
 
 
 def _pair(v) -> tuple[int, int]:
@@ -136,7 +137,7 @@ def _batchnorm(m: nn.modules.batchnorm._BatchNorm):
     )
 
 
-_RULES = {
+_RULES = {  # the built-in rules; register_correlated_rule adds a user's (a module class or a function)
     nn.Conv2d: _conv,
     nn.Linear: lambda m: cr.Linear(m.weight, m.bias),
     nn.ReLU: lambda m: cr.ReLU(),
@@ -158,28 +159,30 @@ _RULES = {
     nn.Flatten: lambda m: _Identity(),
     nn.Identity: lambda m: _Identity(),
 }
+_RULES = Registry("target", modules=True, functions=True, entries=_RULES)
+
+
+def register_correlated_rule(target, rule=None):
+    """Use ``rule`` in the correlated walk for ``target``; returns ``rule`` (without it, a decorator).
+
+    ``target`` a module class (its subclasses too; the walk keeps its calls whole, as one node):
+    ``rule(module)`` builds the step. A function or a method's name (a call node of the traced graph;
+    ``torch.fx.wrap`` keeps a function of yours one node): ``rule(*args, **kwargs)`` the call's
+    arguments, its tensor input as its :class:`correlated.Field`, constants as they are. The step maps
+    one input: ``step.forward(x: Field) -> Field`` (the output's mean map, variance map and correlation
+    stencil) and ``step.backward(g: Field) -> Field`` (the gradient's, at the input). A rule that has no
+    answer raises NotImplementedError: the row says why, and nothing after it is predicted.
+    """
+    return _RULES.register(target, rule)
 
 
 def _rule(m: nn.Module):
-    for cls in type(m).__mro__:
-        if cls in _RULES:
-            return _RULES[cls]
-    return None
+    return _RULES.lookup(type(m))
 
 
-class _Tracer(fx.Tracer):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[str, fx.Node]] = []
-
-    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return (_rule(m) is not None and type(m) is not nn.Sequential) or super().is_leaf_module(m, qualname)
-
-    def call_module(self, m, forward, args, kwargs):
-        out = super().call_module(m, forward, args, kwargs)
-        if isinstance(out, fx.Proxy):
-            self.calls.append((self.path_of_module(m), out.node))
-        return out
+def _is_leaf(m: nn.Module) -> bool:
+    """A module with a correlated rule is one node of the trace (a plain ``nn.Sequential`` traced through)."""
+    return _rule(m) is not None and type(m) is not nn.Sequential
 
 
 _ADDS = (operator.add, torch.add, operator.iadd)
@@ -435,13 +438,8 @@ def predict_correlated(
         )
     if backward not in ("unit-noise", None):
         raise ValueError(f"backward must be 'unit-noise' or None, got {backward!r}")
-    tracer = _Tracer()
-    try:
-        graph = tracer.trace(model)
-    except Exception as e:
-        raise Untraceable(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-    gm = fx.GraphModule(model, graph)
-    nodes = list(graph.nodes)
+    gm, calls = trace(model, _is_leaf)
+    nodes = list(gm.graph.nodes)
     value: dict[fx.Node, cr.Field | None] = {}
     steps: dict[fx.Node, object] = {}
     why: dict[fx.Node, str] = {}
@@ -510,6 +508,13 @@ def predict_correlated(
                         value[n] = step.forward(value[args[0]], pre=before.x)
                     else:
                         value[n] = step.forward(value[args[0]])
+                    steps[n] = step
+                elif n.op != "call_module" and (make := _RULES.lookup(n.target)) is not None:
+                    if len(args) != 1:
+                        raise NotImplementedError(f"a registered rule maps one tensor, not {len(args)}")
+                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, value.get(a)))
+                    step = make(*given[0], **given[1])
+                    value[n] = step.forward(value[args[0]])
                     steps[n] = step
                 elif n.target in _ADDS and len(args) == 2 and len(n.args) == 2:
                     value[n] = cr.add(value[args[0]], value[args[1]])
@@ -593,7 +598,7 @@ def predict_correlated(
     rows: dict[str, CorrelatedRow] = {}
     placeholder = next(n for n in nodes if n.op == "placeholder")
     rows["(input)"] = CorrelatedRow("(input)", "input", input_stats, grad.get(placeholder))
-    for name, node in tracer.calls:
+    for name, node in calls:
         if name in rows:  # a module called again: pooled with its first call
             rows[name].more.append((value.get(node), grad.get(node)))
             if value.get(node) is None and not rows[name].note:

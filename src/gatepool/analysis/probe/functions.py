@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from gatepool.analysis.probe import rules as R
+from gatepool.analysis.probe.registry import Registry
 from gatepool.analysis.probe.rules import GradMoments, Leaf, Moments, NoRule, need
 
 __all__ = ["Call", "Op", "TensorIn", "function_rule_for", "register_function_rule"]
@@ -81,7 +82,7 @@ class Op:
 
 FunctionRule = Callable[[Call], "Op | Leaf"]
 
-_FUNCTION_RULES: dict[Any, FunctionRule] = {}
+_FUNCTION_RULES = Registry("target", modules=False, functions=True)
 
 
 def register_function_rule(target, rule: FunctionRule | None = None):
@@ -89,22 +90,12 @@ def register_function_rule(target, rule: FunctionRule | None = None):
 
     Without ``rule`` it is a decorator: ``@register_function_rule(torch.roll)``.
     """
-    if not (callable(target) or isinstance(target, str)):
-        raise TypeError(f"target must be a callable or a method name, got {target!r}")
-    if rule is None:
-        return lambda r: register_function_rule(target, r)
-    if not callable(rule):
-        raise TypeError(f"rule must be callable as rule(call), got {type(rule).__name__}")
-    _FUNCTION_RULES[target] = rule
-    return rule
+    return _FUNCTION_RULES.register(target, rule)
 
 
 def function_rule_for(target) -> FunctionRule | None:
     """The rule registered for ``target``, or None."""
-    try:
-        return _FUNCTION_RULES.get(target)
-    except TypeError:  # an unhashable target
-        return None
+    return _FUNCTION_RULES.lookup(target)
 
 
 def as_op(spec) -> Op:

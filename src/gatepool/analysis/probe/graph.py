@@ -50,14 +50,16 @@ def _is_rule_leaf(m: nn.Module) -> bool:
 
 
 class _Tracer(fx.Tracer):
-    """Leaves: modules with a rule, and torch's own modules; records each module call's output node."""
+    """Leaves: modules ``leaf`` keeps whole, and torch's own modules; records each module call's output
+    node."""
 
-    def __init__(self) -> None:
+    def __init__(self, leaf: Callable[[nn.Module], bool]) -> None:
         super().__init__()
+        self.leaf = leaf
         self.calls: list[tuple[str, fx.Node]] = []  # (module name, its output node), in call order
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return _is_rule_leaf(m) or super().is_leaf_module(m, qualname)
+        return self.leaf(m) or super().is_leaf_module(m, qualname)
 
     def call_module(self, m, forward, args, kwargs):
         out = super().call_module(m, forward, args, kwargs)
@@ -66,9 +68,15 @@ class _Tracer(fx.Tracer):
         return out
 
 
-def trace(module: nn.Module) -> tuple[fx.GraphModule, list[tuple[str, fx.Node]]]:
-    """(graph module, [(module name, output node)]) of ``module``; :class:`Untraceable` if torch fails."""
-    tracer = _Tracer()
+def trace(
+    module: nn.Module, leaf: Callable[[nn.Module], bool] = _is_rule_leaf
+) -> tuple[fx.GraphModule, list[tuple[str, fx.Node]]]:
+    """(graph module, [(module name, output node)]) of ``module``; :class:`Untraceable` if torch fails.
+
+    ``leaf(m)``: whether a module is kept whole, one node (default: it has a rule of :mod:`rules`; the
+    correlated walk passes its own rules' test), every other module traced through.
+    """
+    tracer = _Tracer(leaf)
     try:
         graph = tracer.trace(module)
     except Exception as e:  # TraceError, control flow on a Proxy, anything the forward raises

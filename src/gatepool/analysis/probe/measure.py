@@ -6,6 +6,10 @@
               "unit-noise": ∂L/∂out ~ N(0, 1) (the lecture's seed), or
               "loss":       L = cross-entropy(out, target), summed (default) or averaged over the batch
     params    rms W, rms ∂L/∂W, ‖∂L/∂W‖, ‖W‖ and ‖∂L/∂W‖/‖W‖
+    beside    ``ideal``: the lecture's rules (:func:`predict`), every position independent;
+              ``predicted`` (``correlated=True``): the correlation-aware prediction
+              (:func:`correlated_predict.predict_correlated`) from the input's own statistics, with
+              each output's measured correlation stencil (``measured_field``) to set it against
 
 Forward hooks read each output as it is made and put a tensor hook on it for its gradient. The model
 is left as found: hooks removed, training flags, buffers (BatchNorm running stats), ``.grad`` of every
@@ -24,6 +28,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gatepool.analysis.probe.correlated import measure_field, measure_input
+from gatepool.analysis.probe.correlated_predict import CorrelatedPrediction, predict_correlated
+from gatepool.analysis.probe.graph import Untraceable
 from gatepool.analysis.probe.predict import INPUT, OUTPUT, Prediction, predict
 from gatepool.analysis.probe.report import ParamRow, ProbeReport, Row, TensorStats
 from gatepool.utils.checks import check_int
@@ -93,9 +100,10 @@ class _Probe:
     """Everything measured about one tensor slot (a module output, an element of a tuple, an input)."""
 
     def __init__(
-        self, name: str, kind: str, *, per_channel: bool, maps: bool, samples: int, seed: int
+        self, name: str, kind: str, *, per_channel: bool, maps: bool, fields: bool, samples: int, seed: int
     ) -> None:
         self.row = Row(name=name, kind=kind)
+        self.fields = fields
         self.fwd, self.bwd = _Moments(), _Moments()
         self.chan, self.map = (_Sums() if per_channel else None), (_Sums() if maps else None)
         self.n_samples, self.seed = samples, seed
@@ -116,6 +124,8 @@ class _Probe:
             n = x.shape[0] * x.shape[1]
             self.map.add("sum", x.sum((0, 1)), n)
             self.map.add("sq", (x * x).sum((0, 1)), n)
+        if self.fields and self.row.measured_field is None and x.dim() in (2, 4):  # the first call's
+            self.row.measured_field = measure_field(x)
         if self.row.samples is None:
             self.row.samples = self._sample(x)
         if t.requires_grad:
@@ -207,6 +217,7 @@ def measure(
     seed: int = 0,
     prediction: Prediction | bool = True,
     border: str = "middle",
+    correlated: bool = False,
 ) -> ProbeReport:
     """Run ``model(inputs)`` once forward and once backward and measure every module on the way.
 
@@ -229,9 +240,21 @@ def measure(
         border: the ``border`` of that prediction: "middle" (the lecture's rules, away from the
             padding) or "average" (zero padding counted over the whole map, the figure a measurement
             over the whole map should match; use it for small maps, a ResNet's 2×2 and 4×4 stages).
+        correlated: also the correlation-aware prediction, each row's ``predicted`` (a
+            :class:`correlated_predict.CorrelatedRow`: the ``predicted`` column of the table), from the
+            input's statistics (:func:`correlated.measure_input`) and the weights, never the batch
+            beyond them; and each (B, C, H, W) or (B, F) output's measured :class:`correlated.Field`
+            (``measured_field``, the first call's). Its backward follows the unit-noise seed (with
+            ``backward="loss"`` it is forward only, and a warning says so); a model the walk cannot
+            trace gets a warning, a module without a rule a ``note`` on its row (``predicted.note``).
     """
     args, backward = _checked_arguments(model, inputs, target, backward, loss_reduction)
     check_int(samples, "samples", 0)
+    if not isinstance(correlated, bool):
+        raise TypeError(f"correlated must be True or False, got {correlated!r}")
+    if correlated and (len(args) != 1 or args[0].dim() not in (2, 4)):
+        shapes = [tuple(a.shape) for a in args]
+        raise ValueError(f"correlated=True needs one input of shape (B, C, H, W) or (B, F), got {shapes}")
     selected = _selected_modules(model, modules)
     if prediction is True:
         prediction = _prediction_for(model, args[0], backward, loss_reduction, border)
@@ -244,15 +267,37 @@ def measure(
         prediction=prediction,
         loss_reduction=loss_reduction if backward == "loss" else None,
     )
-    recorder = _Recorder(per_channel=per_channel, maps=maps, samples=samples, seed=seed)
+    correlated_rows = _correlated_for(model, args[0], backward, report.warnings) if correlated else None
+    recorder = _Recorder(per_channel=per_channel, maps=maps, fields=correlated, samples=samples, seed=seed)
     with _left_as_found(model), recorder.hooked(model, selected, module_inputs), _forked_rng(args):
         call_args, leaves = recorder.inputs(args, backward)
         _run(model, call_args, target, backward, loss_reduction, seed, report)
         recorder.input_gradients(leaves)
         report.params = _param_rows(model, [n for n, _ in selected] if modules is not None else None)
     report.rows = recorder.rows(prediction)
+    for r in report.rows.values():
+        if correlated_rows is not None and r.name in correlated_rows:
+            r.predicted = correlated_rows[r.name]
     _warn(report, args[0])
     return report
+
+
+def _correlated_for(
+    model: nn.Module, x: torch.Tensor, backward: str | None, warnings: list[str]
+) -> CorrelatedPrediction | None:
+    """The correlated prediction from ``x``'s statistics (taken before the model runs); None, with a
+    warning, where the walk cannot trace the model."""
+    try:
+        pred = predict_correlated(
+            model, measure_input(x), backward="unit-noise" if backward == "unit-noise" else None
+        )
+    except (Untraceable, NotImplementedError, RuntimeError, ValueError) as e:
+        warnings.append(f"no correlated prediction: {type(e).__name__}: {e}")
+        return None
+    warnings += pred.notes
+    if backward == "loss":
+        warnings.append("the correlated prediction's backward follows the unit-noise seed only: none here")
+    return pred
 
 
 def _checked_arguments(
@@ -322,8 +367,8 @@ class _Recorder:
     feed them: each selected module's output (and first input, with ``module_inputs``), the model's
     output, and the model's inputs."""
 
-    def __init__(self, *, per_channel: bool, maps: bool, samples: int, seed: int) -> None:
-        self.opts = dict(per_channel=per_channel, maps=maps, samples=samples)
+    def __init__(self, *, per_channel: bool, maps: bool, fields: bool, samples: int, seed: int) -> None:
+        self.opts = dict(per_channel=per_channel, maps=maps, fields=fields, samples=samples)
         self.seed = seed  # one seed for every probe: equal tensors, equal samples
         self.probes: dict[str, _Probe] = {}
 

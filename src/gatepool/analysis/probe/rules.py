@@ -35,6 +35,7 @@ import torch
 import torch.nn as nn
 
 from gatepool.analysis.probe import theory
+from gatepool.analysis.probe.registry import Registry
 from gatepool.layers import GatedPoolNd
 
 __all__ = [
@@ -137,7 +138,7 @@ class Residual:
 
 Rule = Callable[[Any, Site], Leaf | Chain | Residual]
 
-_RULES: dict[type, Rule] = {}
+_RULES = Registry("module_type", modules=True, functions=False)
 
 
 def register_rule(module_type: type[nn.Module], rule: Rule | None = None):
@@ -145,22 +146,12 @@ def register_rule(module_type: type[nn.Module], rule: Rule | None = None):
 
     Without ``rule`` it is a decorator: ``@register_rule(MyBlock)`` above ``def my_rule(m, site)``.
     """
-    if not (isinstance(module_type, type) and issubclass(module_type, nn.Module)):
-        raise TypeError(f"module_type must be an nn.Module subclass, got {module_type!r}")
-    if rule is None:
-        return lambda r: register_rule(module_type, r)
-    if not callable(rule):
-        raise TypeError(f"rule must be callable as rule(module, site), got {type(rule).__name__}")
-    _RULES[module_type] = rule
-    return rule
+    return _RULES.register(module_type, rule)
 
 
 def rule_for(module: nn.Module) -> Rule | None:
     """The rule registered for the nearest type in ``type(module).__mro__``, or None."""
-    for cls in type(module).__mro__:
-        if cls in _RULES:
-            return _RULES[cls]
-    return None
+    return _RULES.lookup(type(module))
 
 
 def need(value, what: str):

@@ -1,0 +1,126 @@
+"""``gatepool probe-check``: the correlated probe over torchvision's classifiers and timm's families.
+
+    gatepool probe-check                                # every torchvision classifier, one a timm family
+    gatepool probe-check --zoo torchvision --per-family # one torchvision model a family (its module)
+    gatepool probe-check --models tv:resnet18 timm:resnet18 --batch 32 --seed 0 --json /tmp/probe.json
+
+Each model (random weights, nothing downloaded, seed ``--seed``; BatchNorm in train mode) at the smallest
+side from ``--size`` (default 64) up that it runs at, on ``--batch`` N(0, 1) images: per model the
+rows, those with a correlated prediction, forward within 10%, backward within 15%, the worst row and its
+ratio, the first row without a rule and why, the seconds (:mod:`gatepool.analysis.probe.check`).
+Prints the Markdown table under a line with the command, machine and versions (the docs' table is this
+output); ``--json`` writes the results after every model. Exit 1 when the probe failed on a model (its
+line says why), 2 without torchvision / timm (``make test-vision`` builds .venv-vision with both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gatepool.cli.args import UsageError, int_at_least
+
+_FIX = "make test-vision builds .venv-vision with both (or: pip install gatepool[vision])"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("probe-check", help="the correlated probe on torchvision's and timm's models: a table")
+    p.add_argument(
+        "--zoo", choices=["all", "torchvision", "timm"], default="all", help="which zoo (default all)"
+    )
+    p.add_argument("--models", nargs="+", default=None, help="these models instead (tv:NAME, timm:NAME)")
+    p.add_argument(
+        "--per-family", action="store_true", help="one torchvision model a family (timm's: always one)"
+    )
+    p.add_argument("--exclude", nargs="+", default=[], help="leave these models out")
+    p.add_argument("--size", type=int_at_least(8), default=64,
+                   help="the smallest image side tried (default 64); a model that refuses it gets the "
+                        "next of 96, 128, 224, 256 it runs at")  # fmt: skip
+    p.add_argument("--batch", type=int_at_least(2), default=32, help="images per model (default 32)")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the weights and the images")
+    p.add_argument("--json", default=None, help="also write the results here as JSON (after every model)")
+    p.set_defaults(func=_run)
+
+
+def _models(args: argparse.Namespace) -> list[str]:
+    from gatepool.analysis.probe.check import zoo_models
+
+    if args.models:
+        bad = [m for m in args.models if not m.startswith(("tv:", "timm:"))]
+        if bad:
+            raise UsageError(f"--models: {bad[0]!r} is not tv:NAME or timm:NAME")
+        libs = {"torchvision" if m.startswith("tv:") else "timm" for m in args.models}
+        for lib in sorted(libs):
+            _need(lib)
+        models = list(args.models)
+    else:
+        zoos = ["torchvision", "timm"] if args.zoo == "all" else [args.zoo]
+        models = []
+        for z in zoos:
+            _need(z)
+            models += zoo_models(z, per_family=args.per_family)
+    return [m for m in models if m not in args.exclude]
+
+
+def _need(lib: str) -> None:
+    import importlib
+
+    try:
+        importlib.import_module(lib)
+    except ImportError:
+        raise UsageError(f"probe-check needs {lib}, which is not installed here: {_FIX}") from None
+
+
+def _header(args: argparse.Namespace) -> str:
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    versions = [f"torch {torch.__version__}"]
+    for lib in ("torchvision", "timm"):
+        try:
+            versions.append(f"{lib} {__import__(lib).__version__}")
+        except ImportError:
+            pass
+    import os
+
+    return (f"`{_command(args)}`: {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, "
+            f"CPU; {', '.join(versions)}; seed {args.seed}, batch {args.batch}, N(0, 1) images, "
+            f"BatchNorm in train mode, unit-noise backward.")  # fmt: skip
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command line of this run (from the parsed arguments, so ``main([...])`` says it too)."""
+    parts = ["gatepool probe-check"]
+    parts += ["--models", *args.models] if args.models else [] if args.zoo == "all" else ["--zoo", args.zoo]
+    parts += ["--per-family"] if args.per_family else []
+    parts += ["--exclude", *args.exclude] if args.exclude else []
+    parts += [] if args.size == 64 else ["--size", str(args.size)]
+    parts += ["--batch", str(args.batch), "--seed", str(args.seed)]
+    return " ".join(parts + (["--json", args.json] if args.json else []))
+
+
+def _run(args: argparse.Namespace) -> int:
+    import json
+
+    from gatepool.analysis.probe.check import check_named, table
+
+    models = _models(args)
+    header = _header(args)
+    done = []
+    for name in models:
+        c = check_named(name, size=args.size, batch=args.batch, seed=args.seed)
+        done.append(c)
+        print(f"{name:36s} {c.with_rule:4d}/{c.modules:<4d} fwd {c.forward:4d} bwd {c.backward:4d} "
+              f"{c.seconds:6.1f}s {c.error or c.no_rule}"[:200], file=sys.stderr, flush=True)  # fmt: skip
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"header": header, "results": [d.to_dict() for d in done]}, f, indent=1)
+    print(header + "\n\n" + table(done))
+    return 1 if any(c.error for c in done) else 0

@@ -1,0 +1,84 @@
+"""gatepool.analysis.probe.check's counting (no zoo needed) and ``gatepool probe-check`` without the zoos.
+The command on a real model: tests/vision/test_probe_check.py."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+from gatepool.analysis.probe import measure
+from gatepool.analysis.probe.check import Check, check_model, family_pick, summarize, table
+from gatepool.cli import main
+
+
+class Roll(nn.Module):
+    def forward(self, x):
+        return x.roll(1, dims=-1)
+
+
+def net(roll: bool) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), *([Roll()] if roll else []),
+        nn.Conv2d(16, 16, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10),
+    )  # fmt: skip
+
+
+def images() -> torch.Tensor:
+    return torch.randn(64, 3, 12, 12, generator=torch.Generator().manual_seed(0))
+
+
+def test_summarize_counts_every_row_and_names_the_first_without_a_rule():
+    report = measure(net(roll=True), images(), correlated=True)
+    c = summarize(report, "roll-net")
+    assert c.modules == len(report.rows) == 10  # (input), 8 modules, (output)
+    assert c.with_rule == 4  # (input), the conv, BatchNorm, the ReLU: nothing after the roll
+    assert c.no_rule.startswith("3 (Roll): roll: no correlated rule for call_method roll")
+    assert c.forward == 4 and c.backward == 0  # no gradient comes back through the roll
+    ratios = {r.name: r.predicted.var / r.forward.var for r in report.rows.values() if r.predicted.var}
+    name, kind = c.worst.split()
+    assert kind == "forward" and c.worst_ratio == pytest.approx(ratios[name])
+    assert all(abs(v - 1) <= abs(c.worst_ratio - 1) + 1e-12 for v in ratios.values())
+
+
+def test_check_model_on_a_model_with_every_rule():
+    c = check_model(net(roll=False), images(), "net")
+    assert (c.modules, c.with_rule, c.forward) == (9, 9, 9) and not c.no_rule and not c.error
+    assert c.size == 12 and c.seconds > 0
+    rows = measure(net(roll=False), images(), correlated=True).rows.values()
+    assert c.backward == sum(abs(r.predicted.grad_e2 / r.backward.e2 - 1) <= 0.15 for r in rows)
+
+
+def test_a_model_the_walk_cannot_trace_is_an_error_line():
+    class Branchy(nn.Module):
+        def forward(self, x):
+            return x if x.shape[1] > 1 else -x
+
+    c = check_model(nn.Sequential(nn.Conv2d(3, 4, 3), Branchy()), images())
+    assert c.with_rule == 0 and "Untraceable" in c.error
+    assert "Untraceable" in table([c])
+
+
+def test_family_pick_and_table():
+    assert family_pick(["resnet50", "resnet18", "resnext101_32x8d", "wide_resnet50_2"]) == "resnet18"
+    assert family_pick(["efficientnet_b3", "efficientnet_b0", "efficientnet_v2_l"]) == "efficientnet_b0"
+    assert family_pick(["regnet_y_16gf", "regnet_x_400mf", "regnet_x_8gf"]) == "regnet_x_400mf"
+    lines = table([Check("tv:a", 64, 10, 9, 8, 7, "x forward", 1.31, "y (Z): no rule", 1.25),
+                   Check("tv:b", error="runs at none of [64]")]).splitlines()  # fmt: skip
+    assert lines[2] == "| tv:a | 64 | 10 | 9 | 8 | 7 | x forward (1.31) | y (Z): no rule | 1.2 |"
+    assert lines[3].startswith("| tv:b | – | – |") and "runs at none of [64]" in lines[3]
+
+
+def test_probe_check_without_the_zoos_says_how_to_get_them(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "timm", None)
+    assert main(["probe-check", "--zoo", "torchvision"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needs torchvision" in err and "make test-vision" in err
+    assert main(["probe-check", "--models", "timm:resnet18"]) == 2
+    assert "needs timm" in capsys.readouterr().err
+    assert main(["probe-check", "--models", "resnet18"]) == 2
+    assert "tv:NAME or timm:NAME" in capsys.readouterr().err
