@@ -145,6 +145,12 @@ def _layernorm(m: nn.LayerNorm, channels_first: bool = False):
     return step
 
 
+def _attention(m: nn.MultiheadAttention):
+    if not m._qkv_same_embed_dim or not m.batch_first or m.bias_k is not None or m.dropout:
+        raise NotImplementedError("attention rule: batch first, one embedding size, no bias_kv, no dropout")
+    return cr.Attention(m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias, m.num_heads)
+
+
 def _drop_path(m: nn.Module):
     """torchvision's ``StochasticDepth(p, mode)`` or timm's ``DropPath(drop_prob, scale_by_keep)``."""
     p = float(getattr(m, "p", getattr(m, "drop_prob", 0.0)) or 0.0)
@@ -168,6 +174,7 @@ _RULES = {
     nn.AdaptiveAvgPool2d: _Adaptive,
     nn.GroupNorm: _groupnorm,
     nn.LayerNorm: _layernorm,
+    nn.MultiheadAttention: _attention,
     nn.modules.batchnorm._BatchNorm: _batchnorm,
     nn.Dropout: lambda m: cr.Dropout(m.p, m.training),
     nn.ChannelShuffle: lambda m: cr.ChannelShuffle(m.groups),
@@ -417,7 +424,7 @@ def _flattens_positions(n: fx.Node, f: cr.Field, const: dict) -> bool:
 def _in_layout(m: nn.Module, step, f: cr.Field, layout: tuple):
     """A module's step on a tensor of this layout: a Linear on a map mixes the channels at each
     position (a 1×1 conv), a LayerNorm needs its dim to be the channels, the rest channels first."""
-    if f.shape[1:] == (1, 1) or isinstance(step, _ANY_LAYOUT):
+    if f.shape[1:] == (1, 1) or isinstance(step, (*_ANY_LAYOUT, cr.Attention)):
         return step
     if isinstance(step, cr.Linear):
         if layout[-1] != "C":
@@ -617,6 +624,10 @@ def predict_correlated(
                 elif n.target in _PERMUTES or n.target in _TRANSPOSES:
                     dims[n] = _permuted(n, layout)
                     value[n], steps[n] = value[args[0]], _Identity()
+                elif n.target is operator.getitem and isinstance(steps.get(args[0]), cr.Attention):
+                    if n.args[1] != 0:
+                        raise NotImplementedError("the attention weights")
+                    value[n], steps[n] = value[args[0]], _Identity()
                 elif n.target is operator.getitem:
                     step = _select(n, layout)
                     value[n], steps[n], dims[n] = step.forward(value[args[0]]), step, ("C",)
@@ -626,6 +637,10 @@ def predict_correlated(
                     if make is None:
                         raise NotImplementedError(f"no correlated rule for {type(m).__name__}")
                     step = _in_layout(m, make(m), value[args[0]], layout)
+                    if isinstance(step, cr.Attention):  # self-attention: query, key and value one tensor
+                        if len(set(args)) != 1 or layout != ("W", "C"):
+                            raise NotImplementedError("attention but batch-first self-attention on tokens")
+                        inputs[n] = args[:1]
                     before = steps.get(args[0])
                     if isinstance(step, cr.MaxPool) and isinstance(before, cr.ReLU):  # max ReLU = ReLU max
                         value[n] = step.forward(value[args[0]], pre=before.x)

@@ -35,6 +35,7 @@ The rules, each from the module's actual weights, one file each (its equations i
     gate.py     x · s with s a per-sample, per-channel gate (squeeze-and-excitation)
     shift.py    a sum with a constant (a position embedding)
     tokens.py   positions flattened into tokens, a constant token set beside them, one token taken out
+    attention.py  softmax self-attention over tokens (a first model: mixing weights near uniform)
 
 ``field.py`` holds the state and the lag helpers, ``normal.py`` the normal integrals, ``measure.py`` the
 measurement (the input's statistics, and a tensor's for comparison). The walk through a model is
@@ -42,6 +43,7 @@ measurement (the input's statistics, and a tensor's for comparison). The walk th
 """
 
 from gatepool.analysis.probe.correlated.add import add, add_grads
+from gatepool.analysis.probe.correlated.attention import Attention
 from gatepool.analysis.probe.correlated.cat import Cat
 from gatepool.analysis.probe.correlated.conv import Conv, autocorr, box_conv
 from gatepool.analysis.probe.correlated.dropout import Dropout
@@ -62,6 +64,7 @@ from gatepool.analysis.probe.correlated.stochastic_depth import StochasticDepth
 from gatepool.analysis.probe.correlated.tokens import FlattenPositions, SelectToken, TokenCat
 
 __all__ = [
+    "Attention",
     "BatchNorm",
     "Cat",
     "ChannelShuffle",
