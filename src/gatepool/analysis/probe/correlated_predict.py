@@ -137,6 +137,27 @@ def _batchnorm(m: nn.modules.batchnorm._BatchNorm):
     )
 
 
+def _layernorm(m: nn.LayerNorm, channels_first: bool = False):
+    """LayerNorm over one dim: the tensor's last (``nn.LayerNorm(C)``) or its channels (``LayerNorm2d``)."""
+    if len(m.normalized_shape) != 1:
+        raise NotImplementedError("LayerNorm over more than one dim")
+    step = cr.LayerNorm(m.weight if m.elementwise_affine else None, getattr(m, "bias", None), m.eps)
+    step.channels_first = channels_first
+    return step
+
+
+def _attention(m: nn.MultiheadAttention):
+    if not m._qkv_same_embed_dim or not m.batch_first or m.bias_k is not None or m.dropout:
+        raise NotImplementedError("attention rule: batch first, one embedding size, no bias_kv, no dropout")
+    return cr.Attention(m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias, m.num_heads)
+
+
+def _drop_path(m: nn.Module):
+    """torchvision's ``StochasticDepth(p, mode)`` or timm's ``DropPath(drop_prob, scale_by_keep)``."""
+    p = float(getattr(m, "p", getattr(m, "drop_prob", 0.0)) or 0.0)
+    return cr.StochasticDepth(p, m.training, getattr(m, "scale_by_keep", True))
+
+
 _RULES = {  # the built-in rules; register_correlated_rule adds a user's (a module class or a function)
     nn.Conv2d: _conv,
     nn.Linear: lambda m: cr.Linear(m.weight, m.bias),
@@ -153,6 +174,8 @@ _RULES = {  # the built-in rules; register_correlated_rule adds a user's (a modu
     nn.AvgPool2d: _AvgPool,
     nn.AdaptiveAvgPool2d: _Adaptive,
     nn.GroupNorm: _groupnorm,
+    nn.LayerNorm: _layernorm,
+    nn.MultiheadAttention: _attention,
     nn.modules.batchnorm._BatchNorm: _batchnorm,
     nn.Dropout: lambda m: cr.Dropout(m.p, m.training),
     nn.ChannelShuffle: lambda m: cr.ChannelShuffle(m.groups),
@@ -176,7 +199,20 @@ def register_correlated_rule(target, rule=None):
     return _RULES.register(target, rule)
 
 
+# modules of torchvision and timm by their qualified class names (neither is imported here); these come
+# before their base classes (a LayerNorm2d is an nn.LayerNorm over the channels, not the last dim)
+_NAMED_RULES = {
+    "torchvision.models.convnext.LayerNorm2d": lambda m: _layernorm(m, channels_first=True),
+    "timm.layers.norm.LayerNorm2d": lambda m: _layernorm(m, channels_first=True),
+    "torchvision.ops.stochastic_depth.StochasticDepth": _drop_path,
+    "timm.layers.drop.DropPath": _drop_path,
+}
+
+
 def _rule(m: nn.Module):
+    for cls in type(m).__mro__:  # torchvision's and timm's classes by name, before their bases
+        if f"{cls.__module__}.{cls.__qualname__}" in _NAMED_RULES:
+            return _NAMED_RULES[f"{cls.__module__}.{cls.__qualname__}"]
     return _RULES.lookup(type(m))
 
 
@@ -258,7 +294,8 @@ def _factor(v, shape: tuple[int, int, int]) -> torch.Tensor:
     return t
 
 
-def _scale(n: fx.Node, x: fx.Node, shape: tuple[int, int, int], const: dict) -> cr.Scale:
+def _scale(n: fx.Node, x: fx.Node, shape: tuple[int, int, int], const: dict, dims=("C", "H", "W")
+           ) -> cr.Scale:
     """x · c, c · x or x / c with c a number or a constant: the factor map's :class:`correlated.Scale`."""
     if len(n.args) != 2 or n.kwargs.get("rounding_mode") is not None or set(n.kwargs) - {"rounding_mode"}:
         raise NotImplementedError(f"{getattr(n.target, '__name__', n.target)} with these arguments")
@@ -266,12 +303,12 @@ def _scale(n: fx.Node, x: fx.Node, shape: tuple[int, int, int], const: dict) -> 
     divide = n.target in _DIVS
     if divide and a is not x:
         raise NotImplementedError("a constant divided by a tensor")
-    c = _factor(b if a is x else a, shape)
+    c = _factor(_to_field(b if a is x else a, dims), shape)
     return cr.Scale(1 / c if divide else c)
 
 
-def _size(n: fx.Node, value: dict) -> torch.Size | int | None:
-    """``x.size()``, ``x.size(d)`` or ``x.shape`` of a map (positions besides one: a 4-D tensor), its
+def _size(n: fx.Node, value: dict, dims: dict) -> torch.Size | int | None:
+    """``x.size()``, ``x.size(d)`` or ``x.shape`` of a map (positions besides one), in its layout, its
     batch taken as 1; None for anything else."""
     is_size = n.op == "call_method" and n.target == "size"
     if not (is_size or (n.target is getattr and n.args[1:] == ("shape",))):
@@ -279,11 +316,12 @@ def _size(n: fx.Node, value: dict) -> torch.Size | int | None:
     f = value.get(n.args[0]) if isinstance(n.args[0], fx.Node) else None
     if f is None or f.shape[1:] == (1, 1):
         return None
-    size = torch.Size((1, *f.shape))
+    layout = dims.get(n.args[0], _CHW)
+    size = torch.Size((1, *(f.shape[_CHW.index(a)] for a in layout)))
     d = n.kwargs.get("dim", n.args[1] if is_size and len(n.args) > 1 else None)
     if d is None:
         return size
-    return size[d] if isinstance(d, int) and -4 <= d < 4 else None
+    return size[d] if isinstance(d, int) and -len(size) <= d < len(size) else None
 
 
 def _shape_args(n: fx.Node, const: dict) -> list | None:
@@ -331,6 +369,88 @@ def _shuffle(n: fx.Node, shape: tuple[int, int, int], const: dict) -> tuple[list
     else:
         ok = last.target in ("flatten", torch.flatten) and list(last.args[1:]) == [1, 2] and not last.kwargs
     return (chain + [last], g) if ok else None
+
+
+_CHW = ("C", "H", "W")
+_PERMUTES = (torch.permute, "permute")
+# steps that act on each element (or each sample) alike: any layout of the tensor's dims
+_ANY_LAYOUT = (cr.Pointwise, cr.ReLU, cr.Dropout, cr.StochasticDepth, _Identity)
+
+
+def _permuted(n: fx.Node, layout: tuple) -> tuple:
+    """The layout after a permute or transpose (the batch dim stays first): the field is as it was, its
+    axes ("C", "H", "W"; those of size 1 may be left out) named in the tensor's order."""
+    full = ("N", *layout)
+    if n.target in _PERMUTES:
+        perm = list(n.args[1:])
+        if len(perm) == 1 and isinstance(perm[0], (list, tuple)):
+            perm = list(perm[0])
+        perm = perm or list(n.kwargs.get("dims", ()))
+    else:
+        a, b = n.args[1:3] if len(n.args) >= 3 else (n.kwargs.get("dim0"), n.kwargs.get("dim1"))
+        if not isinstance(a, int) or not isinstance(b, int):
+            raise NotImplementedError("a transpose of traced dims")
+        perm = list(range(len(full)))
+        perm[a % len(full)], perm[b % len(full)] = perm[b % len(full)], perm[a % len(full)]
+    if not all(isinstance(d, int) for d in perm) or len(perm) != len(full):
+        raise NotImplementedError(f"a permute of a {len(full)}-D tensor by {perm}")
+    perm = [d % len(full) for d in perm]
+    if sorted(perm) != list(range(len(full))) or perm[0] != 0:
+        raise NotImplementedError("a permute that moves the batch")
+    return tuple(full[d] for d in perm[1:])
+
+
+def _to_field(v, layout: tuple):
+    """A constant broadcast against a tensor of this layout, as a tensor on the field's (C, H, W)."""
+    if layout == _CHW or not isinstance(v, torch.Tensor):
+        return v
+    t = v.detach()
+    if t.ndim > len(layout) + 1 or (t.ndim == len(layout) + 1 and t.shape[0] != 1):
+        raise NotImplementedError(f"a {tuple(t.shape)} constant on a {layout} tensor")
+    t = t.reshape((1,) * (len(layout) - t.ndim + 1) + tuple(t.shape))[0]
+    axes = [a for a in _CHW if a in layout]
+    t = t.permute([layout.index(a) for a in axes])
+    return t.reshape([t.shape[axes.index(a)] if a in axes else 1 for a in _CHW])
+
+
+def _flattens_positions(n: fx.Node, f: cr.Field, const: dict) -> bool:
+    """Whether ``n`` is ``x.flatten(2)`` or ``x.reshape(N, C, H·W)`` of a (C, H, W) map: its tokens."""
+    C, H, W = f.shape
+    if n.target in ("flatten", torch.flatten):
+        start = n.kwargs.get("start_dim", n.args[1] if len(n.args) > 1 else 0)
+        end = n.kwargs.get("end_dim", n.args[2] if len(n.args) > 2 else -1)
+        return start in (2, -2) and end in (3, -1)
+    want = _shape_args(n, const) if n.target in _RESHAPES else None
+    ok = want is not None and len(want) == 3 and want[0] in (1, -1) and want[1] == C
+    return ok and want[2] in (H * W, -1)
+
+
+def _in_layout(m: nn.Module, step, f: cr.Field, layout: tuple):
+    """A module's step on a tensor of this layout: a Linear on a map mixes the channels at each
+    position (a 1×1 conv), a LayerNorm needs its dim to be the channels, the rest channels first."""
+    if f.shape[1:] == (1, 1) or isinstance(step, (*_ANY_LAYOUT, cr.Attention)):
+        return step
+    if isinstance(step, cr.Linear):
+        if layout[-1] != "C":
+            raise NotImplementedError(f"Linear over the {layout[-1]} dim of a map")
+        return cr.Conv(m.weight[:, :, None, None], m.bias, (1, 1), (0, 0))
+    if isinstance(step, cr.LayerNorm) and not step.channels_first:
+        if layout[-1] != "C":
+            raise NotImplementedError(f"LayerNorm over the {layout[-1]} dim of a map")
+        return step
+    if layout != _CHW:
+        raise NotImplementedError(f"{type(m).__name__} of a {layout} tensor (channels first only)")
+    return step
+
+
+def _select(n: fx.Node, layout: tuple) -> cr.SelectToken:
+    """``x[:, i]`` of tokens (a class token)."""
+    idx = n.args[1]
+    if layout != ("W", "C") or not (
+        isinstance(idx, tuple) and len(idx) == 2 and idx[0] == slice(None) and isinstance(idx[1], int)
+    ):
+        raise NotImplementedError(f"an index {idx!r} of a {layout} tensor (a token only: x[:, i])")
+    return cr.SelectToken(idx[1])
 
 
 def _pooled(fields: list, key: str) -> float | None:
@@ -446,13 +566,14 @@ def predict_correlated(
     inputs: dict[fx.Node, list[fx.Node]] = {}
     const: dict[fx.Node, object] = {}  # parameters, buffers, maps' sizes and what is computed from them
     planned: dict[fx.Node, object] = {}  # the later steps of a chain recognised whole (a channel shuffle)
+    dims: dict[fx.Node, tuple] = {}  # the tensor's dims after the batch as the field's axes (_permuted)
     out_node = None
     with torch.no_grad():
         for n in nodes:
             if n.op == "get_attr":
                 const[n] = functools.reduce(getattr, str(n.target).split("."), gm)
                 continue
-            size = _size(n, value)
+            size = _size(n, value, dims)
             if size is not None:
                 const[n] = size
                 continue
@@ -466,7 +587,7 @@ def predict_correlated(
                     continue
             args = [a for a in found if a not in const]
             if n.op == "placeholder":
-                value[n] = input_stats
+                value[n], dims[n] = input_stats, _CHW
                 continue
             if n.op == "output":
                 out_node = n.args[0] if isinstance(n.args[0], fx.Node) else None
@@ -481,6 +602,8 @@ def predict_correlated(
                     else f"{n.name}: no rule"
                 )
                 continue
+            layout = dims.get(args[0], _CHW)
+            dims[n] = layout  # as its first input's unless the step changes it
             try:
                 if n in planned:
                     steps[n] = planned.pop(n)
@@ -497,12 +620,26 @@ def predict_correlated(
                     step = cr.ChannelShuffle(groups)
                     value[n] = step.forward(value[args[0]])
                     steps[n] = step
+                elif n.target in _PERMUTES or n.target in _TRANSPOSES:
+                    dims[n] = _permuted(n, layout)
+                    value[n], steps[n] = value[args[0]], _Identity()
+                elif n.target is operator.getitem and isinstance(steps.get(args[0]), cr.Attention):
+                    if n.args[1] != 0:
+                        raise NotImplementedError("the attention weights")
+                    value[n], steps[n] = value[args[0]], _Identity()
+                elif n.target is operator.getitem:
+                    step = _select(n, layout)
+                    value[n], steps[n], dims[n] = step.forward(value[args[0]]), step, ("C",)
                 elif n.op == "call_module":
                     m = gm.get_submodule(str(n.target))
                     make = _rule(m)
                     if make is None:
                         raise NotImplementedError(f"no correlated rule for {type(m).__name__}")
-                    step = make(m)
+                    step = _in_layout(m, make(m), value[args[0]], layout)
+                    if isinstance(step, cr.Attention):  # self-attention: query, key and value one tensor
+                        if len(set(args)) != 1 or layout != ("W", "C"):
+                            raise NotImplementedError("attention but batch-first self-attention on tokens")
+                        inputs[n] = args[:1]
                     before = steps.get(args[0])
                     if isinstance(step, cr.MaxPool) and isinstance(before, cr.ReLU):  # max ReLU = ReLU max
                         value[n] = step.forward(value[args[0]], pre=before.x)
@@ -516,7 +653,15 @@ def predict_correlated(
                     step = make(*given[0], **given[1])
                     value[n] = step.forward(value[args[0]])
                     steps[n] = step
+                elif n.target in _ADDS and len(args) == 1 and len(n.args) == 2:  # x + a constant
+                    c = next(const.get(v, v) for v in n.args if v is not args[0])
+                    if isinstance(c, bool) or not isinstance(c, (int, float, torch.Tensor)):
+                        raise NotImplementedError(f"a sum with a {type(c).__name__}")
+                    step = cr.Shift(_to_field(c, layout))
+                    value[n], steps[n] = step.forward(value[args[0]]), step
                 elif n.target in _ADDS and len(args) == 2 and len(n.args) == 2:
+                    if dims.get(args[1], _CHW) != layout:
+                        raise NotImplementedError("a sum of tensors of two layouts")
                     value[n] = cr.add(value[args[0]], value[args[1]])
                     relus = [isinstance(steps.get(a), cr.ReLU) for a in args]
                     r = relus.index(True) if sum(relus) == 1 else None
@@ -524,19 +669,37 @@ def predict_correlated(
                         stream = steps[args[r]].law
                         value[n] = dataclasses.replace(value[n], parts=(value[args[1 - r]], stream))
                     steps[n] = _Add(r)
+                elif n.target in _CATS and layout == ("W", "C"):  # along the tokens, constants too
+                    dim = n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else 0)
+                    if dim not in (1, -2):
+                        raise NotImplementedError(f"cat of tokens along dim {dim}")
+                    if any(dims.get(a) != layout for a in args):
+                        raise NotImplementedError("cat of tensors of two layouts")
+                    step = cr.TokenCat()
+                    value[n] = step.forward([value[v] if v in value else _to_field(const[v], layout)
+                                             for v in n.args[0]])
+                    steps[n] = step
                 elif n.target in _CATS:
                     step = _cat(n, [value[a] for a in args])
                     value[n] = step.forward([value[a] for a in args])
                     steps[n] = step
+                elif n.target in _MULS and len(args) == 2 and len(n.args) == 2:  # x · s, s a gate
+                    if {dims.get(a, _CHW) for a in args} != {_CHW}:
+                        raise NotImplementedError("a product of tensors that are not channels first")
+                    step = cr.Gate()
+                    value[n], steps[n] = step.forward([value[a] for a in args]), step
                 elif (n.target in _MULS or n.target in _DIVS) and len(args) == 1:
-                    step = _scale(n, args[0], value[args[0]].shape, const)
+                    step = _scale(n, args[0], value[args[0]].shape, const, layout)
                     value[n] = step.forward(value[args[0]])
                     steps[n] = step
+                elif layout == _CHW and _flattens_positions(n, value[args[0]], const):  # into tokens
+                    step = cr.FlattenPositions()
+                    value[n], steps[n], dims[n] = step.forward(value[args[0]]), step, ("C", "W")
                 elif n.target in _FLAT or (n.op == "call_method" and n.target in ("flatten", "view")):
                     f = value[args[0]]
                     if f.shape[1:] != (1, 1):
                         raise NotImplementedError("flatten of a map with positions")
-                    value[n] = f
+                    value[n], dims[n] = f, ("C",)
                     steps[n] = _Identity()
                 elif n.target in _RELU or (n.op == "call_method" and n.target == "relu"):
                     step = cr.ReLU(exact_lags)
@@ -582,7 +745,7 @@ def predict_correlated(
                     continue
                 step = steps.get(n)
                 gi = per_input = None
-                if g is not None and isinstance(step, cr.Cat):  # each input its channels
+                if g is not None and isinstance(step, (cr.Cat, cr.Gate, cr.TokenCat)):  # each input its own
                     per_input = step.backward(g)
                 elif g is not None and step is not None and not isinstance(step, _Add):
                     gi = (

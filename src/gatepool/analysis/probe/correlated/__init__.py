@@ -30,6 +30,12 @@ The rules, each from the module's actual weights, one file each (its equations i
     cat.py      concatenation along channels
     scale.py    a product with a constant (layer scale, a multiply or divide by a number)
     shuffle.py  a channel shuffle (a permutation of the channels)
+    layernorm.py  LayerNorm over the channels at each position (channels-last, LayerNorm2d, tokens)
+    stochastic_depth.py  stochastic depth (a sample's whole branch dropped; train and eval)
+    gate.py     x · s with s a per-sample, per-channel gate (squeeze-and-excitation)
+    shift.py    a sum with a constant (a position embedding)
+    tokens.py   positions flattened into tokens, a constant token set beside them, one token taken out
+    attention.py  softmax self-attention over tokens (a first model: mixing weights near uniform)
 
 ``field.py`` holds the state and the lag helpers, ``normal.py`` the normal integrals, ``measure.py`` the
 measurement (the input's statistics, and a tensor's for comparison). The walk through a model is
@@ -37,10 +43,13 @@ measurement (the input's statistics, and a tensor's for comparison). The walk th
 """
 
 from gatepool.analysis.probe.correlated.add import add, add_grads
+from gatepool.analysis.probe.correlated.attention import Attention
 from gatepool.analysis.probe.correlated.cat import Cat
 from gatepool.analysis.probe.correlated.conv import Conv, autocorr, box_conv
 from gatepool.analysis.probe.correlated.dropout import Dropout
 from gatepool.analysis.probe.correlated.field import Field, neighbour_corr, unit_noise, xcorr
+from gatepool.analysis.probe.correlated.gate import Gate
+from gatepool.analysis.probe.correlated.layernorm import LayerNorm
 from gatepool.analysis.probe.correlated.linear import Linear
 from gatepool.analysis.probe.correlated.maxpool import MaxPool, clark_max
 from gatepool.analysis.probe.correlated.measure import measure_field, measure_fields, measure_input
@@ -56,21 +65,32 @@ from gatepool.analysis.probe.correlated.norms import BatchNorm, GroupNorm
 from gatepool.analysis.probe.correlated.pointwise import Pointwise, hermite_coefficients
 from gatepool.analysis.probe.correlated.relu import ReLU, relu_series_maps
 from gatepool.analysis.probe.correlated.scale import Scale
+from gatepool.analysis.probe.correlated.shift import Shift
 from gatepool.analysis.probe.correlated.shuffle import ChannelShuffle
+from gatepool.analysis.probe.correlated.stochastic_depth import StochasticDepth
+from gatepool.analysis.probe.correlated.tokens import FlattenPositions, SelectToken, TokenCat
 
 __all__ = [
+    "Attention",
     "BatchNorm",
     "Cat",
     "ChannelShuffle",
     "Conv",
     "Dropout",
     "Field",
+    "FlattenPositions",
+    "Gate",
     "GroupNorm",
+    "LayerNorm",
     "Linear",
     "MaxPool",
     "Pointwise",
     "ReLU",
     "Scale",
+    "SelectToken",
+    "Shift",
+    "StochasticDepth",
+    "TokenCat",
     "add",
     "add_grads",
     "autocorr",

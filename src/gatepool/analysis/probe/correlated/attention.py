@@ -1,0 +1,109 @@
+"""Softmax self-attention over tokens (``nn.MultiheadAttention(x, x, x)``, batch first: a ViT encoder's)
+on a (D, 1, T) field of T tokens, a first model at init: the mixing weights near uniform.
+
+q, k, v = the in-projections of x (per token: 1×1 convs, :class:`Conv`); per head of d channels the
+scores s_ij = q_i · k_j / √d, A = softmax_j s, o_i = Σ_j A_ij v_j, then the out-projection.
+
+spread    over the keys j of one query the scores vary by s² = (1/d) Σ_a E[q_a²] Var_tok(k_a)
+          (Var_tok: the sample's own variance over its tokens, E over samples); the part every query
+          shares (the token mean of q) by s_c² = (1/d) Σ_a E[q̄_a²] Var_tok(k_a). Log-normal weights:
+          A_ij = (1 + ε_ij)/T, E[ε_ij²] = κ = e^{s²} − 1, E[ε_ij ε_i'j] = κ_c = e^{s_c²} − 1 (i ≠ i'),
+          Σ_j ε_ij = 0 (so −κ/(T − 1) between two keys of one query), ε independent of v
+forward   per value channel, S = Σ_{j,j'} E[v_j v_j'] (all the tokens' second moments), S₀ = Σ_j E[v_j²]:
+          E[o_i²] = ((1 − κ/(T−1)) S + κ T/(T−1) S₀)/T²,  E[o_i o_i'] the same with κ_c, E[o] = v̄'s mean:
+          between the token covariance average (κ = 0: every output the tokens' mean) and v's variance
+backward  ∂L/∂v_j = Σ_i A_ij G_i: the forward's sums with the queries' and keys' roles swapped;
+          ∂L/∂q_i = (1/√d) Σ_j A_ij (G_i·(v_j − o_i)) k_j:
+              E = Var_tok(k_a)/(dT) Σ_b Var_tok(v_b) E[G_ib G_i'b];
+          ∂L/∂k_j = (1/√d) Σ_i A_ij (G_i·(v_j − o_i)) q_i:
+              E = 1/(dT²) Σ_{i,i'} Σ_b Var_tok(v_b) E[G_ib G_i'b] E[q_ia q_i'a], the weighted gradient
+              Z_i = Σ_b Var_tok(v_b) E[G_ib²] and its correlation one for the head's channels (a class
+              token's query, unlike the others', counts where the gradient is); the keys' uncorrelated;
+          the three paths into x through the in-projections, independent
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gatepool.analysis.probe.correlated.add import add_grads
+from gatepool.analysis.probe.correlated.conv import Conv
+from gatepool.analysis.probe.correlated.field import Field, _field_from_sums, xcorr
+
+
+def _token_var(f: Field) -> torch.Tensor:
+    """(D,) E over samples of a sample's variance over its tokens: mean E[x²] − E[x̄²]."""
+    T = f.shape[-1]
+    mbar = f.mean.mean((1, 2))
+    return ((f.var + f.mean**2).mean((1, 2)) - mbar**2 - f.lag_sums().sum((1, 2)) / T**2).clamp_min(0)
+
+
+def _stationary(mean: torch.Tensor, var: torch.Tensor, cov: torch.Tensor, T: int) -> Field:
+    """A (D, 1, T) field of one mean, variance and covariance at every lag ≠ 0, per channel."""
+    D = len(var)
+    corr = (cov / var.clamp_min(1e-300)).clamp(-1, 1)[:, None, None].expand(D, 1, 2 * T - 1).clone()
+    corr[:, 0, T - 1] = 1.0
+    mean, var = (t[:, None, None].expand(D, 1, T).clone() for t in (mean, var))
+    return Field(mean, var, corr)
+
+
+class Attention:
+    """``nn.MultiheadAttention``'s self-attention from its in- and out-projections and head count."""
+
+    def __init__(self, in_weight, in_bias, out_weight, out_bias, num_heads: int) -> None:
+        D = out_weight.shape[0]
+        if num_heads < 1 or D % num_heads or in_weight.shape != (3 * D, D):
+            raise ValueError(f"num_heads must divide the embedding's {D} channels, got {num_heads}")
+        w = in_weight.detach()
+        b = [None] * 3 if in_bias is None else in_bias.detach().chunk(3)
+        self.q, self.k, self.v = (Conv(wi[:, :, None, None], bi, (1, 1), (0, 0))
+                                  for wi, bi in zip(w.chunk(3), b))
+        self.out = Conv(out_weight.detach()[:, :, None, None], out_bias, (1, 1), (0, 0))
+        self.h, self.d = num_heads, D // num_heads
+
+    def _per_head(self, t: torch.Tensor) -> torch.Tensor:  # (D, ...) -> per channel, its head's sum
+        return t.reshape(self.h, self.d, *t.shape[1:]).sum(1).repeat_interleave(self.d, 0)
+
+    def forward(self, x: Field) -> Field:
+        D, H, T = x.shape
+        if H != 1 or T < 2:
+            raise ValueError(f"x must be a (D, 1, T) field of T ≥ 2 tokens, got {x.shape}")
+        fq, fk, fv = self.q.forward(x), self.k.forward(x), self.v.forward(x)
+        self.fq, self.T = fq, T
+        self.kt, self.vt = _token_var(fk), _token_var(fv)
+        eq2 = (fq.var + fq.mean**2).mean((1, 2))
+        eqbar2 = fq.mean.mean((1, 2)) ** 2 + fq.lag_sums().sum((1, 2)) / T**2
+        s2 = self._per_head(eq2 * self.kt) / self.d
+        sc2 = self._per_head(eqbar2 * self.kt) / self.d
+        # Σ_j A_ij² = (1 + κ)/T ≤ 1: one key taking all the weight bounds it
+        self.kappa = torch.expm1(s2.clamp(max=30)).clamp(max=T - 1)
+        self.kappa_c = torch.minimum(torch.expm1(sc2.clamp(max=30)), self.kappa)
+        S0 = (fv.var + fv.mean**2).sum((1, 2))
+        S = fv.lag_sums().sum((1, 2)) + fv.mean.sum((1, 2)) ** 2
+        mbar = fv.mean.mean((1, 2))
+
+        def second(k):
+            return ((1 - k / (T - 1)) * S + k * T / (T - 1) * S0) / T**2
+
+        o = _stationary(mbar, second(self.kappa) - mbar**2, second(self.kappa_c) - mbar**2, T)
+        return self.out.forward(o)
+
+    def backward(self, g: Field) -> Field:
+        T, d = self.T, self.d
+        G = self.out.backward(g)  # (D, 1, T) at the heads' outputs
+        TG = G.lag_sums()
+        Gd, Gall = G.var.sum((1, 2)), TG.sum((1, 2))
+        k, kc = self.kappa, self.kappa_c
+        gv = _stationary(torch.zeros_like(Gd), ((1 + k) * Gd + (1 + kc) * (Gall - Gd)) / T**2,
+                         ((1 - k / (T - 1)) * Gd + (1 - kc / (T - 1)) * (Gall - Gd)) / T**2, T)
+        Z = self._per_head(self.vt[:, None, None] * G.var)  # Σ_b Var_tok(v_b) E[G_ib²] (D, 1, T)
+        ZT = self._per_head(self.vt[:, None, None] * TG)  # its lag sums
+        a = (self.kt / (d * T))[:, None, None]
+        gq = _field_from_sums(torch.zeros_like(Z), a * Z, a * ZT)
+        fq, sz = self.fq, Z.clamp_min(0).sqrt()
+        rho = _field_from_sums(torch.zeros_like(Z), Z, ZT).corr  # the weighted gradients' correlation
+        sq = fq.var.clamp_min(0).sqrt()
+        QZ = fq.corr * xcorr(sz * sq, sz * sq) + xcorr(sz * fq.mean, sz * fq.mean)  # Σ_i √Z_i √Z_i+e E[q q']
+        vk = (rho * QZ).sum((1, 2)) / (d * T**2)
+        gk = _stationary(torch.zeros_like(vk), vk, torch.zeros_like(vk), T)
+        return add_grads(add_grads(self.q.backward(gq), self.k.backward(gk)), self.v.backward(gv))

@@ -1,0 +1,41 @@
+"""Stochastic depth (torchvision's ``StochasticDepth``, timm's ``DropPath``): y = x · b · s per sample,
+b ~ Bernoulli(q) for the whole sample ("row"; "batch": one b for the batch, the same in expectation),
+q = 1 − p, s = 1/q (or 1: timm's ``scale_by_keep=False``).
+
+forward   E[y_p] = q s m_p;  E[y_p y_q] = q s² E[x_p x_q] at every pair, the lags too (one b a sample):
+          Var y_p = q s² (v_p + m_p²) − (q s m_p)²,  T_y(e) = q s² (T(e) + M(e)) − (q s)² M(e),
+          M(e) = Σ_p m_p m_{p+e}
+backward  ∂L/∂x = g · b · s with the forward's b: E[(∂L/∂x)_p (∂L/∂x)_q] = q s² Cov(g_p, g_q)
+eval      the identity (p = 0 too)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gatepool.analysis.probe.correlated.field import Field, _field_from_sums, xcorr
+
+
+class StochasticDepth:
+    """A sample's whole input dropped with probability ``p`` (``training=False``: the identity)."""
+
+    def __init__(self, p: float, training: bool = True, scale_by_keep: bool = True) -> None:
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"p must be in [0, 1), got {p}")
+        self.q, self.active = 1.0 - p, training and p > 0
+        self.s = 1.0 / self.q if scale_by_keep else 1.0
+
+    def forward(self, x: Field) -> Field:
+        if not self.active:
+            return x
+        q, s = self.q, self.s
+        M = xcorr(x.mean, x.mean)
+        var = q * s * s * (x.var + x.mean**2) - (q * s * x.mean) ** 2
+        return _field_from_sums(q * s * x.mean, var, q * s * s * (x.lag_sums() + M) - (q * s) ** 2 * M)
+
+    def backward(self, g: Field) -> Field:
+        if not self.active:
+            return g
+        k = self.q * self.s * self.s
+        return _field_from_sums(torch.zeros_like(g.var), k * g.var, k * g.lag_sums(), None if g.yy is None
+                                else k * g.yy)

@@ -1,0 +1,104 @@
+"""Positions as tokens (the ViT path): a map's positions flattened into one sequence, tokens of fixed
+values (a class token) set beside it, one token taken out.
+
+flatten   (C, H, W) → (C, 1, H·W) in row-major order: the means and variances as they are; the pair
+          (p, q) at map lag (d_h, d_w) is at sequence lag k = d_h W + d_w, so exactly
+          T₁(k) = Σ_{d_h W + d_w = k} T(d_h, d_w)
+          back: ρ(d_h, d_w) = ρ₁(d_h W + d_w) (the gradient's stationary correlation along the sequence)
+cat       fields and constants (C, 1, n) along the tokens: means and variances set side by side (a
+          constant: its value, variance 0); the lag sums add (the pieces independent); back: each field
+          its tokens, ρ as it is
+select    token i of a (C, 1, T) field: (C, 1, 1); back: the gradient at token i, zero elsewhere
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
+
+
+def _seq_lag(H: int, W: int) -> torch.Tensor:
+    """(2H−1, 2W−1): the sequence lag d_h W + d_w of each map lag, offset to index 0 … 2HW−2."""
+    dh = torch.arange(-(H - 1), H)[:, None]
+    dw = torch.arange(-(W - 1), W)[None, :]
+    return dh * W + dw + H * W - 1
+
+
+class FlattenPositions:
+    """``x.flatten(2)`` / ``x.reshape(N, C, H·W)`` of a (C, H, W) field: a (C, 1, H·W) sequence."""
+
+    def forward(self, x: Field) -> Field:
+        C, H, W = x.shape
+        self.hw = (H, W)
+        T = torch.zeros((C, 2 * H * W - 1), dtype=_DT)
+        T.index_add_(1, _seq_lag(H, W).flatten(), x.lag_sums().flatten(1))
+        return _field_from_sums(x.mean.reshape(C, 1, -1), x.var.reshape(C, 1, -1), T[:, None])
+
+    def backward(self, g: Field) -> Field:
+        C = g.shape[0]
+        H, W = self.hw
+        var = g.var.reshape(C, H, W)
+        corr = g.corr[:, 0][:, _seq_lag(H, W)]
+        s = var.clamp_min(0).sqrt()
+        return _field_from_sums(torch.zeros_like(var), var, corr * xcorr(s, s))
+
+
+class TokenCat:
+    """``torch.cat`` along the tokens of (C, 1, n) pieces, each a :class:`Field` or a constant tensor."""
+
+    def forward(self, pieces: list) -> Field:
+        if not pieces or not any(isinstance(p, Field) for p in pieces):
+            raise ValueError("pieces must hold at least one field")
+        parts = []
+        for p in pieces:
+            if isinstance(p, Field):
+                parts.append((p.mean, p.var, p.lag_sums()))
+            else:
+                c = torch.as_tensor(p).detach().to("cpu", _DT)
+                parts.append((c, torch.zeros_like(c), None))
+        shapes = {m.shape[:2] for m, _, _ in parts}
+        if len(shapes) != 1 or next(iter(shapes))[1] != 1:
+            raise ValueError(f"pieces must be (C, 1, n) of one C, got {[tuple(m.shape) for m, _, _ in parts]}"
+                             )
+        self.sizes = [m.shape[-1] for m, _, _ in parts]
+        self.fields = [isinstance(p, Field) for p in pieces]
+        n = sum(self.sizes)
+        T = torch.zeros((parts[0][0].shape[0], 1, 2 * n - 1), dtype=_DT)
+        for (_, _, t), k in zip(parts, self.sizes):
+            if t is not None:
+                T[..., n - k : n + k - 1] += t
+        mean, var = (torch.cat([part[i] for part in parts], -1) for i in (0, 1))
+        return _field_from_sums(mean, var, T)
+
+    def backward(self, g: Field) -> list[Field]:
+        """One gradient field per field piece, in order."""
+        n, out, start = sum(self.sizes), [], 0
+        for k, is_field in zip(self.sizes, self.fields):
+            if is_field:
+                out.append(Field(g.mean[..., start : start + k], g.var[..., start : start + k],
+                                 g.corr[..., n - k : n + k - 1]))
+            start += k
+        return out
+
+
+class SelectToken:
+    """``x[:, i]`` of a (C, 1, T) field (a class token)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def forward(self, x: Field) -> Field:
+        C, H, T = x.shape
+        if H != 1 or not -T <= self.index < T:
+            raise ValueError(f"index must select one of the field's {T} tokens, got {self.index}")
+        self.T, i = T, self.index % T
+        return Field(x.mean[..., i : i + 1], x.var[..., i : i + 1], torch.ones((C, 1, 1), dtype=_DT))
+
+    def backward(self, g: Field) -> Field:
+        C, i = g.shape[0], self.index % self.T
+        var = torch.zeros((C, 1, self.T), dtype=_DT)
+        var[..., i] = g.var[..., 0]
+        corr = torch.zeros((C, 1, 2 * self.T - 1), dtype=_DT)
+        corr[..., self.T - 1] = 1.0
+        return Field(torch.zeros_like(var), var, corr)
