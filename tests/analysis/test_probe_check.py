@@ -1,5 +1,5 @@
 """gatepool.analysis.probe.check's counting (no zoo needed) and ``gatepool probe-check`` without the zoos.
-The command on a real model: tests/vision/test_probe_check.py."""
+The command on a real model: tests/vision/test_probe_check_zoo.py."""
 
 from __future__ import annotations
 
