@@ -41,7 +41,9 @@ def test_conv_forward_mnist_input_is_not_gaussian(tmp_path):
 
 def test_padding_map_and_its_correction(tmp_path):
     c, rec = run("padding-map", tmp_path)
-    assert all(x["verdict"] == "ok" for x in c.values()), c
+    assert all(x["verdict"] == "ok" for k, x in c.items() if k != "map-max"), c
+    # the colour scale's 2.1 is not reached where each position's σ² averages the batch × 32 channels
+    assert c["map-max"]["verdict"] == "off" and c["map-max"]["miss"] == "setup differs"
     assert c["corner"]["measured"] / c["middle"]["measured"] == pytest.approx(4 / 9, abs=0.06)
     assert (tmp_path / "padding-map" / "padding-map.png").is_file()
     assert c["corrected-corner"]["source"] == "ours"
