@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_probe_correlated import DT, _ramp, gaussian_field
+from test_probe_correlated import DT, _ramp, assert_walk_holds, gaussian_field
 
 from gatepool.analysis.probe import correlated as cr
 
@@ -71,29 +71,10 @@ def test_the_walk_follows_a_vit():
     the head's 1.13 (the class token after the final LayerNorm: nearly a constant, its small spread
     over-predicted), the backward 0.95–1.01 but the patch embedding's 1.20: the patches get their whole
     gradient through the attention's backward, from the class token alone (the near-uniform model)."""
-    from gatepool.analysis.probe.correlated_predict import predict_correlated
 
     torch.manual_seed(0)
     model = _ViT().double()
     x = torch.randn(512, 3, 16, 16, generator=torch.Generator().manual_seed(1), dtype=DT)
-    pred = predict_correlated(model, cr.measure_input(x))
-    assert not pred.notes, pred.notes
-    acts, grads = {}, {}
-
-    def hook(mod, args, y, n):
-        y = y[0] if isinstance(y, tuple) else y
-        acts[n] = y.detach()
-        y.register_hook(lambda g: grads.__setitem__(n, g.detach()))
-
     names = ["conv_proj", "ln_1", "self_attention", "ln_2", "mlp.0", "mlp.1", "mlp", "ln", "head"]
-    for n in names:
-        model.get_submodule(n).register_forward_hook(lambda mod, a, y, n=n: hook(mod, a, y, n))
-    out = model(x.requires_grad_())
-    seed = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=DT)
-    (out * seed / seed.pow(2).mean().sqrt()).sum().backward()
-    for n in names:
-        row = pred[n]
-        assert row.var is not None and row.grad_e2 is not None, (n, row.note)
-        assert abs(row.var / float(acts[n].var(unbiased=False)) - 1) < 0.15, (n, row.var)
-        assert abs(row.grad_e2 / float(grads[n].pow(2).mean()) - 1) < 0.25, (n, row.grad_e2)
+    assert_walk_holds(model, x, names, fwd=0.15, bwd=0.25)
 

@@ -74,6 +74,36 @@ def test_measure_field_recovers_the_known_correlation():
     assert cr.neighbour_corr(exact, 1) > 0.5  # a strongly correlated field: the test can tell
 
 
+def assert_walk_holds(model: nn.Module, x: torch.Tensor, names, fwd: float = 0.10, bwd: float = 0.15):
+    """The correlated walk through ``model`` against the measurement on ``x``: every named module's output
+    variance within ``fwd`` and its gradient's E[g²] within ``bwd`` (relative), the backward seeded with
+    unit-variance noise at the logits as the prediction assumes. Returns the prediction."""
+    pred = predict_correlated(model, cr.measure_input(x))
+    assert not pred.notes, pred.notes
+    acts, grads = {}, {}
+
+    def hook(mod, args, y, n):
+        y = y[0] if isinstance(y, tuple) else y  # nn.MultiheadAttention: (output, weights)
+        acts[n] = y.detach()
+        y.register_hook(lambda g: grads.__setitem__(n, g.detach()))
+
+    handles = [
+        model.get_submodule(n).register_forward_hook(lambda m, a, y, n=n: hook(m, a, y, n)) for n in names
+    ]
+    out = model(x.requires_grad_())
+    seed = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=DT)
+    (out * seed / seed.pow(2).mean().sqrt()).sum().backward()  # E[g²] = 1 at the logits, as predicted
+    for h in handles:
+        h.remove()
+    assert set(acts) == set(names), set(names) - set(acts)
+    for n in names:
+        row = pred[n]
+        assert row.var is not None and row.grad_e2 is not None, (n, row.note)
+        assert abs(row.var / float(acts[n].var(unbiased=False)) - 1) < fwd, (n, row.var)
+        assert abs(row.grad_e2 / float(grads[n].pow(2).mean()) - 1) < bwd, (n, row.grad_e2)
+    return pred
+
+
 def _conv_and_rule():
     torch.manual_seed(0)
     conv = nn.Conv2d(2, 3, 3, padding=1).double()

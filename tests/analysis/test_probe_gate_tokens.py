@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_probe_correlated import DT, _ramp, close, gaussian_field
+from test_probe_correlated import DT, _ramp, assert_walk_holds, close, gaussian_field
 
 from gatepool.analysis.probe import correlated as cr
 
@@ -109,27 +109,8 @@ def test_the_walk_carries_a_squeeze_and_excitation_gate():
     0.997–1.006 forward and 0.91–1.02 backward; at width 32 (8 hidden units in the squeeze) the stem's
     backward is 1.12: the two paths' gradients, added as independent, are not quite so where the squeeze's
     fixed weights are few (its Jacobian's diagonal correlates ∂L/∂x̄_c with the direct path's g_c)."""
-    from gatepool.analysis.probe.correlated_predict import predict_correlated
 
     torch.manual_seed(0)
     model = _SqueezeExcite(96).double()
     x = torch.randn(512, 3, 12, 12, generator=torch.Generator().manual_seed(1), dtype=DT)
-    pred = predict_correlated(model, cr.measure_input(x))
-    assert not pred.notes, pred.notes
-    acts, grads = {}, {}
-
-    def hook(mod, args, y, n):
-        acts[n] = y.detach()
-        y.register_hook(lambda g: grads.__setitem__(n, g.detach()))
-
-    names = [n for n, _ in model.named_children()]
-    for n in names:
-        model.get_submodule(n).register_forward_hook(lambda mod, a, y, n=n: hook(mod, a, y, n))
-    out = model(x.requires_grad_())
-    seed = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=DT)
-    (out * seed / seed.pow(2).mean().sqrt()).sum().backward()
-    for n in names:
-        row = pred[n]
-        assert row.var is not None and row.grad_e2 is not None, (n, row.note)
-        assert abs(row.var / float(acts[n].var(unbiased=False)) - 1) < 0.10, (n, row.var)
-        assert abs(row.grad_e2 / float(grads[n].pow(2).mean()) - 1) < 0.15, (n, row.grad_e2)
+    assert_walk_holds(model, x, [n for n, _ in model.named_children()], fwd=0.10, bwd=0.15)

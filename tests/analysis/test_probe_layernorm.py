@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_probe_correlated import DT, _ramp, close, gaussian_field
+from test_probe_correlated import DT, _ramp, assert_walk_holds, close, gaussian_field
 
 from gatepool.analysis.probe import correlated as cr
 
@@ -119,27 +119,9 @@ def test_the_walk_carries_the_channels_last_round_trip():
     measurement (512 noise images, ∂L/∂logits ~ N(0, 1)). At seed 0 (torch 2.13.0, CPU) the ratios are
     0.98–1.00 forward and 0.97–1.05 backward; at width 16 the LayerNorm's input gradient is 1.21 (the
     two Linears' fixed weights correlate the 16 channels' gradients, which the state takes as independent)."""
-    from gatepool.analysis.probe.correlated_predict import predict_correlated
 
     torch.manual_seed(0)
     model = _ConvNeXtBlock().double()
     x = torch.randn(512, 3, 16, 16, generator=torch.Generator().manual_seed(1), dtype=DT)
-    pred = predict_correlated(model, cr.measure_input(x))
-    assert not pred.notes, pred.notes
-    acts, grads = {}, {}
-
-    def hook(mod, args, y, n):
-        acts[n] = y.detach()
-        y.register_hook(lambda g: grads.__setitem__(n, g.detach()))
-
     names = ["stem", "block.0", "block.2", "block.3", "block.4", "block.5", "block", "pool", "norm", "fc"]
-    for n in names:
-        model.get_submodule(n).register_forward_hook(lambda mod, a, y, n=n: hook(mod, a, y, n))
-    out = model(x.requires_grad_())
-    seed = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=DT)
-    (out * seed / seed.pow(2).mean().sqrt()).sum().backward()
-    for n in names:
-        row = pred[n]
-        assert row.var is not None and row.grad_e2 is not None, (n, row.note)
-        assert abs(row.var / float(acts[n].var(unbiased=False)) - 1) < 0.10, (n, row.var)
-        assert abs(row.grad_e2 / float(grads[n].pow(2).mean()) - 1) < 0.15, (n, row.grad_e2)
+    assert_walk_holds(model, x, names, fwd=0.10, bwd=0.15)

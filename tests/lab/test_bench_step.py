@@ -1,5 +1,6 @@
 """``gatepool bench step``'s refusals, each one line and exit 2 before anything is measured: torchvision
-missing (it names the fix), and options out of range. The bench itself: tests/vision/test_bench_step_resnet.py."""
+missing (it names the fix), and options out of range. The bench itself:
+tests/vision/test_bench_step_resnet.py."""
 
 import importlib.util
 
