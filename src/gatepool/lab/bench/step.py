@@ -167,10 +167,11 @@ def run(
     nets = [Net(gate, mode) for mode in modes for gate in (("max", *gates) if mode == "eager" else order)]
 
     start = time.perf_counter()
-    cudnn_benchmark = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = True  # as ImageNet recipes train: each conv's fastest cuDNN algorithm
-    with _terminable() as stop, contextlib.ExitStack() as restore:
-        restore.callback(setattr, torch.backends.cudnn, "benchmark", cudnn_benchmark)
+    # cuDNN's benchmark mode as ImageNet recipes train (each conv's fastest algorithm), set through torch's
+    # own context manager: it restores the flag after, and works where the flags are frozen (torch's tests)
+    cudnn = torch.backends.cudnn
+    keep = {"enabled": cudnn.enabled, "deterministic": cudnn.deterministic, "allow_tf32": cudnn.allow_tf32}
+    with _terminable() as stop, cudnn.flags(benchmark=True, **keep):
         for net in nets:
             if stop.requested:
                 net.status = "skipped: the bench was asked to stop (SIGTERM) before its warm-up"
