@@ -435,3 +435,25 @@ def test_input_channels_that_are_copies_fold_into_the_first_conv():
         close(rule.forward(stats), out)
         per_channel = rule.forward(cr.measure_field(x)).var.mean((1, 2)) / out.var(0).mean((1, 2))
     assert float((per_channel - 1).abs().max()) > 0.2  # the channels as independent: far off
+
+
+class _MeanHead(nn.Module):
+    """A conv net whose head averages the positions by ``x.mean([2, 3])`` (MNASNet's, EfficientNet-style
+    heads written without a pool module)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 32, 3, padding=1)
+        self.relu = nn.ReLU()
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.fc(self.relu(self.conv(x)).mean([2, 3]))
+
+
+def test_a_mean_over_the_positions_is_the_global_pool():
+    torch.manual_seed(0)
+    model = _MeanHead().double()
+    x = torch.randn(512, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=DT)
+    pred = assert_walk_holds(model, x, ["conv", "relu", "fc"])
+    assert pred["(input)"].grad is not None  # the backward reached the input through the mean

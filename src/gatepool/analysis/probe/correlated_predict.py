@@ -333,6 +333,17 @@ def _shape_args(n: fx.Node, const: dict) -> list | None:
     return rest if all(isinstance(v, int) for v in rest) else None
 
 
+def _means_positions(n: fx.Node) -> bool:
+    """Is ``n`` a mean of a (B, C, H, W) tensor over its two position dims (``x.mean([2, 3])``,
+    ``torch.mean(x, (-2, -1))``, keepdim or not)?"""
+    if n.target not in ("mean", torch.mean) or n.op not in ("call_method", "call_function"):
+        return False
+    dim = n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else None)
+    if not isinstance(dim, (list, tuple)) or not all(isinstance(d, int) for d in dim):
+        return False
+    return {d % 4 for d in dim} == {2, 3}
+
+
 def _only_user(n: fx.Node) -> fx.Node | None:
     return next(iter(n.users)) if len(n.users) == 1 else None
 
@@ -710,6 +721,11 @@ def predict_correlated(
                     step = _Adaptive(nn.AdaptiveAvgPool2d(size))
                     value[n] = step.forward(value[args[0]])
                     steps[n] = step
+                elif layout == _CHW and _means_positions(n):  # x.mean([2, 3]): the global average pool
+                    step = _Adaptive(nn.AdaptiveAvgPool2d(1))
+                    value[n], steps[n] = step.forward(value[args[0]]), step
+                    if not n.kwargs.get("keepdim", n.args[2] if len(n.args) > 2 else False):
+                        dims[n] = ("C",)
                 elif n.target is _F.dropout:
                     p = n.kwargs.get("p", n.args[1] if len(n.args) > 1 else 0.5)
                     training = n.kwargs.get("training", n.args[2] if len(n.args) > 2 else True)
