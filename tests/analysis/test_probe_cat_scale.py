@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_probe_correlated import DT, _ramp, close, gaussian_field
+from test_probe_correlated import DT, _ramp, assert_walk_holds, close, gaussian_field
 
 from gatepool.analysis.probe import correlated as cr
 
@@ -114,30 +114,11 @@ def test_the_walk_carries_cat_and_layer_scale_forward_and_backward():
     At seed 0 (torch 2.13.0, CPU) the ratios are 0.997–1.074 forward and 0.964–1.033 backward; at seeds 1
     and 2 the stem's backward is 1.10 and 1.22 (its two branches' gradients, summed as independent, are
     not quite so at width 24), the rest within 0.89–1.11."""
-    from gatepool.analysis.probe.correlated_predict import predict_correlated
-
     torch.manual_seed(0)
     model = _Branches().double()
     x = torch.randn(512, 4, 10, 10, generator=torch.Generator().manual_seed(1), dtype=DT)
-    pred = predict_correlated(model, cr.measure_input(x))
-    assert not pred.notes, pred.notes
-    acts, grads = {}, {}
-
-    def hook(mod, args, y, n):
-        acts[n] = y.detach()
-        y.register_hook(lambda g: grads.__setitem__(n, g.detach()))
-
-    for n, m in model.named_children():
-        m.register_forward_hook(lambda mod, a, y, n=n: hook(mod, a, y, n))
-    out = model(x.requires_grad_())
-    seed = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=DT)
-    (out * seed / seed.pow(2).mean().sqrt()).sum().backward()  # E[g²] = 1 at the logits, as predicted
-    assert set(acts) == {"stem", "relu_s", "a", "b", "shuffle", "mix", "relu", "fc"}
-    for n, y in acts.items():
-        row = pred[n]
-        assert row.var is not None and row.grad_e2 is not None, (n, row.note)
-        assert abs(row.var / float(y.var(unbiased=False)) - 1) < 0.10, (n, row.var, float(y.var()))
-        assert abs(row.grad_e2 / float(grads[n].pow(2).mean()) - 1) < 0.15, (n, row.grad_e2)
+    names = ["stem", "relu_s", "a", "b", "shuffle", "mix", "relu", "fc"]
+    pred = assert_walk_holds(model, x, names)
     assert pred["(input)"].grad is not None
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_probe_correlated import DT, _ramp, close, gaussian_field
+from test_probe_correlated import DT, _ramp, assert_walk_holds, close, gaussian_field
 
 from gatepool.analysis.probe import correlated as cr
 from gatepool.analysis.probe.correlated.pointwise import ACTIVATIONS, series_lag_sums
@@ -87,28 +87,11 @@ def test_the_walk_follows_every_activation_forward_and_backward():
     """A net of SiLU, ReLU6, GELU, a functional Hardswish, sigmoid and dropout: every module predicted,
     forward within 10% and backward within 15% of its measurement (512 noise images, ∂L/∂logits ~ N(0, 1);
     at width 32 the finite-width spread is most of the error: 2–12% backward here)."""
-    from gatepool.analysis.probe.correlated_predict import predict_correlated
-
     torch.manual_seed(0)
     model = _Act().double()
     x = torch.randn(512, 1, 10, 10, generator=torch.Generator().manual_seed(1), dtype=DT)
-    pred = predict_correlated(model, cr.measure_input(x))
-    acts, grads = {}, {}
-
-    def hook(mod, args, y, n):
-        acts[n] = y.detach()
-        y.register_hook(lambda g: grads.__setitem__(n, g.detach()))
-
-    for n, m in model.named_children():
-        m.register_forward_hook(lambda mod, a, y, n=n: hook(mod, a, y, n))
-    out = model(x.requires_grad_())
-    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=DT)).sum().backward()
-    assert {"silu", "relu6", "gelu", "conv3", "drop"} <= set(acts)
-    for n, y in acts.items():
-        row = pred[n]
-        assert row.var is not None and row.grad_e2 is not None, (n, row.note)
-        assert abs(row.var / float(y.var(unbiased=False)) - 1) < 0.10, (n, row.var, float(y.var()))
-        assert abs(row.grad_e2 / float(grads[n].pow(2).mean()) - 1) < 0.15, (n, row.grad_e2)
+    names = [n for n, _ in model.named_children()]
+    assert_walk_holds(model, x, names)
 
 
 @pytest.mark.parametrize("training", [True, False])

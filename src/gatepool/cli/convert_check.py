@@ -60,12 +60,9 @@ def _machine(threads: int) -> str:
     import os
     import platform
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    from gatepool.utils.environment import cpu_model
+
+    cpu = cpu_model()
     cores = f"{os.cpu_count()} cores, {threads} torch thread"
     return f"{platform.system()} {platform.machine()}, {cpu}, {cores}, CPU"
 

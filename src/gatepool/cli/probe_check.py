@@ -72,16 +72,11 @@ def _need(lib: str) -> None:
 
 
 def _header(args: argparse.Namespace) -> str:
-    import platform
-
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    from gatepool.utils.environment import cpu_model
+
+    cpu = cpu_model()
     versions = [f"torch {torch.__version__}"]
     for lib in ("torchvision", "timm"):
         try:
