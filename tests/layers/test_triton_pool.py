@@ -361,9 +361,9 @@ def build(fn, elem, consts):
 geo = dict(KD=1, KH=3, KW=3, SD=1, SH=2, SW=2, PD=0, PH=1, PW=1, DD=1, DH=1, DW=1)
 for elem, soft, shared, apc in (("fp32", True, False, True), ("fp16", False, True, False),
                                 ("bf16", False, False, False)):
-    kinds = dict(SOFT=soft, SHARED=shared, A_PER_CHANNEL=apc, BLOCK_S=1 if shared else 64)
-    build(kernels.forward, elem, dict(geo, **kinds, BLOCK_P=16, BLOCK_C=64, ACC=tl.float32))
-    common = dict(geo, TAU_GRAD=True, BLOCK_P=16, BLOCK_C=64, ACC=tl.float32)
+    kinds = dict(SOFT=soft, SHARED=shared, A_PER_CHANNEL=apc)
+    build(kernels.forward, elem, dict(geo, **kinds, LAST=shared, BLOCK_P=16, BLOCK_C=64, ACC=tl.float32))
+    common = dict(geo, TAU_GRAD=True, LAST=not shared, BLOCK_P=16, BLOCK_C=64, ACC=tl.float32)
     if shared:
         build(kernels.backward_shared, elem, common)
     else:

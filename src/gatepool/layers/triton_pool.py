@@ -22,7 +22,13 @@ window NaN; a top score of ±inf shares the gate among the taps at the top (and 
 gradient); a tap of −inf beside finite ones gets gate 0 (and adds nothing: not 0 · inf); a window with no
 input tap gives −inf.
 
-Kernels (1-D and 2-D run as 3-D with leading sizes of 1; any strides, so NCHW and channels_last alike):
+Kernels (1-D and 2-D run as 3-D with leading sizes of 1), on tensors dense in channels-last memory or
+contiguous (the launchers copy any other, and a ∂L/∂out that is not in out's memory, as max pool does):
+their strides follow from their sizes and one compile-time flag, so a launch passes pointers, sizes and
+constants only (17 arguments and 19 constants at most), all but the pointers made once per shape
+(:func:`_plan`). The index math is written once, in ``@triton.jit`` helpers the kernels call: a flat
+position's indices, a tensor's offsets, the input that a window's tap reads (forward) and the window
+that reads an input at a tap (backward), each pass's loop over the taps.
 
   * forward: one program per block of BLOCK_P flat (n, o) output positions × BLOCK_C channels; two
     passes over the K taps (unrolled: kernel, stride, padding and dilation are compile-time constants),
@@ -47,6 +53,7 @@ first imported, runs them on CPU tensors: the tests do that where no GPU is.
 import contextlib  # no ``from __future__ import annotations``: the kernels' tl.constexpr must be evaluated
 import functools
 import importlib.util
+import math
 import os
 import types
 
@@ -65,6 +72,14 @@ class _Language:
 
 
 tl = _Language  # triton.language once loaded; the kernels' bodies name it as a global
+_DEVICE_FUNCTIONS = []  # the helpers the kernels call: jit-wrapped in place by _kernels()
+
+
+def _device_function(fn):
+    """Mark ``fn`` a helper of the kernels: :func:`_kernels` puts its ``triton.jit`` wrap under its name."""
+    _DEVICE_FUNCTIONS.append(fn)
+    return fn
+
 
 _TILE = 1024  # elements of one program's (positions × channels) block
 # Every launch's options. enable_fp_fusion=False: each product rounded before it is added, as in the C
@@ -91,277 +106,267 @@ def _importable() -> bool:
 
 
 # --------------------------------------------------------------------------------------------- kernels
+# Every tensor the kernels index is dense in channels-last memory or contiguous (LAST says which; the
+# launchers copy one that is neither): its strides follow from its sizes, so none is passed.
 
 
-def _softmax_pool_forward(
-    v_ptr, s_ptr, a_ptr, out_ptr, stats_ptr,
-    C, TOTAL, RD_AT, ID, IH, IW, OD, OH, OW,
-    svn, svc, svd, svh, svw,
-    ssn, ssc, ssd, ssh, ssw,
-    son, soc, sod, soh, sow,
-    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
-    SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
-    PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
-    DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-    SOFT: tl.constexpr, SHARED: tl.constexpr, A_PER_CHANNEL: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, ACC: tl.constexpr,
-):  # fmt: skip
-    pid_p = tl.program_id(0)
-    pid_c = tl.program_id(1)
-    OS = OD * OH * OW
-    p = pid_p.to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)  # flat (n, o)  (P,)
-    pmask = p < TOTAL  # TOTAL = N · OS, RD_AT = N · OS · (C or 1): int64 where they need it
-    n = p // OS
-    o = p % OS
-    od = o // (OH * OW)
-    oh = (o // OW) % OH
-    ow = o % OW
-    c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)  # (C,)
-    cmask = c < C
-    if SHARED:  # one score per position: (P, 1) lanes
-        s_c = tl.zeros([BLOCK_S], dtype=tl.int64)
-        s_cmask = s_c == 0
-        st_c = s_c
+@_device_function
+def _unflatten(p, D, H, W):
+    """Flat (n, d, h, w) positions (P,) -> their four indices."""
+    n = p // (D * H * W)
+    r = p % (D * H * W)
+    return n, r // (H * W), (r // W) % H, r % W
+
+
+@_device_function
+def _address(n, d, h, w, c, C, D, H, W, LAST):
+    """Offsets (P, len(c)) of channels c at positions (n, d, h, w) (P,) of a dense (N, C, D, H, W) tensor."""
+    if LAST:
+        base = (((n * D + d) * H + h) * W + w) * C
+        step = 1
     else:
-        s_c = c.to(tl.int64) * ssc
-        s_cmask = cmask
-        st_c = c.to(tl.int64)
-    if A_PER_CHANNEL:
-        a = tl.load(a_ptr + c, mask=cmask, other=1.0).to(ACC)[None, :]  # (1, C)
-    else:
-        a = tl.load(a_ptr).to(ACC)
-    v_c = c.to(tl.int64) * svc
-    # pass 1: the window max of z (P, S), and whether a NaN is in the window
-    m = tl.full([BLOCK_P, BLOCK_S], float("-inf"), ACC)
-    nan = m != m
-    for kd in tl.static_range(KD):
-        i_d = od * SD - PD + kd * DD
-        ok_d = pmask & (i_d >= 0) & (i_d < ID)
-        for kh in tl.static_range(KH):
-            i_h = oh * SH - PH + kh * DH
-            ok_h = ok_d & (i_h >= 0) & (i_h < IH)
-            for kw in tl.static_range(KW):
-                i_w = ow * SW - PW + kw * DW
-                ok = ok_h & (i_w >= 0) & (i_w < IW)  # (P,)
-                if SOFT:
-                    off = n * svn + i_d * svd + i_h * svh + i_w * svw
-                    s = tl.load(s_ptr + off[:, None] + v_c[None, :], mask=ok[:, None] & cmask[None, :],
-                                other=float("-inf"))  # fmt: skip
-                else:
-                    off = n * ssn + i_d * ssd + i_h * ssh + i_w * ssw
-                    s = tl.load(s_ptr + off[:, None] + s_c[None, :], mask=ok[:, None] & s_cmask[None, :],
-                                other=float("-inf"))  # fmt: skip
-                z = a * s.to(ACC)  # (P, S)
-                nan = nan | (z != z)
-                m = tl.where(z > m, z, m)
-    finite = (m > float("-inf")) & (m < float("inf"))  # else the limits: the taps at the top share the gate
-    # pass 2: den = Σ e_j, acc = Σ e_j v_j
-    den = tl.zeros([BLOCK_P, BLOCK_S], ACC)
-    acc = tl.zeros([BLOCK_P, BLOCK_C], ACC)
-    for kd in tl.static_range(KD):
-        i_d = od * SD - PD + kd * DD
-        ok_d = pmask & (i_d >= 0) & (i_d < ID)
-        for kh in tl.static_range(KH):
-            i_h = oh * SH - PH + kh * DH
-            ok_h = ok_d & (i_h >= 0) & (i_h < IH)
-            for kw in tl.static_range(KW):
-                i_w = ow * SW - PW + kw * DW
-                ok = ok_h & (i_w >= 0) & (i_w < IW)
-                off = n * svn + i_d * svd + i_h * svh + i_w * svw
-                vmask = ok[:, None] & cmask[None, :]
-                v = tl.load(v_ptr + off[:, None] + v_c[None, :], mask=vmask, other=0.0).to(ACC)  # (P, C)
-                if SOFT:
-                    s = tl.where(vmask, v, float("-inf"))
-                else:
-                    s_off = n * ssn + i_d * ssd + i_h * ssh + i_w * ssw
-                    s = tl.load(s_ptr + s_off[:, None] + s_c[None, :], mask=ok[:, None] & s_cmask[None, :],
-                                other=float("-inf")).to(ACC)  # fmt: skip
-                z = a * s
-                e = tl.where(finite, tl.exp(z - m), tl.where(z == m, 1.0, 0.0))
-                e = tl.where(ok[:, None], e, 0.0)  # (P, S)
-                den += e
-                acc += tl.where(e == 0, 0.0, e * v)  # a gate of 0 adds nothing, not 0 · inf
-    out = acc / den
-    out = tl.where(den == 0, float("-inf"), out)  # no input tap: −inf, as max pool
-    out = tl.where(nan, float("nan"), out)
-    y_off = n * son + od * sod + oh * soh + ow * sow
-    tl.store(out_ptr + y_off[:, None] + c.to(tl.int64)[None, :] * soc,
-             out.to(out_ptr.dtype.element_ty), mask=pmask[:, None] & cmask[None, :])  # fmt: skip
-    m = tl.where(nan, float("nan"), m)
-    stats_mask = pmask[:, None] & s_cmask[None, :]
-    if SHARED:
-        stats_mask = stats_mask & (pid_c == 0)
-    if SHARED:
-        st = p[:, None] + st_c[None, :]
-    else:
-        st = p[:, None] * C + st_c[None, :]
-    tl.store(stats_ptr + st, m.to(stats_ptr.dtype.element_ty), mask=stats_mask)
-    tl.store(stats_ptr + RD_AT + st, (1.0 / den).to(stats_ptr.dtype.element_ty), mask=stats_mask)
+        base = n * C * D * H * W + (d * H + h) * W + w
+        step = D * H * W
+    return base[:, None] + c.to(tl.int64)[None, :] * step
 
 
-def _softmax_pool_backward(
-    v_ptr, s_ptr, a_ptr, y_ptr, stats_ptr, go_ptr, gv_ptr, gs_ptr, ga_ptr,
-    C, TOTAL, RD_AT, ID, IH, IW, OD, OH, OW,
-    svn, svc, svd, svh, svw,
-    ssn, ssc, ssd, ssh, ssw,
-    syn, syc, syd, syh, syw,
-    sgn, sgc, sgd, sgh, sgw,
-    gvn, gvc, gvd, gvh, gvw,
-    gsn, gsc, gsd, gsh, gsw,
-    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
-    SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
-    PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
-    DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-    SOFT: tl.constexpr, A_PER_CHANNEL: tl.constexpr, TAU_GRAD: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr,
-):  # fmt: skip
-    """A score per channel (soft pooling, or a (N, C, *spatial) score map): input positions × channels."""
-    pid_p = tl.program_id(0)
-    pid_c = tl.program_id(1)
-    IS = ID * IH * IW
-    OS = OD * OH * OW
-    q = pid_p.to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)  # flat (n, i)  (P,)
-    qmask = q < TOTAL  # TOTAL = N · IS, RD_AT = N · OS · (C or 1)
-    n = q // IS
-    i = q % IS
-    i_d = i // (IH * IW)
-    i_h = (i // IW) % IH
-    i_w = i % IW
-    c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    cmask = c < C
-    c64 = c.to(tl.int64)
-    mask = qmask[:, None] & cmask[None, :]  # (P, C)
+@_device_function
+def _input_tap(od, oh, ow, pmask, t, ID, IH, IW, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW):
+    """Tap t of windows o: the input position it reads, and whether that is inside the input (a padded
+    tap is not in the window)."""
+    i_d = od * SD - PD + (t // (KH * KW)) * DD
+    i_h = oh * SH - PH + (t // KW % KH) * DH
+    i_w = ow * SW - PW + (t % KW) * DW
+    ok = pmask & (i_d >= 0) & (i_d < ID) & (i_h >= 0) & (i_h < IH) & (i_w >= 0) & (i_w < IW)
+    return i_d, i_h, i_w, ok
+
+
+@_device_function
+def _window_of(i_d, i_h, i_w, qmask, t, OD, OH, OW, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW):
+    """The window o that reads input i at tap t (o = (i + p − t·dl)/s), and whether there is one (a whole
+    number inside the output)."""
+    t_d = i_d + PD - (t // (KH * KW)) * DD
+    t_h = i_h + PH - (t // KW % KH) * DH
+    t_w = i_w + PW - (t % KW) * DW
+    o_d = t_d // SD
+    o_h = t_h // SH
+    o_w = t_w // SW
+    ok = qmask & (t_d >= 0) & (t_d % SD == 0) & (o_d < OD) & (t_h >= 0) & (t_h % SH == 0) & (o_h < OH)
+    return o_d, o_h, o_w, ok & (t_w >= 0) & (t_w % SW == 0) & (o_w < OW)
+
+
+@_device_function
+def _inverse_temperature(a_ptr, c, cmask, A_PER_CHANNEL, ACC):
+    """a = 1/τ: (1, C) per channel, else a scalar."""
     if A_PER_CHANNEL:
         a = tl.load(a_ptr + c, mask=cmask, other=1.0).to(ACC)[None, :]
     else:
         a = tl.load(a_ptr).to(ACC)
-    v_off = n * svn + i_d * svd + i_h * svh + i_w * svw
-    v = tl.load(v_ptr + v_off[:, None] + c64[None, :] * svc, mask=mask, other=0.0).to(ACC)  # (P, C)
-    if SOFT:
-        s = v
+    return a
+
+
+@_device_function
+def _window_max(s_ptr, a, n, od, oh, ow, pmask, k, kmask, CS, ID, IH, IW,
+                KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, LAST, ACC):  # fmt: skip
+    """The forward's first pass: the window max m of z = a·s (P, len(k)), and whether a NaN is in it."""
+    lanes = pmask[:, None] & kmask[None, :]
+    m = tl.where(lanes, float("-inf"), float("-inf")).to(ACC)
+    nan = m != m
+    for t in tl.static_range(KD * KH * KW):
+        i_d, i_h, i_w, ok = _input_tap(od, oh, ow, pmask, t, ID, IH, IW, KH, KW, SD, SH, SW, PD, PH, PW,
+                                       DD, DH, DW)  # fmt: skip
+        s = tl.load(s_ptr + _address(n, i_d, i_h, i_w, k, CS, ID, IH, IW, LAST), mask=ok[:, None] & lanes,
+                    other=float("-inf"))  # fmt: skip
+        z = a * s.to(ACC)
+        nan = nan | (z != z)
+        m = tl.where(z > m, z, m)
+    return m, nan
+
+
+@_device_function
+def _window_sums(v_ptr, s_ptr, a, m, finite, n, od, oh, ow, pmask, c, cmask, k, kmask, C, CS, ID, IH, IW,
+                 KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, SOFT, LAST, ACC):  # fmt: skip
+    """The forward's second pass: den = Σ_j e_j (P, len(k)) and Σ_j e_j v_j (P, C), e_j = e^(z_j − m) (in
+    a window whose top is ±inf: 1 at the top, 0 elsewhere)."""
+    den = tl.zeros_like(m)
+    acc = tl.zeros([m.shape[0], c.shape[0]], ACC)  # (P, C)
+    for t in tl.static_range(KD * KH * KW):
+        i_d, i_h, i_w, ok = _input_tap(od, oh, ow, pmask, t, ID, IH, IW, KH, KW, SD, SH, SW, PD, PH, PW,
+                                       DD, DH, DW)  # fmt: skip
+        vmask = ok[:, None] & cmask[None, :]
+        v = tl.load(v_ptr + _address(n, i_d, i_h, i_w, c, C, ID, IH, IW, LAST), mask=vmask,
+                    other=0.0).to(ACC)  # (P, C)  # fmt: skip
+        if SOFT:
+            s = tl.where(vmask, v, float("-inf"))
+        else:
+            s = tl.load(s_ptr + _address(n, i_d, i_h, i_w, k, CS, ID, IH, IW, LAST),
+                        mask=ok[:, None] & kmask[None, :], other=float("-inf")).to(ACC)  # fmt: skip
+        z = a * s
+        e = tl.where(finite, tl.exp(z - m), tl.where(z == m, 1.0, 0.0))
+        e = tl.where(ok[:, None], e, 0.0)  # (P, len(k))
+        den += e
+        acc += tl.where(e == 0, 0.0, e * v)  # a gate of 0 adds nothing, not 0 · inf
+    return den, acc
+
+
+@_device_function
+def _window_terms(z, n, i_d, i_h, i_w, qmask, t, c, cmask, y_ptr, go_ptr, stats_ptr, C, SC, R, OD, OH, OW,
+                  KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, SHARED, LAST, ACC):  # fmt: skip
+    """The backward's term of tap t: for the window that reads input i there, the gate g_j (P, C; P, 1 for
+    a shared score) from its stats, whether the window is finite, out and G (P, C), and whether there is
+    such a window (P,)."""
+    o_d, o_h, o_w, ok = _window_of(i_d, i_h, i_w, qmask, t, OD, OH, OW, KH, KW, SD, SH, SW, PD, PH, PW,
+                                   DD, DH, DW)  # fmt: skip
+    if SHARED:  # the window's stats: one per position
+        k = tl.zeros([1], tl.int64)
     else:
-        s_off = n * ssn + i_d * ssd + i_h * ssh + i_w * ssw
-        s = tl.load(s_ptr + s_off[:, None] + c64[None, :] * ssc, mask=mask, other=0.0).to(ACC)
-    z = a * s
-    gv = tl.zeros([BLOCK_P, BLOCK_C], ACC)
-    gs = tl.zeros([BLOCK_P, BLOCK_C], ACC)
-    ga = tl.zeros([BLOCK_P, BLOCK_C], ACC)
-    for kd in tl.static_range(KD):
-        t_d = i_d + PD - kd * DD  # o_d · SD for the window that reads i at this tap
-        o_d = t_d // SD
-        ok_d = qmask & (t_d >= 0) & (t_d % SD == 0) & (o_d < OD)
-        for kh in tl.static_range(KH):
-            t_h = i_h + PH - kh * DH
-            o_h = t_h // SH
-            ok_h = ok_d & (t_h >= 0) & (t_h % SH == 0) & (o_h < OH)
-            for kw in tl.static_range(KW):
-                t_w = i_w + PW - kw * DW
-                o_w = t_w // SW
-                ok = ok_h & (t_w >= 0) & (t_w % SW == 0) & (o_w < OW)  # (P,)
-                wmask = ok[:, None] & cmask[None, :]
-                po = n * OS + (o_d * OH + o_h) * OW + o_w  # flat (n, o)
-                st = po[:, None] * C + c64[None, :]
-                mo = tl.load(stats_ptr + st, mask=wmask, other=0.0).to(ACC)
-                rd = tl.load(stats_ptr + RD_AT + st, mask=wmask, other=0.0).to(ACC)
-                y_off = n * syn + o_d * syd + o_h * syh + o_w * syw
-                y = tl.load(y_ptr + y_off[:, None] + c64[None, :] * syc, mask=wmask, other=0.0).to(ACC)
-                g_off = n * sgn + o_d * sgd + o_h * sgh + o_w * sgw
-                go = tl.load(go_ptr + g_off[:, None] + c64[None, :] * sgc, mask=wmask, other=0.0).to(ACC)
-                finite = (mo > float("-inf")) & (mo < float("inf"))
-                gate = tl.where(finite | (mo != mo), tl.exp(z - mo) * rd, tl.where(z == mo, rd, 0.0))
-                gate = tl.where(wmask, gate, 0.0)
-                gv += gate * go
-                push = tl.where(finite & (gate != 0), gate * (v - y) * go, 0.0)  # g_j (v_j − out) G
-                if SOFT:
-                    gv += a * push
-                else:
-                    gs += a * push
-                if TAU_GRAD:
-                    ga += tl.where(push != 0, push * s, 0.0)  # not 0 · inf
-    gv_off = n * gvn + i_d * gvd + i_h * gvh + i_w * gvw
-    tl.store(gv_ptr + gv_off[:, None] + c64[None, :] * gvc, gv.to(gv_ptr.dtype.element_ty), mask=mask)
-    if not SOFT:
-        gs_off = n * gsn + i_d * gsd + i_h * gsh + i_w * gsw
-        tl.store(gs_ptr + gs_off[:, None] + c64[None, :] * gsc, gs.to(gs_ptr.dtype.element_ty), mask=mask)
-    if TAU_GRAD:  # this program's partial sums of ∂L/∂a, one per channel: (programs, C)
-        tl.store(ga_ptr + pid_p.to(tl.int64) * C + c64, tl.sum(ga, axis=0), mask=cmask)
+        k = c.to(tl.int64)
+    kmask = ok[:, None] & (k < C)[None, :]
+    st = (((n * OD + o_d) * OH + o_h) * OW + o_w)[:, None] * SC + k[None, :]  # flat (n, o) · SC + k
+    mo = tl.load(stats_ptr + st, mask=kmask, other=0.0).to(ACC)
+    rd = tl.load(stats_ptr + R + st, mask=kmask, other=0.0).to(ACC)
+    wmask = ok[:, None] & cmask[None, :]
+    yo = _address(n, o_d, o_h, o_w, c, C, OD, OH, OW, LAST)  # out and G: the same layout
+    y = tl.load(y_ptr + yo, mask=wmask, other=0.0).to(ACC)
+    go = tl.load(go_ptr + yo, mask=wmask, other=0.0).to(ACC)
+    finite = (mo > float("-inf")) & (mo < float("inf"))
+    gate = tl.where(finite | (mo != mo), tl.exp(z - mo) * rd, tl.where(z == mo, rd, 0.0))
+    return tl.where(kmask, gate, 0.0), finite, y, go, ok
 
 
-def _softmax_pool_backward_shared(
-    v_ptr, s_ptr, a_ptr, y_ptr, stats_ptr, go_ptr, gv_ptr, gs_ptr, ga_ptr,
-    C, TOTAL, RD_AT, ID, IH, IW, OD, OH, OW,
-    svn, svc, svd, svh, svw,
-    ssn, ssc, ssd, ssh, ssw,
-    syn, syc, syd, syh, syw,
-    sgn, sgc, sgd, sgh, sgw,
-    gvn, gvc, gvd, gvh, gvw,
-    gsn, gsc, gsd, gsh, gsw,
+def _softmax_pool_forward(
+    v_ptr, s_ptr, a_ptr, out_ptr, stats_ptr, C, TOTAL, ID, IH, IW, OD, OH, OW,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
     PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
     DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-    TAU_GRAD: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr,
+    SOFT: tl.constexpr, SHARED: tl.constexpr, A_PER_CHANNEL: tl.constexpr, LAST: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr,
+):  # fmt: skip
+    """One program per BLOCK_P flat (n, o) output positions (TOTAL = N · OS) × BLOCK_C channels."""
+    p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)  # flat (n, o)  (P,)
+    pmask = p < TOTAL
+    n, od, oh, ow = _unflatten(p, OD, OH, OW)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # (C,)
+    cmask = c < C
+    a = _inverse_temperature(a_ptr, c, cmask, A_PER_CHANNEL, ACC)
+    if SHARED:  # one score per position: (P, 1) lanes
+        k = tl.zeros([1], tl.int32)
+        kmask = k == 0
+        CS = 1
+    else:
+        k = c
+        kmask = cmask
+        CS = C
+    m, nan = _window_max(s_ptr, a, n, od, oh, ow, pmask, k, kmask, CS, ID, IH, IW,
+                         KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, LAST, ACC)  # fmt: skip
+    finite = (m > float("-inf")) & (m < float("inf"))  # else the limits: the taps at the top share the gate
+    den, acc = _window_sums(v_ptr, s_ptr, a, m, finite, n, od, oh, ow, pmask, c, cmask, k, kmask,
+                            C, CS, ID, IH, IW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, SOFT, LAST,
+                            ACC)  # fmt: skip
+    out = acc / den
+    out = tl.where(den == 0, float("-inf"), out)  # no input tap: −inf, as max pool
+    out = tl.where(nan, float("nan"), out)
+    tl.store(out_ptr + _address(n, od, oh, ow, c, C, OD, OH, OW, LAST), out.to(out_ptr.dtype.element_ty),
+             mask=pmask[:, None] & cmask[None, :])  # fmt: skip
+    st = p[:, None] * CS + k.to(tl.int64)[None, :]  # stats (2, N, *out, CS)
+    smask = pmask[:, None] & kmask[None, :]
+    if SHARED:  # the first channel block writes a shared score's stats
+        smask = smask & (tl.program_id(1) == 0)
+    tl.store(stats_ptr + st, tl.where(nan, float("nan"), m).to(stats_ptr.dtype.element_ty), mask=smask)
+    tl.store(stats_ptr + TOTAL * CS + st, (1.0 / den).to(stats_ptr.dtype.element_ty), mask=smask)
+
+
+def _softmax_pool_backward(
+    v_ptr, s_ptr, a_ptr, y_ptr, stats_ptr, go_ptr, gv_ptr, gs_ptr, ga_ptr, C, TOTAL, ID, IH, IW, OD, OH, OW,
+    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+    PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
+    DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
+    SOFT: tl.constexpr, A_PER_CHANNEL: tl.constexpr, TAU_GRAD: tl.constexpr, LAST: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr,
+):  # fmt: skip
+    """A score per channel (soft pooling, or a (N, C, *spatial) score map in the values' layout): one
+    program per BLOCK_P flat (n, i) input positions (TOTAL = N · IS) × BLOCK_C channels."""
+    q = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)  # flat (n, i)  (P,)
+    qmask = q < TOTAL
+    n, i_d, i_h, i_w = _unflatten(q, ID, IH, IW)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = c < C
+    mask = qmask[:, None] & cmask[None, :]  # (P, C)
+    a = _inverse_temperature(a_ptr, c, cmask, A_PER_CHANNEL, ACC)
+    x = _address(n, i_d, i_h, i_w, c, C, ID, IH, IW, LAST)  # values, scores and their gradients
+    v = tl.load(v_ptr + x, mask=mask, other=0.0).to(ACC)  # (P, C)
+    if SOFT:
+        s = v
+    else:
+        s = tl.load(s_ptr + x, mask=mask, other=0.0).to(ACC)
+    z = a * s
+    rd_at = TOTAL // (ID * IH * IW) * (OD * OH * OW) * C  # stats (2, N, *out, C): the second row
+    gv = tl.zeros([BLOCK_P, BLOCK_C], ACC)
+    gs = tl.zeros([BLOCK_P, BLOCK_C], ACC)
+    ga = tl.zeros([BLOCK_P, BLOCK_C], ACC)
+    for t in tl.static_range(KD * KH * KW):
+        gate, finite, y, go, ok = _window_terms(z, n, i_d, i_h, i_w, qmask, t, c, cmask, y_ptr, go_ptr,
+                                                stats_ptr, C, C, rd_at, OD, OH, OW, KH, KW, SD, SH, SW,
+                                                PD, PH, PW, DD, DH, DW, False, LAST, ACC)  # fmt: skip
+        gv += gate * go
+        push = tl.where(finite & (gate != 0), gate * (v - y) * go, 0.0)  # g_j (v_j − out) G
+        if SOFT:
+            gv += a * push
+        else:
+            gs += a * push
+        if TAU_GRAD:
+            ga += tl.where(push != 0, push * s, 0.0)  # not 0 · inf
+    tl.store(gv_ptr + x, gv.to(gv_ptr.dtype.element_ty), mask=mask)
+    if not SOFT:
+        tl.store(gs_ptr + x, gs.to(gs_ptr.dtype.element_ty), mask=mask)
+    if TAU_GRAD:  # this program's partial sums of ∂L/∂a, one per channel: (programs, C)
+        tl.store(ga_ptr + tl.program_id(0).to(tl.int64) * C + c, tl.sum(ga, axis=0), mask=cmask)
+
+
+def _softmax_pool_backward_shared(
+    v_ptr, s_ptr, a_ptr, y_ptr, stats_ptr, go_ptr, gv_ptr, gs_ptr, ga_ptr, C, TOTAL, ID, IH, IW, OD, OH, OW,
+    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+    PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
+    DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
+    TAU_GRAD: tl.constexpr, LAST: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    ACC: tl.constexpr,
 ):  # fmt: skip
     """One score per position shared by the channels: program = input positions, looping over the channels."""
-    pid_p = tl.program_id(0)
-    IS = ID * IH * IW
-    OS = OD * OH * OW
-    q = pid_p.to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)  # flat (n, i)  (P,)
-    qmask = q < TOTAL  # TOTAL = N · IS, RD_AT = N · OS · (C or 1)
-    n = q // IS
-    i = q % IS
-    i_d = i // (IH * IW)
-    i_h = (i // IW) % IH
-    i_w = i % IW
+    q = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)  # flat (n, i)  (P,)
+    qmask = q < TOTAL
+    n, i_d, i_h, i_w = _unflatten(q, ID, IH, IW)
     a = tl.load(a_ptr).to(ACC)
-    s_off = n * ssn + i_d * ssd + i_h * ssh + i_w * ssw
-    s = tl.load(s_ptr + s_off, mask=qmask, other=0.0).to(ACC)[:, None]  # (P, 1)
+    one = tl.zeros([1], tl.int32)
+    xs = _address(n, i_d, i_h, i_w, one, 1, ID, IH, IW, LAST)  # the score and its gradient  (P, 1)
+    s = tl.load(s_ptr + xs, mask=qmask[:, None], other=0.0).to(ACC)
     z = a * s
-    v_off = n * svn + i_d * svd + i_h * svh + i_w * svw
-    gv_off = n * gvn + i_d * gvd + i_h * gvh + i_w * gvw
+    rd_at = TOTAL // (ID * IH * IW) * (OD * OH * OW)  # stats (2, N, *out, 1): the second row
     gs = tl.zeros([BLOCK_P, 1], ACC)
     ga = tl.zeros([BLOCK_P, 1], ACC)
     for c0 in range(0, C, BLOCK_C):
         c = c0 + tl.arange(0, BLOCK_C)
         cmask = c < C
-        c64 = c.to(tl.int64)
         mask = qmask[:, None] & cmask[None, :]
-        v = tl.load(v_ptr + v_off[:, None] + c64[None, :] * svc, mask=mask, other=0.0).to(ACC)  # (P, C)
+        x = _address(n, i_d, i_h, i_w, c, C, ID, IH, IW, LAST)
+        v = tl.load(v_ptr + x, mask=mask, other=0.0).to(ACC)  # (P, C)
         gv = tl.zeros([BLOCK_P, BLOCK_C], ACC)
-        for kd in tl.static_range(KD):
-            t_d = i_d + PD - kd * DD
-            o_d = t_d // SD
-            ok_d = qmask & (t_d >= 0) & (t_d % SD == 0) & (o_d < OD)
-            for kh in tl.static_range(KH):
-                t_h = i_h + PH - kh * DH
-                o_h = t_h // SH
-                ok_h = ok_d & (t_h >= 0) & (t_h % SH == 0) & (o_h < OH)
-                for kw in tl.static_range(KW):
-                    t_w = i_w + PW - kw * DW
-                    o_w = t_w // SW
-                    ok = ok_h & (t_w >= 0) & (t_w % SW == 0) & (o_w < OW)  # (P,)
-                    wmask = ok[:, None] & cmask[None, :]
-                    po = n * OS + (o_d * OH + o_h) * OW + o_w
-                    mo = tl.load(stats_ptr + po, mask=ok, other=0.0).to(ACC)[:, None]  # (P, 1)
-                    rd = tl.load(stats_ptr + RD_AT + po, mask=ok, other=0.0).to(ACC)[:, None]
-                    y_off = n * syn + o_d * syd + o_h * syh + o_w * syw
-                    y = tl.load(y_ptr + y_off[:, None] + c64[None, :] * syc, mask=wmask, other=0.0).to(ACC)
-                    g_off = n * sgn + o_d * sgd + o_h * sgh + o_w * sgw
-                    go = tl.load(go_ptr + g_off[:, None] + c64[None, :] * sgc, mask=wmask, other=0.0).to(ACC)
-                    finite = (mo > float("-inf")) & (mo < float("inf"))
-                    gate = tl.where(finite | (mo != mo), tl.exp(z - mo) * rd, tl.where(z == mo, rd, 0.0))
-                    gate = tl.where(ok[:, None], gate, 0.0)  # (P, 1)
-                    gv += gate * go
-                    dot = tl.sum(tl.where(wmask, (v - y) * go, 0.0), axis=1)[:, None]  # Σ_c (v_j − out) G
-                    push = tl.where(finite & (gate != 0), gate * dot, 0.0)  # (P, 1)
-                    gs += a * push
-                    if TAU_GRAD:
-                        ga += tl.where(push != 0, push * s, 0.0)
-        tl.store(gv_ptr + gv_off[:, None] + c64[None, :] * gvc, gv.to(gv_ptr.dtype.element_ty), mask=mask)
-    gs_off = n * gsn + i_d * gsd + i_h * gsh + i_w * gsw
-    tl.store(gs_ptr + gs_off[:, None], gs.to(gs_ptr.dtype.element_ty), mask=qmask[:, None])
+        for t in tl.static_range(KD * KH * KW):
+            gate, finite, y, go, ok = _window_terms(z, n, i_d, i_h, i_w, qmask, t, c, cmask, y_ptr, go_ptr,
+                                                    stats_ptr, C, 1, rd_at, OD, OH, OW, KH, KW, SD, SH, SW,
+                                                    PD, PH, PW, DD, DH, DW, True, LAST, ACC)  # fmt: skip
+            gv += gate * go  # gate (P, 1)
+            dot = tl.sum(tl.where(ok[:, None] & cmask[None, :], (v - y) * go, 0.0), axis=1)[:, None]
+            push = tl.where(finite & (gate != 0), gate * dot, 0.0)  # g_j Σ_c (v_j − out) G  (P, 1)
+            gs += a * push
+            if TAU_GRAD:
+                ga += tl.where(push != 0, push * s, 0.0)
+        tl.store(gv_ptr + x, gv.to(gv_ptr.dtype.element_ty), mask=mask)
+    tl.store(gs_ptr + xs, gs.to(gs_ptr.dtype.element_ty), mask=qmask[:, None])
     if TAU_GRAD:
-        tl.store(ga_ptr + pid_p, tl.sum(tl.sum(ga, axis=1), axis=0))
+        tl.store(ga_ptr + tl.program_id(0), tl.sum(tl.sum(ga, axis=1), axis=0))
 
 
 @functools.lru_cache(maxsize=1)
@@ -375,7 +380,8 @@ def _kernels() -> types.SimpleNamespace:
     import triton.language
 
     tl = triton.language
-
+    for fn in _DEVICE_FUNCTIONS:  # the kernels find their helpers, jit-wrapped, under the same names
+        globals()[fn.__name__] = triton.jit(fn)
     return types.SimpleNamespace(
         forward=triton.jit(_softmax_pool_forward),
         backward=triton.jit(_softmax_pool_backward),
@@ -387,17 +393,39 @@ def _kernels() -> types.SimpleNamespace:
 # ------------------------------------------------------------------------------------------- launchers
 
 
-def _strides(t: torch.Tensor | None, d: int) -> list[int]:
-    """The strides of ``t`` ``(N, C, *S)`` as a ``(N, C, D, H, W)`` tensor: the leading spatial sizes of 1
-    (d < 3) take stride 0, as their index is always 0 (read from the strides: no view made)."""
-    if t is None:
-        return [0] * 5
-    strides = t.stride()
-    return [strides[0], strides[1], *[0] * (3 - d), *strides[2:]]
+def _dense_strides(shape: tuple[int, ...], last: bool) -> tuple[int, ...]:
+    """The strides of a dense ``(N, C, *S)`` tensor: channels-last memory (``last``) or contiguous."""
+    order = (1, *range(len(shape) - 1, 1, -1), 0) if last else range(len(shape) - 1, -1, -1)
+    strides, step = [0] * len(shape), 1
+    for i in order:
+        strides[i] = step
+        step *= shape[i]
+    return tuple(strides)
+
+
+def _is_dense(t: torch.Tensor, last: bool) -> bool:
+    """Is ``t`` dense in that memory (read from its strides; a dimension of size 1 may have any stride)?"""
+    shape = t.shape
+    want = _dense_strides(shape, last)
+    return t.numel() == 0 or all(n == 1 or s == w for n, s, w in zip(shape, t.stride(), want))
+
+
+def _dense(t: torch.Tensor, last: bool) -> torch.Tensor:
+    """``t`` itself where it is dense in that memory, else a copy that is."""
+    if _is_dense(t, last):
+        return t
+    return t.movedim(1, -1).contiguous().movedim(-1, 1) if last else t.contiguous()
+
+
+def _layout(values: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``values`` dense (copied where it is neither channels-last nor contiguous); whether channels-last."""
+    if _is_dense(values, True):
+        return values, True
+    return values.contiguous(), False
 
 
 @functools.lru_cache(maxsize=1024)
-def _window_args(geo: PoolGeometry) -> dict[str, int]:
+def _constants(geo: PoolGeometry) -> dict[str, int]:
     """Kernel, stride, padding, dilation as 3-D compile-time constants (1-D and 2-D: leading 1, 1, 0, 1)."""
     lead = 3 - geo.dim
     args = {}
@@ -409,21 +437,34 @@ def _window_args(geo: PoolGeometry) -> dict[str, int]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _sizes(geo: PoolGeometry) -> tuple[int, ...]:
-    lead = 3 - geo.dim
-    return (1,) * lead + geo.in_size + (1,) * lead + geo.out_size
-
-
-def _like_values(values: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An empty ``(N, C, *out)`` in the memory format the ops give: channels-last for channels-last values."""
-    if values.movedim(1, -1).is_contiguous():
-        return values.new_empty((shape[0], *shape[2:], shape[1]), dtype=dtype).movedim(-1, 1)
-    return values.new_empty(shape, dtype=dtype)
-
-
-def _blocks(c: int) -> tuple[int, int]:
+def _plan(geo: PoolGeometry, shape: tuple[int, ...], last: bool, dtype: torch.dtype, scores: str,
+          per_channel: bool) -> types.SimpleNamespace:  # fmt: skip
+    """One shape's launches, made once: out's and stats' shapes and strides, both grids, the sizes the
+    kernels take and their compile-time constants. ``scores``: "soft" (s = v), "shared" or "map"."""
+    n, c = shape[:2]
+    lead = (1,) * (3 - geo.dim)
+    out_shape = (n, c, *geo.out_size)
+    positions_in = n * math.prod(geo.in_size)
+    positions_out = n * math.prod(geo.out_size)
     block_c = min(64, _next_power_of_2(c))
-    return _TILE // block_c, block_c
+    block_p = _TILE // block_c
+    acc = compute_dtype(dtype)
+    common = {**_constants(geo), "LAST": last, "BLOCK_P": block_p, "BLOCK_C": block_c,
+              "ACC": _kernels().acc[acc], **_LAUNCH}  # fmt: skip
+    soft, shared = scores == "soft", scores == "shared"
+    return types.SimpleNamespace(
+        out=(out_shape, _dense_strides(out_shape, last)),
+        stats=(2, n, *geo.out_size, 1 if shared else c),
+        acc=acc,
+        sizes=(*lead, *geo.in_size, *lead, *geo.out_size),
+        forward_grid=(_cdiv(positions_out, block_p), _cdiv(c, block_c)),
+        forward_args=(c, positions_out),
+        forward=dict(common, SOFT=soft, SHARED=shared, A_PER_CHANNEL=per_channel),
+        programs=_cdiv(positions_in, block_p) if c else 0,  # C = 0: nothing to pool, nothing to launch
+        backward_grid=(_cdiv(positions_in, block_p), 1 if shared else _cdiv(c, block_c)),
+        backward_args=(c, positions_in),
+        backward=common if shared else dict(common, SOFT=soft, A_PER_CHANNEL=per_channel),
+    )
 
 
 def _next_power_of_2(x: int) -> int:
@@ -436,6 +477,16 @@ def _cdiv(a: int, b: int) -> int:
 
 def _device(t: torch.Tensor):
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def _prepare(values, scores, tau):
+    """The kernels' operands: values and scores dense in one layout, whether channels-last, the score kind,
+    whether τ is per channel."""
+    values, last = _layout(values)
+    shared = scores is not None and scores.shape[1] == 1 and values.shape[1] > 1
+    kind = "soft" if scores is None else "shared" if shared else "map"
+    scores = None if scores is None else _dense(scores, last)
+    return values, scores, last, kind, tau.numel() > 1 and not shared
 
 
 def forward(
@@ -453,29 +504,17 @@ def forward(
     by default (the backward asks for the compute dtype).
     """
     kernels = _kernels()
-    n, c = values.shape[:2]
-    shared = scores is not None and scores.shape[1] == 1 and c > 1
-    cs = 1 if shared else c
-    acc_dtype = compute_dtype(values.dtype)
-    out = _like_values(values, (n, c, *geo.out_size), dtype or values.dtype)
-    stats = values.new_empty((2, n, *geo.out_size, cs), dtype=acc_dtype)
-    if out.numel() == 0:
-        return out, stats
-    a = inverse_temperature(tau, acc_dtype)
-    per_channel = a.numel() > 1 and not shared
-    block_p, block_c = _blocks(c)
-    d = geo.dim
-    positions = n * (out.numel() // (n * c))
-    grid = (_cdiv(positions, block_p), _cdiv(c, block_c))
-    s = values if scores is None else scores
-    with _device(values):
-        kernels.forward[grid](
-            values, s, a, out, stats, c, positions, positions * cs, *_sizes(geo),
-            *_strides(values, d), *_strides(s, d), *_strides(out, d), **_window_args(geo),
-            SOFT=scores is None, SHARED=shared, A_PER_CHANNEL=per_channel,
-            BLOCK_P=block_p, BLOCK_C=block_c, BLOCK_S=1 if shared else block_c, ACC=kernels.acc[acc_dtype],
-            **_LAUNCH,
-        )  # fmt: skip
+    values, scores, last, kind, per_channel = _prepare(values, scores, tau)
+    plan = _plan(geo, tuple(values.shape), last, values.dtype, kind, per_channel)
+    out = values.new_empty_strided(*plan.out, dtype=dtype or values.dtype)
+    stats = values.new_empty(plan.stats, dtype=plan.acc)
+    if out.numel():
+        s = values if scores is None else scores
+        with _device(values):
+            kernels.forward[plan.forward_grid](
+                values, s, inverse_temperature(tau, plan.acc), out, stats, *plan.forward_args, *plan.sizes,
+                **plan.forward,
+            )  # fmt: skip
     return out, stats
 
 
@@ -492,43 +531,29 @@ def backward(
     """``gatepool::softmax_pool_backward`` on Triton: ``(grad_values, grad_scores, grad_tau)``.
 
     As the C op: ``grad_scores`` is empty when ``scores`` is None, ``grad_tau`` empty unless ``tau_grad``.
+    ``grad_out`` of any strides (read in out's memory: copied there where it is not, as max pool does).
     """
     kernels = _kernels()
-    n, c = values.shape[:2]
-    shared = scores is not None and scores.shape[1] == 1 and c > 1
-    acc_dtype = compute_dtype(values.dtype)
-    gv = torch.empty_like(values)
+    values, scores, last, kind, per_channel = _prepare(values, scores, tau)
+    plan = _plan(geo, tuple(values.shape), last, values.dtype, kind, per_channel)
+    gv = torch.empty_like(values)  # dense: values' strides
     gs = values.new_empty(0) if scores is None else torch.empty_like(scores)
-    a = inverse_temperature(tau, acc_dtype)
-    per_channel = a.numel() > 1 and not shared
-    block_p, block_c = _blocks(c)
-    d = geo.dim
-    positions = values.numel() // c if c else 0  # C = 0: nothing to pool, nothing to launch
-    programs = _cdiv(positions, block_p)
-    if positions and out.dtype != acc_dtype:  # fp16/bf16: out again, unrounded, for (v_j − out) (see top)
-        out = forward(values, scores, tau, geo, dtype=acc_dtype)[0]
-    # ∂L/∂a per program; without tau_grad the kernel never reads it: stats (of its dtype) stands in
-    ga = values.new_zeros((programs, 1 if shared else c), dtype=acc_dtype) if tau_grad else stats
-    if positions:
-        stats = stats.contiguous()
-        s = values if scores is None else scores
-        gs_arg = gv if scores is None else gs
-        rd_at = stats.numel() // 2
-        common = (values, s, a, out, stats, grad_out, gv, gs_arg, ga, c, positions, rd_at, *_sizes(geo),
-                  *_strides(values, d), *_strides(s, d), *_strides(out, d), *_strides(grad_out, d),
-                  *_strides(gv, d), *_strides(gs_arg, d))  # fmt: skip
+    a = inverse_temperature(tau, plan.acc)
+    if plan.programs and out.dtype != plan.acc:  # fp16/bf16: out again, unrounded, for (v_j − out) (see top)
+        out = forward(values, scores, tau, geo, dtype=plan.acc)[0]
+    if plan.programs:
+        # ∂L/∂a per program; without tau_grad the kernel never reads it: stats (of its dtype) stands in
+        cs = 1 if kind == "shared" else values.shape[1]
+        ga = values.new_empty((plan.programs, cs), dtype=plan.acc) if tau_grad else stats
+        operands = (values, values if scores is None else scores, a, _dense(out, last), stats.contiguous(),
+                    _dense(grad_out, last), gv, gv if scores is None else gs, ga)  # fmt: skip
+        kernel = kernels.backward_shared if kind == "shared" else kernels.backward
         with _device(values):
-            if shared:
-                kernels.backward_shared[(programs,)](
-                    *common, **_window_args(geo), TAU_GRAD=tau_grad, BLOCK_P=block_p, BLOCK_C=block_c,
-                    ACC=kernels.acc[acc_dtype], **_LAUNCH,
-                )  # fmt: skip
-            else:
-                kernels.backward[(programs, _cdiv(c, block_c))](
-                    *common, **_window_args(geo), SOFT=scores is None, A_PER_CHANNEL=per_channel,
-                    TAU_GRAD=tau_grad, BLOCK_P=block_p, BLOCK_C=block_c, ACC=kernels.acc[acc_dtype],
-                    **_LAUNCH,
-                )  # fmt: skip
+            kernel[plan.backward_grid](
+                *operands, *plan.backward_args, *plan.sizes, TAU_GRAD=tau_grad, **plan.backward
+            )  # fmt: skip
+    elif tau_grad:
+        ga = values.new_zeros((1, a.numel()), dtype=plan.acc)
     if not tau_grad:
         return gv, gs, values.new_empty(0)
     total = ga.sum(0)  # ∂L/∂a per channel (or per shared score)
