@@ -249,7 +249,8 @@ def test_half_precision_is_computed_in_float32(dtype, kind, grad_seed):
     """fp16/bf16 in and out, float32 inside (stats float32): within the dtype's rounding of fp64's result.
 
     ∂τ too: it sums terms that cancel, and while the backward read the forward's out rounded to the half
-    dtype it missed this bound by up to 29× (bf16, attention, seed 0; soft-per-channel fp16 at seed 2).
+    dtype it missed this bound by up to 29× (bf16, attention, seed 0; soft-per-channel fp16 at seed 2);
+    with the residual the forward keeps (stats' second row) zeroed, three of these eight cases fail.
     The upstream gradient has its own seed (the global generator made it depend on the tests run before)."""
     gt, r_gt, eps = _check_half_precision(dtype, kind, grad_seed)
     torch.testing.assert_close(gt.double(), r_gt, rtol=4 * eps, atol=4 * eps * r_gt.abs().max().item())
@@ -272,6 +273,70 @@ def _check_half_precision(dtype, kind, grad_seed):
     if gs is not None:
         torch.testing.assert_close(gs.double(), r_gs, rtol=4 * eps, atol=4 * eps * r_gs.abs().max().item())
     return gt, r_gt, eps
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["soft-per-channel", "attention"])
+def test_half_precision_tau_gradient_where_the_terms_cancel(dtype, kind):
+    """Values (and scores) around 4 that differ by ~0.1: out rounded to the half dtype is off by up to half
+    its ulp (fp16 2e-3, bf16 2e-2), as much as the v_j − out that ∂τ sums. The backward adds the
+    residual the forward kept (out − rounded out) and gets ∂τ within the dtype's rounding; without it
+    (the residual zeroed) ∂τ is off by 100-3000× this bound."""
+    x, scores, tau = make(2, kind, shape=(2, 4, 7, 7), scale=0.1)
+    x, scores = (x + 4).to(dtype), None if scores is None else (scores + 4).to(dtype)
+    geo = pool_geometry(x, 2, 3, 2, 1)
+    grad = torch.randn((2, 4, *geo.out_size), generator=torch.Generator().manual_seed(1)).to(dtype)
+    gt = triton_run(x, scores, tau, geo, grad)[4]
+    r_gt = reference(x, scores, tau, geo, grad)[3]  # from the same rounded inputs
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(gt.double(), r_gt, rtol=4 * eps, atol=4 * eps * r_gt.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["soft-per-channel", "attention"])
+def test_half_precision_backward_launches_no_forward(dtype, kind, monkeypatch):
+    """The fp16/bf16 backward reads the forward's stats (the log-sum-exp and out's residual): it launches
+    its one backward kernel and no forward kernel (it once ran the forward again for out in float32)."""
+    kernels = triton_pool._kernels()
+    launches = []
+
+    class Counted:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            launches.append(self.name)
+            return self.kernel[grid]
+
+    for name in ("forward", "backward", "backward_shared"):
+        monkeypatch.setattr(kernels, name, Counted(name, getattr(kernels, name)))
+    x, scores, tau = make(2, kind, dtype=dtype, shape=(1, 3, 5, 5))
+    geo = pool_geometry(x, 2, 3, 2, 1)
+    triton_run(x, scores, tau, geo, torch.ones((1, 3, *geo.out_size), dtype=dtype))
+    assert launches == ["forward", "backward_shared" if kind == "attention" else "backward"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["soft", "attention"])
+def test_half_precision_non_finite_windows_take_the_limits(dtype, kind):
+    """The limits in fp16/bf16 (whose stats hold the log-sum-exp, or ±inf and 1/(taps at the top)): the
+    float64 kernel's values and gradients on the same inputs, NaN where it has NaN."""
+    x, scores, tau = make(2, kind, shape=(1, 2, 6, 6))
+    target = x if scores is None else scores
+    target[0, 0, 0, 0] = float("inf")  # window (0, 0): a top of +inf
+    target[0, 0, 0, 5] = float("-inf")  # −inf beside finite taps: gate 0
+    target[0, 0, 4:6, 0:2] = float("-inf")  # a window of −inf only
+    target[0, 0, 5, 5] = float("nan")  # NaN spoils its own window
+    x, scores = x.to(dtype), None if scores is None else scores.to(dtype)
+    geo = pool_geometry(x, 2, 2)
+    grad = torch.randn((1, 2, 3, 3), generator=torch.Generator().manual_seed(1)).to(dtype)
+    half = triton_run(x, scores, tau, geo, grad)
+    wide = triton_run(x.double(), None if scores is None else scores.double(), tau, geo, grad.double())
+    eps = torch.finfo(dtype).eps
+    for i in (0, 2, 3, 4):  # out, ∂v, ∂s, ∂τ (stats: of another form)
+        if half[i] is not None:
+            assert half[i].dtype == (tau.dtype if i == 4 else dtype)
+            torch.testing.assert_close(half[i].double(), wide[i], rtol=4 * eps, atol=4 * eps, equal_nan=True)
 
 
 @pytest.mark.parametrize("kind", ["soft", "attention"])
@@ -328,6 +393,25 @@ def test_score_weights_through_triton_equal_the_c_op(channels):
         torch.testing.assert_close(t.cpu(), c)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_ops_fake_stats_are_the_kernels(dtype, kind):
+    """The shapes the op declares (its fake, what torch.compile plans with) are the kernel's: stats per
+    channel for fp16/bf16 (their residual is), else per score channel."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x, scores, tau = make(2, kind, dtype=dtype, shape=(2, 3, 6, 6))
+    tau = tau.float()  # as fused_pool.softmax_pool gives it
+    geo = pool_geometry(x, 2, 3, 2, 1)
+    out, stats = triton_pool.forward(x.to(DEVICE), None if scores is None else scores.to(DEVICE),
+                                     tau.to(DEVICE), geo)  # fmt: skip
+    with FakeTensorMode() as mode:
+        fake = [None if t is None else mode.from_tensor(t) for t in (x, scores, tau)]
+        f_out, f_stats = torch.ops.gatepool.softmax_pool(*fake, fused_pool.encode(geo))
+    assert (f_out.shape, f_out.stride(), f_out.dtype) == (out.shape, out.stride(), out.dtype)
+    assert (f_stats.shape, f_stats.dtype) == (stats.shape, stats.dtype)
+
+
 def test_registered_as_the_ops_cuda_kernels():
     for op in ("gatepool::softmax_pool", "gatepool::softmax_pool_backward"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA")
@@ -361,9 +445,10 @@ def build(fn, elem, consts):
 geo = dict(KD=1, KH=3, KW=3, SD=1, SH=2, SW=2, PD=0, PH=1, PW=1, DD=1, DH=1, DW=1)
 for elem, soft, shared, apc in (("fp32", True, False, True), ("fp16", False, True, False),
                                 ("bf16", False, False, False)):
-    kinds = dict(SOFT=soft, SHARED=shared, A_PER_CHANNEL=apc)
+    kinds = dict(SOFT=soft, SHARED=shared, A_PER_CHANNEL=apc, HALF=elem != "fp32")
     build(kernels.forward, elem, dict(geo, **kinds, LAST=shared, BLOCK_P=16, BLOCK_C=64, ACC=tl.float32))
-    common = dict(geo, TAU_GRAD=True, LAST=not shared, BLOCK_P=16, BLOCK_C=64, ACC=tl.float32)
+    common = dict(geo, TAU_GRAD=True, HALF=elem != "fp32", LAST=not shared, BLOCK_P=16, BLOCK_C=64,
+                  ACC=tl.float32)
     if shared:
         build(kernels.backward_shared, elem, common)
     else:

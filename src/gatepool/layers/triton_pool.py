@@ -14,9 +14,11 @@ backward, with G = ∂L/∂out (the closed form, no autograd):
 
 The max is subtracted before exp, so every finite input gives a finite output. float16/bfloat16 are read
 and written in their dtype and computed in float32 (float64 in float64); ``stats`` is in that compute
-dtype. Their backward runs the forward once more for out in float32 instead of reading the rounded out:
-∂L/∂a sums terms g_j (v_j − out) s_j G that cancel, so out rounded to the half dtype would carry its
-rounding error into ∂τ many times over.
+dtype. ∂L/∂a sums terms g_j (v_j − out) s_j G that cancel (Σ_j g_j (v_j − out) = 0), so out rounded to
+the half dtype would carry its rounding error δ into ∂τ as δ Σ_j g_j s_j G, many times the result: the
+half forward keeps the residual r = out − rounded(out) (exact in float32) and the backward reads out as
+rounded(out) + r, the forward's float32 out, without running the forward again.
+
 Non-finite windows take the plain path's limits (``windows.window_softmax``): a NaN makes its
 window NaN; a top score of ±inf shares the gate among the taps at the top (and gives no score or τ
 gradient); a tap of −inf beside finite ones gets gate 0 (and adds nothing: not 0 · inf); a window with no
@@ -25,7 +27,7 @@ input tap gives −inf.
 Kernels (1-D and 2-D run as 3-D with leading sizes of 1), on tensors dense in channels-last memory or
 contiguous (the launchers copy any other, and a ∂L/∂out that is not in out's memory, as max pool does):
 their strides follow from their sizes and one compile-time flag, so a launch passes pointers, sizes and
-constants only (17 arguments and 19 constants at most), all but the pointers made once per shape
+constants only (17 arguments and 20 constants at most), all but the pointers made once per shape
 (:func:`_plan`). The index math is written once, in ``@triton.jit`` helpers the kernels call: a flat
 position's indices, a tensor's offsets, the input that a window's tap reads (forward) and the window
 that reads an input at a tap (backward), each pass's loop over the taps.
@@ -33,17 +35,28 @@ that reads an input at a tap (backward), each pass's loop over the taps.
   * forward: one program per block of BLOCK_P flat (n, o) output positions × BLOCK_C channels; two
     passes over the K taps (unrolled: kernel, stride, padding and dilation are compile-time constants),
     the max, then the exp, den and Σ e v. With a shared score a program recomputes the score softmax for
-    its channel block (the scores are one per position), and the first channel block writes the stats.
+    its channel block (the scores are one per position); the first channel block writes the stats (every
+    block its channels' in fp16/bf16).
   * backward: a gather, one program per block of flat (n, i) *input* positions: for each tap t the window
     that reads i at t (o = (i + p − t·dl)/s where that is a whole number inside the output) gives its
-    term, recomputed from the saved m, 1/den, out and G. Each gradient is written once, by one program
+    term, recomputed from the saved stats, out and G. Each gradient is written once, by one program
     (no atomics, no zeroing, deterministic; inputs no window reads get 0), however the windows overlap.
     With a shared score a program loops over all the channels (the score gradient sums over them). ∂L/∂a:
     one partial sum per program (and channel), summed afterwards by torch, in a fixed order.
 
-``stats`` is ``(2, N, *out, C or 1)`` as the C op's: the window max m of z and 1/den. Where the C kernel
-marks a window it redid by the limits with m = NaN, this one keeps m itself (±inf, NaN for a NaN window)
-and 1/den over the taps at the top: each backward reads only its own forward's stats.
+``stats`` (in float32: 8 bytes per output at most, as max pool's int64 indices), per window:
+
+  * float32/float64: ``(2, N, *out, C or 1)`` as the C op's, the window max m of z and 1/den (g_j =
+    e^(z_j − m)/den), per score channel (one for a shared score);
+  * float16/bfloat16: ``(2, N, *out, C)``, the log-sum-exp of z, m + log den (g_j = e^(z_j − lse)), and
+    the residual r (per channel, so a shared score's lse is repeated in each). The lse rounded to
+    float32 moves every gate of its window by the same factor, 1 ± |lse|·2⁻²⁴: far below the half
+    dtypes' rounding (float32 keeps m and 1/den, which lose nothing there).
+
+Where the C kernel marks a window it redid by the limits with m = NaN, this one keeps m itself (±inf,
+NaN for a NaN window; the half stats too, in place of the log-sum-exp) and 1/den over the taps at the
+top (in place of r): the backward tells the cases apart by the first row. Each backward reads only its
+own forward's stats.
 
 triton is imported on first use (the kernels are jit-wrapped then); :func:`available` says whether it
 can be (``GATEPOOL_KERNELS=0`` turns these kernels off too). ``TRITON_INTERPRET=1``, set before triton is
@@ -211,26 +224,35 @@ def _window_sums(v_ptr, s_ptr, a, m, finite, n, od, oh, ow, pmask, c, cmask, k, 
 
 @_device_function
 def _window_terms(z, n, i_d, i_h, i_w, qmask, t, c, cmask, y_ptr, go_ptr, stats_ptr, C, SC, R, OD, OH, OW,
-                  KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, SHARED, LAST, ACC):  # fmt: skip
+                  KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, SHARED, HALF, LAST, ACC):  # fmt: skip
     """The backward's term of tap t: for the window that reads input i there, the gate g_j (P, C; P, 1 for
     a shared score) from its stats, whether the window is finite, out and G (P, C), and whether there is
     such a window (P,)."""
     o_d, o_h, o_w, ok = _window_of(i_d, i_h, i_w, qmask, t, OD, OH, OW, KH, KW, SD, SH, SW, PD, PH, PW,
                                    DD, DH, DW)  # fmt: skip
-    if SHARED:  # the window's stats: one per position
+    if SHARED:  # the window's stats: one per position (channel 0's where they are per channel)
         k = tl.zeros([1], tl.int64)
     else:
         k = c.to(tl.int64)
     kmask = ok[:, None] & (k < C)[None, :]
-    st = (((n * OD + o_d) * OH + o_h) * OW + o_w)[:, None] * SC + k[None, :]  # flat (n, o) · SC + k
-    mo = tl.load(stats_ptr + st, mask=kmask, other=0.0).to(ACC)
-    rd = tl.load(stats_ptr + R + st, mask=kmask, other=0.0).to(ACC)
     wmask = ok[:, None] & cmask[None, :]
+    po = (((n * OD + o_d) * OH + o_h) * OW + o_w)[:, None] * SC  # flat (n, o) · SC
+    mo = tl.load(stats_ptr + po + k[None, :], mask=kmask, other=0.0).to(ACC)
+    rd = tl.load(stats_ptr + R + po + k[None, :], mask=kmask, other=0.0).to(ACC)
     yo = _address(n, o_d, o_h, o_w, c, C, OD, OH, OW, LAST)  # out and G: the same layout
     y = tl.load(y_ptr + yo, mask=wmask, other=0.0).to(ACC)
     go = tl.load(go_ptr + yo, mask=wmask, other=0.0).to(ACC)
     finite = (mo > float("-inf")) & (mo < float("inf"))
-    gate = tl.where(finite | (mo != mo), tl.exp(z - mo) * rd, tl.where(z == mo, rd, 0.0))
+    if HALF:  # mo: the log-sum-exp of z; the second row: out's rounding to the half dtype
+        if SHARED:
+            r = tl.load(stats_ptr + R + po + c.to(tl.int64)[None, :], mask=wmask, other=0.0).to(ACC)
+        else:
+            r = rd
+        y = y + tl.where(finite, r, 0.0)  # out as the forward computed it, before its rounding
+        g = tl.exp(z - mo)
+    else:  # mo: the window max m of z; rd = 1/den
+        g = tl.exp(z - mo) * rd
+    gate = tl.where(finite | (mo != mo), g, tl.where(z == mo, rd, 0.0))  # rd = 1/(taps at a top of ±inf)
     return tl.where(kmask, gate, 0.0), finite, y, go, ok
 
 
@@ -240,8 +262,8 @@ def _softmax_pool_forward(
     SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
     PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
     DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-    SOFT: tl.constexpr, SHARED: tl.constexpr, A_PER_CHANNEL: tl.constexpr, LAST: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr,
+    SOFT: tl.constexpr, SHARED: tl.constexpr, A_PER_CHANNEL: tl.constexpr, HALF: tl.constexpr,
+    LAST: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
     """One program per BLOCK_P flat (n, o) output positions (TOTAL = N · OS) × BLOCK_C channels."""
     p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)  # flat (n, o)  (P,)
@@ -267,14 +289,27 @@ def _softmax_pool_forward(
     out = acc / den
     out = tl.where(den == 0, float("-inf"), out)  # no input tap: −inf, as max pool
     out = tl.where(nan, float("nan"), out)
-    tl.store(out_ptr + _address(n, od, oh, ow, c, C, OD, OH, OW, LAST), out.to(out_ptr.dtype.element_ty),
-             mask=pmask[:, None] & cmask[None, :])  # fmt: skip
-    st = p[:, None] * CS + k.to(tl.int64)[None, :]  # stats (2, N, *out, CS)
-    smask = pmask[:, None] & kmask[None, :]
-    if SHARED:  # the first channel block writes a shared score's stats
-        smask = smask & (tl.program_id(1) == 0)
-    tl.store(stats_ptr + st, tl.where(nan, float("nan"), m).to(stats_ptr.dtype.element_ty), mask=smask)
-    tl.store(stats_ptr + TOTAL * CS + st, (1.0 / den).to(stats_ptr.dtype.element_ty), mask=smask)
+    rounded = out.to(out_ptr.dtype.element_ty)
+    omask = pmask[:, None] & cmask[None, :]
+    tl.store(out_ptr + _address(n, od, oh, ow, c, C, OD, OH, OW, LAST), rounded, mask=omask)
+    m = tl.where(nan, float("nan"), m)
+    if HALF:  # stats (2, N, *out, C): the log-sum-exp of z and out − rounded out (see the top)
+        residual = tl.where(out == rounded.to(ACC), 0.0, out - rounded.to(ACC))  # (P, C)
+        second = tl.where(finite, residual, 1.0 / den)  # ±inf at the top: 1/(taps there)
+        first = tl.where(finite, m + tl.log(den), m) + tl.zeros_like(second)
+        st = p[:, None] * C + c.to(tl.int64)[None, :]
+        smask = omask
+        R = TOTAL * C
+    else:  # stats (2, N, *out, CS): the window max m of z and 1/den
+        first = m
+        second = 1.0 / den
+        st = p[:, None] * CS + k.to(tl.int64)[None, :]
+        smask = pmask[:, None] & kmask[None, :]
+        if SHARED:  # the first channel block writes a shared score's stats
+            smask = smask & (tl.program_id(1) == 0)
+        R = TOTAL * CS
+    tl.store(stats_ptr + st, first.to(stats_ptr.dtype.element_ty), mask=smask)
+    tl.store(stats_ptr + R + st, second.to(stats_ptr.dtype.element_ty), mask=smask)
 
 
 def _softmax_pool_backward(
@@ -283,8 +318,8 @@ def _softmax_pool_backward(
     SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
     PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
     DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-    SOFT: tl.constexpr, A_PER_CHANNEL: tl.constexpr, TAU_GRAD: tl.constexpr, LAST: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr,
+    SOFT: tl.constexpr, A_PER_CHANNEL: tl.constexpr, TAU_GRAD: tl.constexpr, HALF: tl.constexpr,
+    LAST: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
     """A score per channel (soft pooling, or a (N, C, *spatial) score map in the values' layout): one
     program per BLOCK_P flat (n, i) input positions (TOTAL = N · IS) × BLOCK_C channels."""
@@ -309,7 +344,7 @@ def _softmax_pool_backward(
     for t in tl.static_range(KD * KH * KW):
         gate, finite, y, go, ok = _window_terms(z, n, i_d, i_h, i_w, qmask, t, c, cmask, y_ptr, go_ptr,
                                                 stats_ptr, C, C, rd_at, OD, OH, OW, KH, KW, SD, SH, SW,
-                                                PD, PH, PW, DD, DH, DW, False, LAST, ACC)  # fmt: skip
+                                                PD, PH, PW, DD, DH, DW, False, HALF, LAST, ACC)  # fmt: skip
         gv += gate * go
         push = tl.where(finite & (gate != 0), gate * (v - y) * go, 0.0)  # g_j (v_j − out) G
         if SOFT:
@@ -331,8 +366,8 @@ def _softmax_pool_backward_shared(
     SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
     PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
     DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-    TAU_GRAD: tl.constexpr, LAST: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
-    ACC: tl.constexpr,
+    TAU_GRAD: tl.constexpr, HALF: tl.constexpr, LAST: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_C: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
     """One score per position shared by the channels: program = input positions, looping over the channels."""
     q = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)  # flat (n, i)  (P,)
@@ -343,7 +378,11 @@ def _softmax_pool_backward_shared(
     xs = _address(n, i_d, i_h, i_w, one, 1, ID, IH, IW, LAST)  # the score and its gradient  (P, 1)
     s = tl.load(s_ptr + xs, mask=qmask[:, None], other=0.0).to(ACC)
     z = a * s
-    rd_at = TOTAL // (ID * IH * IW) * (OD * OH * OW)  # stats (2, N, *out, 1): the second row
+    if HALF:  # stats (2, N, *out, C or 1): the second row
+        SC = C
+    else:
+        SC = 1
+    rd_at = TOTAL // (ID * IH * IW) * (OD * OH * OW) * SC
     gs = tl.zeros([BLOCK_P, 1], ACC)
     ga = tl.zeros([BLOCK_P, 1], ACC)
     for c0 in range(0, C, BLOCK_C):
@@ -355,8 +394,9 @@ def _softmax_pool_backward_shared(
         gv = tl.zeros([BLOCK_P, BLOCK_C], ACC)
         for t in tl.static_range(KD * KH * KW):
             gate, finite, y, go, ok = _window_terms(z, n, i_d, i_h, i_w, qmask, t, c, cmask, y_ptr, go_ptr,
-                                                    stats_ptr, C, 1, rd_at, OD, OH, OW, KH, KW, SD, SH, SW,
-                                                    PD, PH, PW, DD, DH, DW, True, LAST, ACC)  # fmt: skip
+                                                    stats_ptr, C, SC, rd_at, OD, OH, OW, KH, KW, SD, SH,
+                                                    SW, PD, PH, PW, DD, DH, DW, True, HALF, LAST,
+                                                    ACC)  # fmt: skip
             gv += gate * go  # gate (P, 1)
             dot = tl.sum(tl.where(ok[:, None] & cmask[None, :], (v - y) * go, 0.0), axis=1)[:, None]
             push = tl.where(finite & (gate != 0), gate * dot, 0.0)  # g_j Σ_c (v_j − out) G  (P, 1)
@@ -449,12 +489,13 @@ def _plan(geo: PoolGeometry, shape: tuple[int, ...], last: bool, dtype: torch.dt
     block_c = min(64, _next_power_of_2(c))
     block_p = _TILE // block_c
     acc = compute_dtype(dtype)
-    common = {**_constants(geo), "LAST": last, "BLOCK_P": block_p, "BLOCK_C": block_c,
+    half = acc != dtype
+    common = {**_constants(geo), "HALF": half, "LAST": last, "BLOCK_P": block_p, "BLOCK_C": block_c,
               "ACC": _kernels().acc[acc], **_LAUNCH}  # fmt: skip
     soft, shared = scores == "soft", scores == "shared"
     return types.SimpleNamespace(
         out=(out_shape, _dense_strides(out_shape, last)),
-        stats=(2, n, *geo.out_size, 1 if shared else c),
+        stats=(2, n, *geo.out_size, 1 if shared and not half else c),
         acc=acc,
         sizes=(*lead, *geo.in_size, *lead, *geo.out_size),
         forward_grid=(_cdiv(positions_out, block_p), _cdiv(c, block_c)),
@@ -490,23 +531,17 @@ def _prepare(values, scores, tau):
 
 
 def forward(
-    values: torch.Tensor,
-    scores: torch.Tensor | None,
-    tau: torch.Tensor,
-    geo: PoolGeometry,
-    *,
-    dtype: torch.dtype | None = None,
+    values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor, geo: PoolGeometry
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``gatepool::softmax_pool`` on Triton: ``(out, stats)``, out ``(N, C, *out)`` in values' memory format.
 
     ``values`` ``(N, C, *spatial)``; ``scores`` None (s = v), ``(N, 1, *spatial)`` (shared; τ then has one
-    entry, as the C op: a[0]) or ``(N, C, *spatial)``; ``tau`` ``(1,)`` or ``(C,)``; ``dtype`` out's, values'
-    by default (the backward asks for the compute dtype).
+    entry, as the C op: a[0]) or ``(N, C, *spatial)``; ``tau`` ``(1,)`` or ``(C,)``.
     """
     kernels = _kernels()
     values, scores, last, kind, per_channel = _prepare(values, scores, tau)
     plan = _plan(geo, tuple(values.shape), last, values.dtype, kind, per_channel)
-    out = values.new_empty_strided(*plan.out, dtype=dtype or values.dtype)
+    out = values.new_empty_strided(*plan.out)
     stats = values.new_empty(plan.stats, dtype=plan.acc)
     if out.numel():
         s = values if scores is None else scores
@@ -539,8 +574,6 @@ def backward(
     gv = torch.empty_like(values)  # dense: values' strides
     gs = values.new_empty(0) if scores is None else torch.empty_like(scores)
     a = inverse_temperature(tau, plan.acc)
-    if plan.programs and out.dtype != plan.acc:  # fp16/bf16: out again, unrounded, for (v_j − out) (see top)
-        out = forward(values, scores, tau, geo, dtype=plan.acc)[0]
     if plan.programs:
         # ∂L/∂a per program; without tau_grad the kernel never reads it: stats (of its dtype) stands in
         cs = 1 if kind == "shared" else values.shape[1]
