@@ -438,7 +438,7 @@ from gatepool.layers import triton_pool
 kernels = triton_pool._kernels()
 def build(fn, elem, consts):
     stats = "*fp64" if elem == "fp64" else "*fp32"
-    sig = {n: "constexpr" if n in consts else (stats if n in ("a_ptr", "stats_ptr", "ga_ptr") else "*" + elem)
+    sig = {n: "constexpr" if n in consts else (stats if n in ("a_ptr", "stats_ptr", "gt_ptr") else "*" + elem)
            if n.endswith("_ptr") or n in consts else "i32" for n in fn.arg_names}
     consts = {(fn.arg_names.index(n),): v for n, v in consts.items()}
     triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})

@@ -41,8 +41,9 @@ that reads an input at a tap (backward), each pass's loop over the taps.
     that reads i at t (o = (i + p − t·dl)/s where that is a whole number inside the output) gives its
     term, recomputed from the saved stats, out and G. Each gradient is written once, by one program
     (no atomics, no zeroing, deterministic; inputs no window reads get 0), however the windows overlap.
-    With a shared score a program loops over all the channels (the score gradient sums over them). ∂L/∂a:
-    one partial sum per program (and channel), summed afterwards by torch, in a fixed order.
+    With a shared score a program loops over all the channels (the score gradient sums over them). ∂L/∂τ:
+    one partial sum per program (and channel), −a² ∂L/∂a, summed afterwards by torch in a fixed order
+    (one reduction).
 
 ``stats`` (in float32: 8 bytes per output at most, as max pool's int64 indices), per window:
 
@@ -313,7 +314,7 @@ def _softmax_pool_forward(
 
 
 def _softmax_pool_backward(
-    v_ptr, s_ptr, a_ptr, y_ptr, stats_ptr, go_ptr, gv_ptr, gs_ptr, ga_ptr, C, TOTAL, ID, IH, IW, OD, OH, OW,
+    v_ptr, s_ptr, a_ptr, y_ptr, stats_ptr, go_ptr, gv_ptr, gs_ptr, gt_ptr, C, TOTAL, ID, IH, IW, OD, OH, OW,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
     PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
@@ -356,12 +357,12 @@ def _softmax_pool_backward(
     tl.store(gv_ptr + x, gv.to(gv_ptr.dtype.element_ty), mask=mask)
     if not SOFT:
         tl.store(gs_ptr + x, gs.to(gs_ptr.dtype.element_ty), mask=mask)
-    if TAU_GRAD:  # this program's partial sums of ∂L/∂a, one per channel: (programs, C)
-        tl.store(ga_ptr + tl.program_id(0).to(tl.int64) * C + c, tl.sum(ga, axis=0), mask=cmask)
+    if TAU_GRAD:  # this program's partial sums of ∂L/∂τ = −a² ∂L/∂a, one per channel: (programs, C)
+        tl.store(gt_ptr + tl.program_id(0).to(tl.int64) * C + c, tl.sum(ga * (-a * a), axis=0), mask=cmask)
 
 
 def _softmax_pool_backward_shared(
-    v_ptr, s_ptr, a_ptr, y_ptr, stats_ptr, go_ptr, gv_ptr, gs_ptr, ga_ptr, C, TOTAL, ID, IH, IW, OD, OH, OW,
+    v_ptr, s_ptr, a_ptr, y_ptr, stats_ptr, go_ptr, gv_ptr, gs_ptr, gt_ptr, C, TOTAL, ID, IH, IW, OD, OH, OW,
     KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
     SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
     PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
@@ -406,7 +407,7 @@ def _softmax_pool_backward_shared(
         tl.store(gv_ptr + x, gv.to(gv_ptr.dtype.element_ty), mask=mask)
     tl.store(gs_ptr + xs, gs.to(gs_ptr.dtype.element_ty), mask=qmask[:, None])
     if TAU_GRAD:
-        tl.store(ga_ptr + tl.program_id(0), tl.sum(tl.sum(ga, axis=1), axis=0))
+        tl.store(gt_ptr + tl.program_id(0), -a * a * tl.sum(tl.sum(ga, axis=1), axis=0))
 
 
 @functools.lru_cache(maxsize=1)
@@ -575,21 +576,18 @@ def backward(
     gs = values.new_empty(0) if scores is None else torch.empty_like(scores)
     a = inverse_temperature(tau, plan.acc)
     if plan.programs:
-        # ∂L/∂a per program; without tau_grad the kernel never reads it: stats (of its dtype) stands in
+        # ∂L/∂τ per program; without tau_grad the kernel never reads it: stats (of its dtype) stands in
         cs = 1 if kind == "shared" else values.shape[1]
-        ga = values.new_empty((plan.programs, cs), dtype=plan.acc) if tau_grad else stats
+        gt = values.new_empty((plan.programs, cs), dtype=plan.acc) if tau_grad else stats
         operands = (values, values if scores is None else scores, a, _dense(out, last), stats.contiguous(),
-                    _dense(grad_out, last), gv, gv if scores is None else gs, ga)  # fmt: skip
+                    _dense(grad_out, last), gv, gv if scores is None else gs, gt)  # fmt: skip
         kernel = kernels.backward_shared if kind == "shared" else kernels.backward
         with _device(values):
             kernel[plan.backward_grid](
                 *operands, *plan.backward_args, *plan.sizes, TAU_GRAD=tau_grad, **plan.backward
             )  # fmt: skip
-    elif tau_grad:
-        ga = values.new_zeros((1, a.numel()), dtype=plan.acc)
     if not tau_grad:
         return gv, gs, values.new_empty(0)
-    total = ga.sum(0)  # ∂L/∂a per channel (or per shared score)
-    if not per_channel:
-        total = total.sum().reshape(1)
-    return gv, gs, (-total * a * a).to(tau.dtype)  # ∂L/∂τ = −∂L/∂a / τ²
+    if not plan.programs:
+        return gv, gs, torch.zeros_like(tau)
+    return gv, gs, (gt.sum(0) if per_channel else gt.sum().reshape(1)).to(tau.dtype)  # the programs' sums
