@@ -434,6 +434,7 @@ def _kernels() -> types.SimpleNamespace:
 # ------------------------------------------------------------------------------------------- launchers
 
 
+@functools.lru_cache(maxsize=1024)
 def _dense_strides(shape: tuple[int, ...], last: bool) -> tuple[int, ...]:
     """The strides of a dense ``(N, C, *S)`` tensor: channels-last memory (``last``) or contiguous."""
     order = (1, *range(len(shape) - 1, 1, -1), 0) if last else range(len(shape) - 1, -1, -1)
@@ -446,9 +447,9 @@ def _dense_strides(shape: tuple[int, ...], last: bool) -> tuple[int, ...]:
 
 def _is_dense(t: torch.Tensor, last: bool) -> bool:
     """Is ``t`` dense in that memory (read from its strides; a dimension of size 1 may have any stride)?"""
-    shape = t.shape
+    shape, strides = t.shape, t.stride()
     want = _dense_strides(shape, last)
-    return t.numel() == 0 or all(n == 1 or s == w for n, s, w in zip(shape, t.stride(), want))
+    return strides == want or t.numel() == 0 or all(n == 1 or s == w for n, s, w in zip(shape, strides, want))
 
 
 def _dense(t: torch.Tensor, last: bool) -> torch.Tensor:
@@ -590,4 +591,5 @@ def backward(
         return gv, gs, values.new_empty(0)
     if not plan.programs:
         return gv, gs, torch.zeros_like(tau)
-    return gv, gs, (gt.sum(0) if per_channel else gt.sum().reshape(1)).to(tau.dtype)  # the programs' sums
+    grad_tau = gt.sum(0) if per_channel else gt.view(-1).sum(0, keepdim=True)  # the programs' partial sums
+    return gv, gs, grad_tau.to(tau.dtype)
