@@ -447,8 +447,8 @@ for elem, soft, shared, apc in (("fp32", True, False, True), ("fp16", False, Tru
                                 ("bf16", False, False, False)):
     kinds = dict(SOFT=soft, SHARED=shared, A_PER_CHANNEL=apc, HALF=elem != "fp32")
     build(kernels.forward, elem, dict(geo, **kinds, LAST=shared, BLOCK_P=16, BLOCK_C=64, ACC=tl.float32))
-    common = dict(geo, TAU_GRAD=True, HALF=elem != "fp32", LAST=not shared, BLOCK_P=16, BLOCK_C=64,
-                  ACC=tl.float32)
+    common = dict(geo, TAU_GRAD=True, HALF=elem != "fp32", LAST=not shared, GO_LAST=soft, BLOCK_P=16,
+                  BLOCK_C=64, ACC=tl.float32)
     if shared:
         build(kernels.backward_shared, elem, common)
     else:

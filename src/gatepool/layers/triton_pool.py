@@ -25,9 +25,9 @@ gradient); a tap of −inf beside finite ones gets gate 0 (and adds nothing: not
 input tap gives −inf.
 
 Kernels (1-D and 2-D run as 3-D with leading sizes of 1), on tensors dense in channels-last memory or
-contiguous (the launchers copy any other, and a ∂L/∂out that is not in out's memory, as max pool does):
+contiguous (the launchers copy any other, as max pool copies an expanded ∂L/∂out):
 their strides follow from their sizes and one compile-time flag, so a launch passes pointers, sizes and
-constants only (17 arguments and 20 constants at most), all but the pointers made once per shape
+constants only (17 arguments and 21 constants at most), all but the pointers made once per shape
 (:func:`_plan`). The index math is written once, in ``@triton.jit`` helpers the kernels call: a flat
 position's indices, a tensor's offsets, the input that a window's tap reads (forward) and the window
 that reads an input at a tap (backward), each pass's loop over the taps.
@@ -225,7 +225,7 @@ def _window_sums(v_ptr, s_ptr, a, m, finite, n, od, oh, ow, pmask, c, cmask, k, 
 
 @_device_function
 def _window_terms(z, n, i_d, i_h, i_w, qmask, t, c, cmask, y_ptr, go_ptr, stats_ptr, C, SC, R, OD, OH, OW,
-                  KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, SHARED, HALF, LAST, ACC):  # fmt: skip
+                  KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, SHARED, HALF, LAST, GO_LAST, ACC):  # fmt: skip
     """The backward's term of tap t: for the window that reads input i there, the gate g_j (P, C; P, 1 for
     a shared score) from its stats, whether the window is finite, out and G (P, C), and whether there is
     such a window (P,)."""
@@ -240,8 +240,10 @@ def _window_terms(z, n, i_d, i_h, i_w, qmask, t, c, cmask, y_ptr, go_ptr, stats_
     po = (((n * OD + o_d) * OH + o_h) * OW + o_w)[:, None] * SC  # flat (n, o) · SC
     mo = tl.load(stats_ptr + po + k[None, :], mask=kmask, other=0.0).to(ACC)
     rd = tl.load(stats_ptr + R + po + k[None, :], mask=kmask, other=0.0).to(ACC)
-    yo = _address(n, o_d, o_h, o_w, c, C, OD, OH, OW, LAST)  # out and G: the same layout
+    yo = _address(n, o_d, o_h, o_w, c, C, OD, OH, OW, LAST)
     y = tl.load(y_ptr + yo, mask=wmask, other=0.0).to(ACC)
+    if GO_LAST != LAST:  # G in the other layout (out is in the values')
+        yo = _address(n, o_d, o_h, o_w, c, C, OD, OH, OW, GO_LAST)
     go = tl.load(go_ptr + yo, mask=wmask, other=0.0).to(ACC)
     finite = (mo > float("-inf")) & (mo < float("inf"))
     if HALF:  # mo: the log-sum-exp of z; the second row: out's rounding to the half dtype
@@ -320,7 +322,8 @@ def _softmax_pool_backward(
     PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
     DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
     SOFT: tl.constexpr, A_PER_CHANNEL: tl.constexpr, TAU_GRAD: tl.constexpr, HALF: tl.constexpr,
-    LAST: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr,
+    LAST: tl.constexpr, GO_LAST: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    ACC: tl.constexpr,
 ):  # fmt: skip
     """A score per channel (soft pooling, or a (N, C, *spatial) score map in the values' layout): one
     program per BLOCK_P flat (n, i) input positions (TOTAL = N · IS) × BLOCK_C channels."""
@@ -345,7 +348,8 @@ def _softmax_pool_backward(
     for t in tl.static_range(KD * KH * KW):
         gate, finite, y, go, ok = _window_terms(z, n, i_d, i_h, i_w, qmask, t, c, cmask, y_ptr, go_ptr,
                                                 stats_ptr, C, C, rd_at, OD, OH, OW, KH, KW, SD, SH, SW,
-                                                PD, PH, PW, DD, DH, DW, False, HALF, LAST, ACC)  # fmt: skip
+                                                PD, PH, PW, DD, DH, DW, False, HALF, LAST, GO_LAST,
+                                                ACC)  # fmt: skip
         gv += gate * go
         push = tl.where(finite & (gate != 0), gate * (v - y) * go, 0.0)  # g_j (v_j − out) G
         if SOFT:
@@ -367,8 +371,8 @@ def _softmax_pool_backward_shared(
     SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
     PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
     DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-    TAU_GRAD: tl.constexpr, HALF: tl.constexpr, LAST: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_C: tl.constexpr, ACC: tl.constexpr,
+    TAU_GRAD: tl.constexpr, HALF: tl.constexpr, LAST: tl.constexpr, GO_LAST: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr,
 ):  # fmt: skip
     """One score per position shared by the channels: program = input positions, looping over the channels."""
     q = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)  # flat (n, i)  (P,)
@@ -397,7 +401,7 @@ def _softmax_pool_backward_shared(
             gate, finite, y, go, ok = _window_terms(z, n, i_d, i_h, i_w, qmask, t, c, cmask, y_ptr, go_ptr,
                                                     stats_ptr, C, SC, rd_at, OD, OH, OW, KH, KW, SD, SH,
                                                     SW, PD, PH, PW, DD, DH, DW, True, HALF, LAST,
-                                                    ACC)  # fmt: skip
+                                                    GO_LAST, ACC)  # fmt: skip
             gv += gate * go  # gate (P, 1)
             dot = tl.sum(tl.where(ok[:, None] & cmask[None, :], (v - y) * go, 0.0), axis=1)[:, None]
             push = tl.where(finite & (gate != 0), gate * dot, 0.0)  # g_j Σ_c (v_j − out) G  (P, 1)
@@ -568,7 +572,7 @@ def backward(
     """``gatepool::softmax_pool_backward`` on Triton: ``(grad_values, grad_scores, grad_tau)``.
 
     As the C op: ``grad_scores`` is empty when ``scores`` is None, ``grad_tau`` empty unless ``tau_grad``.
-    ``grad_out`` of any strides (read in out's memory: copied there where it is not, as max pool does).
+    ``grad_out`` of any strides (read where it is dense in either memory, else copied, as max pool does).
     """
     kernels = _kernels()
     values, scores, last, kind, per_channel = _prepare(values, scores, tau)
@@ -580,12 +584,14 @@ def backward(
         # ∂L/∂τ per program; without tau_grad the kernel never reads it: stats (of its dtype) stands in
         cs = 1 if kind == "shared" else values.shape[1]
         gt = values.new_empty((plan.programs, cs), dtype=plan.acc) if tau_grad else stats
+        go_last = last if _is_dense(grad_out, last) else not last  # G read in either layout where dense
         operands = (values, values if scores is None else scores, a, _dense(out, last), stats.contiguous(),
-                    _dense(grad_out, last), gv, gv if scores is None else gs, gt)  # fmt: skip
+                    _dense(grad_out, go_last), gv, gv if scores is None else gs, gt)  # fmt: skip
         kernel = kernels.backward_shared if kind == "shared" else kernels.backward
         with _device(values):
             kernel[plan.backward_grid](
-                *operands, *plan.backward_args, *plan.sizes, TAU_GRAD=tau_grad, **plan.backward
+                *operands, *plan.backward_args, *plan.sizes, TAU_GRAD=tau_grad, GO_LAST=go_last,
+                **plan.backward,
             )  # fmt: skip
     if not tau_grad:
         return gv, gs, values.new_empty(0)
