@@ -165,8 +165,10 @@ def _window_of(i_d, i_h, i_w, qmask, t, OD, OH, OW, KH, KW, SD, SH, SW, PD, PH, 
     o_d = t_d // SD
     o_h = t_h // SH
     o_w = t_w // SW
-    ok = qmask & (t_d >= 0) & (t_d % SD == 0) & (o_d < OD) & (t_h >= 0) & (t_h % SH == 0) & (o_h < OH)
-    return o_d, o_h, o_w, ok & (t_w >= 0) & (t_w % SW == 0) & (o_w < OW)
+    ok_d = (t_d >= 0) & (t_d % SD == 0) & (o_d < OD)
+    ok_h = (t_h >= 0) & (t_h % SH == 0) & (o_h < OH)
+    ok_w = (t_w >= 0) & (t_w % SW == 0) & (o_w < OW)
+    return o_d, o_h, o_w, qmask & ok_d & ok_h & ok_w
 
 
 @_device_function
@@ -184,7 +186,7 @@ def _window_max(s_ptr, a, n, od, oh, ow, pmask, k, kmask, CS, ID, IH, IW,
                 KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, LAST, ACC):  # fmt: skip
     """The forward's first pass: the window max m of z = a·s (P, len(k)), and whether a NaN is in it."""
     lanes = pmask[:, None] & kmask[None, :]
-    m = tl.where(lanes, float("-inf"), float("-inf")).to(ACC)
+    m = tl.full(lanes.shape, float("-inf"), ACC)
     nan = m != m
     for t in tl.static_range(KD * KH * KW):
         i_d, i_h, i_w, ok = _input_tap(od, oh, ow, pmask, t, ID, IH, IW, KH, KW, SD, SH, SW, PD, PH, PW,
