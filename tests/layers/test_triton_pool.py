@@ -12,6 +12,7 @@ The reference is the plain unfold path of ``layers.windows`` (``softmax_pool_unf
 against the C kernel's op, which the soft family's tests hold to the plain path.
 """
 
+import inspect
 import os
 import subprocess
 import sys
@@ -415,6 +416,17 @@ def test_the_ops_fake_stats_are_the_kernels(dtype, kind):
         f_out, f_stats = torch.ops.gatepool.softmax_pool(*fake, fused_pool.encode(geo))
     assert (f_out.shape, f_out.stride(), f_out.dtype) == (out.shape, out.stride(), out.dtype)
     assert (f_stats.shape, f_stats.dtype) == (stats.shape, stats.dtype)
+
+
+def test_launch_arguments_within_budget():
+    """Each launch binds every argument in Python (``JITFunction.run``): 29 + 19 (forward) and 48 + 18
+    (backward) before the strides were folded into sizes and a layout flag. A change that adds one fails."""
+    kernels = triton_pool._kernels()
+    budget = {"forward": (13, 20), "backward": (17, 21), "backward_shared": (17, 19)}  # runtime, constexpr
+    for name, (runtime, constant) in budget.items():
+        params = inspect.signature(getattr(kernels, name).fn).parameters.values()
+        constexprs = sum(p.annotation == "constexpr" for p in params)
+        assert (len(params) - constexprs, constexprs) == (runtime, constant), name
 
 
 def test_registered_as_the_ops_cuda_kernels():
