@@ -167,8 +167,9 @@ static inline __attribute__((always_inline)) int CAT(backward_vec, SUFFIX)(
     VEC ga = zero;
     for (int t = 0; t < nt; t++) {
         VEC sj = CAT(vload, SUFFIX)(s + taps[t], r), vj = has_gs ? CAT(vload, SUFFIX)(v + taps[t], r) : sj;
-        VEC z = a * sj - m;
-        VEC gj = VEXP(CAT(vselect, SUFFIX)(z < 0, z, zero)) * q;          /* 0 in a lane redone by the limits */
+        /* g_j as the forward's e_j / den: a · s_j − m as there (where it is fused, the top's may be a hair
+           over 0: its product unrounded); 0 in a lane redone by the limits (whose z may be anything) */
+        VEC gj = VEXP(CAT(vselect, SUFFIX)(fast, a * sj - m, zero)) * q;
         VEC push = CAT(vselect, SUFFIX)(fast, gj * (vj - yv) * g, zero); /* g_j (v_j − out) G; not 0 · inf */
         VEC dv = has_gs ? gj * g : gj * g + a1 * push;
         T *gvj = gv + taps[t], *gsj = has_gs ? gs + taps[t] : NULL;
