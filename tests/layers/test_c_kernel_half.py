@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from gatepool.layers import GatedPool2d, c_kernels, fused_pool
+from gatepool.layers.softmax_paths import input_dtype, softmax_path
 from gatepool.layers.windows import pool_geometry
 
 pytestmark = pytest.mark.skipif(not fused_pool.available(), reason="no fused kernels here (no C compiler)")
@@ -199,3 +200,29 @@ def test_gates_in_half_precision_against_their_float64_copy(dtype, gate, layout)
     eps = torch.finfo(dtype).eps
     for got, want in zip(*results):
         torch.testing.assert_close(got.double(), want, rtol=eps, atol=eps * want.abs().max().item() / 100)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("gate", KINDS)
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_half_precision_goes_into_the_c_kernel_as_it_is(dtype, gate, layout, autocast):
+    """No float32 tensor of the input's size is saved for the backward (the input went in as it is), and
+    the output has the input's dtype, as ``F.max_pool2d``'s under CPU autocast too."""
+    x = torch.randn(4, 16, 12, 12).to(dtype)
+    x = (x.contiguous(memory_format=torch.channels_last) if layout == "channels_last" else x).requires_grad_()
+    pool = GatedPool2d(3, 2, 1, gate=gate, channels=16)
+    assert softmax_path(x.detach()).name == "c" and input_dtype(x) == dtype
+    saved = []
+
+    def keep(t):
+        saved.append((t.dtype, t.numel()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = pool(x)
+            want = torch.nn.functional.max_pool2d(x, 3, 2, 1)
+    out.float().sum().backward()
+    assert out.dtype == want.dtype == dtype and x.grad.dtype == dtype
+    assert saved and not [s for s in saved if s[0] == torch.float32 and s[1] >= x.numel()], saved

@@ -185,7 +185,8 @@ class GatedPoolNd(GateParameters):
         xb = input if geo.batched else input.unsqueeze(0)  # (N, C, *spatial)
         row = gate_table.row(self.gate)
         # torch's gates in the input's dtype; the softmax gates in their path's (softmax_paths.input_dtype)
-        x = xb if row.torch else xb.to(input_dtype(xb) if row.softmax else compute_dtype(input.dtype))
+        dtype = input_dtype(xb, self.return_weights) if row.softmax else compute_dtype(input.dtype)
+        x = xb if row.torch else xb.to(dtype)
         out, indices, weights = getattr(self, row.function)(x, geo)  # the gate's own function
         out = like_input_format(out, xb).to(input.dtype)
         results = [out]

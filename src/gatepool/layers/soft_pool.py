@@ -247,7 +247,7 @@ def soft_pool(
         weights.append(w)
         return out
 
-    out = pool_in(input, geo.batched, pool)
+    out = pool_in(input, geo.batched, pool, compute_dtype(input.dtype) if return_weights else None)
     if not return_weights:
         return out
     w = weights[0].to(input.dtype)
