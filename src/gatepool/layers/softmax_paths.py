@@ -17,7 +17,7 @@ the CPU (the windowed GPU kernel unrolls its taps at compile time), and ``"gathe
 :func:`softmax_path` is the one place that decides; the windowed, global and adaptive pools and
 ``soft_pool*d`` all ask it, so "why did this call take the slow path?" has one answer::
 
-    >>> softmax_path(torch.randn(2, 3, 8, 8, dtype=torch.int32), tiles=True).reason
+    >>> softmax_path(torch.zeros(2, 3, 8, 8, dtype=torch.int32), tiles=True).reason
     'no fused kernel takes torch.int32 on cpu (the C kernel: float16, bfloat16, float32, float64)'
 
 :func:`pool_in` is the one wrapper around a path for batch, dtype and memory format: an unbatched input gets
