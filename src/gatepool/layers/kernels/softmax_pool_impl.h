@@ -2,7 +2,8 @@
    per S. Where S is narrower than T (float16, bfloat16):
    - out is rounded to S, so the backward does not read it: it recomputes each window's out in T from the
      saved m and 1/den (out = Σ_j g_j v_j, the g_j it then uses), as Σ_j g_j (v_j − out) must cancel to
-     T's precision, not S's (∂L/∂τ sums it over every window, and would sum S's rounding error);
+     T's precision, not S's (∂L/∂τ sums it over every window, and would sum S's rounding error); with
+     score weights out (and ∂L/∂out) are T, and read as they are;
    - the gradients are summed in T, in a buffer per thread and batch element, and rounded to S once. */
 
 #define CAT_(a, b) a##_##b
