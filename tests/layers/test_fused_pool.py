@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gatepool.layers import GATES, GatedPool2d, c_kernels, fused_pool
+from gatepool.layers import GATES, GatedPool2d, c_kernels, fused_pool, soft_pool2d
 from gatepool.layers.windows import pool_geometry
 from gatepool.models import create_model
 
@@ -64,6 +64,17 @@ def test_score_weights_equal_the_score_map_they_make(d, geo, channels):
     torch.testing.assert_close(stats, ref_stats)
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_backward_takes_the_forwards_gates_at_large_scores(dtype):
+    """a · s ≈ 1e5: the forward's top z = a · s − m may come out a hair over 0 (a fused multiply-add keeps
+    the product unrounded), and the backward takes it as the forward did: the gates sum to 1, ∂out/∂x = 1
+    at the top (clamped to 0 there, the top's gate was 1/den = 0.9977 in float32)."""
+    x = torch.tensor([[[[34112.0, 15208.0], [-15312.0, 100.0]]]], dtype=dtype, requires_grad=True)
+    (g,) = torch.autograd.grad(soft_pool2d(x, 2, temperature=0.5).sum(), x)
+    want = torch.tensor([[[[1.0, 0.0], [0.0, 0.0]]]], dtype=dtype)
+    torch.testing.assert_close(g, want, rtol=0, atol=8 * torch.finfo(dtype).eps)
 
 
 def test_opcheck_backward():

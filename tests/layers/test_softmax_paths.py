@@ -30,7 +30,9 @@ def test_without_a_kernel_tiled_or_plain_and_why(monkeypatch):
     overlap = softmax_path(X)
     assert overlap.name == "plain" and "do not tile" in overlap.reason
     half = softmax_path(X.half(), tiles=True)
-    assert "float16" in half.reason and "C kernel: float32, float64" in half.reason
+    assert half.name == "tiled" and "not built" in half.reason
+    ints = softmax_path(X.to(torch.int16), tiles=True)
+    assert "int16" in ints.reason and "C kernel: float16, bfloat16, float32, float64" in ints.reason
 
 
 def test_other_windows_and_every_name_listed():
@@ -64,9 +66,11 @@ def test_the_pools_take_the_chosen_path(gate, monkeypatch):
     assert seen[-1].name in ("c", "tiled") and out.shape == (2, 3, 4, 4)
 
 
-def test_pool_in_keeps_batch_dtype_and_memory_format():
+def test_pool_in_keeps_batch_dtype_and_memory_format(monkeypatch):
     x = torch.randn(3, 8, 8, dtype=torch.bfloat16)  # unbatched
-    assert input_dtype(x) == torch.float32  # the CPU paths compute half precision in float32
+    assert input_dtype(x) == (torch.bfloat16 if fused_pool.usable(x) else torch.float32)  # the C kernel's
+    assert input_dtype(x, return_weights=True) == torch.float32  # the plain path's
+    monkeypatch.setattr(fused_pool, "usable", lambda x: False)  # the pure-PyTorch paths: float32 inside
     out = pool_in(x, False, lambda t: (t.dtype == torch.float32 and t.dim() == 4) * t[..., ::2, ::2])
     assert out.shape == (3, 4, 4) and out.dtype == torch.bfloat16 and out.abs().sum() > 0
     cl = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)

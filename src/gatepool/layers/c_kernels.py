@@ -35,7 +35,8 @@ SOURCE = Path(__file__).with_name("kernels") / "softmax_pool.c"
 FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-fPIC", "-shared"]
 if platform.machine().lower() in ("x86_64", "amd64"):
     FLAGS.insert(2, "-mprefer-vector-width=512")  # whole AVX-512 registers where the CPU has them
-DTYPES = {torch.float32: "f32", torch.float64: "f64"}  # the kernels' element types
+# the kernels' element types in memory (float16 / bfloat16 computed in float32 inside)
+DTYPES = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
 # ----------------------------------------------------------------------------------------------- build
@@ -132,8 +133,8 @@ _STRUCTS = {"gp_geometry": Geometry, "gp_tensors": Tensors}
 _CALL = [ctypes.POINTER(Geometry), ctypes.POINTER(Tensors), ctypes.c_int]  # (geometry, tensors, threads)
 FUNCTIONS = {  # name: (argtypes, restype)
     "gp_layout": ([ctypes.c_char_p, ctypes.c_int64], ctypes.c_int64),
-    **{f"softmax_pool_forward_{t}": (_CALL, ctypes.c_int64) for t in ("f32", "f64")},  # -> non-finite outputs
-    **{f"softmax_pool_backward_{t}": (_CALL, None) for t in ("f32", "f64")},
+    **{f"softmax_pool_forward_{t}": (_CALL, ctypes.c_int64) for t in DTYPES.values()},  # -> non-finite count
+    **{f"softmax_pool_backward_{t}": (_CALL, None) for t in DTYPES.values()},
 }
 
 
@@ -189,8 +190,9 @@ def geometry_struct(geo: PoolGeometry, n: int, c: int, cs: int, ca: int) -> Geom
 
 
 def call(direction: str, geometry: Geometry, threads: int, **tensors: torch.Tensor | None) -> int | None:
-    """Run ``softmax_pool_{direction}`` on ``tensors`` (:class:`Tensors`' fields, all of one dtype; the
-    caller keeps each alive for the call: a temporary's memory is reused)."""
+    """Run ``softmax_pool_{direction}`` on ``tensors`` (:class:`Tensors`' fields: v, s, out, gout, gv and gs
+    in v's dtype, the rest, a, w, stats, ga and gw, in its compute dtype, float32 for float16 / bfloat16;
+    the caller keeps each alive for the call: a temporary's memory is reused)."""
     lib = _library()
     if lib is None:
         raise RuntimeError(

@@ -14,7 +14,9 @@ backward's ``grad_scores`` is then ∂L/∂w, and ∂L/∂s_j · w is added into
 list of ints (:func:`encode`). Both ops take and give
 ``(N, C, *spatial)`` tensors in the input's memory format (channels_last in, channels_last out); the
 kernel works in channels-last memory, so :func:`softmax_pool` copies an NCHW input to it once (the
-copy autograd keeps for the backward) and the result back. float32 and float64; ``stats``
+copy autograd keeps for the backward) and the result back. float16, bfloat16 (read and written as they
+are, computed in float32), float32 and float64; out in the values' dtype (but with score weights in
+float32 for float16/bfloat16: the attention gate projects it next, :func:`_out_dtype`); ``stats``
 ``(2, N, *out, C or 1)``, the window max m of z = s/τ and 1/Σ e^(z−m) per window and score channel, is
 what the backward needs besides the output (as much memory as max pool's int64 indices; the float32
 kernel keeps m in base-2 units, z·log2 e: each backward reads only its own forward's stats).
@@ -61,8 +63,8 @@ _CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the Triton kern
 
 
 def usable(x: torch.Tensor) -> bool:
-    """Can the fused kernels pool ``x``: float32/float64 on the CPU, with the kernels built, or
-    float16/bfloat16/float32 on CUDA, with triton there?"""
+    """Can the fused kernels pool ``x``: float16/bfloat16/float32/float64 on the CPU, with the kernels
+    built, or float16/bfloat16/float32 on CUDA, with triton there?"""
     if x.device.type == "cuda":
         return x.dtype in _CUDA_DTYPES and triton_pool.available()
     return x.device.type == "cpu" and x.dtype in DTYPES and available()
@@ -122,7 +124,7 @@ def _operands(values, scores, tau, geometry):
     geo = decode(geometry)
     n, c = values.shape[:2]
     v = _last(values)
-    a = inverse_temperature(tau, values.dtype)
+    a = inverse_temperature(tau, compute_dtype(values.dtype))
     if _weights(scores):  # s_j = w · v_j, in the kernel
         return geo, n, c, 1, v, None, scores.contiguous(), a
     cs = c if scores is None else scores.shape[1]
@@ -135,9 +137,15 @@ def _weights(scores: torch.Tensor | None) -> bool:
     return scores is not None and scores.dim() == 1
 
 
+def _out_dtype(values: torch.Tensor, scores: torch.Tensor | None) -> torch.dtype:
+    """out's dtype: values', but with score weights their compute dtype (float32 for float16/bfloat16): the
+    attention gate projects out next (V · out), and a rounded out would be rounded twice on the way."""
+    return compute_dtype(values.dtype) if _weights(scores) else values.dtype
+
+
 def _score_map(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``s_j = w · v_j``: ``(N, C, *spatial)``, ``(C,)`` -> ``(N, 1, *spatial)``."""
-    return torch.einsum("nc...,c->n...", values, weights).unsqueeze(1)
+    """``s_j = w · v_j``: ``(N, C, *spatial)``, ``(C,)`` -> ``(N, 1, *spatial)`` (in the values' dtype)."""
+    return torch.einsum("nc...,c->n...", values, weights.to(values.dtype)).unsqueeze(1)
 
 
 # ------------------------------------------------------------------------------------------------- ops
@@ -148,8 +156,8 @@ def _op_forward(
     values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor, geometry: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     geo, n, c, cs, v, s, w, a = _operands(values, scores, tau, geometry)
-    y = values.new_empty((n, *geo.out_size, c))
-    stats = values.new_empty((2, n, *geo.out_size, cs))
+    y = values.new_empty((n, *geo.out_size, c), dtype=_out_dtype(values, scores))
+    stats = values.new_empty((2, n, *geo.out_size, cs), dtype=a.dtype)
     call("forward", geometry_struct(geo, n, c, cs, a.numel()), torch.get_num_threads(), v=v, s=s, a=a, w=w,
          out=y, stats=stats)  # fmt: skip
     return _like(y, values), stats
@@ -162,15 +170,16 @@ def _(values, scores, tau, geometry):
     half = compute_dtype(values.dtype) != values.dtype  # Triton's half stats: per channel (triton_pool)
     cs = c if scores is None or half else 1 if _weights(scores) else scores.shape[1]
     stats = values.new_empty((2, n, *geo.out_size, cs), dtype=compute_dtype(values.dtype))
-    return _like(values.new_empty((n, *geo.out_size, c)), values), stats
+    return _like(values.new_empty((n, *geo.out_size, c), dtype=_out_dtype(values, scores)), values), stats
 
 
 @_op_forward.register_kernel("cuda")
 def _op_forward_cuda(values, scores, tau, geometry):
     """The op ``gatepool::softmax_pool``'s forward on CUDA: Triton (under ``TRITON_INTERPRET=1`` it also
     runs on CPU tensors)."""
+    dtype = _out_dtype(values, scores)
     scores = _score_map(values, scores) if _weights(scores) else scores  # Triton reads a score map
-    return triton_pool.forward(values, scores, tau, decode(geometry))
+    return triton_pool.forward(values, scores, tau, decode(geometry), dtype=dtype)
 
 
 @torch.library.custom_op("gatepool::softmax_pool_backward", mutates_args=(), device_types="cpu")
@@ -190,8 +199,8 @@ def _op_backward(
     threads = torch.get_num_threads()
     gv = torch.empty_like(v)
     gs = None if s is None or scores is None else torch.empty_like(s)
-    ga = values.new_zeros((threads, a.numel())) if tau_grad else None
-    gw = None if w is None else values.new_empty((threads, c))  # each thread zeroes its row
+    ga = a.new_zeros((threads, a.numel())) if tau_grad else None
+    gw = None if w is None else a.new_empty((threads, c))  # each thread zeroes its row
     y, stats, go = _last(out), stats.contiguous(), _last(grad_out)  # named: each must outlive the call
     call("backward", geometry_struct(geo, n, c, cs, a.numel()), threads, v=v, s=s, a=a, w=w, out=y,
          stats=stats, gout=go, gv=gv, gs=gs, ga=ga, gw=gw)  # fmt: skip
@@ -218,8 +227,9 @@ def _op_backward_cuda(grad_out, values, scores, tau, out, stats, geometry, tau_g
     gv, gs, gt = triton_pool.backward(grad_out, values, _score_map(values, scores), tau, out, stats,
                                       decode(geometry), tau_grad)  # fmt: skip
     gs = gs.to(values.dtype)  # ∂L/∂s (N, 1, *spatial)
-    grad_values = gv + gs * scores.view(1, -1, *[1] * (values.dim() - 2))  # + ∂L/∂s_j · w
-    return grad_values, torch.einsum("n...,nc...->c", gs[:, 0], values), gt  # ∂L/∂w = Σ_j ∂L/∂s_j v_j
+    grad_values = gv + gs * scores.to(gs.dtype).view(1, -1, *[1] * (values.dim() - 2))  # + ∂L/∂s_j · w
+    grad_w = torch.einsum("n...,nc...->c", gs[:, 0], values).to(scores.dtype)  # ∂L/∂w = Σ_j ∂L/∂s_j v_j
+    return grad_values, grad_w, gt
 
 
 def _autograd_setup_context(ctx, inputs, output):
@@ -273,10 +283,10 @@ def softmax_pool(
 ) -> torch.Tensor:
     """``Σ_j softmax(s/τ)_j v_j`` per window by the fused kernels: ``(N, C, *spatial) -> (N, C, *out)``.
 
-    ``values`` float32 or float64 on the CPU, float16/bfloat16/float32 on CUDA (check :func:`usable`
-    first); ``scores`` None (soft pooling: s = v), a score map ``(N, 1, *spatial)``, or score weights
-    ``(C,)`` (s_j = w · v_j, computed in the kernel); ``tau`` a float or a ``()``, ``(1,)`` or ``(C,)``
-    tensor > 0.
+    ``values`` float16/bfloat16/float32/float64 on the CPU, float16/bfloat16/float32 on CUDA (check
+    :func:`usable` first); ``scores`` None (soft pooling: s = v), a score map ``(N, 1, *spatial)``, or
+    score weights ``(C,)`` (s_j = w · v_j, computed in the kernel); ``tau`` a float or a ``()``, ``(1,)``
+    or ``(C,)`` tensor > 0.
     """
     if not isinstance(tau, torch.Tensor):
         tau = temperature_tensor(float(tau), values)  # (1,), made once per value
@@ -288,7 +298,7 @@ def softmax_pool(
     # saves that copy for the backward (instead of the op copying it again) and copies the gradient back.
     v = _as_channels_last(values)
     if _weights(scores):
-        s = scores.to(values.dtype)
+        s = scores.to(compute_dtype(values.dtype))  # w in float32 for float16/bfloat16 values
     else:
         s = None if scores is None else _as_channels_last(scores)
     out = torch.ops.gatepool.softmax_pool(v, s, tau, encode(geo))[0]

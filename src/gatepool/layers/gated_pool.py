@@ -30,7 +30,7 @@ does, and the gate is a keyword. "max" and "avg" run torch's own kernels (``F.ma
 ``return_indices`` (torch's indices, for ``nn.MaxUnpool*d``), "avg" takes ``count_include_pad`` (torch's
 default True) and a ``dilation``, which torch's average pool lacks (computed here: the window sum over
 the same divisor). The other gates compute in float32 (float64 stays float64; the softmax gates read
-float16 / bfloat16 as they are where Triton runs them) and return the input dtype.
+float16 / bfloat16 as they are where a fused kernel, C or Triton, runs them) and return the input dtype.
 
 Padding: for the soft family ("soft", "soft-learned", "attention") padded taps get gate 0, always (for max
 this is torch's −inf padding); for "conv" padded zeros add nothing. Non-finite inputs: see
@@ -185,7 +185,8 @@ class GatedPoolNd(GateParameters):
         xb = input if geo.batched else input.unsqueeze(0)  # (N, C, *spatial)
         row = gate_table.row(self.gate)
         # torch's gates in the input's dtype; the softmax gates in their path's (softmax_paths.input_dtype)
-        x = xb if row.torch else xb.to(input_dtype(xb) if row.softmax else compute_dtype(input.dtype))
+        dtype = input_dtype(xb, self.return_weights) if row.softmax else compute_dtype(input.dtype)
+        x = xb if row.torch else xb.to(dtype)
         out, indices, weights = getattr(self, row.function)(x, geo)  # the gate's own function
         out = like_input_format(out, xb).to(input.dtype)
         results = [out]

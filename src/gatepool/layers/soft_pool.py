@@ -32,8 +32,8 @@ Weights layout (``return_weights=True``): ``(N, C, *out_spatial, K)`` with K = �
 positions flattened row-major (the last spatial axis fastest); ``(C, *out_spatial, K)`` for unbatched input.
 
 Numerics: the softmax subtracts the window max before exp, so every finite input (±1e4 included, any
-τ > 0) gives finite outputs. float16 / bfloat16 inputs go into Triton as they are (computed in float32
-inside); the C kernel and the pure-PyTorch paths compute them in float32 and cast back.
+τ > 0) gives finite outputs. float16 / bfloat16 inputs go into the fused kernels, C and Triton, as they
+are (computed in float32 inside); the pure-PyTorch paths compute them in float32 and cast back.
 
 Three ways to compute, side by side (``softmax_paths.softmax_path`` picks, and says why):
   * the plain one, ``soft_pool_unfold`` (in windows.py): unfold the windows to ``(N, C, *out, K)``,
@@ -247,7 +247,7 @@ def soft_pool(
         weights.append(w)
         return out
 
-    out = pool_in(input, geo.batched, pool)
+    out = pool_in(input, geo.batched, pool, compute_dtype(input.dtype) if return_weights else None)
     if not return_weights:
         return out
     w = weights[0].to(input.dtype)

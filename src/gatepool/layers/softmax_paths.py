@@ -4,7 +4,8 @@ The softmax gates ("soft", "soft-learned", "attention"; :mod:`gatepool.layers.ga
 ``Σ_j softmax(s/τ)_j v_j`` over each window. Four computations give it, fastest first:
 
     path      what runs                                          taken when
-    "c"       ``gatepool::softmax_pool``: the C kernel             float32/float64 on the CPU, kernel built
+    "c"       ``gatepool::softmax_pool``: the C kernel             float16/bfloat16/float32/float64 on the
+                                                                 CPU, kernel built
     "triton"  ``gatepool::softmax_pool``: Triton                   float16/bfloat16/float32 on CUDA, triton
     "tiled"   dense ops over the K window slices (soft_pool)     no kernel; s = v and windows that tile
     "plain"   unfold, masked softmax, weighted sum (windows)     otherwise; always for ``return_weights``
@@ -16,13 +17,14 @@ the CPU (the windowed GPU kernel unrolls its taps at compile time), and ``"gathe
 :func:`softmax_path` is the one place that decides; the windowed, global and adaptive pools and
 ``soft_pool*d`` all ask it, so "why did this call take the slow path?" has one answer::
 
-    >>> softmax_path(torch.randn(2, 3, 8, 8, dtype=torch.float16), tiles=True).reason
-    'no fused kernel takes torch.float16 on cpu (the C kernel: float32, float64)'
+    >>> softmax_path(torch.zeros(2, 3, 8, 8, dtype=torch.int32), tiles=True).reason
+    'no fused kernel takes torch.int32 on cpu (the C kernel: float16, bfloat16, float32, float64)'
 
 :func:`pool_in` is the one wrapper around a path for batch, dtype and memory format: an unbatched input gets
-a batch of one, the input goes in in the dtype its path computes in (:func:`input_dtype`: the C kernel and
-the pure-PyTorch paths compute float16/bfloat16 in float32, on a copy; Triton reads them as they are) and
-the output comes back in the input's dtype, memory format and batch.
+a batch of one, the input goes in in the dtype its path takes (:func:`input_dtype`: the fused kernels, C
+and Triton, read float16/bfloat16 as they are and compute in float32 inside; the pure-PyTorch paths
+compute them in float32, on a copy) and the output comes back in the input's dtype, memory format and
+batch.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from gatepool.layers.windows import compute_dtype, like_input_format
 __all__ = ["PATHS", "SoftmaxPath", "input_dtype", "pool_in", "softmax_path"]
 
 PATHS = ("c", "triton", "tiled", "plain", "one-window", "gather")
-_C_DTYPES = (torch.float32, torch.float64)
+_C_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -73,7 +75,7 @@ def _no_kernel(x: torch.Tensor) -> str:
     if x.device.type != "cpu":
         return f"no fused kernel runs on {x.device.type}"
     if x.dtype not in _C_DTYPES:
-        return f"no fused kernel takes {x.dtype} on cpu (the C kernel: float32, float64)"
+        return f"no fused kernel takes {x.dtype} on cpu (the C kernel: float16, bfloat16, float32, float64)"
     return "the C kernel is not built here (no C compiler, or GATEPOOL_KERNELS=0)"
 
 
@@ -109,12 +111,11 @@ def softmax_path(
     return SoftmaxPath("plain", f"{why}; {shape}")
 
 
-def input_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype ``x`` goes into a path in: its own where Triton takes it, else float32 (float64 stays):
-    the C kernel and the pure-PyTorch paths compute float16 / bfloat16 in float32, on a copy."""
-    if x.device.type == "cuda" and x.dtype in _TRITON_DTYPES and fused_pool.usable(x):
-        return x.dtype
-    return compute_dtype(x.dtype)
+def input_dtype(x: torch.Tensor, return_weights: bool = False) -> torch.dtype:
+    """The dtype ``x`` goes into a path in: its own where a fused kernel (C or Triton) takes it, else
+    float32 (float64 stays): the pure-PyTorch paths compute float16 / bfloat16 in float32, on a copy
+    (``return_weights``: the plain path's, see :func:`softmax_path`)."""
+    return x.dtype if fused_pool.usable(x) and not return_weights else compute_dtype(x.dtype)
 
 
 def pool_in(

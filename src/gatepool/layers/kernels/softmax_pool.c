@@ -35,6 +35,13 @@
    −inf. The vectorized loop assumes finite windows; a lane whose result comes out non-finite is redone
    by a scalar routine (limit_window) and marked with m = NaN, so the backward redoes it too.
 
+   Types: float and double, and float16 / bfloat16 in memory, computed in float (loaded into float
+   vectors, rounded to nearest even when stored; m and 1/den, a, w and the partial sums of ∂L/∂a and
+   ∂L/∂w in float). Those two do not read out in the backward: it is recomputed in float per window
+   (Σ_j g_j (v_j − out) must cancel to float's precision; see the _impl.h's top), and their gradients are
+   summed in float and rounded once. With score weights (the attention gate) out and ∂L/∂out are in the
+   computed type: the gate projects out next, and a rounded out would be rounded twice on the way.
+
    Threads: OpenMP, over (batch, output position) in the forward and over batch elements in the
    backward (each owns its slice of the gradients: no races where windows overlap).
 
@@ -49,7 +56,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 #ifdef _OPENMP
@@ -137,6 +144,102 @@ static inline vexp_f32 exp2_vf(vexp_f32 x) {
     vexp_i32 bits = ((vexp_i32)t - 0x4B400000 + 127) << 23; /* 2^round(x) */
     return p * (vexp_f32)bits;
 }
+
+/* Half precision in memory: 16-bit numbers, held as their bits (uint16_t), converted to float on the way
+   in and rounded to nearest even on the way out; NaN stays NaN, ±inf stays ±inf, and a float past the
+   type's range rounds to ±inf, as torch's conversions do.
+
+   bfloat16 is a float's upper 16 bits: the conversions are shifts and an add (vectorized as they are). */
+typedef uint16_t vhalf __attribute__((vector_size(32))); /* a channel block: 16 halves */
+typedef uint32_t vexp_u32 __attribute__((vector_size(64)));
+
+static inline float bf16_to_f(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+static inline uint16_t f_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if (f != f) return (uint16_t)((bits >> 16) | 0x40);              /* NaN: kept, quiet */
+    return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);   /* to nearest, ties to even */
+}
+static inline vexp_f32 bf16_to_vf(vhalf h) { return (vexp_f32)(__builtin_convertvector(h, vexp_u32) << 16); }
+static inline vhalf vf_to_bf16(vexp_f32 x) {
+    vexp_u32 bits = (vexp_u32)x, nan = (vexp_u32)(x != x);
+    vexp_u32 even = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16;
+    return __builtin_convertvector((nan & ((bits >> 16) | 0x40)) | (~nan & even), vhalf);
+}
+
+/* float16: the CPU's conversions where it has them (F16C, AVX-512), else these, bit by bit. */
+static inline float f16_to_f_bits(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF, bits;
+    if (e == 0) { /* zero or subnormal: m · 2^−24 */
+        float f = (float)m * 0x1p-24f;
+        return sign ? -f : f;
+    }
+    bits = sign | (e == 0x1F ? 0x7F800000 | (m << 13) : ((e + 112) << 23) | (m << 13)); /* ±inf, NaN; 15 → 127 */
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+static inline uint16_t f_to_f16_bits(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    uint16_t sign = (uint16_t)((bits >> 16) & 0x8000);
+    uint32_t a = bits & 0x7FFFFFFF;
+    if (a > 0x7F800000) return sign | 0x7E00 | (uint16_t)((a >> 13) & 0x3FF); /* NaN: kept, quiet */
+    if (a >= 0x477FF000) return sign | 0x7C00; /* ≥ 65520: ±inf (65504's mantissa is odd: the tie goes up) */
+    if (a >= 0x38800000) /* ≥ 2^−14: a normal half; 127 → 15, to nearest, ties to even */
+        return sign | (uint16_t)((a - 0x38000000 + 0xFFF + ((a >> 13) & 1)) >> 13);
+    return sign | (uint16_t)lrintf(fabsf(f) * 0x1p24f); /* subnormal: m · 2^−24, to nearest even */
+}
+#if defined(__F16C__)
+static inline float f16_to_f(uint16_t h) { return _cvtsh_ss(h); }
+static inline uint16_t f_to_f16(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
+#else
+static inline float f16_to_f(uint16_t h) { return f16_to_f_bits(h); }
+static inline uint16_t f_to_f16(float f) { return f_to_f16_bits(f); }
+#endif
+#if defined(__AVX512F__)
+static inline vexp_f32 f16_to_vf(vhalf h) { return (vexp_f32)_mm512_cvtph_ps((__m256i)h); }
+static inline vhalf vf_to_f16(vexp_f32 x) {
+    return (vhalf)_mm512_cvtps_ph((__m512)x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+#elif defined(__F16C__)
+static inline vexp_f32 f16_to_vf(vhalf h) {
+    __m128i lo, hi;
+    memcpy(&lo, &h, 16);
+    memcpy(&hi, (char *)&h + 16, 16);
+    __m256 a = _mm256_cvtph_ps(lo), b = _mm256_cvtph_ps(hi);
+    vexp_f32 x;
+    memcpy(&x, &a, 32);
+    memcpy((char *)&x + 32, &b, 32);
+    return x;
+}
+static inline vhalf vf_to_f16(vexp_f32 x) {
+    __m256 a, b;
+    memcpy(&a, &x, 32);
+    memcpy(&b, (char *)&x + 32, 32);
+    __m128i lo = _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT), hi = _mm256_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT);
+    vhalf h;
+    memcpy(&h, &lo, 16);
+    memcpy((char *)&h + 16, &hi, 16);
+    return h;
+}
+#else
+static inline vexp_f32 f16_to_vf(vhalf h) {
+    vexp_f32 x;
+    for (int l = 0; l < 16; l++) x[l] = f16_to_f_bits(h[l]);
+    return x;
+}
+static inline vhalf vf_to_f16(vexp_f32 x) {
+    vhalf h;
+    for (int l = 0; l < 16; l++) h[l] = f_to_f16_bits(x[l]);
+    return h;
+}
+#endif
 
 static inline double exp_d(double x) { return exp(x); }
 
@@ -257,19 +360,47 @@ static double limit_window(int nt, const double *z, const double *v, double *gat
     } while (0)
 _Static_assert(SHARED_BLOCKS == 4, "GP_BY_BLOCKS spells out the block counts 1 to 4");
 
-/* Per element type: EXP(z) of z = SCALE · a · s, LANES, the lanes of a 64-byte vector (a channel block), and
-   STREAM, AVX-512's streaming store of one (vstream). */
+/* Per element type: T, the type computed in (float or double), EXP(z) of z = SCALE · a · s, LANES, the lanes
+   of a 64-byte vector of T (a channel block), and STREAM, AVX-512's streaming store of one (vstream); per
+   type in memory (the input, the output and their gradients; a, w, stats and the partial sums of ∂L/∂a
+   and ∂L/∂w are T): S, its SUFFIX in the exported names, FROM_S / TO_S between a channel block of S and
+   one of T, S_TO_T / T_TO_S for one number. The _impl.h #undefs the per-S macros after it.
+
+   float16 and bfloat16 are computed in float: a block of 16 halves (vhalf, their bits) becomes 16 floats
+   on the way in, and is rounded to nearest even on the way out. */
 #define T float
-#define SUFFIX f32
 #define EXP exp2_f
 #define VEXP exp2_vf
 #define ITYPE int32_t
 #define SCALE 1.44269504088896341f
 #define LANES 16
 #define STREAM(p, x) _mm512_stream_ps(p, (__m512)(x))
+
+#define S float
+#define SUFFIX f32
+#define FROM_S(x) (x)
+#define TO_S(x) (x)
+#define S_TO_T(x) (x)
+#define T_TO_S(x) (x)
 #include "softmax_pool_impl.h"
+
+#define S uint16_t
+#define SUFFIX bf16
+#define FROM_S(x) bf16_to_vf(x)
+#define TO_S(x) vf_to_bf16(x)
+#define S_TO_T(x) bf16_to_f(x)
+#define T_TO_S(x) f_to_bf16(x)
+#include "softmax_pool_impl.h"
+
+#define S uint16_t
+#define SUFFIX f16
+#define FROM_S(x) f16_to_vf(x)
+#define TO_S(x) vf_to_f16(x)
+#define S_TO_T(x) f16_to_f(x)
+#define T_TO_S(x) f_to_f16(x)
+#include "softmax_pool_impl.h"
+
 #undef T
-#undef SUFFIX
 #undef EXP
 #undef VEXP
 #undef ITYPE
@@ -278,11 +409,17 @@ _Static_assert(SHARED_BLOCKS == 4, "GP_BY_BLOCKS spells out the block counts 1 t
 #undef STREAM
 
 #define T double
-#define SUFFIX f64
 #define EXP exp_d
 #define VEXP exp_vd
 #define ITYPE int64_t
 #define SCALE 1.0
 #define LANES 8
 #define STREAM(p, x) _mm512_stream_pd(p, (__m512d)(x))
+
+#define S double
+#define SUFFIX f64
+#define FROM_S(x) (x)
+#define TO_S(x) (x)
+#define S_TO_T(x) (x)
+#define T_TO_S(x) (x)
 #include "softmax_pool_impl.h"
