@@ -399,11 +399,35 @@ def test_score_weights_through_triton_equal_the_c_op(channels):
         torch.testing.assert_close(t.cpu(), c)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_score_weights_through_triton_equal_the_c_op(dtype):
+    """fp16/bf16 values with score weights: both kernels give out in float32 (the attention gate projects
+    it next) and the same gradients of x, w and τ within the half dtype's rounding."""
+    if not fused_pool.available():
+        pytest.skip("no fused C kernels here")
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, 8).to(dtype)
+    w, tau = torch.randn(3), torch.tensor([0.7])
+    g = fused_pool.encode(pool_geometry(x, 2, 3, 2, 1))
+    c_out, c_stats = torch.ops.gatepool.softmax_pool(x, w, tau, g)
+    t_out, t_stats = fused_pool._op_forward_cuda(x.to(DEVICE), w.to(DEVICE), tau.to(DEVICE), g)
+    assert t_out.dtype == c_out.dtype == torch.float32
+    # Triton reads the score map w · v rounded to the half dtype (the C kernel forms it in float32)
+    torch.testing.assert_close(t_out.cpu(), c_out, rtol=2e-2, atol=2e-2)
+    grad = torch.randn_like(c_out)
+    c_grads = torch.ops.gatepool.softmax_pool_backward(grad, x, w, tau, c_out, c_stats, g, True)
+    t_args = (t.to(DEVICE) for t in (grad, x, w, tau, t_out, t_stats))
+    t_grads = fused_pool._op_backward_cuda(*t_args, g, True)
+    for c, t in zip(c_grads, t_grads):
+        assert t.dtype == c.dtype
+        torch.testing.assert_close(t.cpu().float(), c.float(), rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_ops_fake_stats_are_the_kernels(dtype, kind):
-    """The shapes the op declares (its fake, what torch.compile plans with) are the kernel's: stats per
-    channel for fp16/bf16 (their residual is), else per score channel."""
+    """The shapes the op declares on CUDA (its fake, what torch.compile plans with) are the Triton kernel's:
+    stats per channel for fp16/bf16 (their residual is), else per score channel."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     x, scores, tau = make(2, kind, dtype=dtype, shape=(2, 3, 6, 6))
@@ -411,8 +435,9 @@ def test_the_ops_fake_stats_are_the_kernels(dtype, kind):
     geo = pool_geometry(x, 2, 3, 2, 1)
     out, stats = triton_pool.forward(x.to(DEVICE), None if scores is None else scores.to(DEVICE),
                                      tau.to(DEVICE), geo)  # fmt: skip
-    with FakeTensorMode() as mode:
-        fake = [None if t is None else mode.from_tensor(t) for t in (x, scores, tau)]
+    with FakeTensorMode():  # CUDA tensors, as the op sees them there (on CPU tensors the C kernel runs)
+        fake = [None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda")
+                for t in (x, scores, tau)]  # fmt: skip
         f_out, f_stats = torch.ops.gatepool.softmax_pool(*fake, fused_pool.encode(geo))
     assert (f_out.shape, f_out.stride(), f_out.dtype) == (out.shape, out.stride(), out.dtype)
     assert (f_stats.shape, f_stats.dtype) == (stats.shape, stats.dtype)

@@ -167,7 +167,8 @@ def _op_forward(
 def _(values, scores, tau, geometry):
     geo = decode(geometry)
     n, c = values.shape[:2]
-    half = compute_dtype(values.dtype) != values.dtype  # Triton's half stats: per channel (triton_pool)
+    # Triton's half stats are per channel (triton_pool); the C kernel's per score channel
+    half = values.device.type != "cpu" and compute_dtype(values.dtype) != values.dtype
     cs = c if scores is None or half else 1 if _weights(scores) else scores.shape[1]
     stats = values.new_empty((2, n, *geo.out_size, cs), dtype=compute_dtype(values.dtype))
     return _like(values.new_empty((n, *geo.out_size, c), dtype=_out_dtype(values, scores)), values), stats

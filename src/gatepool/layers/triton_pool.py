@@ -539,9 +539,11 @@ def _prepare(values, scores, tau):
 
 
 def forward(
-    values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor, geo: PoolGeometry
+    values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor, geo: PoolGeometry,
+    dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``gatepool::softmax_pool`` on Triton: ``(out, stats)``, out ``(N, C, *out)`` in values' memory format.
+    """``gatepool::softmax_pool`` on Triton: ``(out, stats)``, out ``(N, C, *out)`` in values' memory format
+    and in ``dtype`` (default values'; float32 for half values keeps out unrounded: its residual is 0).
 
     ``values`` ``(N, C, *spatial)``; ``scores`` None (s = v), ``(N, 1, *spatial)`` (shared; τ then has one
     entry, as the C op: a[0]) or ``(N, C, *spatial)``; ``tau`` ``(1,)`` or ``(C,)``.
@@ -549,7 +551,7 @@ def forward(
     kernels = _kernels()
     values, scores, last, kind, per_channel = _prepare(values, scores, tau)
     plan = _plan(geo, tuple(values.shape), last, values.dtype, kind, per_channel)
-    out = values.new_empty_strided(*plan.out)
+    out = values.new_empty_strided(*plan.out, dtype=dtype or values.dtype)
     stats = values.new_empty(plan.stats, dtype=plan.acc)
     if out.numel():
         s = values if scores is None else scores
