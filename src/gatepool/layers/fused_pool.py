@@ -56,6 +56,7 @@ from gatepool.layers import triton_pool
 from gatepool.layers.c_kernels import DTYPES, Tensors, available, call, geometry_struct, kernel
 from gatepool.layers.windows import (
     PoolGeometry,
+    as_dtype,
     channel_view,
     compute_dtype,
     inverse_temperature,
@@ -72,9 +73,9 @@ _CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the Triton kern
 def usable(x: torch.Tensor) -> bool:
     """Can the fused kernels pool ``x``: float32/float64 on the CPU, with the kernels built, or
     float16/bfloat16/float32 on CUDA, with triton there?"""
-    if x.device.type == "cuda":
+    if x.is_cuda:
         return x.dtype in _CUDA_DTYPES and triton_pool.available()
-    return x.device.type == "cpu" and x.dtype in DTYPES and available()
+    return x.is_cpu and x.dtype in DTYPES and available()
 
 
 # -------------------------------------------------------------------------------------------- geometry
@@ -320,11 +321,15 @@ def _plan(geo: PoolGeometry, n: int, c: int, cs: int, ca: int, dtype: torch.dtyp
     return plan
 
 
+_LAST_FORMAT = {4: torch.channels_last, 5: torch.channels_last_3d}  # channels-last memory, by t.dim()
+
+
 def _in_last(t: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
-    """``t`` ``(N, C, *S)`` in channels-last memory: itself when it is there, else a copy."""
-    if _channels_last_memory(t):
-        return t
-    return torch.empty_permuted(t.shape, order, dtype=t.dtype).copy_(t)
+    """``t`` ``(N, C, *S)`` in channels-last memory: itself when it is there, else a copy (one call)."""
+    fmt = _LAST_FORMAT.get(t.dim())
+    if fmt is not None:
+        return t if t.is_contiguous(memory_format=fmt) else t.contiguous(memory_format=fmt)
+    return t if _channels_last_memory(t) else torch.empty_permuted(t.shape, order, dtype=t.dtype).copy_(t)
 
 
 def _pointers(*tensors: torch.Tensor | None):
@@ -401,7 +406,8 @@ def softmax_pool(
     if scores is not None and tau.numel() != 1:
         raise ValueError(f"shared scores take one temperature, got {tau.numel()}")
     if eager(values, scores, tau):
-        return _EagerSoftmaxPool.apply(values, None if scores is None else scores.to(values.dtype), tau, geo)
+        scores = None if scores is None else as_dtype(scores, values.dtype)
+        return _EagerSoftmaxPool.apply(values, scores, tau, geo)
     # The kernel reads channels-last memory: copy an NCHW input there once, here, so that autograd
     # saves that copy for the backward (instead of the op copying it again) and copies the gradient back.
     v = _as_channels_last(values)

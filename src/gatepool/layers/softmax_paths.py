@@ -33,12 +33,13 @@ from dataclasses import dataclass
 import torch
 
 from gatepool.layers import fused_pool
-from gatepool.layers.windows import compute_dtype, like_input_format
+from gatepool.layers.c_kernels import DTYPES
+from gatepool.layers.windows import as_dtype, compute_dtype, like_input_format
 
 __all__ = ["PATHS", "SoftmaxPath", "input_dtype", "pool_in", "softmax_path"]
 
 PATHS = ("c", "triton", "tiled", "plain", "one-window", "gather")
-_C_DTYPES = (torch.float32, torch.float64)
+_C_DTYPES = tuple(DTYPES)  # the C kernel's
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -55,13 +56,17 @@ class SoftmaxPath:
         return self.name in ("c", "triton")
 
 
+_KERNELS = {  # (device type, dtype): the fused kernel's path, made once (a call asks for it every time)
+    **{("cpu", t): SoftmaxPath("c", f"{t} on cpu: the C kernel") for t in _C_DTYPES},
+    **{("cuda", t): SoftmaxPath("triton", f"{t} on cuda: the Triton kernels") for t in _TRITON_DTYPES},
+}
+
+
 def _kernel(x: torch.Tensor) -> SoftmaxPath | None:
     """The fused kernel that takes ``x`` here, or None."""
     if not fused_pool.usable(x):
         return None
-    if x.device.type == "cuda":
-        return SoftmaxPath("triton", f"{x.dtype} on cuda: the Triton kernels")
-    return SoftmaxPath("c", f"{x.dtype} on cpu: the C kernel")
+    return _KERNELS[x.device.type, x.dtype]
 
 
 def _no_kernel(x: torch.Tensor) -> str:
@@ -112,7 +117,7 @@ def softmax_path(
 def input_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype ``x`` goes into a path in: its own where Triton takes it, else float32 (float64 stays):
     the C kernel and the pure-PyTorch paths compute float16 / bfloat16 in float32, on a copy."""
-    if x.device.type == "cuda" and x.dtype in _TRITON_DTYPES and fused_pool.usable(x):
+    if x.is_cuda and x.dtype in _TRITON_DTYPES and fused_pool.usable(x):
         return x.dtype
     return compute_dtype(x.dtype)
 
@@ -126,6 +131,6 @@ def pool_in(
     """``pool`` of ``input`` as ``(N, C, *spatial)`` in ``dtype`` (:func:`input_dtype` by default); its output
     in ``input``'s batch, dtype and memory format (unbatched ``(C, *spatial)`` in, ``(C, *out)`` out)."""
     xb = input if batched else input.unsqueeze(0)  # (N, C, *spatial)
-    out = pool(xb.to(input_dtype(xb) if dtype is None else dtype))  # (N, C, *out)
-    out = like_input_format(out, xb).to(input.dtype)
+    out = pool(as_dtype(xb, input_dtype(xb) if dtype is None else dtype))  # (N, C, *out)
+    out = as_dtype(like_input_format(out, xb), input.dtype)
     return out if batched else out.squeeze(0)
