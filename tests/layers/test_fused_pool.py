@@ -96,15 +96,21 @@ def _through(path, x, sc, tau, geo):
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_the_eager_path_is_the_op_bit_for_bit(d, geo, kind, channels_last):
     """The eager path (the C kernel called from an autograd Function) against the op it stands in for:
-    the same values, gradients and memory formats, bit for bit, in float32 and float64."""
+    the same values, gradients and memory formats, bit for bit, in float32 and float64, at one thread
+    and two (the per-thread partial sums of ∂L/∂τ and ∂L/∂w)."""
     torch.manual_seed(0)
     scores = {"attention": True, "attention-weights": "weights"}.get(kind)
-    for dtype in (torch.float32, torch.float64):
+    before = torch.get_num_threads()
+    for dtype, threads in ((torch.float32, 1), (torch.float32, 2), (torch.float64, 2)):
+        torch.set_num_threads(threads)
         x, sc, tau, g = op_args(d, geo, scores, kind == "soft-per-channel", dtype, channels_last and d == 2,
                                 channels=19)  # fmt: skip
         geometry = fused_pool.decode(g)
-        node, *eager = _through("eager", x, sc, tau, geometry)
-        op_node, *op = _through("op", x, sc, tau, geometry)
+        try:
+            node, *eager = _through("eager", x, sc, tau, geometry)
+            op_node, *op = _through("op", x, sc, tau, geometry)
+        finally:
+            torch.set_num_threads(before)
         assert node == "_EagerSoftmaxPoolBackward" and op_node != node
         assert eager[1:3] == op[1:3]  # strides of out and of ∂L/∂x
         for a, b in zip([eager[0], *eager[3]], [op[0], *op[3]]):

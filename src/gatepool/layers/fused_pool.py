@@ -379,11 +379,17 @@ class _EagerSoftmaxPool(torch.autograd.Function):
         plan.backward(plan.geometry, _pointers(v, s, a, w, out, stats, go, gv, gs, ga, gw), threads)
         grad_values = gv if v is values else gv.contiguous()
         if gw is not None:
-            grad_scores = gw.sum(0)  # ∂L/∂w
+            grad_scores = _threads_sum(gw)  # ∂L/∂w
         else:
             grad_scores = None if gs is None else gs if s is scores else gs.contiguous()
-        grad_tau = -ga.sum(0) * a * a if need_tau else None  # ∂L/∂τ = −∂L/∂a / τ²
+        # ∂L/∂τ = −∂L/∂a / τ², in place: −((Σ ∂L/∂a) a) a is the op's (−Σ ∂L/∂a) a a, bit for bit
+        grad_tau = _threads_sum(ga).mul_(a).mul_(a).neg_() if need_tau else None
         return grad_values, grad_scores, grad_tau, None
+
+
+def _threads_sum(t: torch.Tensor) -> torch.Tensor:
+    """The sum of the kernel's per-thread rows ``(threads, K) -> (K,)`` (the row itself for one thread)."""
+    return t[0] if t.shape[0] == 1 else t.sum(0)
 
 
 # --------------------------------------------------------------------------------------------- the API

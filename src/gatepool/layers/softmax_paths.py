@@ -4,7 +4,7 @@ The softmax gates ("soft", "soft-learned", "attention"; :mod:`gatepool.layers.ga
 ``Σ_j softmax(s/τ)_j v_j`` over each window. Four computations give it, fastest first:
 
     path      what runs                                          taken when
-    "c"       ``gatepool::softmax_pool``: the C kernel             float32/float64 on the CPU, kernel built
+    "c"       the C kernel (``gatepool::softmax_pool`` traced)     float32/float64 on the CPU, kernel built
     "triton"  ``gatepool::softmax_pool``: Triton                   float16/bfloat16/float32 on CUDA, triton
     "tiled"   dense ops over the K window slices (soft_pool)     no kernel; s = v and windows that tile
     "plain"   unfold, masked softmax, weighted sum (windows)     otherwise; always for ``return_weights``
