@@ -277,6 +277,9 @@ def _plain_vjp(values, scores, tau, geometry, grad_out, needs):
 # ------------------------------------------------------------------------------------------ the eager path
 
 
+_EAGER_DTYPES = (torch.float32, torch.float64)  # checked bit for bit against the op (its operands' dtypes)
+
+
 def eager(values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor) -> bool:
     """May this call skip the op and run the C kernel by :class:`_EagerSoftmaxPool`: plain CPU tensors of
     the kernel's dtypes, with nothing that must see the op (``torch.compile`` or ``torch.jit`` tracing,
@@ -285,7 +288,7 @@ def eager(values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor) 
     return (
         not torch.compiler.is_compiling()
         and values.is_cpu
-        and values.dtype in DTYPES
+        and values.dtype in _EAGER_DTYPES
         and not torch._C._len_torch_dispatch_stack()
         and not torch.overrides.has_torch_function_variadic(values, scores, tau)
         and not torch._C._are_functorch_transforms_active()
