@@ -86,6 +86,85 @@ def test_opcheck_backward():
     torch.library.opcheck(torch.ops.gatepool.softmax_pool_backward.default, args)
 
 
+def _through(path, x, sc, tau, geo):
+    """``fused_pool.softmax_pool`` on ``path`` ("eager": the C kernel called directly; "op": the custom op):
+    the output, its strides and the gradients of x, the scores and τ for a fixed random upstream gradient."""
+    x, tau = x.detach().requires_grad_(), tau.detach().requires_grad_()
+    sc = None if sc is None else sc.detach().requires_grad_()
+    with pytest.MonkeyPatch.context() as m:
+        if path == "op":
+            m.setattr(fused_pool, "eager", lambda *args: False)
+        out = fused_pool.softmax_pool(x, sc, tau, geo)
+    node = type(out.grad_fn).__name__
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype))
+    grads = [x.grad, tau.grad, None if sc is None else sc.grad]
+    return node, out, out.stride(), x.grad.stride(), grads
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+@pytest.mark.parametrize("geo", GEOMETRIES)
+@pytest.mark.parametrize("kind", ["soft", "soft-per-channel", "attention", "attention-weights"])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_the_eager_path_is_the_op_bit_for_bit(d, geo, kind, channels_last):
+    """The eager path (the C kernel called from an autograd Function) against the op it stands in for:
+    the same values, gradients and memory formats, bit for bit, in float32 and float64, at one thread
+    and two (the per-thread partial sums of ∂L/∂τ and ∂L/∂w)."""
+    torch.manual_seed(0)
+    scores = {"attention": True, "attention-weights": "weights"}.get(kind)
+    before = torch.get_num_threads()
+    for dtype, threads in ((torch.float32, 1), (torch.float32, 2), (torch.float64, 2)):
+        torch.set_num_threads(threads)
+        x, sc, tau, g = op_args(d, geo, scores, kind == "soft-per-channel", dtype, channels_last and d == 2,
+                                channels=19)  # fmt: skip
+        geometry = fused_pool.decode(g)
+        try:
+            node, *eager = _through("eager", x, sc, tau, geometry)
+            op_node, *op = _through("op", x, sc, tau, geometry)
+        finally:
+            torch.set_num_threads(before)
+        assert node == "_EagerSoftmaxPoolBackward" and op_node != node
+        assert eager[1:3] == op[1:3]  # strides of out and of ∂L/∂x
+        for a, b in zip([eager[0], *eager[3]], [op[0], *op[3]]):
+            assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+
+
+def test_the_eager_path_steps_aside_for_what_must_see_the_op():
+    """Fake tensors, a dispatch mode, a function mode, torch.func and tracing get the op; a plain call not."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    x, tau = torch.randn(2, 3, 4, 4), torch.ones(1)
+    assert fused_pool.eager(x, None, tau)
+    assert not fused_pool.eager(x.half(), None, tau) and not fused_pool.eager(x.to(torch.int32), None, tau)
+    with Passing():
+        assert not fused_pool.eager(x, None, tau)
+    with torch.device("cpu"):  # a function mode
+        assert not fused_pool.eager(x, None, tau)
+    with FakeTensorMode() as mode:
+        assert not fused_pool.eager(mode.from_tensor(x), None, tau)
+    seen = []
+    torch.func.vmap(lambda t: seen.append(fused_pool.eager(t, None, tau)) or t)(x)
+    assert seen == [False]
+    torch.jit.trace(lambda t: seen.append(fused_pool.eager(t, None, tau)) or t * 1, (x,), check_trace=False)
+    assert seen == [False, False]
+
+
+def test_double_backward_through_the_eager_path():
+    """``create_graph=True``: the eager Function's backward goes through the plain path's graph, so the
+    gradient is itself differentiable (the same as the plain path's)."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 4, 5, dtype=torch.float64, requires_grad=True)
+    tau = torch.tensor([0.7, 1.3], dtype=torch.float64, requires_grad=True)
+    geometry = pool_geometry(x, 2, 3, 2, 1, 1, True)
+    out = fused_pool.softmax_pool(x, None, tau, geometry)
+    assert type(out.grad_fn).__name__ == "_EagerSoftmaxPoolBackward"
+    assert torch.autograd.gradgradcheck(lambda a, t: fused_pool.softmax_pool(a, None, t, geometry), (x, tau))
+
+
 @pytest.mark.slow
 def test_gradcheck_through_the_op():
     torch.manual_seed(0)

@@ -10,7 +10,9 @@ pure-PyTorch paths. On a GPU (``gpu``) ``torch.cuda.set_sync_debug_mode("error")
 Every dispatcher call costs the host a few microseconds whatever the tensor's size; on a small input (and on
 a GPU at any size) they, not the arithmetic, are the cost of a call. ``BUDGET`` is how many one forward and
 backward of each 2-D gate makes (the library's own ops counted with the aten calls inside them); a change
-that adds one fails here: lower the budget when a change removes some.
+that adds one fails here: lower the budget when a change removes some. Under a dispatch mode the fused
+gates take the ``gatepool::softmax_pool`` op (``fused_pool.eager`` steps aside), so this counts the op's
+path: the one ``torch.compile`` and CUDA take.
 """
 
 from __future__ import annotations

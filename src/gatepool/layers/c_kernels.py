@@ -28,7 +28,7 @@ import torch
 from gatepool.layers.windows import PoolGeometry
 from gatepool.utils.environment import cache_dir
 
-__all__ = ["DTYPES", "available", "build", "call", "geometry_struct", "layout", "load"]
+__all__ = ["DTYPES", "Tensors", "available", "build", "call", "geometry_struct", "kernel", "layout", "load"]
 
 SOURCE = Path(__file__).with_name("kernels") / "softmax_pool.c"
 # -fno-trapping-math: the clamps and selects on floats may be if-converted, so the channel loops vectorize
@@ -189,17 +189,22 @@ def geometry_struct(geo: PoolGeometry, n: int, c: int, cs: int, ca: int) -> Geom
                     three(geo.stride, 1), three(geo.padding, 0), three(geo.dilation, 1))  # fmt: skip
 
 
-def call(direction: str, geometry: Geometry, threads: int, **tensors: torch.Tensor | None) -> int | None:
-    """Run ``softmax_pool_{direction}`` on ``tensors`` (:class:`Tensors`' fields: v, s, out, gout, gv and gs
-    in v's dtype, the rest, a, w, stats, ga and gw, in its compute dtype, float32 for float16 / bfloat16;
-    the caller keeps each alive for the call: a temporary's memory is reused)."""
+def kernel(direction: str, dtype: torch.dtype) -> ctypes._CFuncPtr:
+    """The C function ``softmax_pool_{direction}`` of ``dtype``, its types declared: called as
+    ``kernel(byref(geometry), byref(tensors), threads)`` (a :class:`Geometry`, a :class:`Tensors`)."""
     lib = _library()
     if lib is None:
         raise RuntimeError(
             "gatepool's fused kernels are not built here (see the warning, or "
             "GATEPOOL_KERNELS=0); check gatepool.layers.c_kernels.available() first"
         )
-    dtype = tensors["v"].dtype
-    kernel = getattr(lib, f"softmax_pool_{direction}_{DTYPES[dtype]}")
+    return getattr(lib, f"softmax_pool_{direction}_{DTYPES[dtype]}")
+
+
+def call(direction: str, geometry: Geometry, threads: int, **tensors: torch.Tensor | None) -> int | None:
+    """Run ``softmax_pool_{direction}`` on ``tensors`` (:class:`Tensors`' fields: v, s, out, gout, gv and gs
+    in v's dtype, the rest, a, w, stats, ga and gw, in its compute dtype, float32 for float16 / bfloat16;
+    the caller keeps each alive for the call: a temporary's memory is reused)."""
+    fn = kernel(direction, tensors["v"].dtype)
     ptrs = Tensors(**{k: None if t is None else t.data_ptr() for k, t in tensors.items()})
-    return kernel(ctypes.byref(geometry), ctypes.byref(ptrs), threads)
+    return fn(ctypes.byref(geometry), ctypes.byref(ptrs), threads)

@@ -59,6 +59,7 @@ from gatepool.layers.softmax_paths import input_dtype, softmax_path
 from gatepool.layers.windows import (
     IntOrTuple,
     PoolGeometry,
+    as_dtype,
     check_window_args,
     compute_dtype,
     like_input_format,
@@ -186,9 +187,9 @@ class GatedPoolNd(GateParameters):
         row = gate_table.row(self.gate)
         # torch's gates in the input's dtype; the softmax gates in their path's (softmax_paths.input_dtype)
         dtype = input_dtype(xb, self.return_weights) if row.softmax else compute_dtype(input.dtype)
-        x = xb if row.torch else xb.to(dtype)
+        x = xb if row.torch else as_dtype(xb, dtype)
         out, indices, weights = getattr(self, row.function)(x, geo)  # the gate's own function
-        out = like_input_format(out, xb).to(input.dtype)
+        out = as_dtype(like_input_format(out, xb), input.dtype)
         results = [out]
         if self.return_indices:
             results.append(indices)
@@ -235,7 +236,7 @@ class GatedPoolNd(GateParameters):
 
     def _soft(self, x: torch.Tensor, geo: PoolGeometry):
         tau = self.temperature  # a float, or (C,) = exp(log τ) > 0 for "soft-learned"
-        tau = tau.to(compute_dtype(x.dtype)) if isinstance(tau, torch.Tensor) else tau
+        tau = as_dtype(tau, compute_dtype(x.dtype)) if isinstance(tau, torch.Tensor) else tau
         out, weights = soft_pool_windows(x, geo, tau, self.return_weights)
         return out, None, weights
 

@@ -41,7 +41,8 @@ Three ways to compute, side by side (``softmax_paths.softmax_path`` picks, and s
     padding, dilation, ceil_mode; it also returns the weights, and it holds the limits above. The
     reference the other two are tested against.
   * the fused kernel, ``fused_pool.softmax_pool`` (a C kernel compiled on first use, registered as the
-    torch op ``gatepool::softmax_pool``): one pass over each window's taps, vectorized over the
+    torch op ``gatepool::softmax_pool``, which eager CPU calls skip: they call the kernel from an
+    autograd Function, ``fused_pool.eager``): one pass over each window's taps, vectorized over the
     channels of channels-last memory, the backward by the identity above; any geometry, 1-D to 3-D,
     float32/float64 on the CPU, the limits above included. The default wherever it could be built.
     On CUDA the same op runs Triton kernels (``triton_pool``: fp16/bf16/fp32, float32 math) where

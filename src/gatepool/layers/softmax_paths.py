@@ -4,7 +4,7 @@ The softmax gates ("soft", "soft-learned", "attention"; :mod:`gatepool.layers.ga
 ``Σ_j softmax(s/τ)_j v_j`` over each window. Four computations give it, fastest first:
 
     path      what runs                                          taken when
-    "c"       ``gatepool::softmax_pool``: the C kernel             float16/bfloat16/float32/float64 on the
+    "c"       the C kernel (``gatepool::softmax_pool`` traced)     float16/bfloat16/float32/float64 on the
                                                                  CPU, kernel built
     "triton"  ``gatepool::softmax_pool``: Triton                   float16/bfloat16/float32 on CUDA, triton
     "tiled"   dense ops over the K window slices (soft_pool)     no kernel; s = v and windows that tile
@@ -35,12 +35,13 @@ from dataclasses import dataclass
 import torch
 
 from gatepool.layers import fused_pool
-from gatepool.layers.windows import compute_dtype, like_input_format
+from gatepool.layers.c_kernels import DTYPES
+from gatepool.layers.windows import as_dtype, compute_dtype, like_input_format
 
 __all__ = ["PATHS", "SoftmaxPath", "input_dtype", "pool_in", "softmax_path"]
 
 PATHS = ("c", "triton", "tiled", "plain", "one-window", "gather")
-_C_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_C_DTYPES = tuple(DTYPES)  # the C kernel's
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -57,13 +58,17 @@ class SoftmaxPath:
         return self.name in ("c", "triton")
 
 
+_KERNELS = {  # (device type, dtype): the fused kernel's path, made once (a call asks for it every time)
+    **{("cpu", t): SoftmaxPath("c", f"{t} on cpu: the C kernel") for t in _C_DTYPES},
+    **{("cuda", t): SoftmaxPath("triton", f"{t} on cuda: the Triton kernels") for t in _TRITON_DTYPES},
+}
+
+
 def _kernel(x: torch.Tensor) -> SoftmaxPath | None:
     """The fused kernel that takes ``x`` here, or None."""
     if not fused_pool.usable(x):
         return None
-    if x.device.type == "cuda":
-        return SoftmaxPath("triton", f"{x.dtype} on cuda: the Triton kernels")
-    return SoftmaxPath("c", f"{x.dtype} on cpu: the C kernel")
+    return _KERNELS[x.device.type, x.dtype]
 
 
 def _no_kernel(x: torch.Tensor) -> str:
@@ -127,6 +132,6 @@ def pool_in(
     """``pool`` of ``input`` as ``(N, C, *spatial)`` in ``dtype`` (:func:`input_dtype` by default); its output
     in ``input``'s batch, dtype and memory format (unbatched ``(C, *spatial)`` in, ``(C, *out)`` out)."""
     xb = input if batched else input.unsqueeze(0)  # (N, C, *spatial)
-    out = pool(xb.to(input_dtype(xb) if dtype is None else dtype))  # (N, C, *out)
-    out = like_input_format(out, xb).to(input.dtype)
+    out = pool(as_dtype(xb, input_dtype(xb) if dtype is None else dtype))  # (N, C, *out)
+    out = as_dtype(like_input_format(out, xb), input.dtype)
     return out if batched else out.squeeze(0)

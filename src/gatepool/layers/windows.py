@@ -192,7 +192,8 @@ def pool_geometry(
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"input must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() not in (dim + 1, dim + 2):
+    ndim = x.dim()
+    if ndim not in (dim + 1, dim + 2):
         raise ValueError(
             f"input must be {dim + 2}-D (N, C, *spatial) or {dim + 1}-D (C, *spatial) for {dim}-D pooling, "
             f"got shape {tuple(x.shape)}"
@@ -200,22 +201,25 @@ def pool_geometry(
     if not x.is_floating_point():
         raise TypeError(f"input must be a floating-point tensor, got {x.dtype}")
     shape = tuple(x.shape[-dim - 1 :])  # (C, *spatial)
-    args = tuple(tuple(a) if isinstance(a, list) else a for a in (kernel_size, stride, padding, dilation))
     if min(shape) == 0:  # as torch: only the batch may be empty
         raise ValueError(
             f"input must have ≥ 1 channel and a non-zero spatial size (only the batch may be empty), "
             f"got shape {tuple(x.shape)}"
         )
+    args = (kernel_size, stride, padding, dilation)
+    if list in map(type, args):
+        args = tuple(tuple(a) if isinstance(a, list) else a for a in args)
     # the cache only for ints (2.0 == 2 and True == 1 would find int arguments' entries): others are checked
-    geometry = _geometry if all(map(_ints, args)) else _geometry.__wrapped__
-    return geometry(shape, x.dim() == dim + 2, *args, bool(ceil_mode))
+    geometry = _geometry if _ints(args) else _geometry.__wrapped__
+    return geometry(shape, ndim == dim + 2, *args, bool(ceil_mode))
 
 
-def _ints(value) -> bool:
-    """Is ``value`` None, an int or a tuple of ints (not bools, not floats)?"""
-    if type(value) is tuple:
-        return all(type(v) is int for v in value)
-    return value is None or type(value) is int
+_INT_TYPES = {int, type(None)}
+
+
+def _ints(args: tuple) -> bool:
+    """Is each of ``args`` None, an int or a tuple of ints (not bools, not floats)?"""
+    return {type(v) for a in args for v in (a if type(a) is tuple else (a,))} <= _INT_TYPES
 
 
 @functools.lru_cache(maxsize=1024)
@@ -249,6 +253,12 @@ def _geometry(
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """float16 / bfloat16 are computed in float32; float32 and float64 as they are."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def as_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.to(dtype)``, without the dispatcher call where ``t`` has that dtype already (a call's cost on a
+    small input)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def unfold_windows(x: torch.Tensor, geo: PoolGeometry, fill: float = 0.0) -> torch.Tensor:
