@@ -107,12 +107,14 @@ def _through(path, x, sc, tau, geo):
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_the_eager_path_is_the_op_bit_for_bit(d, geo, kind, channels_last):
     """The eager path (the C kernel called from an autograd Function) against the op it stands in for:
-    the same values, gradients and memory formats, bit for bit, in float32 and float64, at one thread
-    and two (the per-thread partial sums of ∂L/∂τ and ∂L/∂w)."""
+    the same values, gradients and memory formats, bit for bit, in every dtype the C kernel takes, at one
+    thread and two (the per-thread partial sums of ∂L/∂τ and ∂L/∂w)."""
     torch.manual_seed(0)
     scores = {"attention": True, "attention-weights": "weights"}.get(kind)
     before = torch.get_num_threads()
-    for dtype, threads in ((torch.float32, 1), (torch.float32, 2), (torch.float64, 2)):
+    cases = ((torch.float32, 1), (torch.float32, 2), (torch.float64, 2), (torch.float16, 2),
+             (torch.bfloat16, 1))  # fmt: skip
+    for dtype, threads in cases:
         torch.set_num_threads(threads)
         x, sc, tau, g = op_args(d, geo, scores, kind == "soft-per-channel", dtype, channels_last and d == 2,
                                 channels=19)  # fmt: skip
@@ -139,7 +141,7 @@ def test_the_eager_path_steps_aside_for_what_must_see_the_op():
 
     x, tau = torch.randn(2, 3, 4, 4), torch.ones(1)
     assert fused_pool.eager(x, None, tau)
-    assert not fused_pool.eager(x.half(), None, tau) and not fused_pool.eager(x.to(torch.int32), None, tau)
+    assert fused_pool.eager(x.half(), None, tau) and not fused_pool.eager(x.to(torch.int32), None, tau)
     with Passing():
         assert not fused_pool.eager(x, None, tau)
     with torch.device("cpu"):  # a function mode

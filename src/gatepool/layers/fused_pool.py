@@ -289,7 +289,7 @@ def _plain_vjp(values, scores, tau, geometry, grad_out, needs):
 # ------------------------------------------------------------------------------------------ the eager path
 
 
-_EAGER_DTYPES = (torch.float32, torch.float64)  # checked bit for bit against the op (its operands' dtypes)
+_EAGER_DTYPES = tuple(DTYPES)  # every C kernel's, checked bit for bit against the op
 
 
 def eager(values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor) -> bool:
@@ -368,9 +368,9 @@ class _EagerSoftmaxPool(torch.autograd.Function):
         v = _in_last(values, plan.order)  # (N, C, *S) in channels-last memory
         s = v if scores is None else None if weights else _in_last(scores, plan.order)
         w = scores if weights else None
-        a = inverse_temperature(tau, values.dtype)
-        out = torch.empty_permuted(plan.out_shape, plan.order, dtype=values.dtype)  # channels-last memory
-        stats = torch.empty(plan.stats_shape, dtype=values.dtype)
+        a = inverse_temperature(tau, compute_dtype(values.dtype))  # a, w, stats: float32 for half values
+        out = torch.empty_permuted(plan.out_shape, plan.order, dtype=_out_dtype(values, scores))  # C last
+        stats = torch.empty(plan.stats_shape, dtype=a.dtype)
         plan.forward(plan.geometry, _pointers(v, s, a, w, out, stats), torch.get_num_threads())
         ctx.save_for_backward(values, scores, tau, v, s, a, out, stats)
         ctx.plan, ctx.geo = plan, geo
@@ -388,9 +388,9 @@ class _EagerSoftmaxPool(torch.autograd.Function):
         gv = torch.empty_permuted(v.shape, plan.order, dtype=v.dtype)
         map_ = scores is not None and s is not None  # a score map (not s = v, not weights)
         gs = torch.empty_permuted(s.shape, plan.order, dtype=s.dtype) if map_ else None
-        ga = v.new_zeros((threads, a.numel())) if need_tau else None
+        ga = a.new_zeros((threads, a.numel())) if need_tau else None
         w = scores if scores is not None and s is None else None
-        gw = None if w is None else v.new_empty((threads, v.shape[1]))  # each thread zeroes its row
+        gw = None if w is None else a.new_empty((threads, v.shape[1]))  # each thread zeroes its row
         plan.backward(plan.geometry, _pointers(v, s, a, w, out, stats, go, gv, gs, ga, gw), threads)
         grad_values = gv if v is values else gv.contiguous()
         if gw is not None:
@@ -426,8 +426,9 @@ def softmax_pool(
         tau = tau.to(compute_dtype(values.dtype)).reshape(-1)  # τ in float32 for float16/bfloat16 values
     if scores is not None and tau.numel() != 1:
         raise ValueError(f"shared scores take one temperature, got {tau.numel()}")
-    if eager(values, scores, tau):
-        scores = None if scores is None else as_dtype(scores, values.dtype)
+    if eager(values, scores, tau):  # score weights in the compute dtype (float32 for float16/bfloat16)
+        if scores is not None:
+            scores = as_dtype(scores, compute_dtype(values.dtype) if _weights(scores) else values.dtype)
         return _EagerSoftmaxPool.apply(values, scores, tau, geo)
     # The kernel reads channels-last memory: copy an NCHW input there once, here, so that autograd
     # saves that copy for the backward (instead of the op copying it again) and copies the gradient back.
