@@ -220,7 +220,7 @@ def _small_cnn(width=8):
 
 def test_predict_takes_only_the_model_and_the_statistics():
     params = list(inspect.signature(predict_correlated).parameters)
-    assert params[:2] == ["model", "input_stats"] and set(params[2:]) == {"backward", "exact_lags"}
+    assert params[:2] == ["model", "input_stats"] and set(params[2:]) == {"backward", "exact_lags", "batch"}
     model = _small_cnn(width=4)
     x = torch.randn(64, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     stats = cr.measure_input(x)

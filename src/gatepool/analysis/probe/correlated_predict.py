@@ -98,10 +98,11 @@ class _Add:
 
     def backward_to(self, g: cr.Field, i: int) -> cr.Field:
         """Each input gets the output's gradient; the ReLU input also its gradient through that ReLU's
-        gate jointly with the next one (``stream_gate``, set by the ReLU after the add)."""
+        gate jointly with the next one (``stream_gate``, set by the ReLU after the add). ``yy`` is about
+        the sum's value, not an input's (g x ≠ g y): dropped."""
         if i == self.relu:
-            return dataclasses.replace(g, pre_relu=None)
-        return dataclasses.replace(g, stream_gate=None, pre_relu=None)
+            return dataclasses.replace(g, pre_relu=None, yy=None)
+        return dataclasses.replace(g, stream_gate=None, pre_relu=None, yy=None)
 
 
 class _Identity:
@@ -552,7 +553,12 @@ class CorrelatedPrediction:
 
 
 def predict_correlated(
-    model: nn.Module, input_stats: cr.Field, *, backward: str | None = "unit-noise", exact_lags: int = 4
+    model: nn.Module,
+    input_stats: cr.Field,
+    *,
+    backward: str | None = "unit-noise",
+    exact_lags: int = 4,
+    batch: int | None = None,
 ) -> CorrelatedPrediction:
     """Every module's output :class:`correlated.Field` from the input's statistics and the weights.
 
@@ -562,6 +568,9 @@ def predict_correlated(
         backward: "unit-noise" (∂L/∂logits ~ N(0, 1) independent, the lecture's seed) or None.
         exact_lags: ReLU's bivariate integral where |ρ| > 0.5 for lags |e| ≤ this along each axis,
             Mehler's series everywhere else.
+        batch: the number of samples a BatchNorm in training takes its statistics over (the batch's
+            size, a number: never the batch); None for infinitely many. With few values per channel
+            (batch × H × W) its gradient loses its mean and its x̂ part, and its divisor fluctuates.
     """
     if not isinstance(input_stats, cr.Field):
         raise TypeError(
@@ -569,6 +578,8 @@ def predict_correlated(
         )
     if backward not in ("unit-noise", None):
         raise ValueError(f"backward must be 'unit-noise' or None, got {backward!r}")
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+        raise ValueError(f"batch must be None or an int >= 1, got {batch!r}")
     gm, calls = trace(model, _is_leaf)
     nodes = list(gm.graph.nodes)
     value: dict[fx.Node, cr.Field | None] = {}
@@ -647,6 +658,8 @@ def predict_correlated(
                     if make is None:
                         raise NotImplementedError(f"no correlated rule for {type(m).__name__}")
                     step = _in_layout(m, make(m), value[args[0]], layout)
+                    if isinstance(step, cr.BatchNorm):
+                        step.batch = batch
                     if isinstance(step, cr.Attention):  # self-attention: query, key and value one tensor
                         if len(set(args)) != 1 or layout != ("W", "C"):
                             raise NotImplementedError("attention but batch-first self-attention on tokens")

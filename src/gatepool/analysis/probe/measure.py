@@ -289,7 +289,10 @@ def _correlated_for(
     warning, where the walk cannot trace the model."""
     try:
         pred = predict_correlated(
-            model, measure_input(x), backward="unit-noise" if backward == "unit-noise" else None
+            model,
+            measure_input(x),
+            backward="unit-noise" if backward == "unit-noise" else None,
+            batch=len(x),
         )
     except (Untraceable, NotImplementedError, RuntimeError, ValueError) as e:
         warnings.append(f"no correlated prediction: {type(e).__name__}: {e}")

@@ -1,13 +1,20 @@
 """GroupNorm and BatchNorm at the predicted statistics.
 
 GroupNorm the divisor from the predicted group variance: mean over the group of v + m², less µ̄²,
-          less the variance of the sample's own group mean, (1/n²) Σ_c Σ_e T_c(e).
-          Back: γ/σ · (g − mean(g) − x̂ · mean(g x̂)); over a group E[g_x²] = (E[g²] − E[m_g²] −
-          E[t²]) / σ², E[m_g²] = (1/n²) Σ T_g, E[t²] = (1/n²) Σ_{p,q} E[g_p g_q x̂_p x̂_q] (from
-          the ReLU after the norm where there is one: g independent of the ReLU's input), and
-          1/σ² → E[1/σ_b²] ≈ (1 + Var(σ_b²)/σ̄⁴)/σ̄² for the sample's own fluctuating divisor
-BatchNorm train: µ_c, σ_c² over the positions (the variance plus the mean map's spread); eval: the
-          running ones; y = γ(x − µ_c)/σ_c + β per channel. Back: γ/σ_c g (O(1/B) terms dropped)
+          less the variance of the group mean, (1/(S n²)) Σ_c Σ_e T_c(e), S the samples the
+          statistics pool over (GroupNorm: S = 1, the sample's own; BatchNorm: S = B).
+          Back: γ/σ · (g − mean(g) − x̂ · mean(g x̂)), the means over the S·n values (exactly, per draw,
+          mean(g_x²) = (γ²/σ²)(mean(g²) − mean(g)² − mean(g x̂)²)); over a group E[g_x²] =
+          (E[g²] − E[m_g²] − E[t²]) E[1/σ²], E[m_g²] = (1/(S n²)) Σ T_g, E[t²] = (1/(S n²)) Σ_{p,q}
+          E[g_p g_q x̂_p x̂_q] (from the ReLU after the norm where there is one: g independent of the
+          ReLU's input; the samples' gradients uncorrelated: the unit-noise seed has mean zero), and
+          1/σ² → E[1/σ_b²] ≈ 1/(σ̄² (1 − Var(σ_b²)/σ̄⁴)) for the fluctuating divisor (σ_b² as a scaled
+          χ²_k of k = 2σ̄⁴/Var(σ_b²) degrees of freedom, Satterthwaite: E[1/χ²_k] = 1/(k − 2))
+BatchNorm train: µ_c, σ_c² over the batch and the positions (the variance plus the mean map's spread);
+          eval: the running ones; y = γ(x − µ_c)/σ_c + β per channel. Back: γ/σ_c g for an unknown
+          batch; with the batch size B, GroupNorm's rule with one channel a group over S = B samples:
+          the projections take E[g²]/B of a gradient that is constant over the positions (the
+          gradient from a global pool is), and E[1/σ_b²] grows as B·H·W shrinks
 """
 
 from __future__ import annotations
@@ -18,10 +25,16 @@ from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sum
 
 
 class GroupNorm:
-    """GroupNorm(G, C) at the predicted statistics; the divisor is one per group (its expectation)."""
+    """GroupNorm(G, C) at the predicted statistics; the divisor is one per group (its expectation).
 
-    def __init__(self, groups: int, weight, bias, eps: float) -> None:
-        self.G = groups
+    ``samples``: how many independent samples the statistics pool over (1: GroupNorm's own sample;
+    B: a BatchNorm in training, one channel a group).
+    """
+
+    def __init__(self, groups: int, weight, bias, eps: float, samples: int = 1) -> None:
+        if not isinstance(samples, int) or samples < 1:
+            raise ValueError(f"samples must be an int >= 1, got {samples!r}")
+        self.G, self.S = groups, samples
         self.gamma = None if weight is None else weight.detach().to("cpu", _DT)
         self.beta = None if bias is None else bias.detach().to("cpu", _DT)
         self.eps = eps
@@ -36,8 +49,9 @@ class GroupNorm:
         self.x = x
         C, H, W = x.shape
         n = C // self.G * H * W
+        S = self.S
         T = x.lag_sums()
-        V = self._group(T).sum((1, 2, 3)) / n**2  # (G,) Var of the sample's group mean
+        V = self._group(T).sum((1, 2, 3)) / (S * n**2)  # (G,) Var of the group mean
         Vc = V.repeat_interleave(C // self.G)[:, None, None]  # (C, 1, 1)
         s = x.var.clamp_min(0).sqrt()
         # Σ_e ρ(e) s(p+e) = (ρ ⋆ s)(p): a correlation of s with the lag kernel, by FFT
@@ -45,23 +59,23 @@ class GroupNorm:
         conv = torch.fft.irfft2(
             torch.fft.rfft2(s, s=size) * torch.fft.rfft2(torch.flip(x.corr, (-2, -1)), s=size), s=size
         )[:, H - 1 : 2 * H - 1, W - 1 : 2 * W - 1]
-        c = s * conv / n  # (C, H, W) Cov(x_p, µ_g)
+        c = s * conv / (S * n)  # (C, H, W) Cov(x_p, µ_g)
         var = (x.var - 2 * c + Vc).clamp_min(0)
-        b = T.sum((1, 2))[:, None, None] / (n * H * W)  # (C, 1, 1)
+        b = T.sum((1, 2))[:, None, None] / (S * n * H * W)  # (C, 1, 1)
         N = xcorr(torch.ones((1, H, W), dtype=_DT), torch.ones((1, H, W), dtype=_DT))
         Tc = T - N * (2 * b - Vc)
         m = self._group(x.mean)
         mu = m.mean((1, 2, 3))  # (G,)
         sigma2 = self._group(var + x.mean**2).mean((1, 2, 3)) - mu * mu + self.eps
         self.sigma2 = sigma2
-        # the sample's own σ_b² fluctuates: E[1/σ_b²] ≈ (1 + Var(σ_b²)/σ̄⁴)/σ̄², with (Gaussian)
-        # Var(σ_b²) = (2 Σ_{p,q} Cov² + 4 Σ_{p,q} m̃_p m̃_q Cov) / n², m̃ = m − µ̄ (the backward's divisor)
+        # σ_b² fluctuates: E[1/σ_b²] ≈ 1/(σ̄² (1 − Var(σ_b²)/σ̄⁴)) (a scaled χ²), with (Gaussian) Var(σ_b²) =
+        # (2 Σ_{p,q} Cov² + 4 Σ_{p,q} m̃_p m̃_q Cov) / (S n²), m̃ = m − µ̄ (the backward's divisor)
         sv = var.sqrt()
         mt = x.mean - mu.repeat_interleave(C // self.G)[:, None, None]
         cov2 = (Tc / xcorr(sv, sv).clamp_min(1e-300)).clamp(-1, 1) ** 2 * xcorr(var, var)
         mcov = (Tc / xcorr(sv, sv).clamp_min(1e-300)).clamp(-1, 1) * xcorr(mt * sv, mt * sv)
-        var_s2 = self._group(2 * cov2 + 4 * mcov).sum((1, 2, 3)) / n**2
-        self.jensen = 1 + var_s2 / sigma2**2
+        var_s2 = self._group(2 * cov2 + 4 * mcov).sum((1, 2, 3)) / (S * n**2)
+        self.jensen = 1 / (1 - var_s2 / sigma2**2).clamp_min(0.1)  # k ≥ 2.2 degrees of freedom
         s2 = sigma2.repeat_interleave(C // self.G)[:, None, None]
         xhat_m = (x.mean - mu.repeat_interleave(C // self.G)[:, None, None]) / s2.sqrt()
         Tc[:, H - 1, W - 1] = var.sum((1, 2))
@@ -77,18 +91,19 @@ class GroupNorm:
     def backward(self, g: Field) -> Field:
         C, H, W = g.shape
         n = C // self.G * H * W
+        Sn2 = self.S * n**2
         gam = torch.ones(C, dtype=_DT) if self.gamma is None else self.gamma
         g2 = (gam**2)[:, None, None]
         Tg = g.lag_sums() * g2  # of g_x̂ = γ g_y
-        e_m2 = self._group(Tg).sum((1, 2, 3)) / n**2  # E[mean(g_x̂)²]
+        e_m2 = self._group(Tg).sum((1, 2, 3)) / Sn2  # E[mean(g_x̂)²]
         beta0 = self.beta is None or bool((self.beta == 0).all())
         if g.yy is not None and beta0:  # g_x̂ x̂ = g_y · y (β = 0): from the ReLU after the norm
-            e_t2 = self._group(g.yy).sum(1) / n**2
+            e_t2 = self._group(g.yy).sum(1) / Sn2
         else:  # g independent of x̂: Σ_{p,q} Cov(g_p, g_q) E[x̂_p x̂_q]
             xh = self.xhat
             s, sg = xh.var.clamp_min(0).sqrt(), (g.var * g2).clamp_min(0).sqrt()
             X = xh.corr * xcorr(sg * s, sg * s) + xcorr(sg * xh.mean, sg * xh.mean)
-            e_t2 = self._group((g.corr * X).sum((1, 2))).sum(1) / n**2
+            e_t2 = self._group((g.corr * X).sum((1, 2))).sum(1) / Sn2
         e_g2 = self._group(g.var * g2).mean((1, 2, 3))
         f = ((e_g2 - e_m2 - e_t2) / e_g2.clamp_min(1e-300)).clamp_min(0)  # the projection's share kept
         var = (g.var * g2).reshape(self.G, -1, H, W) * (f * self.jensen / self.sigma2)[:, None, None, None]
@@ -108,27 +123,36 @@ class GroupNorm:
 
 
 class BatchNorm:
-    """BatchNorm over the batch and the positions, per channel: y = a_c x + b_c, one affine per channel.
+    """BatchNorm over the batch and the positions, per channel: y = γ_c (x − µ_c)/σ_c + β_c.
 
-    Training (``running_mean``/``running_var`` None: the batch's own statistics), at their expectation:
-        µ_c = mean_p m(c, p),   σ_c² = mean_p (v(c, p) + m(c, p)²) − µ_c² + eps
-    (the within-channel variance: the positions' variance plus the spread of the position-mean map);
-    eval: µ_c, σ_c² + eps the running ones. a_c = γ_c/σ_c, b_c = β_c − a_c µ_c; the mean map becomes
-    a m + b, the variance map a² v, the stencil is kept. Back: g_x = a_c g_y. In training the exact
-    backward also subtracts the gradient's mean over the batch and positions and its projection on x̂;
-    both are O(1/B) of E[g²] (B·H·W values per channel, the samples' gradients independent) and dropped,
-    as the batch's own fluctuation of µ_c and σ_c is (the prediction does not know B).
+    Training (``running_mean``/``running_var`` None: the batch's own statistics) with ``batch`` B known:
+    :class:`GroupNorm`'s rule with one channel a group over B samples, n = H·W values each. The
+    statistics pool B·H·W values, the gradient's too: it loses its mean over them and its projection on
+    x̂ (2 of B·H·W degrees of freedom when its positions are independent, but E[g²]/B of a gradient
+    constant over the positions, as a global pool's is, and more where x̂'s positions are correlated),
+    and the batch's own σ_b² fluctuates (E[1/σ_b²] > 1/E[σ_b²]; at 8 images of 2×2 maps by a sixth).
+    ``batch`` None: infinitely many samples, at the expectation: µ_c = mean_p m(c, p), σ_c² = mean_p
+    (v + m²) − µ_c² + eps (the positions' variance plus the spread of the mean map), back γ/σ_c g.
+    Eval: µ_c, σ_c² + eps the running ones, one affine map per channel either way.
     """
 
-    def __init__(self, weight, bias, eps: float, running_mean=None, running_var=None) -> None:
+    def __init__(self, weight, bias, eps: float, running_mean=None, running_var=None, batch: int | None = None
+                 ) -> None:  # fmt: skip
         def t(v):
             return None if v is None else v.detach().to("cpu", _DT)
 
+        if batch is not None and (not isinstance(batch, int) or batch < 1):
+            raise ValueError(f"batch must be None or an int >= 1, got {batch!r}")
         self.gamma, self.beta, self.eps = t(weight), t(bias), eps
         self.rm, self.rv = t(running_mean), t(running_var)
+        self.batch = batch
 
     def forward(self, x: Field) -> Field:
         C = x.shape[0]
+        self.norm = None
+        if self.rv is None and self.batch is not None:  # the batch's statistics, B samples of them
+            self.norm = GroupNorm(C, self.gamma, self.beta, self.eps, samples=self.batch)
+            return self.norm.forward(x)
         if self.rv is None:
             mu = x.mean.mean((1, 2))  # (C,)
             sigma2 = (x.var + x.mean**2).mean((1, 2)) - mu * mu + self.eps
@@ -140,4 +164,6 @@ class BatchNorm:
         return Field(self.a * x.mean + b[:, None, None], self.a**2 * x.var, x.corr)
 
     def backward(self, g: Field) -> Field:
+        if self.norm is not None:
+            return self.norm.backward(g)
         return Field(torch.zeros_like(g.var), self.a**2 * g.var, g.corr)

@@ -5,7 +5,8 @@ q = 1 − p, s = 1/q (or 1: timm's ``scale_by_keep=False``).
 forward   E[y_p] = q s m_p;  E[y_p y_q] = q s² E[x_p x_q] at every pair, the lags too (one b a sample):
           Var y_p = q s² (v_p + m_p²) − (q s m_p)²,  T_y(e) = q s² (T(e) + M(e)) − (q s)² M(e),
           M(e) = Σ_p m_p m_{p+e}
-backward  ∂L/∂x = g · b · s with the forward's b: E[(∂L/∂x)_p (∂L/∂x)_q] = q s² Cov(g_p, g_q)
+backward  ∂L/∂x = g · b · s with the forward's b: E[(∂L/∂x)_p (∂L/∂x)_q] = q s² Cov(g_p, g_q);
+          (∂L/∂x) x = g y, so a norm before it gets the same Σ E[g g y y] (``Field.yy``)
 eval      the identity (p = 0 too)
 """
 
@@ -37,5 +38,4 @@ class StochasticDepth:
         if not self.active:
             return g
         k = self.q * self.s * self.s
-        return _field_from_sums(torch.zeros_like(g.var), k * g.var, k * g.lag_sums(), None if g.yy is None
-                                else k * g.yy)
+        return _field_from_sums(torch.zeros_like(g.var), k * g.var, k * g.lag_sums(), g.yy)  # g_x x = g y
