@@ -53,17 +53,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _models(args: argparse.Namespace) -> list[str]:
     from gatepool.analysis.probe.check import zoo_models
 
-    if args.data != "noise" and not args.models:  # Tuesday's CNN (its canvas form on 60×60) and ResNet-18
+    named = args.models
+    if args.data != "noise" and not named:  # Tuesday's CNN (its canvas form on 60×60) and ResNet-18
         canvas = args.data in ("translated-mnist", "cluttered-mnist", "distractor-mnist")
-        args.models = ["residual_cnn_canvas" if canvas else "residual_cnn", "tv:resnet18"]
-    if args.models:
-        bad = [m for m in args.models if not m.startswith(("tv:", "timm:")) and args.data == "noise"]
+        named = ["residual_cnn_canvas" if canvas else "residual_cnn", "tv:resnet18"]
+    if named:
+        bad = [m for m in named if not m.startswith(("tv:", "timm:")) and args.data == "noise"]
         if bad:
             raise UsageError(f"--models: {bad[0]!r} is not tv:NAME or timm:NAME (gatepool models: --data)")
-        libs = {"torchvision" if m.startswith("tv:") else "timm" for m in args.models if ":" in m}
+        libs = {"torchvision" if m.startswith("tv:") else "timm" for m in named if ":" in m}
         for lib in sorted(libs):
             _need(lib)
-        models = list(args.models)
+        models = list(named)
     else:
         zoos = ["torchvision", "timm"] if args.zoo == "all" else [args.zoo]
         models = []
