@@ -3,6 +3,7 @@
     gatepool probe --model residual_cnn --pool max --data mnist --batch 512 --seed 0 --out DIR [--json]
     gatepool probe --model torchvision:resnet18 --batch 64 --size 64        (or timm:NAME; gatepool[vision])
     gatepool probe --model torchvision:resnet18 --data mnist --batch 64     (digits resized to --size)
+    gatepool probe --model residual_cnn_canvas --data cluttered-mnist --batch 128   (any gatepool data set)
 
 Builds the model at initialization, takes ``--batch`` training images, predicts the ideal
 E[x²] forward and E[g²] backward after every module (:func:`gatepool.analysis.probe.predict`), measures
@@ -11,8 +12,9 @@ them with the correlation-aware ``predicted`` column beside (:func:`gatepool.ana
 and the figures (``DIR/*.png``). ``--device`` (auto: CUDA, else MPS, else CPU): the model is built and
 the images drawn on the CPU (the same weights and batch anywhere), then both move there for the measurement.
 A ``torchvision:NAME`` or ``timm:NAME`` model (random weights, nothing downloaded) is probed on N(0, 1)
-noise images ``(batch, 3, size, size)``, or with ``--data mnist`` on the digits resized to ``size`` with
-their channel repeated three times; its ideal rules averaged over the border
+noise images ``(batch, 3, size, size)``, or with ``--data NAME`` (any set :func:`gatepool.data.dataset_names`
+lists: mnist, fashion-mnist, the canvases) on its images resized to ``size`` with their channel repeated
+three times; its ideal rules averaged over the border
 (``predict(border="average")``: small maps are mostly border).
 """
 
@@ -23,6 +25,11 @@ import sys
 from pathlib import Path
 
 from gatepool.cli.args import UsageError, add_device, device, int_at_least, out_folder
+
+# gatepool.data.dataset_names(), spelled out: importing gatepool.data imports torch (tests/test_cli.py
+# holds the two equal)
+DATA_SETS = ("mnist", "fashion-mnist", "translated-mnist", "cluttered-mnist", "distractor-mnist",
+             "rotated-mnist")  # fmt: skip
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,9 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="gate of the model's pools (max, avg, soft, ...); default: the model's own",
     )
-    p.add_argument("--data", default=None, choices=["mnist", "noise"],
-                   help="MNIST digits, or N(0,1) noise inputs (default: mnist for gatepool's models, "
-                        "noise for torchvision/timm ones, whose digits are resized to --size)")  # fmt: skip
+    p.add_argument("--data", default=None, choices=["noise", *DATA_SETS],
+                   help="training images of a data set, or N(0,1) noise inputs (default: mnist for "
+                        "gatepool's models, noise for torchvision/timm ones, whose images are resized "
+                        "to --size)")  # fmt: skip
     p.add_argument("--batch", type=int_at_least(1), default=512, help="number of images (default 512)")
     p.add_argument("--size", type=int_at_least(8), default=64,
                    help="side of the images for a torchvision/timm model (default 64)")  # fmt: skip
@@ -99,7 +107,7 @@ def _run(args: argparse.Namespace) -> int:
         except DataError as e:  # a missing or corrupt data file: the message names it and how to get it
             print(f"error: {e}", file=sys.stderr)
             return 1
-        if external:  # the digits as a torchvision/timm model takes images: resized, three channels
+        if external:  # the images as a torchvision/timm model takes them: resized, three channels
             inputs = resized_digits(inputs, args.size)  # (B, 3, size, size)
     shape = tuple(inputs.shape)
     # the ideal starts from the batch's own mean and variance (N(0, 1) for noise)
@@ -145,19 +153,20 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _load_inputs(data: str, batch: int, seed: int):
-    """(B, 1, 28, 28) float inputs and (B,) labels: ``batch`` training digits chosen by ``seed``."""
+    """(B, 1, H, W) float inputs (normalized as the set's own) and (B,) labels: ``batch`` training images
+    of ``data`` chosen by ``seed``."""
     import torch  # lazy: `gatepool --help` must not import torch
 
     if data == "noise":
         g = torch.Generator().manual_seed(seed)
         return torch.randn(batch, 1, 28, 28, generator=g), torch.randint(0, 10, (batch,), generator=g)
-    from gatepool.data import load_dataset
+    from gatepool.data import load
 
-    ds = load_dataset("mnist", "train")
-    x = ds.normalized()  # (N, 1, 28, 28)
+    ds = load(data, "train")
     labels = torch.as_tensor(ds.labels)
     if batch > len(labels):
         raise UsageError(f"--batch {batch} is larger than the training set; choose 1 to {len(labels)}")
     g = torch.Generator().manual_seed(seed)
     idx = torch.randperm(len(labels), generator=g)[:batch]
-    return torch.as_tensor(x)[idx].float(), labels[idx].long()
+    x = ds.images[idx].unsqueeze(1).float().div_(255.0)  # (B, 1, H, W): the chosen images only
+    return x.sub_(ds.mean).div_(ds.std), labels[idx].long()
