@@ -82,3 +82,25 @@ def test_probe_check_without_the_zoos_says_how_to_get_them(monkeypatch, capsys):
     assert "needs timm" in capsys.readouterr().err
     assert main(["probe-check", "--models", "resnet18"]) == 2
     assert "tv:NAME or timm:NAME" in capsys.readouterr().err
+
+
+def test_sweep_appends_each_result_and_a_rerun_skips_the_models_done(tmp_path, monkeypatch):
+    from gatepool.analysis.probe import check
+
+    ran = []
+
+    def fake(name, *, size, batch, seed):
+        ran.append(name)
+        return Check(name, size, 5, 4, 3, 2, "x forward", 1.2, "y (Z): no rule", 0.5)
+
+    monkeypatch.setattr(check, "check_named", fake)
+    path = str(tmp_path / "sweep.json")
+    checks, left = check.sweep(["tv:a", "tv:b"], path=path, batch=8)
+    assert ran == ["tv:a", "tv:b"] and not left and [c.model for c in checks] == ["tv:a", "tv:b"]
+    checks, left = check.sweep(["tv:b", "tv:c", "tv:a"], path=path, batch=8)  # a and b read back
+    assert ran == ["tv:a", "tv:b", "tv:c"] and [c.model for c in checks] == ["tv:b", "tv:c", "tv:a"]
+    assert checks[0] == Check("tv:b", 64, 5, 4, 3, 2, "x forward", 1.2, "y (Z): no rule", 0.5)
+    checks, left = check.sweep(["tv:a", "tv:d"], path=path, batch=8, budget=0)  # spent: d not started
+    assert ran == ["tv:a", "tv:b", "tv:c"] and left == ["tv:d"] and len(checks) == 1
+    with pytest.raises(ValueError, match="batch"):  # the file's results are at batch 8
+        check.sweep(["tv:a"], path=path, batch=32)

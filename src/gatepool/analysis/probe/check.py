@@ -3,7 +3,10 @@
     check_model(model, x)     measure(model, x, correlated=True) on N(0, 1) images, counted: a Check
     summarize(report)         the counts of one report (no model run)
     zoo_models(zoo)           "tv:NAME" for torchvision's classifiers (or one a family), "timm:NAME" one a
-                              timm family (:func:`gatepool.analysis.convert_zoo.timm_families`)
+                              timm family (:data:`TIMM_FAMILIES`: the smallest member of each)
+    sweep(names, path=...)    check_named over many models, each result appended to a JSON file as it
+                              comes; a rerun skips the models the file holds (a long run is never lost),
+                              ``budget`` seconds stops it before the next model
 
 Per model, over the report's rows (``(input)`` and ``(output)`` included, as ``gatepool probe`` prints
 them):
@@ -32,12 +35,26 @@ import torch.nn as nn
 from gatepool.analysis.probe.measure import measure
 from gatepool.analysis.probe.report import ProbeReport
 
-__all__ = ["BACKWARD_WITHIN", "FORWARD_WITHIN", "Check", "check_model", "check_named", "family_pick",
-           "summarize", "table", "zoo_models"]  # fmt: skip
+__all__ = ["BACKWARD_WITHIN", "FORWARD_WITHIN", "TIMM_FAMILIES", "Check", "check_model", "check_named",
+           "family_pick", "summarize", "sweep", "table", "zoo_models"]  # fmt: skip
 
 FORWARD_WITHIN = 0.10
 BACKWARD_WITHIN = 0.15
 SIZES = (64, 96, 128, 224, 256)  # the input sides tried, from --size up: a model's smallest that runs
+# one model a timm family, the smallest member of each (pretrained=False: random weights), convnets first
+TIMM_FAMILIES = (
+    "resnet18", "resnet10t", "resnetv2_18", "regnetx_002", "efficientnet_b0", "mixnet_s", "mnasnet_small",
+    "mobilenetv3_small_050", "mobilenetv4_conv_small_035", "lcnet_050", "ghostnet_050", "rexnet_100",
+    "densenet121", "dla46_c", "dpn48b", "hrnet_w18_small", "inception_v3", "nf_regnet_b0",
+    "res2net50_14w_8s", "resnest14d", "selecsls42", "tresnet_m", "vgg11", "legacy_xception", "xception41",
+    "cs3darknet_s", "repvgg_a0", "gernet_s", "mobileone_s0", "hgnetv2_b0", "repvit_m0_9", "convnext_atto",
+    "edgenext_xx_small", "poolformer_s12", "convmixer_768_32", "starnet_s050", "mambaout_femto",
+    "fastvit_t8", "efficientformer_l1", "levit_128s", "mobilevit_xxs", "efficientvit_b0", "efficientvit_m0",
+    "vit_tiny_patch16_224", "deit_tiny_patch16_224", "cait_xxs24_224", "beit_base_patch16_224",
+    "xcit_nano_12_p16_224", "convit_tiny", "pit_ti_224", "crossvit_tiny_240", "coat_lite_tiny",
+    "pvt_v2_b0", "twins_svt_small", "volo_d1_224", "swin_tiny_patch4_window7_224", "maxvit_pico_rw_256",
+    "tiny_vit_5m_224", "gcvit_xxtiny", "davit_tiny", "mixer_s32_224", "resmlp_12_224",
+)  # fmt: skip
 
 
 @dataclass
@@ -182,10 +199,48 @@ def zoo_models(zoo: str, *, per_family: bool = False) -> list[str]:
             names = sorted(family_pick(v) for v in families.values())
         return [f"tv:{n}" for n in names]
     if zoo == "timm":
-        from gatepool.analysis.convert_zoo import timm_families
+        import timm
 
-        return timm_families()
+        return [f"timm:{n}" for n in TIMM_FAMILIES if timm.is_model(n)]
     raise ValueError(f"zoo must be 'torchvision' or 'timm', got {zoo!r}")
+
+
+def sweep(names: list[str], *, size: int = 64, batch: int = 32, seed: int = 0, path: str | None = None,
+          budget: float | None = None, header: str = "", done=None) -> tuple[list[Check], list[str]]:
+    """:func:`check_named` over ``names``; with ``path``, the results so far are written there (JSON:
+    ``header``, ``settings`` and ``results``) after every model, and a model whose result the file
+    already holds (at the same size, batch and seed) is not run again. ``budget`` (seconds): no model
+    starts after it is spent. ``done(check)`` is called after each model run. Returns the checks of
+    ``names`` in order (read back or run) and the names left for a later run."""
+    import json
+    import os
+
+    settings = {"size": size, "batch": batch, "seed": seed}
+    results: dict[str, dict] = {}
+    if path and os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        if old.get("settings") != settings:
+            raise ValueError(f"{path} holds a run at {old.get('settings')}, not {settings}: resume it with "
+                             f"those, or give another file")  # fmt: skip
+        results = {r["model"]: r for r in old["results"]}
+    start, left = time.perf_counter(), []
+    for name in names:
+        if name in results:
+            continue
+        if budget is not None and time.perf_counter() - start > budget:
+            left.append(name)
+            continue
+        c = check_named(name, size=size, batch=batch, seed=seed)
+        results[name] = c.to_dict()
+        if done is not None:
+            done(c)
+        if path:
+            with open(path + ".tmp", "w") as f:
+                json.dump({"header": header, "settings": settings, "results": list(results.values())}, f,
+                          indent=1)  # fmt: skip
+            os.replace(path + ".tmp", path)
+    return [Check(**results[n]) for n in names if n in results], left
 
 
 def table(checks: list[Check]) -> str:
