@@ -104,3 +104,27 @@ def test_sweep_appends_each_result_and_a_rerun_skips_the_models_done(tmp_path, m
     assert ran == ["tv:a", "tv:b", "tv:c"] and left == ["tv:d"] and len(checks) == 1
     with pytest.raises(ValueError, match="batch"):  # the file's results are at batch 8
         check.sweep(["tv:a"], path=path, batch=32)
+
+
+def test_the_modules_inside_one_predicted_whole_are_not_counted():
+    """timm's Attention is one step of the walk: its qkv and proj are measured but not reached; the
+    block's row stands for them (without the rule the inner conv is counted and predicted itself)."""
+    from gatepool.analysis.probe import correlated as cr
+    from gatepool.analysis.probe import register_correlated_rule
+
+    class Wrapped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(16, 16, 1)
+
+        def forward(self, x):
+            return self.conv(x)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), Wrapped(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(16, 10))  # fmt: skip
+    before = check_model(model, images())
+    assert (before.modules, before.with_rule) == (9, 9)  # (input), 7 modules with 2.conv, (output)
+    register_correlated_rule(Wrapped, lambda m: cr.Conv(m.conv.weight, m.conv.bias, (1, 1), (0, 0)))
+    after = check_model(model, images())
+    assert (after.modules, after.with_rule, after.forward) == (8, 8, 8) and not after.no_rule

@@ -11,7 +11,8 @@
 Per model, over the report's rows (``(input)`` and ``(output)`` included, as ``gatepool probe`` prints
 them):
 
-    modules      the rows measured
+    modules      the rows measured (but for the modules inside one predicted whole, as timm's
+                 ``Attention``'s qkv and proj: its row stands for them)
     with a rule  those with a correlated prediction (``predicted.var`` not None)
     forward      predicted Var / measured Var within [0.9, 1.1]
     backward     predicted E[g²] / measured E[g²] within [0.85, 1.15] (unit-noise backward)
@@ -92,9 +93,12 @@ def summarize(report: ProbeReport, name: str = "") -> Check:
     """The counts of ``report`` (a ``measure(..., correlated=True)`` result) as a :class:`Check`."""
     c = Check(name)
     worst = 0.0
+    whole = {r.name for r in report.rows.values() if r.predicted is not None and r.predicted.var is not None}
     for r in report.rows.values():
         if r.forward is None:
             continue
+        if _inside(r.name, whole) and (r.predicted is None or r.predicted.var is None):
+            continue  # inside a module predicted whole (timm's Attention: its qkv, its proj): that row's
         c.modules += 1
         p = r.predicted
         if p is None or p.var is None:
@@ -114,6 +118,12 @@ def summarize(report: ProbeReport, name: str = "") -> Check:
             if off > worst:
                 worst, c.worst, c.worst_ratio = off, f"{r.name} {kind}", ratio
     return c
+
+
+def _inside(name: str, whole: set[str]) -> bool:
+    """Is module ``name`` inside one of ``whole`` (a dotted prefix)?"""
+    parts = name.split(".")
+    return any(".".join(parts[:i]) in whole for i in range(1, len(parts)))
 
 
 def _size_for(model: nn.Module, size: int, sizes: tuple[int, ...]) -> int | None:

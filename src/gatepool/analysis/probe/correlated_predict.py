@@ -155,6 +155,18 @@ def _attention(m: nn.MultiheadAttention):
     return cr.Attention(m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias, m.num_heads)
 
 
+def _timm_attention(m: nn.Module):
+    """timm's ``Attention`` (ViT, DeiT, CaiT's blocks): its fused qkv Linear and proj, the softmax
+    attention of ``nn.MultiheadAttention`` between them."""
+    plain = all(isinstance(getattr(m, a, None), nn.Identity) for a in ("q_norm", "k_norm", "norm"))
+    drops = [getattr(m, a, None) for a in ("attn_drop", "proj_drop")]
+    if not plain or getattr(m, "gate", None) is not None or any(d is None or d.p for d in drops):
+        raise NotImplementedError("timm Attention: no q/k or scale norm, no gate, no dropout")
+    if getattr(m, "attn_dim", m.proj.in_features) != m.qkv.in_features:
+        raise NotImplementedError("timm Attention whose heads are not the embedding's width")
+    return cr.Attention(m.qkv.weight, m.qkv.bias, m.proj.weight, m.proj.bias, m.num_heads)
+
+
 def _drop_path(m: nn.Module):
     """torchvision's ``StochasticDepth(p, mode)`` or timm's ``DropPath(drop_prob, scale_by_keep)``."""
     p = float(getattr(m, "p", getattr(m, "drop_prob", 0.0)) or 0.0)
@@ -209,6 +221,7 @@ _NAMED_RULES = {
     "timm.layers.norm.LayerNorm2d": lambda m: _layernorm(m, channels_first=True),
     "torchvision.ops.stochastic_depth.StochasticDepth": _drop_path,
     "timm.layers.drop.DropPath": _drop_path,
+    "timm.layers.attention.Attention": _timm_attention,
 }
 
 
