@@ -94,3 +94,17 @@ def test_the_walk_carries_splits_and_slices_forward_and_backward():
     x = torch.randn(512, 3, 10, 10, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     names = ["stem", "relu", "branch.0", "branch.2", "shuffle", "ghost", "ghost2", "mix", "fc"]
     assert_walk_holds(model, x, names)  # seed 0: 0.96–1.01 forward, 0.91–1.07 backward (CPU, torch 2.13.0)
+
+
+@pytest.mark.parametrize("k, s, p, ceil, include, H", [(2, 2, 0, True, False, 9), (3, 2, 1, False, False, 10),
+                                                       (3, 2, 1, True, True, 10)])  # fmt: skip
+def test_avg_pool_in_ceil_mode_or_without_the_padding_matches_monte_carlo(k, s, p, ceil, include, H):
+    """timm's ResNet-D shortcut (2, 2, ceil mode, count_include_pad=False on an odd map) and the others."""
+    x, f = gaussian_field(H=H, W=H, mean=_ramp(2, H, H, -0.5, 0.8), var=_ramp(2, H, H, 0.5, 2.0), ell=1.2)
+    rule = cr.AvgPoolWindows((k, k), (s, s), (p, p), ceil, include)
+    xr = x.clone().requires_grad_(True)
+    y = F.avg_pool2d(xr, k, s, p, ceil_mode=ceil, count_include_pad=include)
+    close(rule.forward(f), y.detach(), rel=0.02, corr=0.02)
+    g, gf = gaussian_field(H=y.shape[-2], W=y.shape[-1], seed=3, ell=1.0)
+    (y * g).sum().backward()
+    close(rule.backward(gf), xr.grad, rel=0.02, corr=0.02)

@@ -78,15 +78,21 @@ class _Adaptive:
 
 
 class _AvgPool:
+    """AvgPool2d: a box filter; in ceil mode or without count_include_pad its window matrix."""
+
     def __init__(self, m: nn.AvgPool2d) -> None:
-        if not m.count_include_pad or m.ceil_mode or m.divisor_override:
-            raise NotImplementedError("avg pool rule: count_include_pad, floor mode")
+        if m.divisor_override:
+            raise NotImplementedError("avg pool rule: no divisor_override")
         self.k = _pair(m.kernel_size)
         self.s = _pair(m.stride) if m.stride else self.k
         self.p = _pair(m.padding)
+        self.modes = (bool(m.ceil_mode), bool(m.count_include_pad))
 
     def forward(self, x):
-        self.conv = cr.box_conv(x.shape[0], self.k, self.s, self.p)
+        if self.modes == (False, True):
+            self.conv = cr.box_conv(x.shape[0], self.k, self.s, self.p)
+        else:
+            self.conv = cr.AvgPoolWindows(self.k, self.s, self.p, *self.modes)
         return self.conv.forward(x)
 
     def backward(self, g):

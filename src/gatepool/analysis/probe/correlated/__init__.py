@@ -44,7 +44,7 @@ measurement (the input's statistics, and a tensor's for comparison). The walk th
 :mod:`gatepool.analysis.probe.correlated_predict`.
 """
 
-from gatepool.analysis.probe.correlated.adaptive import AdaptiveAvgPool
+from gatepool.analysis.probe.correlated.adaptive import AdaptiveAvgPool, AvgPoolWindows
 from gatepool.analysis.probe.correlated.add import add, add_grads
 from gatepool.analysis.probe.correlated.attention import Attention
 from gatepool.analysis.probe.correlated.cat import Cat
@@ -76,6 +76,7 @@ from gatepool.analysis.probe.correlated.tokens import FlattenPositions, SelectTo
 
 __all__ = [
     "AdaptiveAvgPool",
+    "AvgPoolWindows",
     "Attention",
     "BatchNorm",
     "Cat",

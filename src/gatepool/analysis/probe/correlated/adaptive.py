@@ -8,7 +8,9 @@ forward   m_out = A m; per channel Cov_out = A Cov_in Aᵀ with Cov_in(p, q) = �
           its diagonal, the lag sums T(Δ) = Σ_P Cov_out(P, P + Δ)
 backward  g_in = Aᵀ g: Cov = Aᵀ Cov_g A, the same sums
 
-Even windows (n a multiple of o) are a strided box filter: :func:`conv.box_conv` (any map size).
+Even windows (n a multiple of o) are a strided box filter: :func:`conv.box_conv` (any map size). An
+``AvgPool2d`` in ceil mode or without ``count_include_pad`` is the same linear map of its own windows
+(:class:`AvgPoolWindows`).
 """
 
 from __future__ import annotations
@@ -74,3 +76,37 @@ class AdaptiveAvgPool:
         C = g.shape[0]
         K = self.A.T @ covariance(g) @ self.A
         return from_covariance(torch.zeros((C, *self.in_hw), dtype=_DT), K)
+
+
+def avg_windows(n: int, k: int, s: int, p: int, ceil_mode: bool, count_include_pad: bool) -> torch.Tensor:
+    """(o, n): row i the weights of ``avg_pool2d``'s window i along a side of n (torch's sizes; the
+    divisor the taps inside the map, or with ``count_include_pad`` the window within the padding)."""
+    o = (n + 2 * p - k + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (o - 1) * s >= n + p:
+        o -= 1
+    A = torch.zeros((o, n), dtype=_DT)
+    for i in range(o):
+        a, b = i * s - p, min(i * s - p + k, n + p)
+        lo, hi = max(a, 0), min(b, n)
+        A[i, lo:hi] = 1.0 / ((b - a) if count_include_pad else (hi - lo))
+    return A
+
+
+class AvgPoolWindows(AdaptiveAvgPool):
+    """``nn.AvgPool2d`` in ceil mode or without ``count_include_pad`` (timm's ResNet-D shortcut
+    ``AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False)``): its window matrix A = A_H ⊗ A_W."""
+
+    def __init__(self, kernel, stride, padding, ceil_mode: bool, count_include_pad: bool) -> None:
+        self.k, self.s, self.p = kernel, stride, padding
+        self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
+
+    def forward(self, x: Field) -> Field:
+        C, H, W = x.shape
+        A_h, A_w = (avg_windows(n, k, s, p, self.ceil_mode, self.count_include_pad)
+                    for n, k, s, p in zip((H, W), self.k, self.s, self.p))  # fmt: skip
+        if max(H * W, len(A_h) * len(A_w)) > _MAX_POSITIONS:
+            raise NotImplementedError(f"avg pool of a {H}×{W} map in ceil mode or without count_include_pad: "
+                                      f"at most {_MAX_POSITIONS} positions")  # fmt: skip
+        self.in_hw, self.A = (H, W), torch.kron(A_h, A_w)
+        mean = (x.mean.reshape(C, -1) @ self.A.T).reshape(C, len(A_h), len(A_w))
+        return from_covariance(mean, self.A @ covariance(x) @ self.A.T)
