@@ -82,3 +82,49 @@ def test_probe_check_without_the_zoos_says_how_to_get_them(monkeypatch, capsys):
     assert "needs timm" in capsys.readouterr().err
     assert main(["probe-check", "--models", "resnet18"]) == 2
     assert "tv:NAME or timm:NAME" in capsys.readouterr().err
+
+
+def test_sweep_appends_each_result_and_a_rerun_skips_the_models_done(tmp_path, monkeypatch):
+    from gatepool.analysis.probe import check
+
+    ran = []
+
+    def fake(name, *, size, batch, seed):
+        ran.append(name)
+        return Check(name, size, 5, 4, 3, 2, "x forward", 1.2, "y (Z): no rule", 0.5)
+
+    monkeypatch.setattr(check, "check_named", fake)
+    path = str(tmp_path / "sweep.json")
+    checks, left = check.sweep(["tv:a", "tv:b"], path=path, batch=8)
+    assert ran == ["tv:a", "tv:b"] and not left and [c.model for c in checks] == ["tv:a", "tv:b"]
+    checks, left = check.sweep(["tv:b", "tv:c", "tv:a"], path=path, batch=8)  # a and b read back
+    assert ran == ["tv:a", "tv:b", "tv:c"] and [c.model for c in checks] == ["tv:b", "tv:c", "tv:a"]
+    assert checks[0] == Check("tv:b", 64, 5, 4, 3, 2, "x forward", 1.2, "y (Z): no rule", 0.5)
+    checks, left = check.sweep(["tv:a", "tv:d"], path=path, batch=8, budget=0)  # spent: d not started
+    assert ran == ["tv:a", "tv:b", "tv:c"] and left == ["tv:d"] and len(checks) == 1
+    with pytest.raises(ValueError, match="batch"):  # the file's results are at batch 8
+        check.sweep(["tv:a"], path=path, batch=32)
+
+
+def test_the_modules_inside_one_predicted_whole_are_not_counted():
+    """timm's Attention is one step of the walk: its qkv and proj are measured but not reached; the
+    block's row stands for them (without the rule the inner conv is counted and predicted itself)."""
+    from gatepool.analysis.probe import correlated as cr
+    from gatepool.analysis.probe import register_correlated_rule
+
+    class Wrapped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(16, 16, 1)
+
+        def forward(self, x):
+            return self.conv(x)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), Wrapped(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(16, 10))  # fmt: skip
+    before = check_model(model, images())
+    assert (before.modules, before.with_rule) == (9, 9)  # (input), 7 modules with 2.conv, (output)
+    register_correlated_rule(Wrapped, lambda m: cr.Conv(m.conv.weight, m.conv.bias, (1, 1), (0, 0)))
+    after = check_model(model, images())
+    assert (after.modules, after.with_rule, after.forward) == (8, 8, 8) and not after.no_rule

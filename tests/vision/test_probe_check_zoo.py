@@ -28,3 +28,20 @@ def test_probe_check_one_tiny_model(tmp_path, capsys):
         assert row.endswith(")") and why
     assert "`gatepool probe-check --models timm:test_resnet --size 32 --batch 4 --seed 0" in text
     assert "torch 2." in text and "timm 1." in text and "| timm:test_resnet | 32 |" in text
+
+
+def test_timm_attention_is_one_step_of_the_walk():
+    """A timm ViT (two blocks, width 64, 16 patches and the class token) predicted whole: its Attention's
+    qkv and proj inside the block's row."""
+    import timm
+    import torch
+
+    from gatepool.analysis.probe.check import check_model
+
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=64, depth=2, embed_dim=64,
+                            num_heads=2)  # fmt: skip
+    c = check_model(vit, torch.randn(32, 3, 64, 64, generator=torch.Generator().manual_seed(0)))
+    # all but the container ``blocks`` (an nn.Sequential the walk traces through: not one node)
+    assert c.with_rule == c.modules - 1 > 30 and c.no_rule.startswith("blocks (Sequential)") and not c.error
+    assert c.forward >= 0.9 * c.modules and c.backward >= 0.9 * c.modules, c

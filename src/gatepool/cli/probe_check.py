@@ -10,8 +10,10 @@ side from ``--size`` (default 64) up that it runs at, on ``--batch`` N(0, 1) ima
 rows, those with a correlated prediction, forward within 10%, backward within 15%, the worst row and its
 ratio, the first row without a rule and why, the seconds (:mod:`gatepool.analysis.probe.check`).
 Prints the Markdown table under a line with the command, machine and versions (the docs' table is this
-output); ``--json`` writes the results after every model. Exit 1 when the probe failed on a model (its
-line says why), 2 without torchvision / timm (``make test-vision`` builds .venv-vision with both).
+output); ``--json`` writes the results after every model, and a rerun with the same file skips the models
+it holds (``--budget`` seconds stops a run before its next model: a long sweep in chunks). Exit 1 when
+the probe failed on a model (its line says why), 2 without torchvision / timm (``make test-vision``
+builds .venv-vision with both).
 ``--data NAME`` (a set of :func:`gatepool.data.dataset_names`) instead of N(0, 1) images: ``--batch``
 training images chosen by ``--seed`` as ``gatepool probe`` takes them (a torchvision/timm model's resized
 to ``--size``, three channels), forward within 15% (the issue's real-data target); ``--models`` may name
@@ -44,7 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "next of 96, 128, 224, 256 it runs at")  # fmt: skip
     p.add_argument("--batch", type=int_at_least(2), default=32, help="images per model (default 32)")
     p.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the weights and the images")
-    p.add_argument("--json", default=None, help="also write the results here as JSON (after every model)")
+    p.add_argument("--json", default=None, help="also write the results here as JSON (after every model); "
+                   "a rerun with the same file skips the models it holds")  # fmt: skip
+    p.add_argument("--budget", type=int_at_least(1), default=None,
+                   help="seconds: start no model after them (the same --json again goes on)")  # fmt: skip
     p.add_argument("--data", default="noise", choices=["noise", *DATA_SETS],
                    help="N(0, 1) images (default), or a data set's training images")  # fmt: skip
     p.set_defaults(func=_run)
@@ -112,30 +117,33 @@ def _command(args: argparse.Namespace) -> str:
     parts += [] if args.size == 64 else ["--size", str(args.size)]
     parts += [] if args.data == "noise" else ["--data", args.data]
     parts += ["--batch", str(args.batch), "--seed", str(args.seed)]
+    parts += ["--budget", str(args.budget)] if args.budget else []
     return " ".join(parts + (["--json", args.json] if args.json else []))
 
 
 def _run(args: argparse.Namespace) -> int:
-    import json
-
-    from gatepool.analysis.probe.check import FORWARD_WITHIN, check_named, table
+    from gatepool.analysis.probe.check import FORWARD_WITHIN, sweep, table
 
     models = _models(args)
     header = _header(args)
-    done = []
-    for name in models:
-        if args.data == "noise":
-            c = check_named(name, size=args.size, batch=args.batch, seed=args.seed)
-        else:
-            c = _check_on_data(name, args)
-        done.append(c)
-        print(f"{name:36s} {c.with_rule:4d}/{c.modules:<4d} fwd {c.forward:4d} bwd {c.backward:4d} "
+
+    def done(c):
+        print(f"{c.model:36s} {c.with_rule:4d}/{c.modules:<4d} fwd {c.forward:4d} bwd {c.backward:4d} "
               f"{c.seconds:6.1f}s {c.error or c.no_rule}"[:200], file=sys.stderr, flush=True)  # fmt: skip
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"header": header, "results": [d.to_dict() for d in done]}, f, indent=1)
-    print(header + "\n\n" + table(done, FORWARD_WITHIN if args.data == "noise" else 0.15))
-    return 1 if any(c.error for c in done) else 0
+
+    on_data = args.data != "noise"
+    check = (lambda name: _check_on_data(name, args)) if on_data else None  # None: N(0, 1) images
+    try:
+        checks, left = sweep(models, size=args.size, batch=args.batch, seed=args.seed, path=args.json,
+                             budget=args.budget, header=header, done=done, data=args.data,
+                             check=check)  # fmt: skip
+    except ValueError as e:
+        raise UsageError(f"--json: {e}") from None
+    print(header + "\n\n" + table(checks, 0.15 if on_data else FORWARD_WITHIN))
+    if left:
+        print(f"\n{len(left)} models left (--budget spent): rerun with the same --json to go on",
+              file=sys.stderr)  # fmt: skip
+    return 1 if any(c.error for c in checks) else 0
 
 
 def _check_on_data(name: str, args: argparse.Namespace):

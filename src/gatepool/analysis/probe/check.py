@@ -3,12 +3,16 @@
     check_model(model, x)     measure(model, x, correlated=True) on N(0, 1) images, counted: a Check
     summarize(report)         the counts of one report (no model run)
     zoo_models(zoo)           "tv:NAME" for torchvision's classifiers (or one a family), "timm:NAME" one a
-                              timm family (:func:`gatepool.analysis.convert_zoo.timm_families`)
+                              timm family (:data:`TIMM_FAMILIES`: the smallest member of each)
+    sweep(names, path=...)    check_named over many models, each result appended to a JSON file as it
+                              comes; a rerun skips the models the file holds (a long run is never lost),
+                              ``budget`` seconds stops it before the next model
 
 Per model, over the report's rows (``(input)`` and ``(output)`` included, as ``gatepool probe`` prints
 them):
 
-    modules      the rows measured
+    modules      the rows measured (but for the modules inside one predicted whole, as timm's
+                 ``Attention``'s qkv and proj: its row stands for them)
     with a rule  those with a correlated prediction (``predicted.var`` not None)
     forward      predicted Var / measured Var within [0.9, 1.1] (``forward_within``: 0.15 on real data)
     backward     predicted E[g²] / measured E[g²] within [0.85, 1.15] (unit-noise backward)
@@ -32,12 +36,26 @@ import torch.nn as nn
 from gatepool.analysis.probe.measure import measure
 from gatepool.analysis.probe.report import ProbeReport
 
-__all__ = ["BACKWARD_WITHIN", "FORWARD_WITHIN", "Check", "check_model", "check_named", "family_pick",
-           "summarize", "table", "zoo_models"]  # fmt: skip
+__all__ = ["BACKWARD_WITHIN", "FORWARD_WITHIN", "TIMM_FAMILIES", "Check", "check_model", "check_named",
+           "family_pick", "summarize", "sweep", "table", "zoo_models"]  # fmt: skip
 
 FORWARD_WITHIN = 0.10
 BACKWARD_WITHIN = 0.15
 SIZES = (64, 96, 128, 224, 256)  # the input sides tried, from --size up: a model's smallest that runs
+# one model a timm family, the smallest member of each (pretrained=False: random weights), convnets first
+TIMM_FAMILIES = (
+    "resnet18", "resnet10t", "resnetv2_18", "regnetx_002", "efficientnet_b0", "mixnet_s", "mnasnet_small",
+    "mobilenetv3_small_050", "mobilenetv4_conv_small_035", "lcnet_050", "ghostnet_050", "rexnet_100",
+    "densenet121", "dla46_c", "dpn48b", "hrnet_w18_small", "inception_v3", "nf_regnet_b0",
+    "res2net50_14w_8s", "resnest14d", "selecsls42", "tresnet_m", "vgg11", "legacy_xception", "xception41",
+    "cs3darknet_s", "repvgg_a0", "gernet_s", "mobileone_s0", "hgnetv2_b0", "repvit_m0_9", "convnext_atto",
+    "edgenext_xx_small", "poolformer_s12", "convmixer_768_32", "starnet_s050", "mambaout_femto",
+    "fastvit_t8", "efficientformer_l1", "levit_128s", "mobilevit_xxs", "efficientvit_b0", "efficientvit_m0",
+    "vit_tiny_patch16_224", "deit_tiny_patch16_224", "cait_xxs24_224", "beit_base_patch16_224",
+    "xcit_nano_12_p16_224", "convit_tiny", "pit_ti_224", "crossvit_tiny_240", "coat_lite_tiny",
+    "pvt_v2_b0", "twins_svt_small", "volo_d1_224", "swin_tiny_patch4_window7_224", "maxvit_pico_rw_256",
+    "tiny_vit_5m_224", "gcvit_xxtiny", "davit_tiny", "mixer_s32_224", "resmlp_12_224",
+)  # fmt: skip
 
 
 @dataclass
@@ -75,9 +93,12 @@ def summarize(report: ProbeReport, name: str = "", forward_within: float = FORWA
     """The counts of ``report`` (a ``measure(..., correlated=True)`` result) as a :class:`Check`."""
     c = Check(name)
     worst = 0.0
+    whole = {r.name for r in report.rows.values() if r.predicted is not None and r.predicted.var is not None}
     for r in report.rows.values():
         if r.forward is None:
             continue
+        if _inside(r.name, whole) and (r.predicted is None or r.predicted.var is None):
+            continue  # inside a module predicted whole (timm's Attention: its qkv, its proj): that row's
         c.modules += 1
         p = r.predicted
         if p is None or p.var is None:
@@ -97,6 +118,12 @@ def summarize(report: ProbeReport, name: str = "", forward_within: float = FORWA
             if off > worst:
                 worst, c.worst, c.worst_ratio = off, f"{r.name} {kind}", ratio
     return c
+
+
+def _inside(name: str, whole: set[str]) -> bool:
+    """Is module ``name`` inside one of ``whole`` (a dotted prefix)?"""
+    parts = name.split(".")
+    return any(".".join(parts[:i]) in whole for i in range(1, len(parts)))
 
 
 def _size_for(model: nn.Module, size: int, sizes: tuple[int, ...]) -> int | None:
@@ -183,10 +210,50 @@ def zoo_models(zoo: str, *, per_family: bool = False) -> list[str]:
             names = sorted(family_pick(v) for v in families.values())
         return [f"tv:{n}" for n in names]
     if zoo == "timm":
-        from gatepool.analysis.convert_zoo import timm_families
+        import timm
 
-        return timm_families()
+        return [f"timm:{n}" for n in TIMM_FAMILIES if timm.is_model(n)]
     raise ValueError(f"zoo must be 'torchvision' or 'timm', got {zoo!r}")
+
+
+def sweep(names: list[str], *, size: int = 64, batch: int = 32, seed: int = 0, path: str | None = None,
+          budget: float | None = None, header: str = "", done=None, data: str = "noise",
+          check=None) -> tuple[list[Check], list[str]]:  # fmt: skip
+    """:func:`check_named` over ``names`` (or ``check(name)``, e.g. on a data set's images: then ``data``
+    names it); with ``path``, the results so far are written there (JSON: ``header``, ``settings`` and
+    ``results``) after every model, and a model whose result the file already holds (at the same size,
+    batch, seed and data) is not run again. ``budget`` (seconds): no model starts after it is spent.
+    ``done(check)`` is called after each model run. Returns the checks of ``names`` in order (read back
+    or run) and the names left for a later run."""
+    import json
+    import os
+
+    settings = {"size": size, "batch": batch, "seed": seed, "data": data}
+    results: dict[str, dict] = {}
+    if path and os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        if old.get("settings") != settings:
+            raise ValueError(f"{path} holds a run at {old.get('settings')}, not {settings}: resume it with "
+                             f"those, or give another file")  # fmt: skip
+        results = {r["model"]: r for r in old["results"]}
+    start, left = time.perf_counter(), []
+    for name in names:
+        if name in results:
+            continue
+        if budget is not None and time.perf_counter() - start > budget:
+            left.append(name)
+            continue
+        c = check_named(name, size=size, batch=batch, seed=seed) if check is None else check(name)
+        results[name] = c.to_dict()
+        if done is not None:
+            done(c)
+        if path:
+            with open(path + ".tmp", "w") as f:
+                json.dump({"header": header, "settings": settings, "results": list(results.values())}, f,
+                          indent=1)  # fmt: skip
+            os.replace(path + ".tmp", path)
+    return [Check(**results[n]) for n in names if n in results], left
 
 
 def table(checks: list[Check], forward_within: float = FORWARD_WITHIN) -> str:

@@ -50,23 +50,26 @@ def _conv(m: nn.Conv2d):
 
 
 def _maxpool(m: nn.MaxPool2d):
-    if _pair(m.dilation) != (1, 1) or m.ceil_mode:
-        raise NotImplementedError("max pool rule: no dilation, floor mode")
+    if _pair(m.dilation) != (1, 1):
+        raise NotImplementedError("max pool rule: no dilation")
     k = _pair(m.kernel_size)
-    return cr.MaxPool(k, _pair(m.stride) if m.stride else k, _pair(m.padding))
+    return cr.MaxPool(k, _pair(m.stride) if m.stride else k, _pair(m.padding), ceil_mode=m.ceil_mode)
 
 
 class _Adaptive:
-    """AdaptiveAvgPool2d: the box filter of the window an output averages (even windows only)."""
+    """AdaptiveAvgPool2d: the box filter of the window an output averages; uneven, overlapping or
+    repeated windows (a map smaller than the output) by their window matrix (:class:`AdaptiveAvgPool`)."""
 
     def __init__(self, m: nn.AdaptiveAvgPool2d) -> None:
-        self.out = _pair(m.output_size)
+        self.out = tuple(_pair(m.output_size))
 
     def forward(self, x: cr.Field):
         C, H, W = x.shape
-        if H % self.out[0] or W % self.out[1]:
-            raise NotImplementedError(f"adaptive pool {H}×{W} → {self.out}: uneven windows")
-        k = (H // self.out[0], W // self.out[1])
+        out = tuple(o if o is not None else n for o, n in zip(self.out, (H, W)))
+        if H % out[0] or W % out[1]:
+            self.conv = cr.AdaptiveAvgPool(out)
+            return self.conv.forward(x)
+        k = (H // out[0], W // out[1])
         self.conv = cr.box_conv(C, k, k, (0, 0))
         return self.conv.forward(x)
 
@@ -75,15 +78,21 @@ class _Adaptive:
 
 
 class _AvgPool:
+    """AvgPool2d: a box filter; in ceil mode or without count_include_pad its window matrix."""
+
     def __init__(self, m: nn.AvgPool2d) -> None:
-        if not m.count_include_pad or m.ceil_mode or m.divisor_override:
-            raise NotImplementedError("avg pool rule: count_include_pad, floor mode")
+        if m.divisor_override:
+            raise NotImplementedError("avg pool rule: no divisor_override")
         self.k = _pair(m.kernel_size)
         self.s = _pair(m.stride) if m.stride else self.k
         self.p = _pair(m.padding)
+        self.modes = (bool(m.ceil_mode), bool(m.count_include_pad))
 
     def forward(self, x):
-        self.conv = cr.box_conv(x.shape[0], self.k, self.s, self.p)
+        if self.modes == (False, True):
+            self.conv = cr.box_conv(x.shape[0], self.k, self.s, self.p)
+        else:
+            self.conv = cr.AvgPoolWindows(self.k, self.s, self.p, *self.modes)
         return self.conv.forward(x)
 
     def backward(self, g):
@@ -153,6 +162,18 @@ def _attention(m: nn.MultiheadAttention):
     return cr.Attention(m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias, m.num_heads)
 
 
+def _timm_attention(m: nn.Module):
+    """timm's ``Attention`` (ViT, DeiT, CaiT's blocks): its fused qkv Linear and proj, the softmax
+    attention of ``nn.MultiheadAttention`` between them."""
+    plain = all(isinstance(getattr(m, a, None), nn.Identity) for a in ("q_norm", "k_norm", "norm"))
+    drops = [getattr(m, a, None) for a in ("attn_drop", "proj_drop")]
+    if not plain or getattr(m, "gate", None) is not None or any(d is None or d.p for d in drops):
+        raise NotImplementedError("timm Attention: no q/k or scale norm, no gate, no dropout")
+    if getattr(m, "attn_dim", m.proj.in_features) != m.qkv.in_features:
+        raise NotImplementedError("timm Attention whose heads are not the embedding's width")
+    return cr.Attention(m.qkv.weight, m.qkv.bias, m.proj.weight, m.proj.bias, m.num_heads)
+
+
 def _drop_path(m: nn.Module):
     """torchvision's ``StochasticDepth(p, mode)`` or timm's ``DropPath(drop_prob, scale_by_keep)``."""
     p = float(getattr(m, "p", getattr(m, "drop_prob", 0.0)) or 0.0)
@@ -207,6 +228,7 @@ _NAMED_RULES = {
     "timm.layers.norm.LayerNorm2d": lambda m: _layernorm(m, channels_first=True),
     "torchvision.ops.stochastic_depth.StochasticDepth": _drop_path,
     "timm.layers.drop.DropPath": _drop_path,
+    "timm.layers.attention.Attention": _timm_attention,
 }
 
 
@@ -231,6 +253,7 @@ _RESHAPES = (torch.reshape, "view", "reshape")
 _TRANSPOSES = (torch.transpose, "transpose", "swapaxes", torch.swapaxes)
 _DIVS = (operator.truediv, torch.div, torch.true_divide, operator.itruediv, "div", "div_", "true_divide")
 _FLAT = (torch.flatten,)
+_SPLITS = (torch.chunk, torch.split, torch.tensor_split, "chunk", "split", "tensor_split")
 _RELU = (torch.relu, torch.nn.functional.relu)
 _F = torch.nn.functional
 # activations called as functions (or tensor methods): their pointwise rule by name
@@ -455,6 +478,49 @@ def _in_layout(m: nn.Module, step, f: cr.Field, layout: tuple):
     return step
 
 
+def _split_ranges(n: fx.Node, channels: int, layout: tuple, const: dict) -> list[tuple[int, int]]:
+    """The channel ranges of a chunk, split or tensor_split along the channels (any other dim: no
+    rule), as torch cuts them: the op applied to the channel indices."""
+    dim = n.kwargs.get("dim", n.args[2] if len(n.args) > 2 else 0)
+    full = ("N", *layout)
+    if not isinstance(dim, int) or not -len(full) <= dim < len(full) or full[dim] != "C":
+        raise NotImplementedError(f"{_name(n)} along dim {dim}: the channels only")
+    index = torch.arange(channels).reshape([channels if a == "C" else 1 for a in full])
+    args, kwargs = fx.node.map_arg((n.args[1:], n.kwargs), lambda a: const.get(a, a))
+    traced: list[fx.Node] = []
+    fx.node.map_arg((args, kwargs), traced.append)
+    if traced:
+        raise NotImplementedError(f"{_name(n)} by traced sizes")
+    op = getattr(torch, n.target) if isinstance(n.target, str) else n.target
+    return [(int(p.min()), int(p.max()) + 1) if p.numel() else (0, 0) for p in op(index, *args, **kwargs)]
+
+
+def _name(n: fx.Node) -> str:
+    return n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+
+
+def _channel_slice(n: fx.Node, channels: int, layout: tuple) -> cr.ChannelSlice | None:
+    """``x[:, a:b]`` (``x[:, a:b, :, :]``, ``x[..., a:b]`` of tokens): the slice of the channels that it
+    is, else None (another index)."""
+    idx = n.args[1] if isinstance(n.args[1], tuple) else (n.args[1],)
+    if idx and idx[-1] is Ellipsis and layout[-1] != "C":
+        idx = idx[:-1]
+    full = ("N", *layout)
+    if idx and idx[0] is Ellipsis:
+        idx = (slice(None),) * (len(full) - len(idx) + 1) + idx[1:]
+    c = full.index("C") if "C" in full else None
+    if c is None or len(idx) <= c or len(idx) > len(full):
+        return None
+    whole = all(i == slice(None) for j, i in enumerate(idx) if j != c)
+    sl = idx[c]
+    if not whole or not isinstance(sl, slice) or sl.step not in (None, 1):
+        return None
+    if not all(isinstance(v, (int, type(None))) for v in (sl.start, sl.stop)):
+        return None
+    start, stop, _ = sl.indices(channels)
+    return cr.ChannelSlice(start, max(start, stop))
+
+
 def _select(n: fx.Node, layout: tuple) -> cr.SelectToken:
     """``x[:, i]`` of tokens (a class token)."""
     idx = n.args[1]
@@ -589,6 +655,7 @@ def predict_correlated(
     const: dict[fx.Node, object] = {}  # parameters, buffers, maps' sizes and what is computed from them
     planned: dict[fx.Node, object] = {}  # the later steps of a chain recognised whole (a channel shuffle)
     dims: dict[fx.Node, tuple] = {}  # the tensor's dims after the batch as the field's axes (_permuted)
+    pieces: dict[fx.Node, list] = {}  # a split's channel ranges, for the getitems that take its pieces
     out_node = None
     with torch.no_grad():
         for n in nodes:
@@ -649,6 +716,18 @@ def predict_correlated(
                     if n.args[1] != 0:
                         raise NotImplementedError("the attention weights")
                     value[n], steps[n] = value[args[0]], _Identity()
+                elif n.target in _SPLITS:  # the pieces are its getitems
+                    pieces[n] = _split_ranges(n, value[args[0]].shape[0], layout, const)
+                    value[n], steps[n] = value[args[0]], _Identity()
+                elif n.target is operator.getitem and args[0] in pieces:
+                    if not isinstance(n.args[1], int):
+                        raise NotImplementedError(f"the pieces of a split taken by {n.args[1]!r}")
+                    step = cr.ChannelSlice(*pieces[args[0]][n.args[1]])
+                    value[n], steps[n] = step.forward(value[args[0]]), step
+                elif n.target is operator.getitem and (
+                    step := _channel_slice(n, value[args[0]].shape[0], layout)
+                ) is not None:
+                    value[n], steps[n] = step.forward(value[args[0]]), step
                 elif n.target is operator.getitem:
                     step = _select(n, layout)
                     value[n], steps[n], dims[n] = step.forward(value[args[0]]), step, ("C",)

@@ -20,6 +20,7 @@ The rules, each from the module's actual weights, one file each (its equations i
 ``sΔ`` there is the input lag of output lag Δ at stride s):
 
     conv.py     conv (and avg pools, the global pool: a box filter)
+    adaptive.py  an adaptive average pool of uneven, overlapping or repeated windows (a map up to 7 × 7)
     relu.py     ReLU (and of the residual sum b + ReLU(y))
     pointwise.py  any other activation (ReLU6, SiLU, GELU, Hardswish, Hardsigmoid, sigmoid, tanh)
     maxpool.py  max pool (window draws, Clark's recursion)
@@ -30,6 +31,7 @@ The rules, each from the module's actual weights, one file each (its equations i
     cat.py      concatenation along channels
     scale.py    a product with a constant (layer scale, a multiply or divide by a number)
     shuffle.py  a channel shuffle (a permutation of the channels)
+    split.py    some of the channels (a piece of a chunk or split, a slice x[:, a:b])
     layernorm.py  LayerNorm over the channels at each position (channels-last, LayerNorm2d, tokens)
     stochastic_depth.py  stochastic depth (a sample's whole branch dropped; train and eval)
     gate.py     x · s with s a per-sample, per-channel gate (squeeze-and-excitation)
@@ -42,6 +44,7 @@ measurement (the input's statistics, and a tensor's for comparison). The walk th
 :mod:`gatepool.analysis.probe.correlated_predict`.
 """
 
+from gatepool.analysis.probe.correlated.adaptive import AdaptiveAvgPool, AvgPoolWindows
 from gatepool.analysis.probe.correlated.add import add, add_grads
 from gatepool.analysis.probe.correlated.attention import Attention
 from gatepool.analysis.probe.correlated.cat import Cat
@@ -67,14 +70,18 @@ from gatepool.analysis.probe.correlated.relu import ReLU, relu_series_maps
 from gatepool.analysis.probe.correlated.scale import Scale
 from gatepool.analysis.probe.correlated.shift import Shift
 from gatepool.analysis.probe.correlated.shuffle import ChannelShuffle
+from gatepool.analysis.probe.correlated.split import ChannelSlice
 from gatepool.analysis.probe.correlated.stochastic_depth import StochasticDepth
 from gatepool.analysis.probe.correlated.tokens import FlattenPositions, SelectToken, TokenCat
 
 __all__ = [
+    "AdaptiveAvgPool",
+    "AvgPoolWindows",
     "Attention",
     "BatchNorm",
     "Cat",
     "ChannelShuffle",
+    "ChannelSlice",
     "Conv",
     "Dropout",
     "Field",

@@ -165,22 +165,41 @@ class MaxPool:
 
     Windows that overlap (k > s): an input position winning two windows gets the sum of their
     gradients, E[g²] += 2 P(wins both) Cov(g_P, g_P'), from the jointly drawn neighbours.
+
+    ``ceil_mode`` (torch's): the last window may run past the map's far edge (it starts inside the
+    map or its near padding); its taps out there are padding, which never wins.
     """
 
     def __init__(
-        self, kernel, stride, padding=(0, 0), method: str = "mc", samples: int = 2048, seed: int = 0
+        self, kernel, stride, padding=(0, 0), method: str = "mc", samples: int = 2048, seed: int = 0,
+        ceil_mode: bool = False,
     ) -> None:
         if method not in ("mc", "clark"):
             raise ValueError(f"method must be 'mc' or 'clark', got {method!r}")
         if any(2 * p > k for p, k in zip(padding, kernel)):
             raise ValueError(f"padding must be at most half the kernel, got {padding} for {kernel}")
         self.k, self.s, self.p = kernel, stride, padding
-        self.method, self.samples, self.seed = method, samples, seed
+        self.method, self.samples, self.seed, self.ceil_mode = method, samples, seed, ceil_mode
+
+    def _out(self, H: int, W: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The output's (Ho, Wo) as torch sizes it, and (eh, ew): how far its last windows reach past
+        the far edges' padding (ceil mode only; else 0)."""
+        out, extra = [], []
+        for n, k, s, p in zip((H, W), self.k, self.s, self.p):
+            o = (n + 2 * p - k + (s - 1 if self.ceil_mode else 0)) // s + 1
+            if self.ceil_mode and (o - 1) * s >= n + p:  # the last window must start inside
+                o -= 1
+            out.append(o)
+            extra.append(max(0, (o - 1) * s + k - (n + 2 * p)))
+        return tuple(out), tuple(extra)
 
     def _padded(self, x: Field):
-        """The mean map padded with :data:`_PAD` and the sd map with 0: (C, H + 2p, W + 2p) each."""
+        """The mean map padded with :data:`_PAD` and the sd map with 0: (C, H + 2p + e, W + 2p + e) each
+        (e the far edges' extra of ceil mode, :meth:`_out`)."""
         (ph, pw), s = self.p, x.var.clamp_min(0).sqrt()
-        return F.pad(x.mean, (pw, pw, ph, ph), value=_PAD), F.pad(s, (pw, pw, ph, ph))
+        _, (eh, ew) = self._out(*x.shape[1:])
+        pad = (pw, pw + ew, ph, ph + eh)
+        return F.pad(x.mean, pad, value=_PAD), F.pad(s, pad)
 
     def _taps(self, f: torch.Tensor, Ho, Wo):
         (kh, kw), (sh, sw) = self.k, self.s
@@ -280,9 +299,9 @@ class MaxPool:
             raise NotImplementedError("max pool of a ReLU's output: method 'mc' only")
         src = pre if rect else x
         self.x, self.rect = x, rect
-        (kh, kw), (sh, sw), (ph, pw) = self.k, self.s, self.p
+        kh, kw = self.k
         C, H, W = x.shape
-        Ho, Wo = (H + 2 * ph - kh) // sh + 1, (W + 2 * pw - kw) // sw + 1
+        (Ho, Wo), _ = self._out(H, W)
         mp, sp = self._padded(src)  # (C, H + 2p, W + 2p): padded taps never win, their sd is 0
         m, sd = self._taps(mp, Ho, Wo), self._taps(sp, Ho, Wo)
         offs = [(a, b) for a in range(kh) for b in range(kw)]
@@ -343,7 +362,8 @@ class MaxPool:
         C, H, W = x.shape
         Ho, Wo = self.out_hw
         sg = g.var.clamp_min(0).sqrt()
-        var = torch.zeros((C, H + 2 * ph, W + 2 * pw), dtype=_DT)  # padded: its rim gets w = 0
+        _, (eh, ew) = self._out(H, W)
+        var = torch.zeros((C, H + 2 * ph + eh, W + 2 * pw + ew), dtype=_DT)  # padded: its rim gets w = 0
         for wj, (a, b) in zip(w, self.offs):
             var[:, a : a + sh * (Ho - 1) + 1 : sh, b : b + sw * (Wo - 1) + 1 : sw] += wj * g.var
         # overlapping windows: tap j of P is tap l of P + Δ; both won: 2 P(both) Cov(g_P, g_{P+Δ})
@@ -361,7 +381,7 @@ class MaxPool:
         var = var[:, ph : ph + H, pw : pw + W]
         # the lags below are differences of input positions: the padding shifts both taps alike
         # Σ over window pairs P ≠ P' of w_Pj w_P'l Cov(g_P, g_P'), at input lag sΔ + l − j
-        kk = max(self.k)
+        kk = max(self.k) + max(self.s)  # a margin for the taps in the padding (w = 0 there)
         big = torch.zeros((C, 2 * H - 1 + 2 * kk, 2 * W - 1 + 2 * kk), dtype=_DT)
         mask = torch.ones((2 * Ho - 1, 2 * Wo - 1), dtype=_DT)
         mask[Ho - 1, Wo - 1] = 0.0

@@ -61,32 +61,51 @@ def _nodes(m: torch.Tensor, s: torch.Tensor, kinks: tuple[float, ...]):
     return z, w
 
 
+def _basis(z: torch.Tensor, order: int) -> torch.Tensor:
+    """(..., Q, order + 1): the normalized Hermite polynomials He_n(z) / √n!, by their recurrence
+    He_{n+1} = (z He_n − √n He_{n−1}) / √(n+1), written into one tensor (no stack of the pieces)."""
+    out = torch.empty((*z.shape, order + 1), dtype=z.dtype)
+    out[..., 0] = 1.0
+    out[..., 1] = z
+    for n in range(1, order):
+        torch.sub(z * out[..., n], out[..., n - 1], alpha=math.sqrt(n), out=out[..., n + 1])
+        out[..., n + 1] /= math.sqrt(n + 1)
+    return out
+
+
 def hermite_coefficients(f: Callable, kinks: tuple[float, ...], m: torch.Tensor, s: torch.Tensor,
                          order: int = _ORDER):
     """For h = f, f' and u = x f'(x) of x ~ N(m, s²) at every position of the maps m, s:
     ``{name: (E[h], E[h²], [a_1 … a_order])}``, a_n = E[h(x) He_n(z)] / √n! (maps like m).
 
     Positions with the same (m, s) (a map's interior, away from its borders and the data's layout) are
-    integrated once."""
+    integrated once. Without kinks every position has the same nodes z and weights: the Hermite basis
+    is made once and each coefficient is one matrix product over the nodes; with kinks (cut where
+    they fall for each position) the basis is per position."""
     shape = m.shape
     ms = torch.stack([m.reshape(-1), s.clamp_min(0).reshape(-1)], 1)
     ms, where = torch.unique(ms, dim=0, return_inverse=True)
+    shared = None
+    if not kinks:
+        z, w = _nodes(ms[:1, 0], ms[:1, 1], ())  # (1, Q): the same for every position
+        shared = (z, (w[0, :, None] * _basis(z[0], order)))  # (Q, order + 1), the weights in
     parts = []
     for chunk in ms.split(_CHUNK):
         mc, sc = chunk[:, 0], chunk[:, 1]
-        z, w = _nodes(mc, sc, kinks)  # (P, Q)
+        z, w = (shared[0].expand(len(mc), -1), None) if shared else _nodes(mc, sc, kinks)  # (P, Q)
         x = (mc[:, None] + sc[:, None] * z).requires_grad_()
         with torch.enable_grad():
             y = f(x)
             (dy,) = torch.autograd.grad(y.sum(), x)
         x, y = x.detach(), y.detach()
         h = torch.stack([y, dy, x * dy], 1)  # (P, 3, Q): f, f', u
-        he = [torch.ones_like(z), z]  # He_n / √n!, normalized: He_{n+1} = (z He_n − √n He_{n−1}) / √(n+1)
-        for n in range(1, order):
-            he.append((z * he[n] - math.sqrt(n) * he[n - 1]) / math.sqrt(n + 1))
-        basis = torch.stack(he, 2)  # (P, Q, order + 1)
-        wh = w[:, None, :] * h
-        parts.append(torch.cat([torch.bmm(wh, basis), (wh * h).sum(2, keepdim=True)], 2))  # (P, 3, order + 2)
+        if shared:
+            coef = h @ shared[1]  # (P, 3, order + 1)
+            sq = (h * h) @ shared[1][:, 0]  # (P, 3): E[h²] (He_0 = 1)
+            parts.append(torch.cat([coef, sq[..., None]], 2))
+        else:
+            wh = w[:, None, :] * h
+            parts.append(torch.cat([torch.bmm(wh, _basis(z, order)), (wh * h).sum(2, keepdim=True)], 2))
     out = torch.cat(parts)[where].movedim(0, -1)  # (3, order + 2, positions)
     return {
         key: (out[i, 0].reshape(shape), out[i, -1].reshape(shape),
@@ -98,15 +117,27 @@ def hermite_coefficients(f: Callable, kinks: tuple[float, ...], m: torch.Tensor,
 def series_lag_sums(corr: torch.Tensor, mean: torch.Tensor, e2: torch.Tensor, coef: list[torch.Tensor],
                     weight: torch.Tensor | None = None) -> torch.Tensor:
     """Σ_p w_p w_{p+e} Cov(h(x_p), h(x_{p+e})) for every lag e: Mehler's series to ``len(coef)`` and the
-    Parseval remainder ρ^{N+1} r_p r_q (see the module docstring)."""
+    Parseval remainder ρ^{N+1} r_p r_q (see the module docstring).
+
+    The series stops where the terms left hold under 1e-12 of the variance at every position (a smooth f
+    decays fast): the remainder term then carries them, at a power of ρ lower by as many. The lag sums
+    of all its terms are one batch of FFTs."""
     w = torch.ones_like(mean) if weight is None else weight
-    rest = (e2 - mean * mean - sum(c * c for c in coef)).clamp_min(0).sqrt()
+    var = (e2 - mean * mean).clamp_min(0)
+    energy = torch.stack([(c * c).flatten() for c in coef])  # (N, positions): a_n²
+    tail = energy.flip(0).cumsum(0).flip(0)  # Σ_{k ≥ n} a_k² per position
+    big = (tail > 1e-12 * var.flatten()).any(1)  # (N,): the terms from n on still matter somewhere
+    keep = int(big.nonzero().max()) + 1 if bool(big.any()) else 0
+    coef = coef[:keep]
+    rest = (var - sum((c * c for c in coef), torch.zeros_like(var))).clamp_min(0).sqrt()
+    maps = torch.stack([w * c for c in coef] + [w * rest])  # (N + 1, C, H, W)
+    X = xcorr(maps, maps)  # (N + 1, C, 2H−1, 2W−1)
     T = torch.zeros_like(corr)
     rn = torch.ones_like(corr)
-    for c in coef:
+    for n in range(keep):
         rn = rn * corr
-        T += rn * xcorr(w * c, w * c)
-    return T + rn * corr * xcorr(w * rest, w * rest)
+        T += rn * X[n]
+    return T + rn * corr * X[keep]
 
 
 class Pointwise:

@@ -1,0 +1,112 @@
+"""An adaptive average pool whose windows are uneven, overlap or repeat: AlexNet's ``AdaptiveAvgPool2d((6,
+6))`` and VGG's ``((7, 7))`` on the smaller maps of a 64 × 64 input (1 × 1 or 2 × 2: every output reads a
+window, neighbouring windows share taps or are one). Output i along a side of n averages the window
+[⌊i n / o⌋, ⌈(i + 1) n / o⌉) (torch's), so the pool is a linear map of the positions, y = A x, A = A_H ⊗ A_W.
+
+forward   m_out = A m; per channel Cov_out = A Cov_in Aᵀ with Cov_in(p, q) = √(v_p v_q) ρ(q − p) (the
+          whole H·W × H·W matrix, exact at every position: such pools see small maps); the variance map
+          its diagonal, the lag sums T(Δ) = Σ_P Cov_out(P, P + Δ)
+backward  g_in = Aᵀ g: Cov = Aᵀ Cov_g A, the same sums
+
+Even windows (n a multiple of o) are a strided box filter: :func:`conv.box_conv` (any map size). An
+``AvgPool2d`` in ceil mode or without ``count_include_pad`` is the same linear map of its own windows
+(:class:`AvgPoolWindows`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums
+
+_MAX_POSITIONS = 1024  # the input's and the output's H·W at most: (C, H·W, H·W) covariances in float64
+
+
+def windows(n: int, o: int) -> torch.Tensor:
+    """(o, n): row i the mean over torch's adaptive window [⌊i n / o⌋, ⌈(i + 1) n / o⌉)."""
+    A = torch.zeros((o, n), dtype=_DT)
+    for i in range(o):
+        a, b = (i * n) // o, -((-(i + 1) * n) // o)
+        A[i, a:b] = 1.0 / (b - a)
+    return A
+
+
+def _lag_index(H: int, W: int) -> torch.Tensor:
+    """(H·W, H·W): the flat index into a (2H − 1, 2W − 1) lag map of q − p for positions p, q."""
+    h, w = torch.arange(H).repeat_interleave(W), torch.arange(W).repeat(H)
+    return (h[None, :] - h[:, None] + H - 1) * (2 * W - 1) + (w[None, :] - w[:, None] + W - 1)
+
+
+def covariance(f: Field) -> torch.Tensor:
+    """(C, H·W, H·W): Cov(x_p, x_q) = √(v_p v_q) ρ(q − p) of every pair of positions."""
+    C, H, W = f.shape
+    s = f.var.clamp_min(0).sqrt().reshape(C, -1)
+    rho = f.corr.reshape(C, -1)[:, _lag_index(H, W)]
+    return s[:, :, None] * s[:, None, :] * rho
+
+
+def from_covariance(mean: torch.Tensor, K: torch.Tensor) -> Field:
+    """The state of a (C, H, W) map with mean ``mean`` and position covariance ``K`` (C, H·W, H·W)."""
+    C, H, W = mean.shape
+    var = torch.diagonal(K, dim1=1, dim2=2).reshape(C, H, W)
+    T = torch.zeros((C, (2 * H - 1) * (2 * W - 1)), dtype=_DT)
+    T.index_add_(1, _lag_index(H, W).flatten(), K.reshape(C, -1))
+    return _field_from_sums(mean, var, T.reshape(C, 2 * H - 1, 2 * W - 1))
+
+
+class AdaptiveAvgPool:
+    """``nn.AdaptiveAvgPool2d(output_size)`` of the field through its window matrix A = A_H ⊗ A_W."""
+
+    def __init__(self, output_size: tuple[int, int]) -> None:
+        if len(output_size) != 2 or not all(isinstance(o, int) and o >= 1 for o in output_size):
+            raise ValueError(f"output_size must be two ints ≥ 1, got {output_size!r}")
+        self.out = tuple(output_size)
+
+    def forward(self, x: Field) -> Field:
+        C, H, W = x.shape
+        if max(H * W, self.out[0] * self.out[1]) > _MAX_POSITIONS:
+            raise NotImplementedError(f"adaptive pool {H}×{W} → {self.out}: at most {_MAX_POSITIONS} "
+                                      f"positions a side for uneven windows")  # fmt: skip
+        self.in_hw = (H, W)
+        self.A = torch.kron(windows(H, self.out[0]), windows(W, self.out[1]))  # (Ho·Wo, H·W)
+        mean = (x.mean.reshape(C, -1) @ self.A.T).reshape(C, *self.out)
+        return from_covariance(mean, self.A @ covariance(x) @ self.A.T)
+
+    def backward(self, g: Field) -> Field:
+        C = g.shape[0]
+        K = self.A.T @ covariance(g) @ self.A
+        return from_covariance(torch.zeros((C, *self.in_hw), dtype=_DT), K)
+
+
+def avg_windows(n: int, k: int, s: int, p: int, ceil_mode: bool, count_include_pad: bool) -> torch.Tensor:
+    """(o, n): row i the weights of ``avg_pool2d``'s window i along a side of n (torch's sizes; the
+    divisor the taps inside the map, or with ``count_include_pad`` the window within the padding)."""
+    o = (n + 2 * p - k + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (o - 1) * s >= n + p:
+        o -= 1
+    A = torch.zeros((o, n), dtype=_DT)
+    for i in range(o):
+        a, b = i * s - p, min(i * s - p + k, n + p)
+        lo, hi = max(a, 0), min(b, n)
+        A[i, lo:hi] = 1.0 / ((b - a) if count_include_pad else (hi - lo))
+    return A
+
+
+class AvgPoolWindows(AdaptiveAvgPool):
+    """``nn.AvgPool2d`` in ceil mode or without ``count_include_pad`` (timm's ResNet-D shortcut
+    ``AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False)``): its window matrix A = A_H ⊗ A_W."""
+
+    def __init__(self, kernel, stride, padding, ceil_mode: bool, count_include_pad: bool) -> None:
+        self.k, self.s, self.p = kernel, stride, padding
+        self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
+
+    def forward(self, x: Field) -> Field:
+        C, H, W = x.shape
+        A_h, A_w = (avg_windows(n, k, s, p, self.ceil_mode, self.count_include_pad)
+                    for n, k, s, p in zip((H, W), self.k, self.s, self.p))  # fmt: skip
+        if max(H * W, len(A_h) * len(A_w)) > _MAX_POSITIONS:
+            raise NotImplementedError(f"avg pool of a {H}×{W} map in ceil mode or without count_include_pad: "
+                                      f"at most {_MAX_POSITIONS} positions")  # fmt: skip
+        self.in_hw, self.A = (H, W), torch.kron(A_h, A_w)
+        mean = (x.mean.reshape(C, -1) @ self.A.T).reshape(C, len(A_h), len(A_w))
+        return from_covariance(mean, self.A @ covariance(x) @ self.A.T)

@@ -1,0 +1,110 @@
+"""The rules the zoos stopped at, against Monte Carlo on Gaussian fields of known correlation as the other
+correlated rules: a max pool in ceil mode (SqueezeNet, GoogLeNet), an adaptive average pool whose windows
+overlap or repeat (AlexNet's and VGG's at 64 × 64), a channel split (ShuffleNetV2's ``x.chunk(2, 1)``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_probe_correlated import _ramp, assert_walk_holds, close, gaussian_field
+
+from gatepool.analysis.probe import correlated as cr
+
+
+@pytest.mark.parametrize("k, s, p, H", [(3, 2, 0, 10), (3, 2, 1, 10), (2, 2, 0, 9)])
+def test_max_pool_in_ceil_mode_matches_monte_carlo(k, s, p, H):
+    """The last window runs past the map's far edge: its taps there never win."""
+    x, f = gaussian_field(H=H, W=H, mean=_ramp(2, H, H, -0.5, 0.8), ell=1.2)
+    rule = cr.MaxPool((k, k), (s, s), (p, p), samples=8192, ceil_mode=True)  # win rates to ±5%
+    y = F.max_pool2d(x, k, s, p, ceil_mode=True)
+    assert y.shape[-1] > F.max_pool2d(x, k, s, p).shape[-1]  # ceil mode adds a window here
+    out = rule.forward(f)
+    assert out.shape == y.shape[1:]
+    close(out, y, rel=0.02, corr=0.03)
+    g, gf = gaussian_field(H=y.shape[-2], W=y.shape[-1], seed=3, ell=1.0)
+    xr = x.clone().requires_grad_(True)
+    (F.max_pool2d(xr, k, s, p, ceil_mode=True) * g).sum().backward()
+    close(rule.backward(gf), xr.grad, rel=0.03, corr=0.03)
+
+
+@pytest.mark.parametrize("H, out", [(2, (7, 7)), (1, (6, 6)), (5, (3, 3)), (7, (4, 6))])
+def test_adaptive_pool_with_uneven_or_repeated_windows_matches_monte_carlo(H, out):
+    """Up (2 → 7: each input read by three or four outputs), from one position, and down with windows
+    that overlap (5 → 3) or are uneven (7 → 4 × 6)."""
+    x, f = gaussian_field(H=H, W=H, mean=_ramp(2, H, H, -0.5, 0.8), var=_ramp(2, H, H, 0.5, 2.0), ell=1.2)
+    rule = cr.AdaptiveAvgPool(out)
+    xr = x.clone().requires_grad_(True)
+    y = F.adaptive_avg_pool2d(xr, out)
+    rel = 0.05 if H == 1 else 0.02  # one position repeated: the Monte Carlo variance of one value, ±2%
+    close(rule.forward(f), y.detach(), rel=rel, corr=0.02)
+    g, gf = gaussian_field(H=out[0], W=out[1], var=_ramp(2, *out, 0.3, 3.0), seed=3, ell=1.0)
+    (y * g).sum().backward()
+    close(rule.backward(gf), xr.grad, rel=0.02, corr=0.02, lags=(1, 2) if H > 2 else (1,) if H > 1 else ())
+
+
+def test_channel_slice_forward_and_backward_match_monte_carlo():
+    """Channels 1 … 3 of five (each its own mean, variance and correlation); the gradient zero elsewhere."""
+    C = 5
+    var = torch.linspace(0.3, 3.0, C, dtype=torch.float64)[:, None, None] * _ramp(C, 10, 10, 0.5, 1.5)
+    x, f = gaussian_field(C=C, mean=_ramp(C, 10, 10, -1.0, 2.0), var=var, ell=1.4)
+    rule = cr.ChannelSlice(1, 4)
+    xr = x.clone().requires_grad_(True)
+    y = xr[:, 1:4]
+    close(rule.forward(f), y.detach(), rel=0.02, corr=0.01)
+    g, gf = gaussian_field(C=3, var=_ramp(3, 10, 10, 0.3, 3.0), ell=1.0, seed=2)
+    (y * g).sum().backward()
+    back = rule.backward(gf)
+    assert float(back.var[[0, 4]].abs().max()) == 0.0 and float(xr.grad[:, [0, 4]].abs().max()) == 0.0
+    close(cr.Field(back.mean[1:4], back.var[1:4], back.corr[1:4]), xr.grad[:, 1:4], rel=0.02, corr=0.01)
+    with pytest.raises(ValueError, match="start and stop"):
+        cr.ChannelSlice(3, 1)
+
+
+class _SplitShuffle(torch.nn.Module):
+    """ShuffleNetV2's unit (the channels chunked in two, one half through a branch, cat, shuffled), a
+    GhostNet-like slice ``x[:, :c]`` of a cat (of two convs: GhostNet's second is computed from the
+    first, whose channels the state then takes as uncorrelated), a ``split`` of uneven sections, the
+    classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 48, 3, padding=1)
+        self.relu = torch.nn.ReLU()
+        nn = torch.nn
+        self.branch = nn.Sequential(nn.Conv2d(24, 24, 1), nn.BatchNorm2d(24), nn.ReLU())
+        self.shuffle = torch.nn.ChannelShuffle(2)
+        self.ghost = torch.nn.Conv2d(48, 24, 3, padding=1)
+        self.ghost2 = torch.nn.Conv2d(48, 24, 3, padding=1)
+        self.mix = torch.nn.Conv2d(40, 48, 3, padding=1)
+        self.fc = torch.nn.Linear(48, 10)
+
+    def forward(self, x):
+        x1, x2 = self.relu(self.stem(x)).chunk(2, dim=1)
+        x = self.shuffle(torch.cat((x1, self.branch(x2)), dim=1))
+        x = torch.cat([self.ghost(x), self.ghost2(x) * 0.5], dim=1)[:, :40]
+        a, b = x.split([16, 24], dim=1)
+        x = self.mix(torch.cat([b, a], 1))
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def test_the_walk_carries_splits_and_slices_forward_and_backward():
+    torch.manual_seed(0)
+    model = _SplitShuffle().double()
+    x = torch.randn(512, 3, 10, 10, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    names = ["stem", "relu", "branch.0", "branch.2", "shuffle", "ghost", "ghost2", "mix", "fc"]
+    assert_walk_holds(model, x, names)  # seed 0: 0.96–1.01 forward, 0.91–1.07 backward (CPU, torch 2.13.0)
+
+
+@pytest.mark.parametrize("k, s, p, ceil, include, H", [(2, 2, 0, True, False, 9), (3, 2, 1, False, False, 10),
+                                                       (3, 2, 1, True, True, 10)])  # fmt: skip
+def test_avg_pool_in_ceil_mode_or_without_the_padding_matches_monte_carlo(k, s, p, ceil, include, H):
+    """timm's ResNet-D shortcut (2, 2, ceil mode, count_include_pad=False on an odd map) and the others."""
+    x, f = gaussian_field(H=H, W=H, mean=_ramp(2, H, H, -0.5, 0.8), var=_ramp(2, H, H, 0.5, 2.0), ell=1.2)
+    rule = cr.AvgPoolWindows((k, k), (s, s), (p, p), ceil, include)
+    xr = x.clone().requires_grad_(True)
+    y = F.avg_pool2d(xr, k, s, p, ceil_mode=ceil, count_include_pad=include)
+    close(rule.forward(f), y.detach(), rel=0.02, corr=0.02)
+    g, gf = gaussian_field(H=y.shape[-2], W=y.shape[-1], seed=3, ell=1.0)
+    (y * g).sum().backward()
+    close(rule.backward(gf), xr.grad, rel=0.02, corr=0.02)
