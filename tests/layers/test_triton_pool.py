@@ -322,17 +322,23 @@ def test_half_precision_backward_launches_no_forward(dtype, kind, monkeypatch):
     assert launches == ["forward", "backward_shared" if kind == "attention" else "backward"]
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("kind", ["soft", "attention"])
-def test_half_precision_non_finite_windows_take_the_limits(dtype, kind):
-    """The limits in fp16/bf16 (whose stats hold the log-sum-exp, or ±inf and 1/(taps at the top)): the
-    float64 kernel's values and gradients on the same inputs, NaN where it has NaN."""
+def non_finite_windows(kind):
+    """(1, 2, 6, 6) float64 values (or scores) with windows of each limit (k = s = 2): x, scores, τ."""
     x, scores, tau = make(2, kind, shape=(1, 2, 6, 6))
     target = x if scores is None else scores
     target[0, 0, 0, 0] = float("inf")  # window (0, 0): a top of +inf
     target[0, 0, 0, 5] = float("-inf")  # −inf beside finite taps: gate 0
     target[0, 0, 4:6, 0:2] = float("-inf")  # a window of −inf only
     target[0, 0, 5, 5] = float("nan")  # NaN spoils its own window
+    return x, scores, tau
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["soft", "attention"])
+def test_half_precision_non_finite_windows_take_the_limits(dtype, kind):
+    """The limits in fp16/bf16 (whose stats hold the log-sum-exp, or ±inf and 1/(taps at the top)): the
+    float64 kernel's values and gradients on the same inputs, NaN where it has NaN."""
+    x, scores, tau = non_finite_windows(kind)
     x, scores = x.to(dtype), None if scores is None else scores.to(dtype)
     geo = pool_geometry(x, 2, 2)
     grad = torch.randn((1, 2, 3, 3), generator=torch.Generator().manual_seed(1)).to(dtype)
@@ -348,12 +354,7 @@ def test_half_precision_non_finite_windows_take_the_limits(dtype, kind):
 @pytest.mark.parametrize("kind", ["soft", "attention"])
 def test_non_finite_windows_take_the_limits(kind):
     """+inf, −inf and NaN: the plain path's outputs, and the C kernel's gradients (max pooling's limits)."""
-    x, scores, tau = make(2, kind, shape=(1, 2, 6, 6))
-    target = x if scores is None else scores
-    target[0, 0, 0, 0] = float("inf")  # window (0, 0): a top of +inf
-    target[0, 0, 0, 5] = float("-inf")  # −inf beside finite taps: gate 0
-    target[0, 0, 4:6, 0:2] = float("-inf")  # a window of −inf only
-    target[0, 0, 5, 5] = float("nan")  # NaN spoils its own window
+    x, scores, tau = non_finite_windows(kind)
     geo = pool_geometry(x, 2, 2)
     grad = torch.randn((1, 2, 3, 3), dtype=torch.float64)
     out, stats, gv, gs, gt = triton_run(x, scores, tau, geo, grad)
