@@ -325,15 +325,10 @@ class _Plan:
         self.order = (0, *range(2, geo.dim + 2), 1)
 
 
-_PLANS: dict[tuple, _Plan] = {}
-
-
+@functools.lru_cache(maxsize=1024)
 def _plan(geo: PoolGeometry, n: int, c: int, cs: int, ca: int, dtype: torch.dtype) -> _Plan:
-    key = (geo, n, c, cs, ca, dtype)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _PLANS[key] = _Plan(geo, n, c, cs, ca, dtype)
-    return plan
+    """One shape's :class:`_Plan`, made once (as the Triton launches' plans: 1024 shapes kept)."""
+    return _Plan(geo, n, c, cs, ca, dtype)
 
 
 _LAST_FORMAT = {4: torch.channels_last, 5: torch.channels_last_3d}  # channels-last memory, by t.dim()
