@@ -45,3 +45,22 @@ def test_timm_attention_is_one_step_of_the_walk():
     # all but the container ``blocks`` (an nn.Sequential the walk traces through: not one node)
     assert c.with_rule == c.modules - 1 > 30 and c.no_rule.startswith("blocks (Sequential)") and not c.error
     assert c.forward >= 0.9 * c.modules and c.backward >= 0.9 * c.modules, c
+
+
+def test_timm_norm_act_is_its_norm_then_its_activation():
+    """timm's BatchNormAct2d (a BatchNorm2d whose forward also applies its activation) predicted as the
+    same net written with nn.BatchNorm2d and nn.ReLU: the activation is not skipped."""
+    import torch
+    from timm.layers import BatchNormAct2d
+
+    from gatepool.analysis.probe.correlated import measure_input
+    from gatepool.analysis.probe.correlated_predict import predict_correlated
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+    fused = torch.nn.Sequential(conv, BatchNormAct2d(8, act_layer=torch.nn.ReLU), torch.nn.Conv2d(8, 4, 1))
+    plain = torch.nn.Sequential(conv, torch.nn.BatchNorm2d(8), torch.nn.ReLU(), fused[2])
+    stats = measure_input(torch.randn(16, 3, 8, 8))
+    a, b = predict_correlated(fused, stats, batch=16), predict_correlated(plain, stats, batch=16)
+    assert a["2"].var is not None and a["2"].var == pytest.approx(b["3"].var, rel=1e-6)  # the last conv
+    assert a["(input)"].grad_e2 == pytest.approx(b["(input)"].grad_e2, rel=1e-6)

@@ -162,6 +162,31 @@ def _attention(m: nn.MultiheadAttention):
     return cr.Attention(m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias, m.num_heads)
 
 
+class _NormAct:
+    """timm's norm-and-activation modules (``BatchNormAct2d``, ``GroupNormAct``): a norm class whose forward
+    also applies its dropout and its activation, so the norm's rule alone would skip them. The three
+    steps one after another, forward and backward."""
+
+    def __init__(self, m: nn.Module, norm) -> None:
+        rest = []
+        for part in (m.drop, m.act):
+            make = _rule(part)
+            if make is None:
+                raise NotImplementedError(f"{type(m).__name__}: no correlated rule for {type(part).__name__}")
+            rest.append(make(part))
+        self.steps = [norm, *rest]
+
+    def forward(self, x: cr.Field) -> cr.Field:
+        for step in self.steps:
+            x = step.forward(x)
+        return x
+
+    def backward(self, g: cr.Field) -> cr.Field:
+        for step in reversed(self.steps):
+            g = step.backward([g]) if isinstance(step, cr.ReLU) else step.backward(g)  # ReLU: by parts
+        return g
+
+
 def _timm_attention(m: nn.Module):
     """timm's ``Attention`` (ViT, DeiT, CaiT's blocks): its fused qkv Linear and proj, the softmax
     attention of ``nn.MultiheadAttention`` between them."""
@@ -229,6 +254,9 @@ _NAMED_RULES = {
     "torchvision.ops.stochastic_depth.StochasticDepth": _drop_path,
     "timm.layers.drop.DropPath": _drop_path,
     "timm.layers.attention.Attention": _timm_attention,
+    "timm.layers.norm_act.BatchNormAct2d": lambda m: _NormAct(m, _batchnorm(m)),
+    "timm.layers.norm_act.GroupNormAct": lambda m: _NormAct(m, _groupnorm(m)),
+    "timm.layers.norm_act.GroupNorm1Act": lambda m: _NormAct(m, _groupnorm(m)),
 }
 
 
@@ -737,8 +765,11 @@ def predict_correlated(
                     if make is None:
                         raise NotImplementedError(f"no correlated rule for {type(m).__name__}")
                     step = _in_layout(m, make(m), value[args[0]], layout)
-                    if isinstance(step, cr.BatchNorm):
-                        step.batch = batch
+                    for part in getattr(step, "steps", (step,)):  # a timm norm-and-activation: its parts
+                        if isinstance(part, cr.BatchNorm):
+                            part.batch = batch
+                        if isinstance(part, cr.ReLU):
+                            part.R = exact_lags
                     if isinstance(step, cr.Attention):  # self-attention: query, key and value one tensor
                         if len(set(args)) != 1 or layout != ("W", "C"):
                             raise NotImplementedError("attention but batch-first self-attention on tokens")
