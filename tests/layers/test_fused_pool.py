@@ -13,6 +13,7 @@ from gatepool.models import create_model
 
 pytestmark = pytest.mark.skipif(not fused_pool.available(), reason="no fused kernels here (no C compiler)")
 
+EAGER_NODE = "torch::autograd::CppNode<gatepool::SoftmaxPoolEager>"  # the eager C++ operator's node
 GEOMETRIES = [(2, 2, 0, 1, False), (3, 2, 1, 1, True), (3, 1, 1, 2, False)]
 
 
@@ -95,7 +96,7 @@ def _through(path, x, sc, tau, geo):
         if path == "op":
             m.setattr(fused_pool, "eager", lambda *args: False)
         out = fused_pool.softmax_pool(x, sc, tau, geo)
-    node = type(out.grad_fn).__name__
+    node = out.grad_fn.name()
     out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype))
     grads = [x.grad, tau.grad, None if sc is None else sc.grad]
     return node, out, out.stride(), x.grad.stride(), grads
@@ -124,7 +125,7 @@ def test_the_eager_path_is_the_op_bit_for_bit(d, geo, kind, channels_last):
             op_node, *op = _through("op", x, sc, tau, geometry)
         finally:
             torch.set_num_threads(before)
-        assert node == "_EagerSoftmaxPoolBackward" and op_node != node
+        assert node == EAGER_NODE and op_node != node
         assert eager[1:3] == op[1:3]  # strides of out and of ∂L/∂x
         for a, b in zip([eager[0], *eager[3]], [op[0], *op[3]]):
             assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
@@ -163,7 +164,7 @@ def test_double_backward_through_the_eager_path():
     tau = torch.tensor([0.7, 1.3], dtype=torch.float64, requires_grad=True)
     geometry = pool_geometry(x, 2, 3, 2, 1, 1, True)
     out = fused_pool.softmax_pool(x, None, tau, geometry)
-    assert type(out.grad_fn).__name__ == "_EagerSoftmaxPoolBackward"
+    assert out.grad_fn.name() == EAGER_NODE
     assert torch.autograd.gradgradcheck(lambda a, t: fused_pool.softmax_pool(a, None, t, geometry), (x, tau))
 
 
@@ -234,6 +235,25 @@ def test_no_compiler_warns_once_and_the_pure_pytorch_path_takes_over(tmp_path, m
     assert fused_pool.available()  # and back, for the tests after this one
 
 
+def test_no_cxx_compiler_warns_once_and_the_op_takes_the_eager_calls(tmp_path, monkeypatch):
+    """Without the C++ operator (no C++ compiler) eager CPU calls take the Python op: the same kernels."""
+    x = torch.randn(2, 3, 6, 6, requires_grad=True)
+    want = GatedPool2d(2, gate="soft")(x)
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-cxx"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    c_kernels.eager_op.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="C\\+\\+ operator.*could not be built.*take the Python op"):
+            out = GatedPool2d(2, gate="soft")(x)
+        assert not fused_pool.eager(x, None, torch.ones(1)) and fused_pool.available()
+        below = [f.name() for f, _ in out.grad_fn.next_functions if f]  # under the copy back to NCHW
+        assert any("gatepool_softmax_pool" in n for n in below) and torch.equal(out, want)
+    finally:
+        monkeypatch.undo()
+        c_kernels.eager_op.cache_clear()
+    assert fused_pool.eager(x, None, torch.ones(1))  # and back, for the tests after this one
+
+
 @pytest.mark.slow
 def test_the_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -254,16 +274,17 @@ def test_the_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
 
 
 def _altered_copy(tmp_path, old, new):
-    """A copy of the kernels' sources with ``old`` replaced by ``new`` in softmax_pool.c: its .c path."""
+    """A copy of the kernels' sources with ``old`` replaced by ``new`` in the one file that has it: the
+    copy's .c path."""
     folder = tmp_path / "kernels"
     folder.mkdir()
     for path in c_kernels.SOURCE.parent.iterdir():
         (folder / path.name).write_bytes(path.read_bytes())
-    source = folder / c_kernels.SOURCE.name
-    text = source.read_text()
+    (altered,) = [p for p in folder.iterdir() if old in p.read_text()]
+    text = altered.read_text()
     assert text.count(old) == 1
-    source.write_text(text.replace(old, new))
-    return source
+    altered.write_text(text.replace(old, new))
+    return folder / c_kernels.SOURCE.name
 
 
 def test_the_structs_match_the_c_side():

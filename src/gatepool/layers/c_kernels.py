@@ -1,4 +1,5 @@
-"""The fused soft-pool kernels for the CPU: the C build (``kernels/softmax_pool.c``) and its ctypes boundary.
+"""The fused soft-pool kernels for the CPU: the C build (``kernels/softmax_pool.c``), its ctypes boundary,
+and the C++ operator around the same kernels (``kernels/softmax_pool_op.cpp``).
 
 Build: ``cc -O3 -march=native -fno-trapping-math -fopenmp -shared`` of ``kernels/softmax_pool.c`` into
 ``~/.cache/gatepool/kernels/`` (``$XDG_CACHE_HOME`` respected), named by a hash of the source, the
@@ -6,6 +7,12 @@ compiler's version and this CPU's flags: about a second, once per machine; concu
 write a temporary file and rename it into place. Where the build fails (no compiler) one warning says
 so, and with ``GATEPOOL_KERNELS=0`` none is tried; then :func:`available` is False and the soft pools
 keep their pure-PyTorch paths.
+
+The operator ``gatepool::softmax_pool_eager`` (:func:`eager_op`: the kernels with their autograd in C++,
+the eager CPU path's one call forward and one node backward) is built beside it the same way, with
+``c++`` against the running torch's headers and libraries (its version in the name): about 20 seconds,
+once per machine and torch. Where that fails, one warning says so and the eager CPU calls take the
+Python op ``gatepool::softmax_pool`` (the same kernels, more per-call time).
 
 The C boundary is declared once on each side: the C file's structs ``gp_geometry`` and ``gp_tensors``
 are :class:`Geometry` and :class:`Tensors` here, every exported function's types are in
@@ -21,6 +28,7 @@ import platform
 import subprocess
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,9 +36,22 @@ import torch
 from gatepool.layers.windows import PoolGeometry
 from gatepool.utils.environment import cache_dir
 
-__all__ = ["DTYPES", "Tensors", "available", "build", "call", "geometry_struct", "kernel", "layout", "load"]
+__all__ = [
+    "DTYPES",
+    "Tensors",
+    "available",
+    "build",
+    "build_op",
+    "call",
+    "eager_op",
+    "geometry_struct",
+    "kernel",
+    "layout",
+    "load",
+]
 
 SOURCE = Path(__file__).with_name("kernels") / "softmax_pool.c"
+OP_SOURCE = SOURCE.with_name("softmax_pool_op.cpp")
 # -fno-trapping-math: the clamps and selects on floats may be if-converted, so the channel loops vectorize
 FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-fPIC", "-shared"]
 if platform.machine().lower() in ("x86_64", "amd64"):
@@ -50,33 +71,67 @@ def _cpu_flags() -> str:
         return ""
 
 
-def build(source: Path = SOURCE, folder: Path | None = None, cc: str | None = None) -> Path:
-    """Compile ``source`` (and the headers beside it) into ``folder`` unless it is there; the library's path.
+def _version(compiler: str) -> str:
+    return subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
 
-    Named by a hash of the sources, the compiler's version, the flags and this CPU's, so a changed source or
-    machine builds anew; each build writes a temporary file and renames it into place (concurrent builds
-    are safe). Raises OSError or subprocess.CalledProcessError where it cannot build.
-    """
-    cc = cc or os.environ.get("CC", "cc")
-    folder = folder or cache_dir() / "kernels"
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    sources = [source, *sorted(source.parent.glob("*.h"))]
-    key = hashlib.sha256(
-        b"".join(p.read_bytes() for p in sources) + (version + " ".join(FLAGS) + _cpu_flags()).encode()
-    ).hexdigest()[:16]
-    lib = folder / f"{source.stem}-{key}.so"
+
+def _cached(folder: Path, stem: str, key: bytes, make: Callable[[str], None]) -> Path:
+    """``folder/stem-HASH.so``, HASH of ``key`` (what the build depends on), made by ``make(temporary path)``
+    unless it is there: each build writes its own temporary file and renames it into place (concurrent
+    builds are safe)."""
+    lib = folder / f"{stem}-{hashlib.sha256(key).hexdigest()[:16]}.so"
     if not lib.exists():
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{lib.name}.", suffix=".tmp", dir=folder)
         os.close(fd)
         try:
-            subprocess.run([cc, *FLAGS, "-o", tmp, str(source), "-lm"], capture_output=True, text=True,
-                           check=True)  # fmt: skip
+            make(tmp)
             os.replace(tmp, lib)
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            for leftover in (tmp, tmp + ".o"):
+                if os.path.exists(leftover):
+                    os.unlink(leftover)
     return lib
+
+
+def _run(*command: str) -> None:
+    subprocess.run(command, capture_output=True, text=True, check=True)
+
+
+def build(source: Path = SOURCE, folder: Path | None = None, cc: str | None = None) -> Path:
+    """Compile ``source`` (and the headers beside it) into ``folder`` unless it is there; the library's path.
+
+    Named by a hash of the sources, the compiler's version, the flags and this CPU's, so a changed source or
+    machine builds anew. Raises OSError or subprocess.CalledProcessError where it cannot build.
+    """
+    cc = cc or os.environ.get("CC", "cc")
+    sources = [source, *sorted(source.parent.glob("*.h"))]
+    key = b"".join(p.read_bytes() for p in sources) + (_version(cc) + " ".join(FLAGS) + _cpu_flags()).encode()
+    return _cached(folder or cache_dir() / "kernels", source.stem, key,
+                   lambda tmp: _run(cc, *FLAGS, "-o", tmp, str(source), "-lm"))  # fmt: skip
+
+
+def build_op(folder: Path | None = None, cc: str | None = None, cxx: str | None = None) -> Path:
+    """Compile ``kernels/softmax_pool_op.cpp`` with the C kernels into a torch operator library for the
+    running torch (its headers, libraries and version); the library's path, as :func:`build`."""
+    from torch.utils import cpp_extension
+
+    cc, cxx = cc or os.environ.get("CC", "cc"), cxx or os.environ.get("CXX", "c++")
+    torch_lib = str(Path(torch.__file__).parent / "lib")
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+    cxx_flags = ["-O2", "-std=c++20", "-fPIC", "-shared", "-fopenmp", abi, *includes]
+    sources = [SOURCE, OP_SOURCE, *sorted(SOURCE.parent.glob("*.h"))]
+    key = b"".join(p.read_bytes() for p in sources) + " ".join(
+        [_version(cc), _version(cxx), *FLAGS, *cxx_flags, _cpu_flags(), torch.__version__, torch_lib]
+    ).encode()
+
+    def make(tmp: str) -> None:
+        _run(cc, *[f for f in FLAGS if f != "-shared"], "-c", "-o", tmp + ".o", str(SOURCE))
+        _run(cxx, *cxx_flags, "-o", tmp, str(OP_SOURCE), tmp + ".o", f"-L{torch_lib}", "-lc10", "-ltorch_cpu",
+             f"-Wl,-rpath,{torch_lib}", "-lm")  # fmt: skip
+
+    return _cached(folder or cache_dir() / "kernels", OP_SOURCE.stem, key, make)
 
 
 @functools.lru_cache(maxsize=1)
@@ -87,16 +142,33 @@ def _library() -> ctypes.CDLL | None:
     try:
         return load(build())
     except (OSError, subprocess.CalledProcessError) as e:
-        failed = isinstance(e, subprocess.CalledProcessError) and e.stderr
-        detail = e.stderr.strip().splitlines()[-1] if failed else e
-        warnings.warn(
-            f"gatepool: the fused soft-pool kernels could not be built with {os.environ.get('CC', 'cc')!r} "
-            f"({detail}); the soft pools use the pure-PyTorch paths (1.2–4× slower on tiling windows, "
-            "25–100× where windows overlap). Install a C compiler (gcc) to get them.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        _warn(e, os.environ.get("CC", "cc"), "the fused soft-pool kernels",
+              "the soft pools use the pure-PyTorch paths (1.2–4× slower on tiling windows, 25–100× where "
+              "windows overlap). Install a C compiler (gcc) to get them")  # fmt: skip
         return None
+
+
+@functools.lru_cache(maxsize=1)
+def eager_op() -> torch._ops.OpOverload | None:
+    """``torch.ops.gatepool.softmax_pool_eager.default``, its library built now if need be and loaded once;
+    None (warned once) where it cannot be built, or the C kernels are not there."""
+    if _library() is None:
+        return None
+    try:
+        torch.ops.load_library(str(build_op()))
+    except (OSError, subprocess.CalledProcessError) as e:
+        _warn(e, os.environ.get("CXX", "c++"), "the C++ operator of the fused soft-pool kernels",
+              "eager calls on the CPU take the Python op (the same kernels, tens of microseconds more a "
+              "call). Install a C++ compiler (g++) to get it")  # fmt: skip
+        return None
+    return torch.ops.gatepool.softmax_pool_eager.default
+
+
+def _warn(e: Exception, compiler: str, what: str, consequence: str) -> None:
+    lines = e.stderr.strip().splitlines() if isinstance(e, subprocess.CalledProcessError) and e.stderr else []
+    detail = next((line for line in lines if "error" in line), lines[-1]) if lines else e  # the first error
+    warnings.warn(f"gatepool: {what} could not be built with {compiler!r} ({detail}); {consequence}.",
+                  RuntimeWarning, stacklevel=4)  # fmt: skip
 
 
 # -------------------------------------------------------------------------------------- the C boundary

@@ -27,13 +27,14 @@ On CUDA the same two ops run the Triton kernels of :mod:`gatepool.layers.triton_
 below as the ops' CUDA kernels; float16/bfloat16/float32 in, computed in float32, ``stats`` in float32),
 wherever triton imports; :func:`usable` sends CUDA tensors there.
 
-Eager calls on the CPU do not go through the op: the custom op's dispatch and autograd wrappers cost tens
+Eager calls on the CPU do not go through the op: the custom op's dispatch and its Python autograd cost tens
 of microseconds a call, more than a small input's arithmetic. Where :func:`eager` holds (plain CPU tensors
 of the C kernel's dtypes; not traced by ``torch.compile`` or ``torch.jit``, under no dispatch or function
-mode, no ``torch.func`` transform), :func:`softmax_pool` calls the C kernel from an autograd Function,
-:class:`_EagerSoftmaxPool`: one ctypes call forward and one backward on the operands the op would give
-it, so the values and gradients are the op's bit for bit. The op stays what ``torch.compile``,
-``torch.export``, ``opcheck``, fake tensors and CUDA see.
+mode, no ``torch.func`` transform), :func:`softmax_pool` calls ``gatepool::softmax_pool_eager``, the same
+C kernels as a C++ operator with its autograd in C++ (``kernels/softmax_pool_op.cpp``, built by
+:func:`~gatepool.layers.c_kernels.eager_op`): one dispatcher call forward, one autograd node backward, on
+the operands the op would give the kernels, so the values and gradients are the op's bit for bit. The op
+stays what ``torch.compile``, ``torch.export``, ``opcheck``, fake tensors and CUDA see.
 
 Which function is which: :func:`_op_forward` / :func:`_op_forward_cuda` are the op's forward (its CPU and
 CUDA kernels), :func:`_op_backward` / :func:`_op_backward_cuda` the op's backward (the op
@@ -43,19 +44,19 @@ Whether a call comes here at all is :mod:`gatepool.layers.softmax_paths`' decisi
 
 The backward is the closed form ``g_j G (1 + (v_j − out)/τ)`` (see the C file), not autograd. A
 backward that must itself be differentiable (``create_graph=True``) goes through the plain path's
-autograd graph instead, so double backward works.
+autograd graph instead (the eager operator calls it as ``gatepool::softmax_pool_vjp``), so double
+backward works.
 
 The C kernel's build and its ctypes boundary are in :mod:`gatepool.layers.c_kernels`.
 
 """
 
-import ctypes
 import functools  # no ``from __future__ import annotations``: torch.library reads the ops' annotations
 
 import torch
 
 from gatepool.layers import triton_pool
-from gatepool.layers.c_kernels import DTYPES, Tensors, available, call, geometry_struct, kernel
+from gatepool.layers.c_kernels import DTYPES, available, call, eager_op, geometry_struct
 from gatepool.layers.windows import (
     PoolGeometry,
     as_dtype,
@@ -293,10 +294,10 @@ _EAGER_DTYPES = tuple(DTYPES)  # every C kernel's, checked bit for bit against t
 
 
 def eager(values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor) -> bool:
-    """May this call skip the op and run the C kernel by :class:`_EagerSoftmaxPool`: plain CPU tensors of
-    the kernel's dtypes, with nothing that must see the op (``torch.compile`` or ``torch.jit`` tracing,
-    a dispatch mode such as fake tensors or a counting mode, a function mode, tensor subclasses,
-    ``torch.func`` transforms)?"""
+    """May this call skip the op and run ``gatepool::softmax_pool_eager`` (the C++ operator of
+    :func:`~gatepool.layers.c_kernels.eager_op`): plain CPU tensors of the kernel's dtypes, with nothing
+    that must see the op (``torch.compile`` or ``torch.jit`` tracing, a dispatch mode such as fake tensors
+    or a counting mode, a function mode, tensor subclasses, ``torch.func`` transforms)?"""
     return (
         not torch.compiler.is_compiling()
         and values.is_cpu
@@ -305,101 +306,25 @@ def eager(values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor) 
         and not torch.overrides.has_torch_function_variadic(values, scores, tau)
         and not torch._C._are_functorch_transforms_active()
         and not torch._C._get_tracing_state()
-        and available()
+        and eager_op() is not None
     )
 
 
-class _Plan:
-    """What a call of the C kernel needs that depends only on the geometry, the sizes and the dtype, made
-    once: the C geometry (by reference), the two kernels, the output's and the stats' shapes, and the
-    dims' channels-last memory order ``(0, 2, …, d + 1, 1)`` (for ``torch.empty_permuted``)."""
-
-    __slots__ = ("backward", "forward", "geometry", "order", "out_shape", "stats_shape", "_struct")
-
-    def __init__(self, geo: PoolGeometry, n: int, c: int, cs: int, ca: int, dtype: torch.dtype) -> None:
-        self._struct = geometry_struct(geo, n, c, cs, ca)  # kept alive: self.geometry points into it
-        self.geometry = ctypes.byref(self._struct)
-        self.forward, self.backward = kernel("forward", dtype), kernel("backward", dtype)
-        self.out_shape = (n, c, *geo.out_size)
-        self.stats_shape = (2, n, *geo.out_size, cs)
-        self.order = (0, *range(2, geo.dim + 2), 1)
+# The eager operator's backward under create_graph=True (a gradient that must itself be differentiable):
+# autograd through the plain path, which the C++ node calls by this name. Gradients not asked for are empty.
+_vjp_library = torch.library.Library("gatepool", "FRAGMENT")
+_vjp_library.define(
+    "softmax_pool_vjp(Tensor grad_out, Tensor values, Tensor? scores, Tensor tau, int[] geometry, "
+    "bool need_values, bool need_scores, bool need_tau) -> Tensor[]"
+)
 
 
-@functools.lru_cache(maxsize=1024)
-def _plan(geo: PoolGeometry, n: int, c: int, cs: int, ca: int, dtype: torch.dtype) -> _Plan:
-    """One shape's :class:`_Plan`, made once (as the Triton launches' plans: 1024 shapes kept)."""
-    return _Plan(geo, n, c, cs, ca, dtype)
+def _vjp(grad_out, values, scores, tau, geometry, need_values, need_scores, need_tau):
+    grads = _plain_vjp(values, scores, tau, geometry, grad_out, (need_values, need_scores, need_tau))
+    return [values.new_empty(0) if g is None else g for g in grads]
 
 
-_LAST_FORMAT = {4: torch.channels_last, 5: torch.channels_last_3d}  # channels-last memory, by t.dim()
-
-
-def _in_last(t: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
-    """``t`` ``(N, C, *S)`` in channels-last memory: itself when it is there, else a copy (one call)."""
-    fmt = _LAST_FORMAT.get(t.dim())
-    if fmt is not None:
-        return t if t.is_contiguous(memory_format=fmt) else t.contiguous(memory_format=fmt)
-    return t if _channels_last_memory(t) else torch.empty_permuted(t.shape, order, dtype=t.dtype).copy_(t)
-
-
-def _pointers(*tensors: torch.Tensor | None):
-    """The kernel's :class:`~gatepool.layers.c_kernels.Tensors` argument: ``tensors``' addresses in its
-    fields' order (v, s, a, w, out, stats, gout, gv, gs, ga, gw), None where one is absent."""
-    return ctypes.byref(Tensors(*[None if t is None else t.data_ptr() for t in tensors]))
-
-
-class _EagerSoftmaxPool(torch.autograd.Function):
-    """``gatepool::softmax_pool`` and its autograd formula without the op: the C kernel called directly,
-    once forward and once backward, for eager calls on the CPU (:func:`eager`). The same kernel calls on
-    the same operands as :func:`_op_forward` and :func:`_op_backward`: the values and gradients are the
-    op's, bit for bit. ``(values, scores, tau, geo) -> out``, ``out`` in ``values``' memory format."""
-
-    @staticmethod
-    def forward(ctx, values, scores, tau, geo):
-        n, c = values.shape[:2]
-        weights = _weights(scores)
-        cs = 1 if weights else c if scores is None else scores.shape[1]
-        plan = _plan(geo, n, c, cs, tau.numel(), values.dtype)
-        v = _in_last(values, plan.order)  # (N, C, *S) in channels-last memory
-        s = v if scores is None else None if weights else _in_last(scores, plan.order)
-        w = scores if weights else None
-        a = inverse_temperature(tau, compute_dtype(values.dtype))  # a, w, stats: float32 for half values
-        out = torch.empty_permuted(plan.out_shape, plan.order, dtype=_out_dtype(values, scores))  # C last
-        stats = torch.empty(plan.stats_shape, dtype=a.dtype)
-        plan.forward(plan.geometry, _pointers(v, s, a, w, out, stats), torch.get_num_threads())
-        ctx.save_for_backward(values, scores, tau, v, s, a, out, stats)
-        ctx.plan, ctx.geo = plan, geo
-        return out if v is values else out.contiguous()
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        values, scores, tau, v, s, a, out, stats = ctx.saved_tensors
-        need_v, need_s, need_tau = ctx.needs_input_grad[:3]
-        if torch.is_grad_enabled():  # create_graph=True: the gradient needs a graph of its own
-            needs = (need_v, need_s, need_tau)
-            return (*_plain_vjp(values, scores, tau, encode(ctx.geo), grad_out, needs), None)
-        plan, threads = ctx.plan, torch.get_num_threads()
-        go = _in_last(grad_out, plan.order)
-        gv = torch.empty_permuted(v.shape, plan.order, dtype=v.dtype)
-        map_ = scores is not None and s is not None  # a score map (not s = v, not weights)
-        gs = torch.empty_permuted(s.shape, plan.order, dtype=s.dtype) if map_ else None
-        ga = a.new_zeros((threads, a.numel())) if need_tau else None
-        w = scores if scores is not None and s is None else None
-        gw = None if w is None else a.new_empty((threads, v.shape[1]))  # each thread zeroes its row
-        plan.backward(plan.geometry, _pointers(v, s, a, w, out, stats, go, gv, gs, ga, gw), threads)
-        grad_values = gv if v is values else gv.contiguous()
-        if gw is not None:
-            grad_scores = _threads_sum(gw)  # ∂L/∂w
-        else:
-            grad_scores = None if gs is None else gs if s is scores else gs.contiguous()
-        # ∂L/∂τ = −∂L/∂a / τ², in place: −((Σ ∂L/∂a) a) a is the op's (−Σ ∂L/∂a) a a, bit for bit
-        grad_tau = _threads_sum(ga).mul_(a).mul_(a).neg_() if need_tau else None
-        return grad_values, grad_scores, grad_tau, None
-
-
-def _threads_sum(t: torch.Tensor) -> torch.Tensor:
-    """The sum of the kernel's per-thread rows ``(threads, K) -> (K,)`` (the row itself for one thread)."""
-    return t[0] if t.shape[0] == 1 else t.sum(0)
+_vjp_library.impl("softmax_pool_vjp", _vjp, "CompositeImplicitAutograd")
 
 
 # --------------------------------------------------------------------------------------------- the API
@@ -424,7 +349,7 @@ def softmax_pool(
     if eager(values, scores, tau):  # score weights in the compute dtype (float32 for float16/bfloat16)
         if scores is not None:
             scores = as_dtype(scores, compute_dtype(values.dtype) if _weights(scores) else values.dtype)
-        return _EagerSoftmaxPool.apply(values, scores, tau, geo)
+        return eager_op()(values, scores, tau, encode(geo))
     # The kernel reads channels-last memory: copy an NCHW input there once, here, so that autograd
     # saves that copy for the backward (instead of the op copying it again) and copies the gradient back.
     v = _as_channels_last(values)

@@ -66,23 +66,7 @@
 #define THREAD_ID 0
 #endif
 
-/* The boundary with Python (c_kernels.py declares the same two structs as ctypes.Structure and checks
-   them against gp_layout() when it loads this library). Sizes are 3-D: 1-D and 2-D pools have leading
-   spatial sizes of 1 (kernel, stride, dilation 1, padding 0). */
-typedef struct {
-    int64_t n, c, cs, ca;            /* batch, channels, score channels (c or 1), temperatures (c or 1) */
-    int64_t in_size[3], out_size[3]; /* spatial sizes of the input and the output */
-    int64_t kernel[3], stride[3], padding[3], dilation[3];
-} gp_geometry;
-
-typedef struct { /* channels-last memory, (N, *spatial, channels); NULL where a tensor is absent */
-    const void *v, *s, *a;         /* values (.., C), scores (.., CS; s = v for soft pooling), a = 1/τ (CA) */
-    const void *w;                 /* score weights (C) or NULL: s_j = w · v_j, computed here (CS = 1, s NULL) */
-    void *out, *stats;             /* (N, *out, C), (2, N, *out, CS): the forward writes, the backward reads */
-    const void *gout;              /* ∂L/∂out (N, *out, C): the backward's */
-    void *gv, *gs, *ga;            /* ∂L/∂v, ∂L/∂s (NULL: soft pooling, into gv), ∂L/∂a (threads × CA or NULL) */
-    void *gw;                      /* ∂L/∂w (threads × C) with w: ∂L/∂s_j w goes into gv, ∂L/∂s_j v_j here */
-} gp_tensors;
+#include "softmax_pool.h"
 
 /* Every field of both structs as "struct.field offset size" lines after "struct size" ones, into buf
    (cap bytes); returns the length the whole text needs. The loader compares it with its ctypes copies. */
