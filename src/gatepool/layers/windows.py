@@ -114,9 +114,28 @@ def _out_len(size: int, k: int, s: int, p: int, dl: int, ceil_mode: bool) -> int
     return out
 
 
+class _derived:
+    """``functools.cached_property`` without its lock (Python 3.11's, which ``torch.compile`` cannot enter):
+    the value is worked out at the first read and kept in the instance's ``__dict__``, where later reads
+    find it before this descriptor."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.name, self.__doc__ = fn, fn.__name__, fn.__doc__
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
+
 @dataclass(frozen=True)
 class PoolGeometry:
-    """Where the windows of one pooling call lie (all tuples have one entry per spatial dimension)."""
+    """Where the windows of one pooling call lie (all tuples have one entry per spatial dimension).
+
+    What is derived from the fields is worked out once per instance (:class:`_derived`): a pool's geometry
+    is made once per shape (:func:`pool_geometry`) and asked again at every call.
+    """
 
     kernel_size: tuple[int, ...]
     stride: tuple[int, ...]
@@ -127,20 +146,28 @@ class PoolGeometry:
     out_size: tuple[int, ...]
     batched: bool
 
+    def __hash__(self) -> int:  # the kernels' caches ask it at every call: the fields' hash, once
+        return self._hash
+
+    @_derived
+    def _hash(self) -> int:
+        return hash((self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode, self.in_size,
+                     self.out_size, self.batched))  # fmt: skip
+
     @property
     def dim(self) -> int:
         return len(self.kernel_size)
 
-    @property
+    @_derived
     def window_size(self) -> int:  # K
         return math.prod(self.kernel_size)
 
-    @property
+    @_derived
     def span(self) -> tuple[int, ...]:
         """How far one window reaches: dl·(k − 1) + 1 positions."""
         return tuple(dl * (k - 1) + 1 for k, dl in zip(self.kernel_size, self.dilation))
 
-    @property
+    @_derived
     def pad_right(self) -> tuple[int, ...]:
         """Right padding that makes the last window fit (negative: trailing inputs no window reads)."""
         return tuple(
@@ -148,12 +175,12 @@ class PoolGeometry:
             for o, s, w, p, n in zip(self.out_size, self.stride, self.span, self.padding, self.in_size)
         )
 
-    @property
+    @_derived
     def has_padding(self) -> bool:
         """Does some window read a position outside the input?"""
         return any(self.padding) or any(r > 0 for r in self.pad_right)
 
-    @property
+    @_derived
     def has_empty_windows(self) -> bool:
         """Does some window read no input position at all (possible only with dilation and padding)?
 
@@ -170,7 +197,7 @@ class PoolGeometry:
             for o in range(out)
         )
 
-    @property
+    @_derived
     def tiles(self) -> bool:
         """Do the windows tile (a crop of) the input: stride = kernel, no dilation, nothing padded?"""
         return self.stride == self.kernel_size and max(self.dilation) == 1 and not self.has_padding

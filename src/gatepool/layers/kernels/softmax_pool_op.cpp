@@ -44,20 +44,80 @@ std::pair<Forward, Backward> kernels(at::ScalarType t) {
     }
 }
 
+/* Is t (N, C, *S) dense in channels-last memory, t.movedim(1, -1).is_contiguous()? From its strides. */
+bool channels_last_memory(const at::Tensor &t) {
+    int64_t expected = 1;
+    auto dense = [&](int64_t i) {
+        if (t.size(i) != 1 && t.stride(i) != expected) return false;
+        expected *= t.size(i);
+        return true;
+    };
+    if (!dense(1)) return false;
+    for (int64_t i = t.dim() - 1; i >= 2; --i)
+        if (!dense(i)) return false;
+    return dense(0);
+}
+
+/* Up to this many elements a layout change is a plain loop here: at::Tensor::contiguous costs a small
+   tensor more than its copy (the per-call cost of a small pool); above it, ATen's parallel copy. */
+constexpr int64_t SMALL = 1 << 15;
+
+/* dst[n][s][c] = src[n][c][s] (to_last) or the reverse, for contiguous (N, C, S) / (N, S, C) memory. */
+template <typename E>
+void transpose(const E *src, E *dst, int64_t n, int64_t c, int64_t s, bool to_last) {
+    for (int64_t b = 0; b < n; ++b, src += c * s, dst += c * s)
+        for (int64_t i = 0; i < c; ++i)
+            for (int64_t j = 0; j < s; ++j) {
+                if (to_last) dst[j * c + i] = src[i * s + j];
+                else dst[i * s + j] = src[j * c + i];
+            }
+}
+
+void transpose(const at::Tensor &src, at::Tensor &dst, bool to_last) {
+    const int64_t n = src.size(0), c = to_last ? src.size(1) : src.size(-1), s = src.numel() / std::max<int64_t>(n * c, 1);
+    switch (src.element_size()) {
+    case 2: transpose((const int16_t *)src.data_ptr(), (int16_t *)dst.data_ptr(), n, c, s, to_last); break;
+    case 4: transpose((const int32_t *)src.data_ptr(), (int32_t *)dst.data_ptr(), n, c, s, to_last); break;
+    default: transpose((const int64_t *)src.data_ptr(), (int64_t *)dst.data_ptr(), n, c, s, to_last);
+    }
+}
+
 /* (N, C, *S) as channels-last memory (N, *S, C), contiguous: a view where it is there already. */
 at::Tensor last(const at::Tensor &t) {
     at::Tensor m = t.movedim(1, -1);
-    return m.is_contiguous() ? m : m.contiguous();
+    if (channels_last_memory(t)) return m;
+    if (t.numel() > SMALL || !t.is_contiguous()) return m.contiguous();
+    at::Tensor out = at::empty(m.sizes(), t.options());
+    transpose(t, out, true);
+    return out;
 }
 
 /* Kernel layout (N, *S, C) back to (N, C, *S), in like's memory format. */
 at::Tensor like(const at::Tensor &y, const at::Tensor &like) {
     at::Tensor out = y.movedim(-1, 1);
-    return like.movedim(1, -1).is_contiguous() ? out : out.contiguous();
+    if (channels_last_memory(like)) return out;
+    if (y.numel() > SMALL) return out.contiguous();
+    at::Tensor dense = at::empty(out.sizes(), y.options());
+    transpose(y, dense, false);
+    return dense;
 }
 
 /* The per-thread rows (threads, K) summed: (K). */
 at::Tensor threads_sum(const at::Tensor &t) { return t.size(0) == 1 ? t.select(0, 0) : t.sum(0); }
+
+/* a = 1/τ (CA) in the compute type t: an IEEE division per entry, as at::reciprocal's. */
+at::Tensor inverse(const at::Tensor &tau, at::ScalarType t) {
+    const at::Tensor tt = tau.scalar_type() == t && tau.is_contiguous() ? tau : tau.to(t).contiguous();
+    at::Tensor a = at::empty({tt.numel()}, tt.options());
+    if (t == at::kDouble) {
+        const double *p = tt.data_ptr<double>();
+        for (int64_t i = 0; i < tt.numel(); ++i) a.data_ptr<double>()[i] = 1.0 / p[i];
+    } else {
+        const float *p = tt.data_ptr<float>();
+        for (int64_t i = 0; i < tt.numel(); ++i) a.data_ptr<float>()[i] = 1.0f / p[i];
+    }
+    return a;
+}
 
 /* The C geometry of fused_pool.encode's list, for values (N, C, *S) with cs score channels and ca temperatures. */
 gp_geometry decode(at::IntArrayRef geometry, const at::Tensor &values, int64_t cs, int64_t ca) {
@@ -94,7 +154,7 @@ struct Pool {
         return {decode(geometry, values, cs, tau.numel()), v,
                 !scores.has_value() ? v : weights ? at::Tensor() : last(*scores),
                 weights ? scores->contiguous() : at::Tensor(),
-                tau.to(compute_type(values.scalar_type())).reshape(-1).reciprocal()};
+                inverse(tau, compute_type(values.scalar_type()))};
     }
 
     at::ScalarType out_type() const { return w.defined() ? a.scalar_type() : v.scalar_type(); }
