@@ -12,7 +12,10 @@ ASSUMPTIONS (the approximation, stated once): the centred field is a variance en
 stationary correlation ρ (ρ does not depend on the position); channels are uncorrelated (as in
 neural-tangents: cross-channel covariance 0; the input's own channels are made so, :func:`measure_input`);
 every value is Gaussian given its mean and variance where a nonlinear rule needs a distribution (but for
-the two shapes carried: a max pool of a ReLU's output, the ReLU of a residual sum b + ReLU(y)).
+the two shapes carried: a max pool of a ReLU's output, the ReLU of a residual sum b + ReLU(y); and the
+pointwise rules take a skewness and excess kurtosis where a conv of few inputs carries them, γ₁ and γ₂
+per position (``Field.skew``, ``kurt``), through the Gram–Charlier density; the taps of a conv are
+independent in its cumulants, and the joint law of two positions stays Gaussian).
 ``T(c, e) = Σ_p Cov(x_p, x_{p+e})``, the sum over the valid pairs, is what linear rules move;
 ``ρ = T / Σ_p √(v_p v_{p+e})`` turns it back into the state.
 

@@ -7,6 +7,9 @@ conv      mean  m_out = conv(m, W) + b
                 Σ_i Σ_d A[o,i,d] T_i(sΔ + d), A[o,i,d] = Σ_u W[o,i,u] W[o,i,u+d]: the filter's
                 autocorrelation)
           back  v_g,in = Σ_Δ convᵀ(Q_Δ, W(u) W(u − sΔ)), the lags the same sum over tap pairs (A(−d))
+          shape κ₃,out = conv(κ₃, W³), κ₄,out = conv(κ₄, W⁴) (κ₃ = γ₁ v^{3/2}, κ₄ = γ₂ v²: the cumulants
+                of a weighted sum of independent taps), where the input carries them; the taps'
+                joint cumulants are left out (a depthwise conv's inputs at init: nearly independent)
 avg pool  a conv with the box filter (adaptive and global pools too: every position-mean pattern kept)
 """
 
@@ -132,7 +135,22 @@ class Conv:
         U = U[:, :n].reshape(Co, *size)
         T = U + U.flip((-2, -1))
         T[:, Ho - 1, Wo - 1] = var.sum((1, 2))
-        return _field_from_sums(mean, var, T)
+        return self._shape(x, _field_from_sums(mean, var, T))
+
+    def _shape(self, x: Field, out: Field) -> Field:
+        """``out`` with its skewness and excess kurtosis, the taps taken independent:
+        κ₃ = conv(γ₁ v^{3/2}, W³), κ₄ = conv(γ₂ v², W⁴) (zero padding: a constant, no cumulant)."""
+        if x.skew is None and x.kurt is None:
+            return out
+        v = x.var.clamp_min(0)
+        ok = out.var > 1e-300
+        den = torch.where(ok, out.var, torch.ones_like(out.var))
+        shape = {}
+        for key, gamma, k in (("skew", x.skew, 3), ("kurt", x.kurt, 4)):
+            if gamma is not None:
+                kappa = F.conv2d((gamma * v ** (k / 2))[None], self.W**k, None, self.stride, self.padding)[0]
+                shape[key] = torch.where(ok, kappa / den ** (k / 2), 0.0)
+        return replace(out, **shape)
 
     def backward(self, g: Field) -> Field:
         x, (Co, Ci, kh, kw), (sh, sw), (ph, pw) = self.x, self.W.shape, self.stride, self.padding

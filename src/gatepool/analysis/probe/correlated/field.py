@@ -6,6 +6,9 @@
 
     Cov(x_cp, x_c'q) = δ_cc' · √(v_cp v_cq) · ρ_c(q − p)
 
+and, where a rule knows it, the law's shape at each position: its skewness γ₁ = κ₃/v^{3/2} and excess
+kurtosis γ₂ = κ₄/v² (None: 0, a Gaussian given its mean and variance).
+
 ``T(c, e) = Σ_p Cov(x_p, x_{p+e})``, the sum over the valid pairs, is what linear rules move;
 ``ρ = T / Σ_p √(v_p v_{p+e})`` turns it back into the state.
 """
@@ -39,6 +42,13 @@ class Field:
     ``components`` (the input only, optional): (mix (C, r), z) with x − m = mix (z − m_z) at every
     position and z's r channels uncorrelated (:func:`measure_input`): a conv on x folds mix into its
     weights and takes z, where the per-channel state of x would drop the channels' covariance.
+    ``skew``, ``kurt`` (values only, optional): the standardized third and fourth cumulants per position
+    (C, H, W), γ₁ = κ₃/v^{3/2} and the excess γ₂ = κ₄/v²; None is 0, a Gaussian. A pointwise rule
+    sets them (the moments of f under its input's law), a conv sums them (κ of a weighted sum of
+    independent taps: Σ w³ κ₃, Σ w⁴ κ₄), a norm's affine map keeps them (γ₁'s sign flipped with γ's),
+    and the pointwise rules read them (the Gram–Charlier density, :mod:`pointwise`); every other rule
+    drops them. A depthwise conv sums nine rectified inputs with one channel's weights: its output is
+    skewed (γ₁ ≈ ±0.5), and the activation after its norm is not that of a Gaussian.
     """
 
     mean: torch.Tensor
@@ -49,6 +59,8 @@ class Field:
     parts: tuple[Field, object] | None = field(default=None, repr=False)
     stream_gate: torch.Tensor | None = field(default=None, repr=False)
     components: tuple[torch.Tensor, Field] | None = field(default=None, repr=False)
+    skew: torch.Tensor | None = field(default=None, repr=False)
+    kurt: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:

@@ -15,6 +15,8 @@ BatchNorm train: µ_c, σ_c² over the batch and the positions (the variance plu
           batch; with the batch size B, GroupNorm's rule with one channel a group over S = B samples:
           the projections take E[g²]/B of a gradient that is constant over the positions (the
           gradient from a global pool is), and E[1/σ_b²] grows as B·H·W shrinks
+Both keep the input's skewness and excess kurtosis (``Field.skew``, ``kurt``): an affine map per channel
+(γ₁'s sign flips with γ's).
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ from __future__ import annotations
 import torch
 
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
+
+
+def _shape(x: Field, scale: torch.Tensor) -> dict:
+    """The skewness and excess kurtosis through y = a_c x + b (``Field.skew``'s sign is a_c's)."""
+    out = {"kurt": x.kurt}
+    if x.skew is not None:
+        out["skew"] = x.skew * torch.sign(scale)[:, None, None]
+    return out
 
 
 class GroupNorm:
@@ -86,6 +96,7 @@ class GroupNorm:
             gam[:, None, None] * self.xhat.mean + bet[:, None, None],
             gam[:, None, None] ** 2 * self.xhat.var,
             self.xhat.corr,
+            **_shape(x, gam),
         )
 
     def backward(self, g: Field) -> Field:
@@ -161,7 +172,7 @@ class BatchNorm:
         a = (torch.ones(C, dtype=_DT) if self.gamma is None else self.gamma) / sigma2.clamp_min(1e-300).sqrt()
         b = (torch.zeros(C, dtype=_DT) if self.beta is None else self.beta) - a * mu
         self.a = a[:, None, None]  # (C, 1, 1)
-        return Field(self.a * x.mean + b[:, None, None], self.a**2 * x.var, x.corr)
+        return Field(self.a * x.mean + b[:, None, None], self.a**2 * x.var, x.corr, **_shape(x, a))
 
     def backward(self, g: Field) -> Field:
         if self.norm is not None:
