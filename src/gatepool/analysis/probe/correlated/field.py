@@ -39,6 +39,8 @@ class Field:
     ``components`` (the input only, optional): (mix (C, r), z) with x − m = mix (z − m_z) at every
     position and z's r channels uncorrelated (:func:`measure_input`): a conv on x folds mix into its
     weights and takes z, where the per-channel state of x would drop the channels' covariance.
+    ``law`` (optional): the law per position where it is not normal (:class:`normal.Law` atoms
+    (C, H, W, K)), the positions joined by a Gaussian copula of this stencil (:mod:`law`).
     """
 
     mean: torch.Tensor
@@ -49,6 +51,7 @@ class Field:
     parts: tuple[Field, object] | None = field(default=None, repr=False)
     stream_gate: torch.Tensor | None = field(default=None, repr=False)
     components: tuple[torch.Tensor, Field] | None = field(default=None, repr=False)
+    law: object | None = field(default=None, repr=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:
