@@ -779,6 +779,8 @@ def predict_correlated(
                         value[n] = step.forward(value[args[0]], pre=before.x)
                     else:
                         value[n] = step.forward(value[args[0]])
+                    if isinstance(step, cr.Conv) and value[args[0]].law is not None:  # a sparse input's law
+                        value[n].law = cr.conv_law(value[args[0]], step, value[n])
                     steps[n] = step
                 elif n.op != "call_module" and (make := _RULES.lookup(n.target)) is not None:
                     if len(args) != 1:
@@ -802,6 +804,8 @@ def predict_correlated(
                     if r is not None:  # b + ReLU(y): a ReLU after it takes the skewed sum's moments
                         stream = steps[args[r]].law
                         value[n] = dataclasses.replace(value[n], parts=(value[args[1 - r]], stream))
+                    else:  # a field with a law (a pool's, a norm's) and a normal: the sum's law
+                        value[n] = dataclasses.replace(value[n], law=cr.sum_law(*(value[a] for a in args)))
                     steps[n] = _Add(r)
                 elif n.target in _CATS and layout == ("W", "C"):  # along the tokens, constants too
                     dim = n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else 0)

@@ -27,6 +27,8 @@ The rules, each from the module's actual weights, one file each (its equations i
     relu.py     ReLU (and of the residual sum b + ReLU(y))
     pointwise.py  any other activation (ReLU6, SiLU, GELU, Hardswish, Hardsigmoid, sigmoid, tanh)
     maxpool.py  max pool (window draws, Clark's recursion)
+    law.py      the law of a field that is not normal (atoms per position, a Gaussian copula): a sparse
+                input's, through the first conv, the max pools, the norms, the adds, into the ReLUs
     norms.py    GroupNorm, BatchNorm
     add.py      residual adds, the sum of two gradients
     linear.py   linear on (C, 1, 1) features
@@ -55,6 +57,7 @@ from gatepool.analysis.probe.correlated.conv import Conv, autocorr, box_conv
 from gatepool.analysis.probe.correlated.dropout import Dropout
 from gatepool.analysis.probe.correlated.field import Field, neighbour_corr, unit_noise, xcorr
 from gatepool.analysis.probe.correlated.gate import Gate
+from gatepool.analysis.probe.correlated.law import conv_law, latent_corr, sum_law
 from gatepool.analysis.probe.correlated.layernorm import LayerNorm
 from gatepool.analysis.probe.correlated.linear import Linear
 from gatepool.analysis.probe.correlated.maxpool import MaxPool, clark_max
@@ -107,7 +110,9 @@ __all__ = [
     "bivariate_relu",
     "box_conv",
     "clark_max",
+    "conv_law",
     "hermite_coefficients",
+    "latent_corr",
     "measure_field",
     "measure_fields",
     "measure_input",
@@ -118,6 +123,7 @@ __all__ = [
     "relu_law",
     "Law",
     "relu_series_maps",
+    "sum_law",
     "unit_noise",
     "xcorr",
 ]

@@ -49,6 +49,8 @@ class Field:
     and the pointwise rules read them (the Gram–Charlier density, :mod:`pointwise`); every other rule
     drops them. A depthwise conv sums nine rectified inputs with one channel's weights: its output is
     skewed (γ₁ ≈ ±0.5), and the activation after its norm is not that of a Gaussian.
+    ``law`` (optional): the law per position where it is not normal (:class:`normal.Law` atoms
+    (C, H, W, K)), the positions joined by a Gaussian copula of this stencil (:mod:`law`).
     """
 
     mean: torch.Tensor
@@ -61,6 +63,7 @@ class Field:
     components: tuple[torch.Tensor, Field] | None = field(default=None, repr=False)
     skew: torch.Tensor | None = field(default=None, repr=False)
     kurt: torch.Tensor | None = field(default=None, repr=False)
+    law: object | None = field(default=None, repr=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:

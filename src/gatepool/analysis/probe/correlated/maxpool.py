@@ -28,7 +28,8 @@ from gatepool.analysis.probe.correlated.field import (
     lags_of,
     spectra,
 )
-from gatepool.analysis.probe.correlated.normal import _cdf, _pdf
+from gatepool.analysis.probe.correlated.law import latent_corr, levels, quantile, quantile_law, reshaped
+from gatepool.analysis.probe.correlated.normal import Law, _cdf, _pdf
 
 
 def clark_max(mu1, v1, mu2, v2, c):
@@ -54,9 +55,11 @@ def _base_draws(samples: int, dim: int, seed: int, blocks: int = 32) -> torch.Te
     return torch.linalg.solve_triangular(L, z.transpose(1, 2), upper=False).float().contiguous()
 
 
-def _draw_windows(mu: torch.Tensor, sd: torch.Tensor, R: torch.Tensor, base: torch.Tensor, groups, stats):
+def _draw_windows(mu: torch.Tensor, sd: torch.Tensor, R: torch.Tensor, base: torch.Tensor, groups, stats,
+                  law=None):  # fmt: skip
     """Per window the mean over draws x ~ N(mu, D R D), D = diag(sd), of each statistic of the draws'
-    maxima over groups of taps that ``stats`` returns.
+    maxima over groups of taps that ``stats`` returns; with ``law`` (atoms, cumulative masses), each
+    (d, w, K) float32, the taps' laws, x = Q(Φ(L z)) instead, R the copula's latent correlation.
 
     mu, sd (w, d) float64, the windows channel by channel (w / C each); R (C, d, d) the taps'
     correlation, one per channel (the stencil is stationary: only the envelope sd differs between a
@@ -85,6 +88,9 @@ def _draw_windows(mu: torch.Tensor, sd: torch.Tensor, R: torch.Tensor, base: tor
             Zt = Z if t % blocks == 0 else Z[:t]  # (r, d, samples)
 
             def draw(j, i=i, t=t, q=q, r=r, Zt=Zt):  # tap j of the chunk's windows: (t, samples)
+                if law is not None:
+                    z = Zt[:, j].expand(q, -1, -1).reshape(t, -1)
+                    return quantile(law[0][j, i : i + t], law[1][j, i : i + t], z)
                 m, s = mu_f[i : i + t, j].reshape(q, r, 1), sd_f[i : i + t, j].reshape(q, r, 1)
                 return torch.mul(Zt[:, j], s).add_(m).reshape(t, -1)  # (a broadcast addcmul is 3× slower)
 
@@ -201,6 +207,16 @@ class MaxPool:
         pad = (pw, pw + ew, ph, ph + eh)
         return F.pad(x.mean, pad, value=_PAD), F.pad(s, pad)
 
+    def _padded_law(self, x: Field):
+        """The law's atoms padded with :data:`_PAD` (its cumulative masses with 1): (C, H', W', K) each,
+        float32, as :meth:`_padded`; None without a law."""
+        if x.law is None:
+            return None
+        (ph, pw) = self.p
+        _, (eh, ew) = self._out(*x.shape[1:])
+        pad = (0, 0, pw, pw + ew, ph, ph + eh)
+        return (F.pad(x.law.x, pad, value=_PAD).float(), F.pad(x.law.w.cumsum(-1), pad, value=1.0).float())
+
     def _taps(self, f: torch.Tensor, Ho, Wo):
         (kh, kw), (sh, sw) = self.k, self.s
         return [
@@ -221,36 +237,46 @@ class MaxPool:
             if dh > 0 or dw > 0
         ]
 
-    def _monte_carlo(self, m, sd, R, rect: bool):
-        """Per window (mean, Var, [P(tap j wins)], [w̃_j]) from draws of N(m, D R D); m, sd (n, C, …) the
-        taps' means and sds, R (C, n, n) their correlation; ``rect``: the max is rectified (see the
-        class)."""
+    def _monte_carlo(self, m, sd, R, rect: bool, law=None):
+        """Per window (mean, Var, [P(tap j wins)], [w̃_j], the max's law or None) from draws of
+        N(m, D R D); m, sd (n, C, …) the taps' means and sds, R (C, n, n) their correlation; ``rect``:
+        the max is rectified (see the class); ``law``: the taps' atoms and cumulative masses (n, C, …, K)
+        each, drawn by the copula of latent correlation R, and the max's law returned."""
         n, shape = len(m), m[0].shape
         mu = torch.stack(m).reshape(n, -1).T  # (windows, n)
         sds = torch.stack(sd).reshape(n, -1).T
+        if law is not None:
+            law = tuple(torch.stack(t).flatten(1, -2) for t in law)  # (n, windows, K)
 
         def stats(found, mus):
             ((top, last),) = found
             w, wt = _wins(top, last, _first_tap(mus) if rect else None, n)
             out = top.clamp_min(0) if rect else top
             e1, e2 = out.mean(1, dtype=_DT), (out * out).mean(1, dtype=_DT)  # float64 sums
-            return e1, e2, _counts(w, n), _counts(wt, n + 1)[:, :n]
+            atoms = quantile_law(out).x if law is not None else e1[:, None]
+            return e1, e2, _counts(w, n), _counts(wt, n + 1)[:, :n], atoms
 
         base = _base_draws(self.samples, n, self.seed)
-        mean, e2, w, wt = _draw_windows(mu, sds, R, base, [(0, n)], stats)
+        mean, e2, w, wt, atoms = _draw_windows(mu, sds, R, base, [(0, n)], stats, law)
         var = (e2 - mean * mean).clamp_min(0)
+        out_law = None
+        if law is not None:
+            atoms = atoms.reshape(*shape, -1)
+            out_law = Law(atoms, levels(atoms.shape[-1]).diff().expand_as(atoms).contiguous())
         return (
             mean.reshape(shape),
             var.reshape(shape),
             list(w.T.reshape(n, *shape)),
             list(wt.T.reshape(n, *shape)),
+            out_law,
         )
 
-    def _joint(self, mp, sp, corr, dh: int, dw: int, Ho: int, Wo: int, rect: bool):
+    def _joint(self, mp, sp, corr, dh: int, dw: int, Ho: int, Wo: int, rect: bool, law=None):
         """Windows P and P + Δ drawn together: (Σ_P Cov(M_P, M_{P+Δ}) (C,), J and J̃ (n, n, C, h, w): the
         probability that tap j wins P and tap l wins P + Δ, as torch picks them and through the
         pre-activation, :func:`_wins`) over the valid P; ``mp``, ``sp`` the padded mean and sd maps
-        (:meth:`_padded`), ``corr`` the input's stencil."""
+        (:meth:`_padded`), ``corr`` the input's stencil (the copula's latent one with ``law``, the padded
+        law :meth:`_padded_law`)."""
         (kh, kw), (sh, sw) = self.k, self.s
         offs = [(a, b) for a in range(kh) for b in range(kw)]
         n = len(offs)
@@ -264,6 +290,12 @@ class MaxPool:
 
         mu = torch.stack([view(m, j) for j in range(2 * n)], -1)  # (C, h, w, 2n)
         sds = torch.stack([view(sd, j) for j in range(2 * n)], -1)
+        if law is not None:
+            law = tuple(
+                torch.stack([view(lt, j) for j in range(2 * n)]).reshape(2 * n, -1, t.shape[-1])
+                for t in law
+                for lt in [self._taps(t, Ho, Wo)]
+            )  # (2n, windows, K)
         rho = torch.stack(
             [
                 torch.stack([_at_lag(corr, P[l][0] - P[j][0], P[l][1] - P[j][1]) for l in range(2 * n)], -1)
@@ -286,7 +318,7 @@ class MaxPool:
         base = _base_draws(self.samples // 4, 2 * n, self.seed + 1)
         groups = [(0, n), (n, 2 * n)]
         ab, a, b, J, Jt = _draw_windows(
-            mu.reshape(-1, 2 * n), sds.reshape(-1, 2 * n), rho, base, groups, stats
+            mu.reshape(-1, 2 * n), sds.reshape(-1, 2 * n), rho, base, groups, stats, law
         )
         cov = (ab - a * b).reshape(shape).sum((1, 2))
         J, Jt = (t.reshape(*shape, n, n).permute(3, 4, 0, 1, 2) for t in (J, Jt))
@@ -304,6 +336,9 @@ class MaxPool:
         (Ho, Wo), _ = self._out(H, W)
         mp, sp = self._padded(src)  # (C, H + 2p, W + 2p): padded taps never win, their sd is 0
         m, sd = self._taps(mp, Ho, Wo), self._taps(sp, Ho, Wo)
+        law = self._padded_law(src) if self.method == "mc" else None
+        # with a law, the draws' correlation is the copula's latent one (law.py)
+        rz = src.corr if law is None else latent_corr(src.law, src.corr)
         offs = [(a, b) for a in range(kh) for b in range(kw)]
         n = len(offs)
 
@@ -314,12 +349,13 @@ class MaxPool:
         if self.method == "mc":
             R = torch.stack(
                 [
-                    torch.stack([_at_lag(src.corr, a2 - a1, b2 - b1) for a2, b2 in offs], -1)
+                    torch.stack([_at_lag(rz, a2 - a1, b2 - b1) for a2, b2 in offs], -1)
                     for a1, b1 in offs
                 ],
                 -2,
             )  # (C, n, n): the taps' correlation
-            mu, var, w, wt = self._monte_carlo(m, sd, R, rect)
+            taps_law = None if law is None else (self._taps(law[0], Ho, Wo), self._taps(law[1], Ho, Wo))
+            mu, var, w, wt, out_law = self._monte_carlo(m, sd, R, rect, taps_law)
         else:
             mu, var = m[0], sd[0] ** 2
             w = [torch.ones_like(mu)] + [torch.zeros_like(mu) for _ in range(n - 1)]
@@ -327,7 +363,7 @@ class MaxPool:
                 c = sum(w[j] * cov(j, l) for j in range(l))
                 mu, var, p, q = clark_max(mu, var, m[l], sd[l] ** 2, c)
                 w = [wj * p for wj in w[:l]] + [q] + w[l + 1 :]
-            wt = w
+            wt, out_law = w, None
         self.w, self.wt, self.offs, self.out_hw = w, wt, offs, (Ho, Wo)
         # T_out(Δ) = Σ_{j,l} ρ(sΔ + l − j) Σ_P U_j(P) U_l(P + Δ),  U_j = w̃_j √v(tap j)
         # the pair (l, j) is (j, l) at −Δ: the pairs l ≥ j (j = l halved), then T = V(Δ) + V(−Δ)
@@ -344,12 +380,13 @@ class MaxPool:
         self.joint, self.joint_t = {}, {}
         if self.method == "mc":  # the neighbouring windows drawn jointly: their covariance, joint wins
             for dh, dw in self.neighbours(Ho, Wo):
-                cov_ab, J, Jt = self._joint(mp, sp, src.corr, dh, dw, Ho, Wo, rect)
+                cov_ab, J, Jt = self._joint(mp, sp, rz, dh, dw, Ho, Wo, rect, law)
                 self.joint[(dh, dw)], self.joint_t[(dh, dw)] = J, Jt
                 T[:, Ho - 1 + dh, Wo - 1 + dw] = cov_ab
                 T[:, Ho - 1 - dh, Wo - 1 - dw] = cov_ab
         T[:, Ho - 1, Wo - 1] = var.sum((1, 2))
-        return _field_from_sums(mu, var, T)
+        out_law = None if out_law is None else reshaped(out_law, mu, var)  # the bins' spread given back
+        return replace(_field_from_sums(mu, var, T), law=out_law)
 
     def backward(self, g: Field) -> Field:
         out = self._grad(g, self.w, self.joint)

@@ -42,10 +42,13 @@ def relu_moments_map(m: torch.Tensor, v: torch.Tensor):
 
 @dataclass(frozen=True)
 class Law:
-    """The law of a ReLU's output per position, as atoms: values ``x`` (..., n) ≥ 0 with masses ``w``
-    (..., n) summing to 1 (``x[..., 0] = 0`` carries P(output = 0)). A residual stream
+    """A law per position as atoms: sorted values ``x`` (..., n) with masses ``w`` (..., n) summing to 1.
+
+    A ReLU's output: ``x`` ≥ 0, ``x[..., 0] = 0`` carrying P(output = 0). A residual stream
     z_k = b_k + ReLU(z_{k−1}) is not normal past its first block (each ReLU skews it); its law is
-    carried exactly, block to block, as these atoms (:func:`relu_of_sum_law`)."""
+    carried exactly, block to block, as these atoms (:func:`relu_of_sum_law`). A field that is not
+    normal given its position (a sparse input, its first conv, a max pool of it: ``Field.law``,
+    :mod:`law`) carries its law per position so."""
 
     x: torch.Tensor
     w: torch.Tensor

@@ -24,6 +24,15 @@ from __future__ import annotations
 import torch
 
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
+from gatepool.analysis.probe.correlated.law import reshaped
+
+
+def _carry_law(x: Field, out: Field) -> Field:
+    """``out`` with ``x``'s law (if any) moved to its mean and variance (the norm's affine map)."""
+    if x.law is None:
+        return out
+    out.law = reshaped(x.law, out.mean, out.var)
+    return out
 
 
 def _shape(x: Field, scale: torch.Tensor) -> dict:
@@ -92,12 +101,13 @@ class GroupNorm:
         self.xhat = _field_from_sums(xhat_m, var / s2, Tc / s2)
         gam = torch.ones(C, dtype=_DT) if self.gamma is None else self.gamma
         bet = torch.zeros(C, dtype=_DT) if self.beta is None else self.beta
-        return Field(
+        out = Field(
             gam[:, None, None] * self.xhat.mean + bet[:, None, None],
             gam[:, None, None] ** 2 * self.xhat.var,
             self.xhat.corr,
             **_shape(x, gam),
         )
+        return _carry_law(x, out)
 
     def backward(self, g: Field) -> Field:
         C, H, W = g.shape
@@ -172,7 +182,9 @@ class BatchNorm:
         a = (torch.ones(C, dtype=_DT) if self.gamma is None else self.gamma) / sigma2.clamp_min(1e-300).sqrt()
         b = (torch.zeros(C, dtype=_DT) if self.beta is None else self.beta) - a * mu
         self.a = a[:, None, None]  # (C, 1, 1)
-        return Field(self.a * x.mean + b[:, None, None], self.a**2 * x.var, x.corr, **_shape(x, a))
+        return _carry_law(
+            x, Field(self.a * x.mean + b[:, None, None], self.a**2 * x.var, x.corr, **_shape(x, a))
+        )
 
     def backward(self, g: Field) -> Field:
         if self.norm is not None:

@@ -12,17 +12,24 @@ ReLU      per position the rectified normal; per lag Mehler's series, a = m/s,
           fitted to the stream would lose 6% of its variance a block), its correlations a normal's of
           the sum's moments; back, the stream's gate jointly:
           E[g_y²] = E[g²] P(y > 0 | b + ReLU(y) > 0) (``Field.stream_gate``)
+          Of a field with a law (``Field.law``: atoms per position, a Gaussian copula of latent ρ_z,
+          :mod:`law`): the moments and P(x > 0) from the atoms; per lag the same series in ρ_z with the
+          step function's coefficients, c_n = a_n of ReLU(Q_p(Φ(z))) and k_n those of the gate
+          1[z > Φ⁻¹(P(x ≤ 0))] (a normal's: k_n = φ(a)He_{n−1}(−a), a = Φ⁻¹(P(x > 0))), plus
+          Parseval's rest ρ_z^{N+1} r_p r_q (r² = Var − Σ c_n²/n!); back the same in k
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import replace
 
 import torch
 
 from gatepool.analysis.probe.correlated.add import add_grads
 from gatepool.analysis.probe.correlated.field import Field, _at_lag, _field_from_sums, _ratio, _valid, xcorr
+from gatepool.analysis.probe.correlated.law import _icdf, hermite_steps, latent_corr
 from gatepool.analysis.probe.correlated.normal import (
     Law,
     _cdf,
@@ -67,15 +74,39 @@ def relu_series_maps(m: torch.Tensor, s: torch.Tensor, order: int = _SERIES_ORDE
     return c, k
 
 
-def _series_lag_sums(corr: torch.Tensor, maps: list[torch.Tensor], weight: torch.Tensor | None = None):
-    """Σ_n ρ(e)ⁿ/n! Σ_p f_n(p) f_n(p+e) for every lag e (one FFT per term), f_n = weight · maps[n−1]."""
+def _series_lag_sums(corr: torch.Tensor, maps: list[torch.Tensor], weight: torch.Tensor | None = None,
+                     rest: torch.Tensor | None = None):  # fmt: skip
+    """Σ_n ρ(e)ⁿ/n! Σ_p f_n(p) f_n(p+e) for every lag e (one FFT per term), f_n = weight · maps[n−1];
+    with ``rest`` r, plus ρ^{N+1} Σ_p r(p) r(p+e) (weighted alike)."""
     T = torch.zeros_like(corr)
     rn = torch.ones_like(corr)
     for n, f in enumerate(maps, start=1):
         rn = rn * corr / n
         f = f if weight is None else f * weight
         T += rn * xcorr(f, f)
+    if rest is not None:
+        r = rest if weight is None else rest * weight
+        T += corr ** (len(maps) + 1) * xcorr(r, r)
     return T
+
+
+def _law_series(law: Law, order: int = _SERIES_ORDER):
+    """Per position of a field with a law: (E[p], E[p²], P(x > 0)) of p = ReLU(x), and the series'
+    coefficients c, k (as :func:`relu_series_maps`, of the step functions ReLU(Q(Φ(z))) and its gate)
+    with their rests r_c, r_k (Parseval: the variance the N terms leave)."""
+    xr = law.x.clamp_min(0)
+    mu, e2 = (law.w * xr).sum(-1), (law.w * xr * xr).sum(-1)
+    pos = (law.w * (law.x > 0)).sum(-1)
+    c = hermite_steps(Law(xr, law.w), order)
+    a = _icdf(pos.clamp(1e-15, 1 - 1e-15))
+    _, k = relu_series_maps(a, torch.ones_like(a), order)
+    k = [kn * ((pos > 0) & (pos < 1)) for kn in k]
+
+    def rest(var, f):
+        kept = sum(fn * fn / float(math.factorial(n)) for n, fn in enumerate(f, 1))
+        return (var - kept).clamp_min(0).sqrt()
+
+    return mu, e2, pos, c, k, rest((e2 - mu * mu).clamp_min(0), c), rest(pos * (1 - pos), k)
 
 
 class ReLU:
@@ -95,7 +126,9 @@ class ReLU:
         ]
 
     def forward(self, x: Field) -> Field:
-        self.x, self.stream_gate = x, None
+        self.x, self.stream_gate, self.rho, self.rest = x, None, x.corr, (None, None)
+        if x.law is not None and x.parts is None:
+            return self._forward_law(x)
         C, H, W = x.shape
         s = x.var.clamp_min(0).sqrt()
         mu, e2, pos = relu_moments_map(x.mean, x.var)
@@ -132,11 +165,35 @@ class ReLU:
             )
         return _field_from_sums(mu, var, T)
 
+    def _forward_law(self, x: Field) -> Field:
+        """The ReLU of a field with a law (see the module): the series in ρ_z; the gates' joint
+        P(x_p > 0, x_q > 0) = P(z_p > −a_p, z_q > −a_q) exact (the bivariate normal's, a = Φ⁻¹(P(x > 0)))
+        where the series is slow."""
+        mu, e2, pos, self.c, self.k, rc, rk = _law_series(x.law)
+        self.mu, self.pos, self.s, self.pairs = mu, pos, x.var.clamp_min(0).sqrt(), {}
+        self.rho, self.rest = latent_corr(x.law, x.corr), (rc, rk)
+        a = _icdf(pos.clamp(1e-15, 1 - 1e-15))
+        C, H, W = x.shape
+        for dh, dw in self._half_lags(H, W):
+            rho = _at_lag(self.rho, dh, dw)
+            idx = torch.nonzero(rho.abs() > _SERIES_RHO).flatten()
+            if (dh, dw) != (0, 0) and len(idx):
+                (a1, a2), one = _valid(a[idx], dh, dw), torch.ones_like(_valid(a[idx], dh, dw)[0])
+                _, p = bivariate_relu(a1, one, a2, one, rho[idx][:, None, None].expand_as(a1))
+                self.pairs[(dh, dw)] = (idx, None, p)
+        T = _series_lag_sums(self.rho, self.c, rest=rc)
+        return _field_from_sums(mu, (e2 - mu * mu).clamp_min(0), T)
+
     @functools.cached_property
     def law(self) -> Law:
         """The law of this ReLU's output per position (atoms): of the normal input's rectification, or,
         after an add b + ReLU(y), of ReLU(b + ReLU(y)) from the stream's own law: the next block's add
         takes it (``Field.parts``), so the stream stays exact however many blocks it passes."""
+        if self.x.parts is None and self.x.law is not None:  # 0 carries P(x ≤ 0), as relu_law's
+            x, w = self.x.law.x, self.x.law.w
+            pos = x > 0
+            return Law(torch.cat([torch.zeros_like(x[..., :1]), x.clamp_min(0)], -1),
+                       torch.cat([(w * ~pos).sum(-1, keepdim=True), w * pos], -1))  # fmt: skip
         if self.x.parts is None:
             return relu_law(self.x.mean, self.x.var)
         b, stream = self.x.parts
@@ -160,17 +217,19 @@ class ReLU:
             out = self._backward(replace(g, stream_gate=None))
             var = out.var * g.stream_gate
             return _field_from_sums(out.mean, var, out.corr * xcorr(var.sqrt(), var.sqrt()), out.yy)
-        x, (H, W) = self.x, g.shape[1:]
+        H, W = g.shape[1:]
         sg = g.var.clamp_min(0).sqrt()
         var = g.var * self.pos
         # Cov(g_p, g_q) P(x_p > 0, x_q > 0) and Cov(g_p, g_q) E[ReLU(x_p) ReLU(x_q)], by the series
-        T = g.corr * (xcorr(sg * self.pos, sg * self.pos) + _series_lag_sums(x.corr, self.k, sg))
-        YY = g.corr * (xcorr(sg * self.mu, sg * self.mu) + _series_lag_sums(x.corr, self.c, sg))
+        rc, rk = self.rest
+        T = g.corr * (xcorr(sg * self.pos, sg * self.pos) + _series_lag_sums(self.rho, self.k, sg, rk))
+        YY = g.corr * (xcorr(sg * self.mu, sg * self.mu) + _series_lag_sums(self.rho, self.c, sg, rc))
         for (dh, dw), (idx, e, p) in self.pairs.items():
             a, b = _valid(sg[idx], dh, dw)
             cg = a * b * _at_lag(g.corr, dh, dw)[idx, None, None]
-            t, yy = (cg * p).sum((1, 2)), (cg * e).sum((1, 2))
+            t = (cg * p).sum((1, 2))
             for sgn in (1, -1):
                 T[idx, H - 1 + sgn * dh, W - 1 + sgn * dw] = t
-                YY[idx, H - 1 + sgn * dh, W - 1 + sgn * dw] = yy
+                if e is not None:  # a law's E[ReLU ReLU] stays the series'
+                    YY[idx, H - 1 + sgn * dh, W - 1 + sgn * dw] = (cg * e).sum((1, 2))
         return _field_from_sums(torch.zeros_like(var), var, T, yy=YY.sum((1, 2)))
