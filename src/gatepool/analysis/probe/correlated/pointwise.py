@@ -158,38 +158,47 @@ def hermite_coefficients(f: Callable, kinks: tuple[float, ...], m: torch.Tensor,
     Var h within 1e-6 of itself (``tests/analysis/test_probe_speed.py``)."""
     shape, width = m.shape, 3 * (order + 2)
     ms = torch.stack([m.reshape(-1), s.clamp_min(0).reshape(-1)], 1)
-    out = torch.empty((len(ms), width), dtype=_DT)  # (positions, 3 · (order + 2))
     near = torch.zeros(len(ms), dtype=torch.bool)
     if not kinks:
         near = (ms[:, 1] > 0) & (ms[:, 0].abs() < _MU_MAX * ms[:, 1])
         count = int(near.sum())
         plan = _lattice(ms[near]) if count > 64 else None
         if plan is not None and 4 * len(plan[0]) <= count:  # the nodes: a quarter of the positions at most
-            out[near] = _interpolate(_integrate(f, (), plan[0], order), *plan[1:])
+            near_out = _interpolate(_integrate(f, (), plan[0], order), *plan[1:])  # (width, near positions)
         else:
             near[:] = False
-    far = ~near
-    if bool(far.any()):
-        rows, where = _unique_rows(ms[far])
-        out[far] = _integrate(f, kinks, rows, order).reshape(-1, width)[where]
-    out = out.T.reshape(3, order + 2, *shape).contiguous()
+    if bool(near.all()):
+        out = near_out
+    else:
+        out = torch.empty((width, len(ms)), dtype=_DT)  # (3 · (order + 2), positions)
+        if bool(near.any()):
+            out[:, near] = near_out
+        rows, where = _unique_rows(ms[~near])
+        out[:, ~near] = _integrate(f, kinks, rows, order).reshape(-1, width)[where].T
+    out = out.reshape(3, order + 2, *shape)
     return {key: (out[i, 0], out[i, -1], list(out[i, 1:-1].unbind(0)))
             for i, key in enumerate(("f", "df", "u"))}
 
 
 def _interpolate(table: torch.Tensor, rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """(P, 3 · (order + 2)): the table (K, 3, order + 2) at the lattice's nodes interpolated to P
-    positions, Σ_k w_k · table[rows_k] over their 16 nodes (one sparse (P, K) matrix product); Var h in
-    place of E[h²] (it keeps its digits where h's mean is large)."""
+    """(3 · (order + 2), P): the table (K, 3, order + 2) at the lattice's nodes interpolated to P
+    positions, Σ_k w_k · table[rows_k] over their 16 nodes (a sparse (P, K) matrix product, by blocks of
+    positions turned as they come); Var h in place of E[h²] (it keeps its digits where h's mean is
+    large)."""
     table = table.clone()
     table[..., -1] -= table[..., 0] ** 2
-    P, K = rows.shape[1], len(table)
-    at = torch.stack([torch.arange(P).repeat_interleave(16), rows.T.reshape(-1)])  # each row's nodes, sorted
-    out = torch.sparse.mm(torch.sparse_coo_tensor(at, w.T.reshape(-1), (P, K), is_coalesced=True,
-                                                  check_invariants=False),
-                          table.flatten(1)).reshape(P, 3, -1)
-    out[..., -1] += out[..., 0] ** 2
-    return out.flatten(1)
+    table = table.flatten(1)  # (K, width)
+    out = []
+    for start in range(0, rows.shape[1], 8 * _CHUNK):
+        r, wc = rows[:, start : start + 8 * _CHUNK], w[:, start : start + 8 * _CHUNK]
+        P = r.shape[1]
+        at = torch.stack([torch.arange(P).repeat_interleave(16), r.T.reshape(-1)])  # each row's nodes, sorted
+        S = torch.sparse_coo_tensor(at, wc.T.reshape(-1), (P, len(table)), is_coalesced=True,
+                                    check_invariants=False)
+        out.append(torch.sparse.mm(S, table).T)
+    out = torch.cat(out, 1).reshape(3, -1, rows.shape[1])
+    out[:, -1] += out[:, 0] ** 2
+    return out.flatten(0, 1)
 
 
 def series_lag_sums(corr: torch.Tensor, mean: torch.Tensor, e2: torch.Tensor, coef: list[torch.Tensor],
