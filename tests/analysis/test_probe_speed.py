@@ -112,3 +112,18 @@ def test_unique_rows_is_torch_unique():
     rows, where = pw._unique_rows(ms)
     ref, ref_where = torch.unique(ms, dim=0, return_inverse=True)
     assert torch.equal(rows, ref) and torch.equal(where, ref_where)
+
+
+def test_positions_of_no_variance_beside_the_lattice_are_integrated_each(interpolated):
+    """A row of constant positions (s = 0) takes its own integral exactly; the others are interpolated."""
+    x = _field()
+    s = x.var.sqrt()
+    s[:, 0, :] = 0
+    f, _ = pw.ACTIVATIONS["gelu"]
+    mean, e2, _ = pw.hermite_coefficients(f, (), x.mean, s)["f"]
+    assert interpolated == [x.mean.numel() - x.mean[:, 0].numel()]
+    exact = pw._integrate(f, (), torch.stack([x.mean.flatten(), s.flatten()], 1), pw._ORDER)
+    exact = exact.reshape(*x.shape, 3, -1)
+    assert torch.allclose(mean[:, 0], exact[:, 0, :, 0, 0], rtol=1e-13, atol=0)
+    assert torch.allclose(e2[:, 0], exact[:, 0, :, 0, -1], rtol=1e-13, atol=0)
+    assert float((mean - exact[..., 0, 0]).abs().max()) < 1e-8

@@ -158,7 +158,7 @@ def hermite_coefficients(f: Callable, kinks: tuple[float, ...], m: torch.Tensor,
     Var h within 1e-6 of itself (``tests/analysis/test_probe_speed.py``)."""
     shape, width = m.shape, 3 * (order + 2)
     ms = torch.stack([m.reshape(-1), s.clamp_min(0).reshape(-1)], 1)
-    near = torch.zeros(len(ms), dtype=torch.bool)
+    near, near_out = torch.zeros(len(ms), dtype=torch.bool), None
     if not kinks:
         near = (ms[:, 1] > 0) & (ms[:, 0].abs() < _MU_MAX * ms[:, 1])
         count = int(near.sum())
@@ -167,11 +167,11 @@ def hermite_coefficients(f: Callable, kinks: tuple[float, ...], m: torch.Tensor,
             near_out = _interpolate(_integrate(f, (), plan[0], order), *plan[1:])  # (width, near positions)
         else:
             near[:] = False
-    if bool(near.all()):
+    if near_out is not None and bool(near.all()):
         out = near_out
     else:
         out = torch.empty((width, len(ms)), dtype=_DT)  # (3 · (order + 2), positions)
-        if bool(near.any()):
+        if near_out is not None:
             out[:, near] = near_out
         rows, where = _unique_rows(ms[~near])
         out[:, ~near] = _integrate(f, kinks, rows, order).reshape(-1, width)[where].T
