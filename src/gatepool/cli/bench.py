@@ -24,7 +24,8 @@ BENCHES = {
     "train": "our trainer vs a pytorch/examples-style loop, and achieved FLOP/s",
     "pool": "forward+backward time of every gate vs F.max_pool2d / F.avg_pool2d",
     "attention": "time and peak memory of our SDPA vs torch's",
-    "probe": "time of the correlated probe's prediction for ResNet-18 at 64x64 (needs torchvision)",
+    "probe": "time of the correlated probe's prediction for ResNet-18, ResNet-50 and ConvNeXt-T at 64x64 and "
+    "ViT-B/16 at 224 (needs torchvision)",
     "step": "a training step of torchvision's ResNet with its pools converted to each gate vs max pool "
     "(needs torchvision)",
 }
@@ -56,6 +57,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             bp.add_argument("--cases", type=_names, default=None,
                             help="comma-separated cases to measure (default: all of the device's; "
                             "tiny-tiled,tiny-overlapping: the per-call cost alone)")  # fmt: skip
+        if name == "probe":
+            bp.add_argument("--cases", type=_names, default=None,
+                            help="comma-separated cases to measure (default: all; resnet18-noise, "
+                            "resnet18-mnist, resnet50, vit_b_16, convnext_tiny)")  # fmt: skip
         if name == "step":
             _step_arguments(bp)
         bp.set_defaults(func=_run)
@@ -114,7 +119,7 @@ def _run(args: argparse.Namespace) -> int:
         try:
             record = module.run(quick=args.quick, device=where, **_extra(args))
         except ValueError as e:  # step and pool check their options (model, cases) before they measure
-            if args.bench not in ("step", "pool"):
+            if args.bench not in ("step", "pool", "probe"):
                 raise
             raise UsageError(str(e)) from None
     print(json.dumps(record, indent=2, ensure_ascii=False) if args.json else module.table(record))
@@ -127,7 +132,7 @@ def _extra(args: argparse.Namespace) -> dict:
     """The bench's own options that were given, as ``run``'s keyword arguments."""
     if args.bench == "train":
         return {"compile": True} if args.compile else {}
-    if args.bench == "pool":
+    if args.bench in ("pool", "probe"):
         return {"cases": args.cases} if args.cases else {}
     if args.bench == "step":
         names = ("model", "size", "batch", "steps", "warmup", "gates", "compile", "budget")
