@@ -108,3 +108,64 @@ def test_avg_pool_in_ceil_mode_or_without_the_padding_matches_monte_carlo(k, s, 
     g, gf = gaussian_field(H=y.shape[-2], W=y.shape[-1], seed=3, ell=1.0)
     (y * g).sum().backward()
     close(rule.backward(gf), xr.grad, rel=0.02, corr=0.02)
+
+
+class _Doubled(torch.nn.Conv2d):
+    """A conv subclass whose own forward computes something else (twice the conv): not the conv's rule."""
+
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+class _Plain(torch.nn.Conv2d):
+    """A conv subclass that keeps the conv's forward: the conv's rule."""
+
+
+def _subclassed_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(_Plain(3, 4, 3, padding=1), torch.nn.ReLU(), _Doubled(4, 4, 3, padding=1))
+
+
+def test_a_subclass_with_its_own_forward_does_not_get_its_base_rule(monkeypatch):
+    """On main the doubled conv was predicted as a plain conv (a quarter of its variance); now its row says
+    it has no rule and why, unless a rule is registered for it or its base's is for every subclass."""
+    import gatepool.analysis.probe.correlated_predict as cp
+
+    monkeypatch.setattr(cp, "_RULES", cp._RULES.copy())
+    monkeypatch.setattr(cp, "_FOR_SUBCLASSES", set())
+    net = _subclassed_net()
+    stats = cr.measure_input(torch.randn(64, 3, 8, 8, generator=torch.Generator().manual_seed(1)))
+    pred = cp.predict_correlated(net, stats)
+    assert pred["0"].var is not None and pred["1"].var is not None  # no forward of its own: Conv2d's rule
+    assert pred["2"].var is None and "_Doubled: its own forward, not Conv2d's" in pred["2"].note
+    cp.register_correlated_rule(torch.nn.Conv2d, cp._conv, subclasses=True)  # the conv's rule for all
+    assert cp.predict_correlated(net, stats)["2"].var is not None
+    cp.register_correlated_rule(torch.nn.Conv2d, cp._conv)  # registered again: for plain subclasses only
+    assert cp.predict_correlated(net, stats)["2"].var is None
+
+    def doubled(m):
+        return _Chain(cp._conv(m), cr.Scale(2.0))
+
+    cp.register_correlated_rule(_Doubled, doubled)  # its own rule: the prediction is the measurement's
+    pred = cp.predict_correlated(net, stats)
+    x = torch.randn(4000, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        y = net(x)
+    assert abs(pred["2"].var / float(y.var(unbiased=False)) - 1) < 0.05
+    with pytest.raises(TypeError, match="subclasses must be a bool"):
+        cp.register_correlated_rule(_Doubled, doubled, subclasses="yes")
+
+
+class _Chain:
+    def __init__(self, *steps):
+        self.steps = steps
+
+    def forward(self, x):
+        for s in self.steps:
+            x = s.forward(x)
+        return x
+
+    def backward(self, g):
+        for s in reversed(self.steps):
+            g = s.backward(g)
+        return g

@@ -43,10 +43,21 @@ def _pair(v) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-def _conv(m: nn.Conv2d):
+def _conv(m: nn.Conv2d, weight: torch.Tensor | None = None):
     if m.padding_mode != "zeros" or _pair(m.dilation) != (1, 1) or isinstance(m.padding, str):
         raise NotImplementedError("conv rule: zero padding given as numbers, no dilation")
-    return cr.Conv(m.weight, m.bias, _pair(m.stride), _pair(m.padding), m.groups)
+    weight = m.weight if weight is None else weight
+    return cr.Conv(weight, m.bias, _pair(m.stride), _pair(m.padding), m.groups)
+
+
+def _std_conv(m: nn.Conv2d, scaled: bool):
+    """timm's ``StdConv2d`` and ``ScaledStdConv2d`` (NF-Nets, BiT): a conv whose weight is standardised
+    per output channel, (W − mean)/√(var + eps), times ``gain · scale`` when scaled; the conv's rule on
+    that weight (timm's own expression)."""
+    w = m.weight.reshape(1, m.out_channels, -1)
+    gain = (m.gain * m.scale).view(-1) if scaled else None
+    w = torch.nn.functional.batch_norm(w, None, None, weight=gain, training=True, momentum=0.0, eps=m.eps)
+    return _conv(m, w.reshape_as(m.weight))
 
 
 def _maxpool(m: nn.MaxPool2d):
@@ -224,6 +235,7 @@ _RULES = {  # the built-in rules; register_correlated_rule adds a user's (a modu
     nn.LayerNorm: _layernorm,
     nn.MultiheadAttention: _attention,
     nn.modules.batchnorm._BatchNorm: _batchnorm,
+    nn.SyncBatchNorm: _batchnorm,  # its own forward: on one process, BatchNorm's
     nn.Dropout: lambda m: cr.Dropout(m.p, m.training),
     nn.ChannelShuffle: lambda m: cr.ChannelShuffle(m.groups),
     nn.Flatten: lambda m: _Identity(),
@@ -232,19 +244,29 @@ _RULES = {  # the built-in rules; register_correlated_rule adds a user's (a modu
 _RULES = Registry("target", modules=True, functions=True, entries=_RULES)
 
 
-def register_correlated_rule(target, rule=None):
+def register_correlated_rule(target, rule=None, *, subclasses: bool = False):
     """Use ``rule`` in the correlated walk for ``target``; returns ``rule`` (without it, a decorator).
 
-    ``target`` a module class (its subclasses too; the walk keeps its calls whole, as one node):
-    ``rule(module)`` builds the step. A function or a method's name (a call node of the traced graph;
+    ``target`` a module class (the walk keeps its calls whole, as one node): ``rule(module)`` builds the
+    step. Its subclasses get the rule too, but for one that defines its own ``forward`` (it may compute
+    something else: timm's ``Conv2dSame`` pads first), unless ``subclasses=True`` says the rule holds
+    for every subclass whatever its forward. A function or a method's name (a call node of the traced graph;
     ``torch.fx.wrap`` keeps a function of yours one node): ``rule(*args, **kwargs)`` the call's
     arguments, its tensor input as its :class:`correlated.Field`, constants as they are. The step maps
     one input: ``step.forward(x: Field) -> Field`` (the output's mean map, variance map and correlation
     stencil) and ``step.backward(g: Field) -> Field`` (the gradient's, at the input). A rule that has no
     answer raises NotImplementedError: the row says why, and nothing after it is predicted.
     """
+    if not isinstance(subclasses, bool):
+        raise TypeError(f"subclasses must be a bool, got {type(subclasses).__name__}")
+    if subclasses:
+        _FOR_SUBCLASSES.add(target)
+    else:
+        _FOR_SUBCLASSES.discard(target)
     return _RULES.register(target, rule)
 
+
+_FOR_SUBCLASSES: set = set()  # module classes whose rule holds for a subclass with its own forward too
 
 # modules of torchvision and timm by their qualified class names (neither is imported here); these come
 # before their base classes (a LayerNorm2d is an nn.LayerNorm over the channels, not the last dim)
@@ -257,14 +279,41 @@ _NAMED_RULES = {
     "timm.layers.norm_act.BatchNormAct2d": lambda m: _NormAct(m, _batchnorm(m)),
     "timm.layers.norm_act.GroupNormAct": lambda m: _NormAct(m, _groupnorm(m)),
     "timm.layers.norm_act.GroupNorm1Act": lambda m: _NormAct(m, _groupnorm(m)),
+    # subclasses of torch's modules with a forward of their own that computes the same (their base's rule)
+    "timm.layers.norm.LayerNorm": _layernorm,
+    "timm.layers.norm.GroupNorm": _groupnorm,
+    "timm.layers.norm.GroupNorm1": _groupnorm,
+    "timm.layers.linear.Linear": lambda m: cr.Linear(m.weight, m.bias),
+    "timm.layers.norm_act.SyncBatchNormAct": lambda m: _NormAct(m, _batchnorm(m)),
+    "timm.layers.norm_act.LayerNormAct": lambda m: _NormAct(m, _layernorm(m)),
+    "timm.layers.norm_act.LayerNormAct2d": lambda m: _NormAct(m, _layernorm(m, channels_first=True)),
+    "timm.layers.std_conv.StdConv2d": lambda m: _std_conv(m, scaled=False),
+    "timm.layers.std_conv.ScaledStdConv2d": lambda m: _std_conv(m, scaled=True),
 }
 
 
 def _rule(m: nn.Module):
-    for cls in type(m).__mro__:  # torchvision's and timm's classes by name, before their bases
-        if f"{cls.__module__}.{cls.__qualname__}" in _NAMED_RULES:
-            return _NAMED_RULES[f"{cls.__module__}.{cls.__qualname__}"]
-    return _RULES.lookup(type(m))
+    """The rule of the nearest class in ``type(m).__mro__`` that has one (torchvision's and timm's classes
+    by name, before their bases). Where a class before it defines its own ``forward`` (a subclass that
+    may compute something else) the module is still one node, but its rule says it has none, unless
+    that rule was registered for every subclass."""
+    for cls in type(m).__mro__:
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        if name in _NAMED_RULES:
+            return _NAMED_RULES[name]
+        if _RULES.owner(cls) is cls:
+            return _RULES.lookup(cls)
+        if "forward" in vars(cls):
+            owner = _RULES.owner(type(m))
+            if owner is None or owner in _FOR_SUBCLASSES:
+                return _RULES.lookup(owner)
+            return functools.partial(_own_forward, base=owner)
+    return None
+
+
+def _own_forward(m: nn.Module, base: type):
+    raise NotImplementedError(f"no correlated rule for {type(m).__name__}: its own forward, not "
+                              f"{base.__name__}'s (register_correlated_rule)")  # fmt: skip
 
 
 def _is_leaf(m: nn.Module) -> bool:
