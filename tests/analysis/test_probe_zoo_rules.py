@@ -169,3 +169,53 @@ class _Chain:
         for s in reversed(self.steps):
             g = s.backward(g)
         return g
+
+
+@pytest.mark.parametrize("H", [6, 3])
+def test_a_linear_over_a_flattened_map_matches_monte_carlo(H):
+    """AlexNet's and VGG's classifier: every output reads every channel at every position, its variance
+    through each channel's whole covariance; backward the transposed sum into a correlated map."""
+    C, O = 2, 5
+    mean, var = _ramp(C, H, H, -0.5, 0.8), _ramp(C, H, H, 0.5, 2.0)
+    x, f = gaussian_field(C=C, H=H, W=H, mean=mean, var=var, ell=1.4)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(C * H * H, O).double()
+    rule = cr.FlatLinear(lin.weight, lin.bias)
+    xr = x.clone().requires_grad_(True)
+    y = lin(torch.flatten(xr, 1))
+    close(rule.forward(f), y.detach()[:, :, None, None], rel=0.02, lags=())
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    g = g * torch.linspace(0.5, 2.0, O, dtype=torch.float64)
+    gf = cr.Field(torch.zeros(O, 1, 1, dtype=torch.float64), torch.linspace(0.5, 2.0, O, dtype=torch.float64
+                  ).pow(2)[:, None, None], torch.ones(O, 1, 1, dtype=torch.float64))  # fmt: skip
+    (y * g).sum().backward()
+    close(rule.backward(gf), xr.grad, rel=0.02, corr=0.02, lags=(1, 2) if H > 3 else (1,))
+    with pytest.raises(ValueError, match="inputs are not the map's"):
+        cr.FlatLinear(lin.weight[:, :-1], None).forward(f)
+
+
+class _VGGHead(torch.nn.Module):
+    """VGG's shape, small: convs, a max pool, an adaptive pool up to 3 × 3, flattened into a classifier
+    of Linears (one an ``F.linear`` of a parameter), a dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.features = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.Conv2d(16, 24, 3, padding=1), nn.ReLU())  # fmt: skip
+        self.avgpool = nn.AdaptiveAvgPool2d((3, 3))
+        self.fc1 = nn.Linear(24 * 9, 64)
+        self.relu = nn.ReLU()
+        self.drop = nn.Dropout(0.2)
+        self.w2 = nn.Parameter(torch.randn(10, 64) / 8)
+
+    def forward(self, x):
+        x = torch.flatten(self.avgpool(self.features(x)), 1)
+        return F.linear(self.drop(self.relu(self.fc1(x))), self.w2)
+
+
+def test_the_walk_carries_a_flattened_map_into_a_classifier():
+    torch.manual_seed(0)
+    model = _VGGHead().double()
+    x = torch.randn(1024, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    assert_walk_holds(model, x, ["features.1", "features.4", "avgpool", "fc1", "relu", "drop"])

@@ -342,10 +342,19 @@ _POINTWISE = {
 
 
 def _node_args(n: fx.Node) -> list[fx.Node]:
-    """The nodes among ``n.args``, lists and tuples included (``torch.cat([a, b], 1)``), in order."""
+    """The nodes among ``n.args`` (lists and tuples included: ``torch.cat([a, b], 1)``), then among
+    ``n.kwargs`` (``F.linear(input=x, weight=w)``), in order."""
     found: list[fx.Node] = []
-    fx.node.map_arg(n.args, found.append)
+    fx.node.map_arg((n.args, n.kwargs), found.append)
     return found
+
+
+def _call_args(signature, given: tuple):
+    """``signature(*args, **kwargs)`` of a call's (args, kwargs): its arguments by name (torch's)."""
+    try:
+        return signature(*given[0], **given[1])
+    except TypeError as e:
+        raise NotImplementedError(f"a call with these arguments: {e}") from None
 
 
 def _fold(n: fx.Node, const: dict) -> object:
@@ -418,7 +427,10 @@ def _size(n: fx.Node, value: dict, dims: dict) -> torch.Size | int | None:
     if f is None or f.shape[1:] == (1, 1):
         return None
     layout = dims.get(n.args[0], _CHW)
-    size = torch.Size((1, *(f.shape[_CHW.index(a)] for a in layout)))
+    if layout == _FLATTENED:
+        size = torch.Size((1, f.mean.numel()))
+    else:
+        size = torch.Size((1, *(f.shape[_CHW.index(a)] for a in layout)))
     d = n.kwargs.get("dim", n.args[1] if is_size and len(n.args) > 1 else None)
     if d is None:
         return size
@@ -484,6 +496,7 @@ def _shuffle(n: fx.Node, shape: tuple[int, int, int], const: dict) -> tuple[list
 
 
 _CHW = ("C", "H", "W")
+_FLATTENED = ("CHW",)  # a map flattened into one dim after the batch (torch.flatten(x, 1)): C·H·W values
 _PERMUTES = (torch.permute, "permute")
 # steps that act on each element (or each sample) alike: any layout of the tensor's dims
 _ANY_LAYOUT = (cr.Pointwise, cr.ReLU, cr.Dropout, cr.StochasticDepth, _Identity)
@@ -543,9 +556,7 @@ def _in_layout(m: nn.Module, step, f: cr.Field, layout: tuple):
     if f.shape[1:] == (1, 1) or isinstance(step, (*_ANY_LAYOUT, cr.Attention)):
         return step
     if isinstance(step, cr.Linear):
-        if layout[-1] != "C":
-            raise NotImplementedError(f"Linear over the {layout[-1]} dim of a map")
-        return cr.Conv(m.weight[:, :, None, None], m.bias, (1, 1), (0, 0))
+        return _linear(m.weight, m.bias, f, layout)
     if isinstance(step, cr.LayerNorm) and not step.channels_first:
         if layout[-1] != "C":
             raise NotImplementedError(f"LayerNorm over the {layout[-1]} dim of a map")
@@ -553,6 +564,32 @@ def _in_layout(m: nn.Module, step, f: cr.Field, layout: tuple):
     if layout != _CHW:
         raise NotImplementedError(f"{type(m).__name__} of a {layout} tensor (channels first only)")
     return step
+
+
+def _linear(weight: torch.Tensor, bias, f: cr.Field, layout: tuple):
+    """``F.linear`` (or an ``nn.Linear``) of a tensor of this layout: on features (C, 1, 1) the Linear's
+    rule, over the channels at each position a 1×1 conv, over a flattened map (``torch.flatten(x, 1)``)
+    every channel and position at once (:class:`correlated.FlatLinear`)."""
+    if weight.ndim != 2:
+        raise NotImplementedError(f"linear with a {tuple(weight.shape)} weight")
+    if f.shape[1:] == (1, 1):
+        return cr.Linear(weight, bias)
+    if layout == _FLATTENED:
+        return cr.FlatLinear(weight, bias)
+    if layout[-1] != "C":
+        raise NotImplementedError(f"Linear over the {layout[-1]} dim of a map")
+    return cr.Conv(weight[:, :, None, None], bias, (1, 1), (0, 0))
+
+
+def _flattens_map(n: fx.Node, f: cr.Field, const: dict) -> bool:
+    """Whether ``n`` flattens a (C, H, W) map whole, its batch kept: ``torch.flatten(x, 1)``,
+    ``x.view(x.size(0), -1)``, ``x.reshape(N, C·H·W)`` (an ``nn.Flatten()`` module: :func:`_flat_module`)."""
+    if n.target in ("flatten", torch.flatten):
+        start = n.kwargs.get("start_dim", n.args[1] if len(n.args) > 1 else 0)
+        end = n.kwargs.get("end_dim", n.args[2] if len(n.args) > 2 else -1)
+        return start in (1, -3) and end in (3, -1)
+    want = _shape_args(n, const) if n.target in _RESHAPES else None
+    return want is not None and len(want) == 2 and want[0] in (1, -1) and want[1] in (f.mean.numel(), -1)
 
 
 def _split_ranges(n: fx.Node, channels: int, layout: tuple, const: dict) -> list[tuple[int, int]]:
@@ -814,6 +851,12 @@ def predict_correlated(
                     if make is None:
                         raise NotImplementedError(f"no correlated rule for {type(m).__name__}")
                     step = _in_layout(m, make(m), value[args[0]], layout)
+                    if isinstance(m, nn.Flatten) and value[args[0]].shape[1:] != (1, 1):
+                        if layout != _CHW or (m.start_dim, m.end_dim) not in ((1, -1), (1, 3), (-3, -1)):
+                            raise NotImplementedError("flatten of a map with positions but into (N, C·H·W)")
+                        dims[n] = _FLATTENED
+                    if isinstance(step, cr.FlatLinear):
+                        dims[n] = ("C",)
                     for part in getattr(step, "steps", (step,)):  # a timm norm-and-activation: its parts
                         if isinstance(part, cr.BatchNorm):
                             part.batch = batch
@@ -880,10 +923,22 @@ def predict_correlated(
                     value[n], steps[n], dims[n] = step.forward(value[args[0]]), step, ("C", "W")
                 elif n.target in _FLAT or (n.op == "call_method" and n.target in ("flatten", "view")):
                     f = value[args[0]]
-                    if f.shape[1:] != (1, 1):
-                        raise NotImplementedError("flatten of a map with positions")
-                    value[n], dims[n] = f, ("C",)
+                    if f.shape[1:] == (1, 1):
+                        value[n], dims[n] = f, ("C",)
+                    elif layout == _CHW and _flattens_map(n, f, const):  # a Linear then reads it whole
+                        value[n], dims[n] = f, _FLATTENED
+                    else:
+                        raise NotImplementedError("flatten of a map with positions but into (N, C·H·W)")
                     steps[n] = _Identity()
+                elif n.target is _F.linear:
+                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
+                    w, b = _call_args(lambda input, weight, bias=None: (weight, bias), given)
+                    if len(args) != 1 or not isinstance(w, torch.Tensor) or isinstance(b, fx.Node):
+                        raise NotImplementedError("linear of a tensor by a constant weight and bias only")
+                    step = _linear(w, b, value[args[0]], layout)
+                    value[n], steps[n] = step.forward(value[args[0]]), step
+                    if isinstance(step, cr.FlatLinear):
+                        dims[n] = ("C",)
                 elif n.target in _RELU or (n.op == "call_method" and n.target == "relu"):
                     step = cr.ReLU(exact_lags)
                     value[n] = step.forward(value[args[0]])

@@ -27,6 +27,7 @@ The rules, each from the module's actual weights, one file each (its equations i
     norms.py    GroupNorm, BatchNorm
     add.py      residual adds, the sum of two gradients
     linear.py   linear on (C, 1, 1) features
+    flat_linear.py  linear on a flattened (C, H, W) map (AlexNet's and VGG's classifier)
     dropout.py  dropout (train and eval)
     cat.py      concatenation along channels
     scale.py    a product with a constant (layer scale, a multiply or divide by a number)
@@ -51,6 +52,7 @@ from gatepool.analysis.probe.correlated.cat import Cat
 from gatepool.analysis.probe.correlated.conv import Conv, autocorr, box_conv
 from gatepool.analysis.probe.correlated.dropout import Dropout
 from gatepool.analysis.probe.correlated.field import Field, neighbour_corr, unit_noise, xcorr
+from gatepool.analysis.probe.correlated.flat_linear import FlatLinear
 from gatepool.analysis.probe.correlated.gate import Gate
 from gatepool.analysis.probe.correlated.layernorm import LayerNorm
 from gatepool.analysis.probe.correlated.linear import Linear
@@ -85,6 +87,7 @@ __all__ = [
     "Conv",
     "Dropout",
     "Field",
+    "FlatLinear",
     "FlattenPositions",
     "Gate",
     "GroupNorm",
