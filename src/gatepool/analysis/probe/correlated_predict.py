@@ -44,10 +44,44 @@ def _pair(v) -> tuple[int, int]:
 
 
 def _conv(m: nn.Conv2d, weight: torch.Tensor | None = None):
-    if m.padding_mode != "zeros" or _pair(m.dilation) != (1, 1) or isinstance(m.padding, str):
-        raise NotImplementedError("conv rule: zero padding given as numbers, no dilation")
+    """Conv2d with zero padding: given as numbers, ``'valid'``, or ``'same'`` (uneven for an even kernel:
+    the map padded first, :class:`correlated.Pad`); a dilated kernel as the kernel with zeros between its
+    taps (exact)."""
+    if m.padding_mode != "zeros":
+        raise NotImplementedError(f"conv rule: padding_mode {m.padding_mode!r} (zeros only)")
     weight = m.weight if weight is None else weight
-    return cr.Conv(weight, m.bias, _pair(m.stride), _pair(m.padding), m.groups)
+    dh, dw = _pair(m.dilation)
+    if (dh, dw) != (1, 1):
+        kh, kw = weight.shape[-2:]
+        dilated = weight.new_zeros((*weight.shape[:2], dh * (kh - 1) + 1, dw * (kw - 1) + 1))
+        dilated[..., ::dh, ::dw] = weight
+        weight = dilated
+    if m.padding == "valid":
+        return cr.Conv(weight, m.bias, _pair(m.stride), (0, 0), m.groups)
+    if m.padding != "same":
+        return cr.Conv(weight, m.bias, _pair(m.stride), _pair(m.padding), m.groups)
+    (th, tw) = (k - 1 for k in weight.shape[-2:])  # torch's 'same': the extra row and column after
+    if th % 2 == 0 and tw % 2 == 0:
+        return cr.Conv(weight, m.bias, _pair(m.stride), (th // 2, tw // 2), m.groups)
+    pad = cr.Pad(tw // 2, tw - tw // 2, th // 2, th - th // 2)
+    return _Steps(pad, cr.Conv(weight, m.bias, _pair(m.stride), (0, 0), m.groups))
+
+
+class _Steps:
+    """Linear steps one after another (a conv's uneven padding, then the conv), forward and backward."""
+
+    def __init__(self, *steps) -> None:
+        self.steps = steps
+
+    def forward(self, x: cr.Field) -> cr.Field:
+        for step in self.steps:
+            x = step.forward(x)
+        return x
+
+    def backward(self, g: cr.Field) -> cr.Field:
+        for step in reversed(self.steps):
+            g = step.backward(g)
+        return g
 
 
 def _std_conv(m: nn.Conv2d, scaled: bool):
@@ -943,6 +977,27 @@ def predict_correlated(
                     step = cr.ReLU(exact_lags)
                     value[n] = step.forward(value[args[0]])
                     steps[n] = step
+                elif n.target is _F.pad:
+                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
+                    pads, mode, fill = _call_args(lambda input, pad, mode="constant", value=None:
+                                                  (pad, mode, value), given)  # fmt: skip
+                    if mode != "constant" or layout != _CHW or len(pads) not in (2, 4):
+                        raise NotImplementedError(f"pad in mode {mode!r} of {len(pads)} sides: a "
+                                                  "map's (left, right[, top, bottom]) by a constant")
+                    step = cr.Pad(*pads, *(0, 0)[: 4 - len(pads)], value=fill or 0.0)
+                    value[n], steps[n] = step.forward(value[args[0]]), step
+                elif n.target is _F.avg_pool2d:
+                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
+                    step = _AvgPool(_call_args(lambda input, *a, **k: nn.AvgPool2d(*a, **k), given))
+                    value[n], steps[n] = step.forward(value[args[0]]), step
+                elif n.target in (_F.max_pool2d, torch.max_pool2d):
+                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
+                    pool = _call_args(lambda input, *a, **k: nn.MaxPool2d(*a, **k), given)
+                    if pool.return_indices:
+                        raise NotImplementedError("max pool returning its indices")
+                    step, before = _maxpool(pool), steps.get(args[0])
+                    pre = before.x if isinstance(before, cr.ReLU) else None  # max ReLU = ReLU max
+                    value[n], steps[n] = step.forward(value[args[0]], pre=pre), step
                 elif n.target is _F.adaptive_avg_pool2d:
                     size = n.kwargs.get("output_size", n.args[1] if len(n.args) > 1 else None)
                     step = _Adaptive(nn.AdaptiveAvgPool2d(size))

@@ -30,6 +30,7 @@ The rules, each from the module's actual weights, one file each (its equations i
     flat_linear.py  linear on a flattened (C, H, W) map (AlexNet's and VGG's classifier)
     dropout.py  dropout (train and eval)
     cat.py      concatenation along channels
+    pad.py      a map padded with a constant (F.pad; a conv's uneven 'same' padding)
     scale.py    a product with a constant (layer scale, a multiply or divide by a number)
     shuffle.py  a channel shuffle (a permutation of the channels)
     split.py    some of the channels (a piece of a chunk or split, a slice x[:, a:b])
@@ -67,6 +68,7 @@ from gatepool.analysis.probe.correlated.normal import (
     relu_of_sum_map,
 )
 from gatepool.analysis.probe.correlated.norms import BatchNorm, GroupNorm
+from gatepool.analysis.probe.correlated.pad import Pad
 from gatepool.analysis.probe.correlated.pointwise import Pointwise, hermite_coefficients
 from gatepool.analysis.probe.correlated.relu import ReLU, relu_series_maps
 from gatepool.analysis.probe.correlated.scale import Scale
@@ -94,6 +96,7 @@ __all__ = [
     "LayerNorm",
     "Linear",
     "MaxPool",
+    "Pad",
     "Pointwise",
     "ReLU",
     "Scale",
