@@ -287,3 +287,53 @@ def test_the_walk_carries_functional_pools_and_a_pad():
     model = _Functional().double()
     x = torch.randn(1024, 3, 12, 12, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     assert_walk_holds(model, x, ["stem", "relu", "conv", "fc"])
+
+
+@pytest.mark.parametrize("H, kwargs", [(5, dict(scale_factor=2, mode="nearest")),
+                                       (5, dict(scale_factor=2, mode="bilinear", align_corners=False)),
+                                       (6, dict(size=(4, 9), mode="bilinear", align_corners=True)),
+                                       (4, dict(scale_factor=4, mode="nearest"))])  # fmt: skip
+def test_an_interpolated_map_matches_monte_carlo(H, kwargs):
+    """HRNet's fuse layers (nearest × 2 and × 4), bilinear up and to a size (down along H): torch's own
+    position map A, the whole covariance A Cov Aᵀ."""
+    x, f = gaussian_field(H=H, W=H, mean=_ramp(2, H, H, -0.5, 0.8), var=_ramp(2, H, H, 0.5, 2.0), ell=1.2)
+    rule = cr.Interpolate(**kwargs)
+    xr = x.clone().requires_grad_(True)
+    y = F.interpolate(xr, **kwargs)
+    out = rule.forward(f)
+    assert out.shape == y.shape[1:]
+    close(out, y.detach(), rel=0.02, corr=0.02)
+    g, gf = gaussian_field(H=y.shape[-2], W=y.shape[-1], var=_ramp(2, y.shape[-2], y.shape[-1], 0.3, 3.0),
+                           seed=3, ell=1.0)  # fmt: skip
+    (y * g).sum().backward()
+    close(rule.backward(gf), xr.grad, rel=0.02, corr=0.02)
+    with pytest.raises(ValueError, match="one of size and scale_factor"):
+        cr.Interpolate()
+
+
+class _Fuse(torch.nn.Module):
+    """HRNet's fuse: a half-resolution branch upsampled (a module and a function) and added to the
+    full-resolution stream."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.down = nn.Sequential(nn.Conv2d(16, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.low = nn.Conv2d(16, 16, 1)
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.low2 = nn.Conv2d(16, 16, 1)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        low = self.down(x)
+        x = x + self.up(self.low(low)) + F.interpolate(self.low2(low), scale_factor=2.0, mode="bilinear")
+        return self.fc(x.mean((2, 3)))
+
+
+def test_the_walk_carries_an_upsampled_branch():
+    torch.manual_seed(0)
+    model = _Fuse().double()
+    x = torch.randn(1024, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    assert_walk_holds(model, x, ["stem.2", "down.2", "low", "up", "low2"])

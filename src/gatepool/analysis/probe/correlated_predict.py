@@ -272,6 +272,8 @@ _RULES = {  # the built-in rules; register_correlated_rule adds a user's (a modu
     nn.SyncBatchNorm: _batchnorm,  # its own forward: on one process, BatchNorm's
     nn.Dropout: lambda m: cr.Dropout(m.p, m.training),
     nn.ChannelShuffle: lambda m: cr.ChannelShuffle(m.groups),
+    nn.Upsample: lambda m: cr.Interpolate(m.size, m.scale_factor, m.mode, m.align_corners,
+                                          m.recompute_scale_factor),  # fmt: skip
     nn.Flatten: lambda m: _Identity(),
     nn.Identity: lambda m: _Identity(),
 }
@@ -985,6 +987,12 @@ def predict_correlated(
                         raise NotImplementedError(f"pad in mode {mode!r} of {len(pads)} sides: a "
                                                   "map's (left, right[, top, bottom]) by a constant")
                     step = cr.Pad(*pads, *(0, 0)[: 4 - len(pads)], value=fill or 0.0)
+                    value[n], steps[n] = step.forward(value[args[0]]), step
+                elif n.target is _F.interpolate:
+                    if layout != _CHW:
+                        raise NotImplementedError(f"interpolate of a {layout} tensor (channels first only)")
+                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
+                    step = _call_args(lambda input, *a, **k: cr.Interpolate(*a, **k), given)
                     value[n], steps[n] = step.forward(value[args[0]]), step
                 elif n.target is _F.avg_pool2d:
                     given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
