@@ -337,3 +337,53 @@ def test_the_walk_carries_an_upsampled_branch():
     model = _Fuse().double()
     x = torch.randn(1024, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     assert_walk_holds(model, x, ["stem.2", "down.2", "low", "up", "low2"])
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_a_pool_less_its_input_matches_monte_carlo(include):
+    """PoolFormer's token mixer ``pool(x) − x``: one map (A − I) of x (the two terms, both of x, taken as
+    independent would add their variances); the gradient to x through (A − I)ᵀ."""
+    H = 8
+    x, f = gaussian_field(H=H, W=H, mean=_ramp(2, H, H, -0.5, 0.8), var=_ramp(2, H, H, 0.5, 2.0), ell=1.2)
+    pool = torch.nn.AvgPool2d(3, 1, 1, count_include_pad=include)
+    eye = torch.eye(H * H, dtype=torch.float64)
+    A = cr.AvgPoolWindows((3, 3), (1, 1), (1, 1), False, include)
+    A.forward(f)
+    rule = cr.PositionMap(A.A - eye, (H, H))
+    xr = x.clone().requires_grad_(True)
+    y = pool(xr) - xr
+    close(rule.forward(f), y.detach(), rel=0.02, corr=0.02)
+    g, gf = gaussian_field(H=H, W=H, var=_ramp(2, H, H, 0.3, 3.0), seed=3, ell=1.0)
+    (y * g).sum().backward()
+    close(rule.backward(gf), xr.grad, rel=0.02, corr=0.02)
+    with pytest.raises(ValueError, match="matrix must be"):
+        cr.PositionMap(eye, (H, H + 1))
+
+
+class _PoolMixer(torch.nn.Module):
+    """PoolFormer's token mixer pool(GroupNorm x) − GroupNorm x, a channel MLP, the difference the other
+    way round, a difference with a number (no residual adds: PoolFormer's, with its layer scale 1e-5, are
+    independent at init; without it the stream and the mixer, both of x, are not)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.norm = nn.GroupNorm(1, 16)
+        self.pool = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+        self.mlp = nn.Sequential(nn.Conv2d(16, 32, 1), nn.GELU(), nn.Conv2d(32, 16, 1))
+        self.norm2 = nn.GroupNorm(1, 16)
+        self.pool2 = nn.AvgPool2d(3, 1, 1)
+        self.fc = nn.Linear(16 * 8 * 8, 10)
+
+    def forward(self, x):
+        y = self.norm(self.stem(x))
+        y = self.norm2(self.mlp(self.pool(y) - y))
+        return self.fc(torch.flatten(y - self.pool2(y) - 0.5, 1))
+
+
+def test_the_walk_carries_a_pool_less_its_input():
+    torch.manual_seed(0)
+    model = _PoolMixer().double()
+    x = torch.randn(1024, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    assert_walk_holds(model, x, ["stem", "norm", "pool", "mlp.1", "mlp.2", "norm2", "pool2"])

@@ -159,6 +159,37 @@ class _Add:
         return dataclasses.replace(g, stream_gate=None, pre_relu=None, yy=None)
 
 
+class _Difference:
+    """a − b where a = A b (a fixed map of b's positions: PoolFormer's ``pool(x) − x``): one map A − I of
+    b, not two independent terms. Its gradient goes to b through (A − I)ᵀ; a (whose own step is then
+    not walked back) gets the output's gradient as its row's."""
+
+    def __init__(self, matrix: torch.Tensor, out_hw, pooled: int) -> None:
+        self.map, self.pooled = cr.PositionMap(matrix, out_hw), pooled  # pooled: a's index among the two
+
+    def forward(self, x: cr.Field) -> cr.Field:
+        return self.map.forward(x)
+
+    def backward(self, g: cr.Field) -> list[cr.Field]:
+        """The gradients of the two terms, in the call's order."""
+        return [g, self.map.backward(g)] if self.pooled == 0 else [self.map.backward(g), g]
+
+
+_PER_INPUT = (cr.Cat, cr.Gate, cr.TokenCat, _Difference)  # steps whose backward gives each input its own
+
+
+def _positions_matrix(step, x: cr.Field) -> torch.Tensor | None:
+    """The matrix (Ho·Wo, H·W) of a step that is a fixed map of its input's positions, the same at every
+    channel (an average or adaptive pool, an interpolation), on the field ``x``; else None."""
+    if isinstance(step, _AvgPool):
+        windows = cr.AvgPoolWindows(step.k, step.s, step.p, *step.modes)  # the box filter's too
+        windows.forward(x)
+        return windows.A
+    if isinstance(step, _Adaptive) and isinstance(step.conv, cr.AdaptiveAvgPool):
+        return step.conv.A
+    return step.A if isinstance(step, cr.AdaptiveAvgPool) else None
+
+
 class _Identity:
     def forward(self, x):
         return x
@@ -358,6 +389,7 @@ def _is_leaf(m: nn.Module) -> bool:
 
 
 _ADDS = (operator.add, torch.add, operator.iadd)
+_SUBS = (operator.sub, torch.sub, "sub")
 _CATS = (torch.cat, torch.concat, torch.concatenate)
 _MULS = (operator.mul, torch.mul, operator.imul, "mul", "mul_")
 _IN_PLACE = (operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
@@ -921,6 +953,24 @@ def predict_correlated(
                         raise NotImplementedError(f"a sum with a {type(c).__name__}")
                     step = cr.Shift(_to_field(c, layout))
                     value[n], steps[n] = step.forward(value[args[0]]), step
+                elif n.target in _SUBS and len(args) == 2 and len(n.args) == 2:  # pool(x) − x
+                    i = next((i for i in (0, 1) if inputs.get(n.args[i]) == [n.args[1 - i]]), None)
+                    a, b = (None, None) if i is None else (n.args[i], n.args[1 - i])  # a = A b
+                    A = None if a is None else _positions_matrix(steps.get(a), value[b])
+                    if A is None or len(a.users) != 1 or A.shape[0] != A.shape[1]:
+                        raise NotImplementedError("a difference of two tensors: x − A x or A x − x, A a "
+                                                  "fixed map of x's positions (a pool), only")  # fmt: skip
+                    eye = torch.eye(len(A), dtype=A.dtype)
+                    step = _Difference(A - eye if i == 0 else eye - A, value[b].shape[1:], i)
+                    value[n], steps[n] = step.forward(value[b]), step
+                    inputs[a] = []  # its gradient is the output's; x's goes through A − I here
+                elif n.target in _SUBS and len(args) == 1 and len(n.args) == 2:  # x − c, c − x
+                    c = next(const.get(v, v) for v in n.args if v is not args[0])
+                    if isinstance(c, bool) or not isinstance(c, (int, float, torch.Tensor)):
+                        raise NotImplementedError(f"a difference with a {type(c).__name__}")
+                    c = _to_field(c, layout)
+                    step = cr.Shift(-c) if n.args[0] is args[0] else _Steps(cr.Scale(-1.0), cr.Shift(c))
+                    value[n], steps[n] = step.forward(value[args[0]]), step
                 elif n.target in _ADDS and len(args) == 2 and len(n.args) == 2:
                     if dims.get(args[1], _CHW) != layout:
                         raise NotImplementedError("a sum of tensors of two layouts")
@@ -1051,7 +1101,7 @@ def predict_correlated(
                     continue
                 step = steps.get(n)
                 gi = per_input = None
-                if g is not None and isinstance(step, (cr.Cat, cr.Gate, cr.TokenCat)):  # each input its own
+                if g is not None and isinstance(step, _PER_INPUT):  # each input its own
                     per_input = step.backward(g)
                 elif g is not None and step is not None and not isinstance(step, _Add):
                     gi = (

@@ -31,7 +31,8 @@ The rules, each from the module's actual weights, one file each (its equations i
     dropout.py  dropout (train and eval)
     cat.py      concatenation along channels
     pad.py      a map padded with a constant (F.pad; a conv's uneven 'same' padding)
-    resample.py  a map resized (F.interpolate, nn.Upsample: any mode, torch's own position map)
+    resample.py  a map resized (F.interpolate, nn.Upsample: any mode, torch's own position map), any
+                 fixed map of the positions (pool(x) − x)
     scale.py    a product with a constant (layer scale, a multiply or divide by a number)
     shuffle.py  a channel shuffle (a permutation of the channels)
     split.py    some of the channels (a piece of a chunk or split, a slice x[:, a:b])
@@ -72,7 +73,7 @@ from gatepool.analysis.probe.correlated.norms import BatchNorm, GroupNorm
 from gatepool.analysis.probe.correlated.pad import Pad
 from gatepool.analysis.probe.correlated.pointwise import Pointwise, hermite_coefficients
 from gatepool.analysis.probe.correlated.relu import ReLU, relu_series_maps
-from gatepool.analysis.probe.correlated.resample import Interpolate
+from gatepool.analysis.probe.correlated.resample import Interpolate, PositionMap
 from gatepool.analysis.probe.correlated.scale import Scale
 from gatepool.analysis.probe.correlated.shift import Shift
 from gatepool.analysis.probe.correlated.shuffle import ChannelShuffle
@@ -101,6 +102,7 @@ __all__ = [
     "MaxPool",
     "Pad",
     "Pointwise",
+    "PositionMap",
     "ReLU",
     "Scale",
     "SelectToken",

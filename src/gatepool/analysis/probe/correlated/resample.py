@@ -6,6 +6,8 @@ forward   m_out = A m; per channel Cov_out = A Cov_in Aᵀ with Cov_in(p, q) = �
           variance map its diagonal, the lag sums T(Δ) = Σ_P Cov_out(P, P + Δ) (as the adaptive pool's
           window matrix, :mod:`adaptive`)
 backward  g_in = Aᵀ g: Cov = Aᵀ Cov_g A, the same sums
+
+:class:`PositionMap` is that for a given A: PoolFormer's ``pool(x) − x``, one map A − I of x.
 """
 
 from __future__ import annotations
@@ -43,4 +45,22 @@ class Interpolate(AdaptiveAvgPool):
         out = F.interpolate(unit, **self.kwargs)  # (H·W, 1, Ho, Wo): the image of each input position
         self.in_hw, self.A = (H, W), out.reshape(H * W, Ho * Wo).T  # (Ho·Wo, H·W)
         mean = (x.mean.reshape(C, -1) @ self.A.T).reshape(C, Ho, Wo)
+        return from_covariance(mean, self.A @ covariance(x) @ self.A.T)
+
+
+class PositionMap(AdaptiveAvgPool):
+    """y = M x at every channel, M (Ho·Wo, H·W) a fixed matrix of the positions: PoolFormer's
+    ``pool(x) − x`` as one map (A − I) of x, where the two terms, both of x, are not independent."""
+
+    def __init__(self, matrix: torch.Tensor, out_hw: tuple[int, int]) -> None:
+        if matrix.ndim != 2 or matrix.shape[0] != out_hw[0] * out_hw[1]:
+            raise ValueError(f"matrix must be (Ho·Wo, H·W) for out_hw {out_hw}, got {tuple(matrix.shape)}")
+        self.M, self.out = matrix.to(_DT), tuple(out_hw)
+
+    def forward(self, x: Field) -> Field:
+        C, H, W = x.shape
+        if self.M.shape[1] != H * W:
+            raise ValueError(f"the matrix reads {self.M.shape[1]} positions, the map has {H}·{W}")
+        self.in_hw, self.A = (H, W), self.M
+        mean = (x.mean.reshape(C, -1) @ self.A.T).reshape(C, *self.out)
         return from_covariance(mean, self.A @ covariance(x) @ self.A.T)
