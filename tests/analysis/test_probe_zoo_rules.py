@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from test_probe_correlated import _ramp, assert_walk_holds, close, gaussian_field
 
 from gatepool.analysis.probe import correlated as cr
+from gatepool.analysis.probe.correlated_predict import predict_correlated
 
 
 @pytest.mark.parametrize("k, s, p, H", [(3, 2, 0, 10), (3, 2, 1, 10), (2, 2, 0, 9)])
@@ -387,3 +388,29 @@ def test_the_walk_carries_a_pool_less_its_input():
     model = _PoolMixer().double()
     x = torch.randn(1024, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     assert_walk_holds(model, x, ["stem", "norm", "pool", "mlp.1", "mlp.2", "norm2", "pool2"])
+
+
+class _FourierCode(torch.nn.Module):
+    """EdgeNeXt's position code: built from ``torch.arange`` and the map's size, projected by a conv (a
+    module of constants), added to the tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.proj = torch.nn.Conv2d(4, 8, 1)
+        self.fc = torch.nn.Linear(8, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        B, C, H, W = x.shape
+        code = torch.arange(H * W, dtype=torch.float32, device=self.proj.weight.device).reshape(1, 1, H, W)
+        pos = self.proj(torch.cat([code.sin(), code.cos(), code / (H * W), code * 0], 1))
+        return self.fc((x + pos).mean((2, 3)))
+
+
+def test_a_module_of_constants_is_evaluated_and_its_row_says_so():
+    torch.manual_seed(0)
+    model = _FourierCode()
+    pred = predict_correlated(model, cr.measure_input(torch.randn(64, 3, 6, 6)))
+    assert pred["fc"].var is not None and pred["stem"].grad_e2 is not None
+    assert pred["proj"].var is None and "a constant (of parameters alone)" in pred["proj"].note

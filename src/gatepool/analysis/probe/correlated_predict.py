@@ -425,9 +425,9 @@ def _call_args(signature, given: tuple):
         raise NotImplementedError(f"a call with these arguments: {e}") from None
 
 
-def _fold(n: fx.Node, const: dict) -> object:
+def _fold(n: fx.Node, const: dict, gm: nn.Module | None = None) -> object:
     """A node computed from constants alone (parameters, buffers, numbers), evaluated; never one that
-    would write into them (an in-place op: the walk leaves the model as it is)."""
+    would write into them (an in-place op, a module with buffers: the walk leaves the model as it is)."""
     name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
     if name.endswith("_") or n.target in _IN_PLACE:
         raise NotImplementedError(f"{name} would change a parameter or buffer")
@@ -436,6 +436,11 @@ def _fold(n: fx.Node, const: dict) -> object:
         return n.target(*args, **kwargs)
     if n.op == "call_method":
         return getattr(args[0], n.target)(*args[1:], **kwargs)
+    if n.op == "call_module" and gm is not None:  # EdgeNeXt's projection of its Fourier position code
+        m = gm.get_submodule(str(n.target))
+        if next(m.buffers(), None) is not None:
+            raise NotImplementedError(f"{type(m).__name__} (a module with buffers) of constants")
+        return m(*args, **kwargs)
     raise NotImplementedError(f"{n.op} of constants")
 
 
@@ -595,8 +600,10 @@ def _permuted(n: fx.Node, layout: tuple) -> tuple:
 
 def _to_field(v, layout: tuple):
     """A constant broadcast against a tensor of this layout, as a tensor on the field's (C, H, W)."""
-    if layout == _CHW or not isinstance(v, torch.Tensor):
+    if not isinstance(v, torch.Tensor):
         return v
+    if layout == _CHW:
+        return v[0] if v.ndim == 4 and v.shape[0] == 1 else v  # (1, C, H, W): one for the whole batch
     t = v.detach()
     if t.ndim > len(layout) + 1 or (t.ndim == len(layout) + 1 and t.shape[0] != 1):
         raise NotImplementedError(f"a {tuple(t.shape)} constant on a {layout} tensor")
@@ -849,9 +856,10 @@ def predict_correlated(
                 const[n] = size
                 continue
             found = _node_args(n)
-            if found and n.op in ("call_function", "call_method") and all(a in const for a in found):
+            if found and n.op.startswith("call_") and all(a in const for a in found):
                 try:
-                    const[n] = _fold(n, const)
+                    const[n] = _fold(n, const, gm)
+                    why[n] = f"{n.name}: a constant (of parameters alone): no field to predict"
                     continue
                 except Exception as e:  # noqa: BLE001 (any op on constants: no prediction, the reason kept)
                     value[n], why[n] = None, f"{n.name}: {type(e).__name__} on constants"
