@@ -49,3 +49,18 @@ def test_a_same_padding_conv_is_not_taken_for_a_plain_conv():
     net = torch.nn.Sequential(Conv2dSame(3, 4, 4, stride=2), torch.nn.ReLU())
     pred = predict_correlated(net, cr.measure_input(torch.randn(64, 3, 9, 9)))
     assert pred["0"].var is None and "Conv2dSame: its own forward, not Conv2d's" in pred["0"].note
+
+
+def test_beit_is_predicted_whole():
+    """timm's Beit (its attention an ``F.linear`` of the qkv weight with the bias (q, 0, v), a relative
+    position bias that starts at zero, layer scale, the patches' mean after the class token): every row."""
+    import timm
+
+    from gatepool.analysis.probe.check import check_model
+
+    torch.manual_seed(0)
+    beit = timm.create_model("beit_base_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2,
+                             embed_dim=64, num_heads=2)  # fmt: skip
+    c = check_model(beit, torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(0)))
+    assert c.with_rule == c.modules > 30 and not c.no_rule and not c.error, c  # before: 6 (at F.linear)
+    assert c.forward >= 0.9 * c.modules and c.backward >= 0.9 * c.modules, c

@@ -275,6 +275,22 @@ def _timm_attention(m: nn.Module):
     return cr.Attention(m.qkv.weight, m.qkv.bias, m.proj.weight, m.proj.bias, m.num_heads)
 
 
+def _beit_attention(m: nn.Module):
+    """timm's Beit ``Attention``: ``F.linear`` of its qkv weight with the bias (q_bias, 0, v_bias), the
+    softmax attention, proj; the attention rule's where its relative position bias adds nothing (None,
+    or the zeros it starts from) and the scale is 1/√head_dim."""
+    table = getattr(m, "relative_position_bias_table", None)
+    if table is not None and bool(table.detach().any()):
+        raise NotImplementedError("Beit Attention with a relative position bias that is not zero")
+    dim, heads = m.qkv.in_features, m.num_heads
+    if m.qkv.out_features != 3 * dim or abs(m.scale - (dim // heads) ** -0.5) > 1e-12 or m.attn_drop.p:
+        raise NotImplementedError("Beit Attention of heads other than the width, its own scale or dropout")
+    if m.proj_drop.p:
+        raise NotImplementedError("Beit Attention with dropout")
+    bias = None if m.q_bias is None else torch.cat((m.q_bias, m.k_bias, m.v_bias))
+    return cr.Attention(m.qkv.weight, bias, m.proj.weight, m.proj.bias, heads)
+
+
 def _drop_path(m: nn.Module):
     """torchvision's ``StochasticDepth(p, mode)`` or timm's ``DropPath(drop_prob, scale_by_keep)``."""
     p = float(getattr(m, "p", getattr(m, "drop_prob", 0.0)) or 0.0)
@@ -343,6 +359,7 @@ _NAMED_RULES = {
     "torchvision.ops.stochastic_depth.StochasticDepth": _drop_path,
     "timm.layers.drop.DropPath": _drop_path,
     "timm.layers.attention.Attention": _timm_attention,
+    "timm.models.beit.Attention": _beit_attention,
     "timm.layers.norm_act.BatchNormAct2d": lambda m: _NormAct(m, _batchnorm(m)),
     "timm.layers.norm_act.GroupNormAct": lambda m: _NormAct(m, _groupnorm(m)),
     "timm.layers.norm_act.GroupNorm1Act": lambda m: _NormAct(m, _groupnorm(m)),
@@ -710,6 +727,31 @@ def _channel_slice(n: fx.Node, channels: int, layout: tuple) -> cr.ChannelSlice 
     return cr.ChannelSlice(start, max(start, stop))
 
 
+def _token_slice(n: fx.Node, f: cr.Field, layout: tuple) -> cr.PositionMap | None:
+    """``x[:, a:b]`` of (N, T, C) tokens (the patches after the class token: Beit's average head): a map
+    of the positions that keeps tokens a … b − 1; None for another index."""
+    idx = n.args[1]
+    if layout != ("W", "C") or not (isinstance(idx, tuple) and len(idx) == 2 and idx[0] == slice(None)):
+        return None
+    sl, T = idx[1], f.shape[2]
+    if not isinstance(sl, slice) or sl.step not in (None, 1) or not all(
+            isinstance(v, (int, type(None))) for v in (sl.start, sl.stop)):  # fmt: skip
+        return None
+    keep = range(*sl.indices(T))
+    if not keep:
+        raise NotImplementedError("an empty slice of the tokens")
+    return cr.PositionMap(torch.eye(T, dtype=torch.float64)[list(keep)], (1, len(keep)))
+
+
+def _means_tokens(n: fx.Node) -> bool:
+    """Is ``n`` a mean of (N, T, C) tokens over the tokens (``x.mean(dim=1)``, keepdim False)?"""
+    if n.target not in ("mean", torch.mean) or n.op not in ("call_method", "call_function"):
+        return False
+    dim = n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else None)
+    keep = n.kwargs.get("keepdim", n.args[2] if len(n.args) > 2 else False)
+    return dim in (1, -2, (1,), [1]) and keep is False
+
+
 def _select(n: fx.Node, layout: tuple) -> cr.SelectToken:
     """``x[:, i]`` of tokens (a class token)."""
     idx = n.args[1]
@@ -918,6 +960,8 @@ def predict_correlated(
                     step := _channel_slice(n, value[args[0]].shape[0], layout)
                 ) is not None:
                     value[n], steps[n] = step.forward(value[args[0]]), step
+                elif n.target is operator.getitem and (step := _token_slice(n, value[args[0]], layout)):
+                    value[n], steps[n] = step.forward(value[args[0]]), step
                 elif n.target is operator.getitem:
                     step = _select(n, layout)
                     value[n], steps[n], dims[n] = step.forward(value[args[0]]), step, ("C",)
@@ -1069,6 +1113,9 @@ def predict_correlated(
                     step = _Adaptive(nn.AdaptiveAvgPool2d(size))
                     value[n] = step.forward(value[args[0]])
                     steps[n] = step
+                elif layout == ("W", "C") and _means_tokens(n):  # x.mean(1) of (N, T, C) tokens
+                    step = _Adaptive(nn.AdaptiveAvgPool2d(1))
+                    value[n], steps[n], dims[n] = step.forward(value[args[0]]), step, ("C",)
                 elif layout == _CHW and _means_positions(n):  # x.mean([2, 3]): the global average pool
                     step = _Adaptive(nn.AdaptiveAvgPool2d(1))
                     value[n], steps[n] = step.forward(value[args[0]]), step
