@@ -907,6 +907,9 @@ def predict_correlated(
                     value[n], why[n] = None, f"{n.name}: {type(e).__name__} on constants"
                     continue
             args = [a for a in found if a not in const]
+            if n.op == "placeholder" and n is not nodes[0]:  # an optional input (attn_mask=None): its default
+                const[n] = n.args[0] if n.args else None
+                continue
             if n.op == "placeholder":
                 value[n], dims[n] = input_stats, _CHW
                 continue
