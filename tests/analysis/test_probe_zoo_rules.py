@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from test_probe_correlated import _ramp, assert_walk_holds, close, gaussian_field
 
 from gatepool.analysis.probe import correlated as cr
+from gatepool.analysis.probe.correlated_predict import predict_correlated
 
 
 @pytest.mark.parametrize("k, s, p, H", [(3, 2, 0, 10), (3, 2, 1, 10), (2, 2, 0, 9)])
@@ -108,3 +109,308 @@ def test_avg_pool_in_ceil_mode_or_without_the_padding_matches_monte_carlo(k, s, 
     g, gf = gaussian_field(H=y.shape[-2], W=y.shape[-1], seed=3, ell=1.0)
     (y * g).sum().backward()
     close(rule.backward(gf), xr.grad, rel=0.02, corr=0.02)
+
+
+class _Doubled(torch.nn.Conv2d):
+    """A conv subclass whose own forward computes something else (twice the conv): not the conv's rule."""
+
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+class _Plain(torch.nn.Conv2d):
+    """A conv subclass that keeps the conv's forward: the conv's rule."""
+
+
+def _subclassed_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(_Plain(3, 4, 3, padding=1), torch.nn.ReLU(), _Doubled(4, 4, 3, padding=1))
+
+
+def test_a_subclass_with_its_own_forward_does_not_get_its_base_rule(monkeypatch):
+    """On main the doubled conv was predicted as a plain conv (a quarter of its variance); now its row says
+    it has no rule and why, unless a rule is registered for it or its base's is for every subclass."""
+    import gatepool.analysis.probe.correlated_predict as cp
+
+    monkeypatch.setattr(cp, "_RULES", cp._RULES.copy())
+    monkeypatch.setattr(cp, "_FOR_SUBCLASSES", set())
+    net = _subclassed_net()
+    stats = cr.measure_input(torch.randn(64, 3, 8, 8, generator=torch.Generator().manual_seed(1)))
+    pred = cp.predict_correlated(net, stats)
+    assert pred["0"].var is not None and pred["1"].var is not None  # no forward of its own: Conv2d's rule
+    assert pred["2"].var is None and "_Doubled: its own forward, not Conv2d's" in pred["2"].note
+    cp.register_correlated_rule(torch.nn.Conv2d, cp._conv, subclasses=True)  # the conv's rule for all
+    assert cp.predict_correlated(net, stats)["2"].var is not None
+    cp.register_correlated_rule(torch.nn.Conv2d, cp._conv)  # registered again: for plain subclasses only
+    assert cp.predict_correlated(net, stats)["2"].var is None
+
+    def doubled(m):
+        return _Chain(cp._conv(m), cr.Scale(2.0))
+
+    cp.register_correlated_rule(_Doubled, doubled)  # its own rule: the prediction is the measurement's
+    pred = cp.predict_correlated(net, stats)
+    x = torch.randn(4000, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        y = net(x)
+    assert abs(pred["2"].var / float(y.var(unbiased=False)) - 1) < 0.05
+    with pytest.raises(TypeError, match="subclasses must be a bool"):
+        cp.register_correlated_rule(_Doubled, doubled, subclasses="yes")
+
+
+class _Chain:
+    def __init__(self, *steps):
+        self.steps = steps
+
+    def forward(self, x):
+        for s in self.steps:
+            x = s.forward(x)
+        return x
+
+    def backward(self, g):
+        for s in reversed(self.steps):
+            g = s.backward(g)
+        return g
+
+
+@pytest.mark.parametrize("H", [6, 3])
+def test_a_linear_over_a_flattened_map_matches_monte_carlo(H):
+    """AlexNet's and VGG's classifier: every output reads every channel at every position, its variance
+    through each channel's whole covariance; backward the transposed sum into a correlated map."""
+    C, O = 2, 5
+    mean, var = _ramp(C, H, H, -0.5, 0.8), _ramp(C, H, H, 0.5, 2.0)
+    x, f = gaussian_field(C=C, H=H, W=H, mean=mean, var=var, ell=1.4)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(C * H * H, O).double()
+    rule = cr.FlatLinear(lin.weight, lin.bias)
+    xr = x.clone().requires_grad_(True)
+    y = lin(torch.flatten(xr, 1))
+    close(rule.forward(f), y.detach()[:, :, None, None], rel=0.02, lags=())
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    g = g * torch.linspace(0.5, 2.0, O, dtype=torch.float64)
+    gf = cr.Field(torch.zeros(O, 1, 1, dtype=torch.float64), torch.linspace(0.5, 2.0, O, dtype=torch.float64
+                  ).pow(2)[:, None, None], torch.ones(O, 1, 1, dtype=torch.float64))  # fmt: skip
+    (y * g).sum().backward()
+    close(rule.backward(gf), xr.grad, rel=0.02, corr=0.02, lags=(1, 2) if H > 3 else (1,))
+    with pytest.raises(ValueError, match="inputs are not the map's"):
+        cr.FlatLinear(lin.weight[:, :-1], None).forward(f)
+
+
+class _VGGHead(torch.nn.Module):
+    """VGG's shape, small: convs, a max pool, an adaptive pool up to 3 × 3, flattened into a classifier
+    of Linears (one an ``F.linear`` of a parameter), a dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.features = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.Conv2d(16, 24, 3, padding=1), nn.ReLU())  # fmt: skip
+        self.avgpool = nn.AdaptiveAvgPool2d((3, 3))
+        self.fc1 = nn.Linear(24 * 9, 64)
+        self.relu = nn.ReLU()
+        self.drop = nn.Dropout(0.2)
+        self.w2 = nn.Parameter(torch.randn(10, 64) / 8)
+
+    def forward(self, x):
+        x = torch.flatten(self.avgpool(self.features(x)), 1)
+        return F.linear(self.drop(self.relu(self.fc1(x))), self.w2)
+
+
+def test_the_walk_carries_a_flattened_map_into_a_classifier():
+    torch.manual_seed(0)
+    model = _VGGHead().double()
+    x = torch.randn(1024, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    assert_walk_holds(model, x, ["features.1", "features.4", "avgpool", "fc1", "relu", "drop"])
+
+
+@pytest.mark.parametrize("pads, fill", [((0, 1, 0, 1), 0.0), ((2, 1, 0, 3), 0.5)])
+def test_a_padded_map_matches_monte_carlo(pads, fill):
+    """hgnetv2's ``F.pad(x, (0, 1, 0, 1))`` and an uneven pad with a constant: the padding fixed, the map's
+    correlation as it was; the gradient cut back to the map."""
+    H = 7
+    x, f = gaussian_field(H=H, W=H, mean=_ramp(2, H, H, -0.5, 0.8), var=_ramp(2, H, H, 0.5, 2.0), ell=1.2)
+    rule = cr.Pad(*pads, value=fill)
+    xr = x.clone().requires_grad_(True)
+    y = F.pad(xr, pads, value=fill)
+    out = rule.forward(f)
+    assert out.shape == y.shape[1:] and float(out.var[:, -1, -1].abs().max()) == 0.0
+    assert torch.allclose(out.mean[:, -1, -1], torch.full((2,), fill, dtype=torch.float64))
+    close(out, y.detach(), rel=0.02, corr=0.02)
+    g, gf = gaussian_field(H=y.shape[-2], W=y.shape[-1], var=_ramp(2, y.shape[-2], y.shape[-1], 0.3, 3.0),
+                           seed=3, ell=1.0)  # fmt: skip
+    (y * g).sum().backward()
+    close(rule.backward(gf), xr.grad, rel=0.02, corr=0.02)
+    with pytest.raises(ValueError, match="ints ≥ 0"):
+        cr.Pad(-1, 0, 0, 0)
+
+
+@pytest.mark.parametrize("k, dilation, padding", [(4, 1, "same"), (3, 1, "same"), (3, 2, 2), (2, 1, "valid")])
+def test_conv_given_same_or_valid_padding_or_a_dilation_matches_monte_carlo(k, dilation, padding):
+    """``padding='same'`` with an even kernel pads one more row and column after (the map padded first),
+    an odd one evenly (convmixer's 9 × 9); a dilated kernel is the kernel with zeros between its taps."""
+    import gatepool.analysis.probe.correlated_predict as cp
+
+    H = 9
+    x, f = gaussian_field(H=H, W=H, mean=_ramp(2, H, H, -0.5, 0.8), var=_ramp(2, H, H, 0.5, 2.0), ell=1.2)
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(2, 3, k, padding=padding, dilation=dilation).double()
+    rule = cp._conv(conv)
+    xr = x.clone().requires_grad_(True)
+    y = conv(xr)
+    close(rule.forward(f), y.detach(), rel=0.02, corr=0.02)
+    g, gf = gaussian_field(C=3, H=y.shape[-2], W=y.shape[-1], seed=3, ell=1.0)
+    (y * g).sum().backward()
+    # the uneven pad's gradient, cut out of the padded map's, keeps that map's stationary correlation: its
+    # border positions, dropped, had less (lag 1: 0.673 against 0.701 measured on this 9 × 9 map)
+    close(rule.backward(gf), xr.grad, rel=0.02, corr=0.03 if k % 2 == 0 else 0.02)
+    with pytest.raises(NotImplementedError, match="padding_mode 'reflect'"):
+        cp._conv(torch.nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect"))
+
+
+class _Functional(torch.nn.Module):
+    """Inception's functional pools and hgnetv2's pad: ``F.max_pool2d`` of a ReLU's output,
+    ``F.avg_pool2d(x, 3, 1, 1)``, ``F.pad``, a conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.relu = torch.nn.ReLU()
+        self.conv = torch.nn.Conv2d(16, 16, 2)
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(self.relu(self.stem(x)), kernel_size=3, stride=2, ceil_mode=True)
+        x = self.conv(F.pad(F.avg_pool2d(x, kernel_size=3, stride=1, padding=1), (0, 1, 0, 1)))
+        return self.fc(x.mean((2, 3)))
+
+
+def test_the_walk_carries_functional_pools_and_a_pad():
+    torch.manual_seed(0)
+    model = _Functional().double()
+    x = torch.randn(1024, 3, 12, 12, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    assert_walk_holds(model, x, ["stem", "relu", "conv", "fc"])
+
+
+@pytest.mark.parametrize("H, kwargs", [(5, dict(scale_factor=2, mode="nearest")),
+                                       (5, dict(scale_factor=2, mode="bilinear", align_corners=False)),
+                                       (6, dict(size=(4, 9), mode="bilinear", align_corners=True)),
+                                       (4, dict(scale_factor=4, mode="nearest"))])  # fmt: skip
+def test_an_interpolated_map_matches_monte_carlo(H, kwargs):
+    """HRNet's fuse layers (nearest × 2 and × 4), bilinear up and to a size (down along H): torch's own
+    position map A, the whole covariance A Cov Aᵀ."""
+    x, f = gaussian_field(H=H, W=H, mean=_ramp(2, H, H, -0.5, 0.8), var=_ramp(2, H, H, 0.5, 2.0), ell=1.2)
+    rule = cr.Interpolate(**kwargs)
+    xr = x.clone().requires_grad_(True)
+    y = F.interpolate(xr, **kwargs)
+    out = rule.forward(f)
+    assert out.shape == y.shape[1:]
+    close(out, y.detach(), rel=0.02, corr=0.02)
+    g, gf = gaussian_field(H=y.shape[-2], W=y.shape[-1], var=_ramp(2, y.shape[-2], y.shape[-1], 0.3, 3.0),
+                           seed=3, ell=1.0)  # fmt: skip
+    (y * g).sum().backward()
+    close(rule.backward(gf), xr.grad, rel=0.02, corr=0.02)
+    with pytest.raises(ValueError, match="one of size and scale_factor"):
+        cr.Interpolate()
+
+
+class _Fuse(torch.nn.Module):
+    """HRNet's fuse: a half-resolution branch upsampled (a module and a function) and added to the
+    full-resolution stream."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.down = nn.Sequential(nn.Conv2d(16, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.low = nn.Conv2d(16, 16, 1)
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.low2 = nn.Conv2d(16, 16, 1)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        low = self.down(x)
+        x = x + self.up(self.low(low)) + F.interpolate(self.low2(low), scale_factor=2.0, mode="bilinear")
+        return self.fc(x.mean((2, 3)))
+
+
+def test_the_walk_carries_an_upsampled_branch():
+    torch.manual_seed(0)
+    model = _Fuse().double()
+    x = torch.randn(1024, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    assert_walk_holds(model, x, ["stem.2", "down.2", "low", "up", "low2"])
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_a_pool_less_its_input_matches_monte_carlo(include):
+    """PoolFormer's token mixer ``pool(x) − x``: one map (A − I) of x (the two terms, both of x, taken as
+    independent would add their variances); the gradient to x through (A − I)ᵀ."""
+    H = 8
+    x, f = gaussian_field(H=H, W=H, mean=_ramp(2, H, H, -0.5, 0.8), var=_ramp(2, H, H, 0.5, 2.0), ell=1.2)
+    pool = torch.nn.AvgPool2d(3, 1, 1, count_include_pad=include)
+    eye = torch.eye(H * H, dtype=torch.float64)
+    A = cr.AvgPoolWindows((3, 3), (1, 1), (1, 1), False, include)
+    A.forward(f)
+    rule = cr.PositionMap(A.A - eye, (H, H))
+    xr = x.clone().requires_grad_(True)
+    y = pool(xr) - xr
+    close(rule.forward(f), y.detach(), rel=0.02, corr=0.02)
+    g, gf = gaussian_field(H=H, W=H, var=_ramp(2, H, H, 0.3, 3.0), seed=3, ell=1.0)
+    (y * g).sum().backward()
+    close(rule.backward(gf), xr.grad, rel=0.02, corr=0.02)
+    with pytest.raises(ValueError, match="matrix must be"):
+        cr.PositionMap(eye, (H, H + 1))
+
+
+class _PoolMixer(torch.nn.Module):
+    """PoolFormer's token mixer pool(GroupNorm x) − GroupNorm x, a channel MLP, the difference the other
+    way round, a difference with a number (no residual adds: PoolFormer's, with its layer scale 1e-5, are
+    independent at init; without it the stream and the mixer, both of x, are not)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.norm = nn.GroupNorm(1, 16)
+        self.pool = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+        self.mlp = nn.Sequential(nn.Conv2d(16, 32, 1), nn.GELU(), nn.Conv2d(32, 16, 1))
+        self.norm2 = nn.GroupNorm(1, 16)
+        self.pool2 = nn.AvgPool2d(3, 1, 1)
+        self.fc = nn.Linear(16 * 8 * 8, 10)
+
+    def forward(self, x):
+        y = self.norm(self.stem(x))
+        y = self.norm2(self.mlp(self.pool(y) - y))
+        return self.fc(torch.flatten(y - self.pool2(y) - 0.5, 1))
+
+
+def test_the_walk_carries_a_pool_less_its_input():
+    torch.manual_seed(0)
+    model = _PoolMixer().double()
+    x = torch.randn(1024, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    assert_walk_holds(model, x, ["stem", "norm", "pool", "mlp.1", "mlp.2", "norm2", "pool2"])
+
+
+class _FourierCode(torch.nn.Module):
+    """EdgeNeXt's position code: built from ``torch.arange`` and the map's size, projected by a conv (a
+    module of constants), added to the tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.proj = torch.nn.Conv2d(4, 8, 1)
+        self.fc = torch.nn.Linear(8, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        B, C, H, W = x.shape
+        code = torch.arange(H * W, dtype=torch.float32, device=self.proj.weight.device).reshape(1, 1, H, W)
+        pos = self.proj(torch.cat([code.sin(), code.cos(), code / (H * W), code * 0], 1))
+        return self.fc((x + pos).mean((2, 3)))
+
+
+def test_a_module_of_constants_is_evaluated_and_its_row_says_so():
+    torch.manual_seed(0)
+    model = _FourierCode()
+    pred = predict_correlated(model, cr.measure_input(torch.randn(64, 3, 6, 6)))
+    assert pred["fc"].var is not None and pred["stem"].grad_e2 is not None
+    assert pred["proj"].var is None and "a constant (of parameters alone)" in pred["proj"].note

@@ -43,10 +43,55 @@ def _pair(v) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-def _conv(m: nn.Conv2d):
-    if m.padding_mode != "zeros" or _pair(m.dilation) != (1, 1) or isinstance(m.padding, str):
-        raise NotImplementedError("conv rule: zero padding given as numbers, no dilation")
-    return cr.Conv(m.weight, m.bias, _pair(m.stride), _pair(m.padding), m.groups)
+def _conv(m: nn.Conv2d, weight: torch.Tensor | None = None):
+    """Conv2d with zero padding: given as numbers, ``'valid'``, or ``'same'`` (uneven for an even kernel:
+    the map padded first, :class:`correlated.Pad`); a dilated kernel as the kernel with zeros between its
+    taps (exact)."""
+    if m.padding_mode != "zeros":
+        raise NotImplementedError(f"conv rule: padding_mode {m.padding_mode!r} (zeros only)")
+    weight = m.weight if weight is None else weight
+    dh, dw = _pair(m.dilation)
+    if (dh, dw) != (1, 1):
+        kh, kw = weight.shape[-2:]
+        dilated = weight.new_zeros((*weight.shape[:2], dh * (kh - 1) + 1, dw * (kw - 1) + 1))
+        dilated[..., ::dh, ::dw] = weight
+        weight = dilated
+    if m.padding == "valid":
+        return cr.Conv(weight, m.bias, _pair(m.stride), (0, 0), m.groups)
+    if m.padding != "same":
+        return cr.Conv(weight, m.bias, _pair(m.stride), _pair(m.padding), m.groups)
+    (th, tw) = (k - 1 for k in weight.shape[-2:])  # torch's 'same': the extra row and column after
+    if th % 2 == 0 and tw % 2 == 0:
+        return cr.Conv(weight, m.bias, _pair(m.stride), (th // 2, tw // 2), m.groups)
+    pad = cr.Pad(tw // 2, tw - tw // 2, th // 2, th - th // 2)
+    return _Steps(pad, cr.Conv(weight, m.bias, _pair(m.stride), (0, 0), m.groups))
+
+
+class _Steps:
+    """Linear steps one after another (a conv's uneven padding, then the conv), forward and backward."""
+
+    def __init__(self, *steps) -> None:
+        self.steps = steps
+
+    def forward(self, x: cr.Field) -> cr.Field:
+        for step in self.steps:
+            x = step.forward(x)
+        return x
+
+    def backward(self, g: cr.Field) -> cr.Field:
+        for step in reversed(self.steps):
+            g = step.backward(g)
+        return g
+
+
+def _std_conv(m: nn.Conv2d, scaled: bool):
+    """timm's ``StdConv2d`` and ``ScaledStdConv2d`` (NF-Nets, BiT): a conv whose weight is standardised
+    per output channel, (W − mean)/√(var + eps), times ``gain · scale`` when scaled; the conv's rule on
+    that weight (timm's own expression)."""
+    w = m.weight.reshape(1, m.out_channels, -1)
+    gain = (m.gain * m.scale).view(-1) if scaled else None
+    w = torch.nn.functional.batch_norm(w, None, None, weight=gain, training=True, momentum=0.0, eps=m.eps)
+    return _conv(m, w.reshape_as(m.weight))
 
 
 def _maxpool(m: nn.MaxPool2d):
@@ -112,6 +157,37 @@ class _Add:
         if i == self.relu:
             return dataclasses.replace(g, pre_relu=None, yy=None)
         return dataclasses.replace(g, stream_gate=None, pre_relu=None, yy=None)
+
+
+class _Difference:
+    """a − b where a = A b (a fixed map of b's positions: PoolFormer's ``pool(x) − x``): one map A − I of
+    b, not two independent terms. Its gradient goes to b through (A − I)ᵀ; a (whose own step is then
+    not walked back) gets the output's gradient as its row's."""
+
+    def __init__(self, matrix: torch.Tensor, out_hw, pooled: int) -> None:
+        self.map, self.pooled = cr.PositionMap(matrix, out_hw), pooled  # pooled: a's index among the two
+
+    def forward(self, x: cr.Field) -> cr.Field:
+        return self.map.forward(x)
+
+    def backward(self, g: cr.Field) -> list[cr.Field]:
+        """The gradients of the two terms, in the call's order."""
+        return [g, self.map.backward(g)] if self.pooled == 0 else [self.map.backward(g), g]
+
+
+_PER_INPUT = (cr.Cat, cr.Gate, cr.TokenCat, _Difference)  # steps whose backward gives each input its own
+
+
+def _positions_matrix(step, x: cr.Field) -> torch.Tensor | None:
+    """The matrix (Ho·Wo, H·W) of a step that is a fixed map of its input's positions, the same at every
+    channel (an average or adaptive pool, an interpolation), on the field ``x``; else None."""
+    if isinstance(step, _AvgPool):
+        windows = cr.AvgPoolWindows(step.k, step.s, step.p, *step.modes)  # the box filter's too
+        windows.forward(x)
+        return windows.A
+    if isinstance(step, _Adaptive) and isinstance(step.conv, cr.AdaptiveAvgPool):
+        return step.conv.A
+    return step.A if isinstance(step, cr.AdaptiveAvgPool) else None
 
 
 class _Identity:
@@ -199,6 +275,22 @@ def _timm_attention(m: nn.Module):
     return cr.Attention(m.qkv.weight, m.qkv.bias, m.proj.weight, m.proj.bias, m.num_heads)
 
 
+def _beit_attention(m: nn.Module):
+    """timm's Beit ``Attention``: ``F.linear`` of its qkv weight with the bias (q_bias, 0, v_bias), the
+    softmax attention, proj; the attention rule's where its relative position bias adds nothing (None,
+    or the zeros it starts from) and the scale is 1/√head_dim."""
+    table = getattr(m, "relative_position_bias_table", None)
+    if table is not None and bool(table.detach().any()):
+        raise NotImplementedError("Beit Attention with a relative position bias that is not zero")
+    dim, heads = m.qkv.in_features, m.num_heads
+    if m.qkv.out_features != 3 * dim or abs(m.scale - (dim // heads) ** -0.5) > 1e-12 or m.attn_drop.p:
+        raise NotImplementedError("Beit Attention of heads other than the width, its own scale or dropout")
+    if m.proj_drop.p:
+        raise NotImplementedError("Beit Attention with dropout")
+    bias = None if m.q_bias is None else torch.cat((m.q_bias, m.k_bias, m.v_bias))
+    return cr.Attention(m.qkv.weight, bias, m.proj.weight, m.proj.bias, heads)
+
+
 def _drop_path(m: nn.Module):
     """torchvision's ``StochasticDepth(p, mode)`` or timm's ``DropPath(drop_prob, scale_by_keep)``."""
     p = float(getattr(m, "p", getattr(m, "drop_prob", 0.0)) or 0.0)
@@ -224,27 +316,40 @@ _RULES = {  # the built-in rules; register_correlated_rule adds a user's (a modu
     nn.LayerNorm: _layernorm,
     nn.MultiheadAttention: _attention,
     nn.modules.batchnorm._BatchNorm: _batchnorm,
+    nn.SyncBatchNorm: _batchnorm,  # its own forward: on one process, BatchNorm's
     nn.Dropout: lambda m: cr.Dropout(m.p, m.training),
     nn.ChannelShuffle: lambda m: cr.ChannelShuffle(m.groups),
+    nn.Upsample: lambda m: cr.Interpolate(m.size, m.scale_factor, m.mode, m.align_corners,
+                                          m.recompute_scale_factor),  # fmt: skip
     nn.Flatten: lambda m: _Identity(),
     nn.Identity: lambda m: _Identity(),
 }
 _RULES = Registry("target", modules=True, functions=True, entries=_RULES)
 
 
-def register_correlated_rule(target, rule=None):
+def register_correlated_rule(target, rule=None, *, subclasses: bool = False):
     """Use ``rule`` in the correlated walk for ``target``; returns ``rule`` (without it, a decorator).
 
-    ``target`` a module class (its subclasses too; the walk keeps its calls whole, as one node):
-    ``rule(module)`` builds the step. A function or a method's name (a call node of the traced graph;
+    ``target`` a module class (the walk keeps its calls whole, as one node): ``rule(module)`` builds the
+    step. Its subclasses get the rule too, but for one that defines its own ``forward`` (it may compute
+    something else: timm's ``Conv2dSame`` pads first), unless ``subclasses=True`` says the rule holds
+    for every subclass whatever its forward. A function or a method's name (a call node of the traced graph;
     ``torch.fx.wrap`` keeps a function of yours one node): ``rule(*args, **kwargs)`` the call's
     arguments, its tensor input as its :class:`correlated.Field`, constants as they are. The step maps
     one input: ``step.forward(x: Field) -> Field`` (the output's mean map, variance map and correlation
     stencil) and ``step.backward(g: Field) -> Field`` (the gradient's, at the input). A rule that has no
     answer raises NotImplementedError: the row says why, and nothing after it is predicted.
     """
+    if not isinstance(subclasses, bool):
+        raise TypeError(f"subclasses must be a bool, got {type(subclasses).__name__}")
+    if subclasses:
+        _FOR_SUBCLASSES.add(target)
+    else:
+        _FOR_SUBCLASSES.discard(target)
     return _RULES.register(target, rule)
 
+
+_FOR_SUBCLASSES: set = set()  # module classes whose rule holds for a subclass with its own forward too
 
 # modules of torchvision and timm by their qualified class names (neither is imported here); these come
 # before their base classes (a LayerNorm2d is an nn.LayerNorm over the channels, not the last dim)
@@ -254,17 +359,45 @@ _NAMED_RULES = {
     "torchvision.ops.stochastic_depth.StochasticDepth": _drop_path,
     "timm.layers.drop.DropPath": _drop_path,
     "timm.layers.attention.Attention": _timm_attention,
+    "timm.models.beit.Attention": _beit_attention,
     "timm.layers.norm_act.BatchNormAct2d": lambda m: _NormAct(m, _batchnorm(m)),
     "timm.layers.norm_act.GroupNormAct": lambda m: _NormAct(m, _groupnorm(m)),
     "timm.layers.norm_act.GroupNorm1Act": lambda m: _NormAct(m, _groupnorm(m)),
+    # subclasses of torch's modules with a forward of their own that computes the same (their base's rule)
+    "timm.layers.norm.LayerNorm": _layernorm,
+    "timm.layers.norm.GroupNorm": _groupnorm,
+    "timm.layers.norm.GroupNorm1": _groupnorm,
+    "timm.layers.linear.Linear": lambda m: cr.Linear(m.weight, m.bias),
+    "timm.layers.norm_act.SyncBatchNormAct": lambda m: _NormAct(m, _batchnorm(m)),
+    "timm.layers.norm_act.LayerNormAct": lambda m: _NormAct(m, _layernorm(m)),
+    "timm.layers.norm_act.LayerNormAct2d": lambda m: _NormAct(m, _layernorm(m, channels_first=True)),
+    "timm.layers.std_conv.StdConv2d": lambda m: _std_conv(m, scaled=False),
+    "timm.layers.std_conv.ScaledStdConv2d": lambda m: _std_conv(m, scaled=True),
 }
 
 
 def _rule(m: nn.Module):
-    for cls in type(m).__mro__:  # torchvision's and timm's classes by name, before their bases
-        if f"{cls.__module__}.{cls.__qualname__}" in _NAMED_RULES:
-            return _NAMED_RULES[f"{cls.__module__}.{cls.__qualname__}"]
-    return _RULES.lookup(type(m))
+    """The rule of the nearest class in ``type(m).__mro__`` that has one (torchvision's and timm's classes
+    by name, before their bases). Where a class before it defines its own ``forward`` (a subclass that
+    may compute something else) the module is still one node, but its rule says it has none, unless
+    that rule was registered for every subclass."""
+    for cls in type(m).__mro__:
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        if name in _NAMED_RULES:
+            return _NAMED_RULES[name]
+        if _RULES.owner(cls) is cls:
+            return _RULES.lookup(cls)
+        if "forward" in vars(cls):
+            owner = _RULES.owner(type(m))
+            if owner is None or owner in _FOR_SUBCLASSES:
+                return _RULES.lookup(owner)
+            return functools.partial(_own_forward, base=owner)
+    return None
+
+
+def _own_forward(m: nn.Module, base: type):
+    raise NotImplementedError(f"no correlated rule for {type(m).__name__}: its own forward, not "
+                              f"{base.__name__}'s (register_correlated_rule)")  # fmt: skip
 
 
 def _is_leaf(m: nn.Module) -> bool:
@@ -273,6 +406,7 @@ def _is_leaf(m: nn.Module) -> bool:
 
 
 _ADDS = (operator.add, torch.add, operator.iadd)
+_SUBS = (operator.sub, torch.sub, "sub")
 _CATS = (torch.cat, torch.concat, torch.concatenate)
 _MULS = (operator.mul, torch.mul, operator.imul, "mul", "mul_")
 _IN_PLACE = (operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
@@ -293,15 +427,24 @@ _POINTWISE = {
 
 
 def _node_args(n: fx.Node) -> list[fx.Node]:
-    """The nodes among ``n.args``, lists and tuples included (``torch.cat([a, b], 1)``), in order."""
+    """The nodes among ``n.args`` (lists and tuples included: ``torch.cat([a, b], 1)``), then among
+    ``n.kwargs`` (``F.linear(input=x, weight=w)``), in order."""
     found: list[fx.Node] = []
-    fx.node.map_arg(n.args, found.append)
+    fx.node.map_arg((n.args, n.kwargs), found.append)
     return found
 
 
-def _fold(n: fx.Node, const: dict) -> object:
+def _call_args(signature, given: tuple):
+    """``signature(*args, **kwargs)`` of a call's (args, kwargs): its arguments by name (torch's)."""
+    try:
+        return signature(*given[0], **given[1])
+    except TypeError as e:
+        raise NotImplementedError(f"a call with these arguments: {e}") from None
+
+
+def _fold(n: fx.Node, const: dict, gm: nn.Module | None = None) -> object:
     """A node computed from constants alone (parameters, buffers, numbers), evaluated; never one that
-    would write into them (an in-place op: the walk leaves the model as it is)."""
+    would write into them (an in-place op, a module with buffers: the walk leaves the model as it is)."""
     name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
     if name.endswith("_") or n.target in _IN_PLACE:
         raise NotImplementedError(f"{name} would change a parameter or buffer")
@@ -310,6 +453,11 @@ def _fold(n: fx.Node, const: dict) -> object:
         return n.target(*args, **kwargs)
     if n.op == "call_method":
         return getattr(args[0], n.target)(*args[1:], **kwargs)
+    if n.op == "call_module" and gm is not None:  # EdgeNeXt's projection of its Fourier position code
+        m = gm.get_submodule(str(n.target))
+        if next(m.buffers(), None) is not None:
+            raise NotImplementedError(f"{type(m).__name__} (a module with buffers) of constants")
+        return m(*args, **kwargs)
     raise NotImplementedError(f"{n.op} of constants")
 
 
@@ -369,7 +517,10 @@ def _size(n: fx.Node, value: dict, dims: dict) -> torch.Size | int | None:
     if f is None or f.shape[1:] == (1, 1):
         return None
     layout = dims.get(n.args[0], _CHW)
-    size = torch.Size((1, *(f.shape[_CHW.index(a)] for a in layout)))
+    if layout == _FLATTENED:
+        size = torch.Size((1, f.mean.numel()))
+    else:
+        size = torch.Size((1, *(f.shape[_CHW.index(a)] for a in layout)))
     d = n.kwargs.get("dim", n.args[1] if is_size and len(n.args) > 1 else None)
     if d is None:
         return size
@@ -435,6 +586,7 @@ def _shuffle(n: fx.Node, shape: tuple[int, int, int], const: dict) -> tuple[list
 
 
 _CHW = ("C", "H", "W")
+_FLATTENED = ("CHW",)  # a map flattened into one dim after the batch (torch.flatten(x, 1)): C·H·W values
 _PERMUTES = (torch.permute, "permute")
 # steps that act on each element (or each sample) alike: any layout of the tensor's dims
 _ANY_LAYOUT = (cr.Pointwise, cr.ReLU, cr.Dropout, cr.StochasticDepth, _Identity)
@@ -465,8 +617,10 @@ def _permuted(n: fx.Node, layout: tuple) -> tuple:
 
 def _to_field(v, layout: tuple):
     """A constant broadcast against a tensor of this layout, as a tensor on the field's (C, H, W)."""
-    if layout == _CHW or not isinstance(v, torch.Tensor):
+    if not isinstance(v, torch.Tensor):
         return v
+    if layout == _CHW:
+        return v[0] if v.ndim == 4 and v.shape[0] == 1 else v  # (1, C, H, W): one for the whole batch
     t = v.detach()
     if t.ndim > len(layout) + 1 or (t.ndim == len(layout) + 1 and t.shape[0] != 1):
         raise NotImplementedError(f"a {tuple(t.shape)} constant on a {layout} tensor")
@@ -494,9 +648,7 @@ def _in_layout(m: nn.Module, step, f: cr.Field, layout: tuple):
     if f.shape[1:] == (1, 1) or isinstance(step, (*_ANY_LAYOUT, cr.Attention)):
         return step
     if isinstance(step, cr.Linear):
-        if layout[-1] != "C":
-            raise NotImplementedError(f"Linear over the {layout[-1]} dim of a map")
-        return cr.Conv(m.weight[:, :, None, None], m.bias, (1, 1), (0, 0))
+        return _linear(m.weight, m.bias, f, layout)
     if isinstance(step, cr.LayerNorm) and not step.channels_first:
         if layout[-1] != "C":
             raise NotImplementedError(f"LayerNorm over the {layout[-1]} dim of a map")
@@ -504,6 +656,32 @@ def _in_layout(m: nn.Module, step, f: cr.Field, layout: tuple):
     if layout != _CHW:
         raise NotImplementedError(f"{type(m).__name__} of a {layout} tensor (channels first only)")
     return step
+
+
+def _linear(weight: torch.Tensor, bias, f: cr.Field, layout: tuple):
+    """``F.linear`` (or an ``nn.Linear``) of a tensor of this layout: on features (C, 1, 1) the Linear's
+    rule, over the channels at each position a 1×1 conv, over a flattened map (``torch.flatten(x, 1)``)
+    every channel and position at once (:class:`correlated.FlatLinear`)."""
+    if weight.ndim != 2:
+        raise NotImplementedError(f"linear with a {tuple(weight.shape)} weight")
+    if f.shape[1:] == (1, 1):
+        return cr.Linear(weight, bias)
+    if layout == _FLATTENED:
+        return cr.FlatLinear(weight, bias)
+    if layout[-1] != "C":
+        raise NotImplementedError(f"Linear over the {layout[-1]} dim of a map")
+    return cr.Conv(weight[:, :, None, None], bias, (1, 1), (0, 0))
+
+
+def _flattens_map(n: fx.Node, f: cr.Field, const: dict) -> bool:
+    """Whether ``n`` flattens a (C, H, W) map whole, its batch kept: ``torch.flatten(x, 1)``,
+    ``x.view(x.size(0), -1)``, ``x.reshape(N, C·H·W)`` (an ``nn.Flatten()`` module: :func:`_flat_module`)."""
+    if n.target in ("flatten", torch.flatten):
+        start = n.kwargs.get("start_dim", n.args[1] if len(n.args) > 1 else 0)
+        end = n.kwargs.get("end_dim", n.args[2] if len(n.args) > 2 else -1)
+        return start in (1, -3) and end in (3, -1)
+    want = _shape_args(n, const) if n.target in _RESHAPES else None
+    return want is not None and len(want) == 2 and want[0] in (1, -1) and want[1] in (f.mean.numel(), -1)
 
 
 def _split_ranges(n: fx.Node, channels: int, layout: tuple, const: dict) -> list[tuple[int, int]]:
@@ -547,6 +725,31 @@ def _channel_slice(n: fx.Node, channels: int, layout: tuple) -> cr.ChannelSlice 
         return None
     start, stop, _ = sl.indices(channels)
     return cr.ChannelSlice(start, max(start, stop))
+
+
+def _token_slice(n: fx.Node, f: cr.Field, layout: tuple) -> cr.PositionMap | None:
+    """``x[:, a:b]`` of (N, T, C) tokens (the patches after the class token: Beit's average head): a map
+    of the positions that keeps tokens a … b − 1; None for another index."""
+    idx = n.args[1]
+    if layout != ("W", "C") or not (isinstance(idx, tuple) and len(idx) == 2 and idx[0] == slice(None)):
+        return None
+    sl, T = idx[1], f.shape[2]
+    if not isinstance(sl, slice) or sl.step not in (None, 1) or not all(
+            isinstance(v, (int, type(None))) for v in (sl.start, sl.stop)):  # fmt: skip
+        return None
+    keep = range(*sl.indices(T))
+    if not keep:
+        raise NotImplementedError("an empty slice of the tokens")
+    return cr.PositionMap(torch.eye(T, dtype=torch.float64)[list(keep)], (1, len(keep)))
+
+
+def _means_tokens(n: fx.Node) -> bool:
+    """Is ``n`` a mean of (N, T, C) tokens over the tokens (``x.mean(dim=1)``, keepdim False)?"""
+    if n.target not in ("mean", torch.mean) or n.op not in ("call_method", "call_function"):
+        return False
+    dim = n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else None)
+    keep = n.kwargs.get("keepdim", n.args[2] if len(n.args) > 2 else False)
+    return dim in (1, -2, (1,), [1]) and keep is False
 
 
 def _select(n: fx.Node, layout: tuple) -> cr.SelectToken:
@@ -695,14 +898,18 @@ def predict_correlated(
                 const[n] = size
                 continue
             found = _node_args(n)
-            if found and n.op in ("call_function", "call_method") and all(a in const for a in found):
+            if found and n.op.startswith("call_") and all(a in const for a in found):
                 try:
-                    const[n] = _fold(n, const)
+                    const[n] = _fold(n, const, gm)
+                    why[n] = f"{n.name}: a constant (of parameters alone): no field to predict"
                     continue
                 except Exception as e:  # noqa: BLE001 (any op on constants: no prediction, the reason kept)
                     value[n], why[n] = None, f"{n.name}: {type(e).__name__} on constants"
                     continue
             args = [a for a in found if a not in const]
+            if n.op == "placeholder" and n is not nodes[0]:  # an optional input (attn_mask=None): its default
+                const[n] = n.args[0] if n.args else None
+                continue
             if n.op == "placeholder":
                 value[n], dims[n] = input_stats, _CHW
                 continue
@@ -756,6 +963,8 @@ def predict_correlated(
                     step := _channel_slice(n, value[args[0]].shape[0], layout)
                 ) is not None:
                     value[n], steps[n] = step.forward(value[args[0]]), step
+                elif n.target is operator.getitem and (step := _token_slice(n, value[args[0]], layout)):
+                    value[n], steps[n] = step.forward(value[args[0]]), step
                 elif n.target is operator.getitem:
                     step = _select(n, layout)
                     value[n], steps[n], dims[n] = step.forward(value[args[0]]), step, ("C",)
@@ -765,6 +974,12 @@ def predict_correlated(
                     if make is None:
                         raise NotImplementedError(f"no correlated rule for {type(m).__name__}")
                     step = _in_layout(m, make(m), value[args[0]], layout)
+                    if isinstance(m, nn.Flatten) and value[args[0]].shape[1:] != (1, 1):
+                        if layout != _CHW or (m.start_dim, m.end_dim) not in ((1, -1), (1, 3), (-3, -1)):
+                            raise NotImplementedError("flatten of a map with positions but into (N, C·H·W)")
+                        dims[n] = _FLATTENED
+                    if isinstance(step, cr.FlatLinear):
+                        dims[n] = ("C",)
                     for part in getattr(step, "steps", (step,)):  # a timm norm-and-activation: its parts
                         if isinstance(part, cr.BatchNorm):
                             part.batch = batch
@@ -794,6 +1009,24 @@ def predict_correlated(
                     if isinstance(c, bool) or not isinstance(c, (int, float, torch.Tensor)):
                         raise NotImplementedError(f"a sum with a {type(c).__name__}")
                     step = cr.Shift(_to_field(c, layout))
+                    value[n], steps[n] = step.forward(value[args[0]]), step
+                elif n.target in _SUBS and len(args) == 2 and len(n.args) == 2:  # pool(x) − x
+                    i = next((i for i in (0, 1) if inputs.get(n.args[i]) == [n.args[1 - i]]), None)
+                    a, b = (None, None) if i is None else (n.args[i], n.args[1 - i])  # a = A b
+                    A = None if a is None else _positions_matrix(steps.get(a), value[b])
+                    if A is None or len(a.users) != 1 or A.shape[0] != A.shape[1]:
+                        raise NotImplementedError("a difference of two tensors: x − A x or A x − x, A a "
+                                                  "fixed map of x's positions (a pool), only")  # fmt: skip
+                    eye = torch.eye(len(A), dtype=A.dtype)
+                    step = _Difference(A - eye if i == 0 else eye - A, value[b].shape[1:], i)
+                    value[n], steps[n] = step.forward(value[b]), step
+                    inputs[a] = []  # its gradient is the output's; x's goes through A − I here
+                elif n.target in _SUBS and len(args) == 1 and len(n.args) == 2:  # x − c, c − x
+                    c = next(const.get(v, v) for v in n.args if v is not args[0])
+                    if isinstance(c, bool) or not isinstance(c, (int, float, torch.Tensor)):
+                        raise NotImplementedError(f"a difference with a {type(c).__name__}")
+                    c = _to_field(c, layout)
+                    step = cr.Shift(-c) if n.args[0] is args[0] else _Steps(cr.Scale(-1.0), cr.Shift(c))
                     value[n], steps[n] = step.forward(value[args[0]]), step
                 elif n.target in _ADDS and len(args) == 2 and len(n.args) == 2:
                     if dims.get(args[1], _CHW) != layout:
@@ -835,19 +1068,61 @@ def predict_correlated(
                     value[n], steps[n], dims[n] = step.forward(value[args[0]]), step, ("C", "W")
                 elif n.target in _FLAT or (n.op == "call_method" and n.target in ("flatten", "view")):
                     f = value[args[0]]
-                    if f.shape[1:] != (1, 1):
-                        raise NotImplementedError("flatten of a map with positions")
-                    value[n], dims[n] = f, ("C",)
+                    if f.shape[1:] == (1, 1):
+                        value[n], dims[n] = f, ("C",)
+                    elif layout == _CHW and _flattens_map(n, f, const):  # a Linear then reads it whole
+                        value[n], dims[n] = f, _FLATTENED
+                    else:
+                        raise NotImplementedError("flatten of a map with positions but into (N, C·H·W)")
                     steps[n] = _Identity()
+                elif n.target is _F.linear:
+                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
+                    w, b = _call_args(lambda input, weight, bias=None: (weight, bias), given)
+                    if len(args) != 1 or not isinstance(w, torch.Tensor) or isinstance(b, fx.Node):
+                        raise NotImplementedError("linear of a tensor by a constant weight and bias only")
+                    step = _linear(w, b, value[args[0]], layout)
+                    value[n], steps[n] = step.forward(value[args[0]]), step
+                    if isinstance(step, cr.FlatLinear):
+                        dims[n] = ("C",)
                 elif n.target in _RELU or (n.op == "call_method" and n.target == "relu"):
                     step = cr.ReLU(exact_lags)
                     value[n] = step.forward(value[args[0]])
                     steps[n] = step
+                elif n.target is _F.pad:
+                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
+                    pads, mode, fill = _call_args(lambda input, pad, mode="constant", value=None:
+                                                  (pad, mode, value), given)  # fmt: skip
+                    if mode != "constant" or layout != _CHW or len(pads) not in (2, 4):
+                        raise NotImplementedError(f"pad in mode {mode!r} of {len(pads)} sides: a "
+                                                  "map's (left, right[, top, bottom]) by a constant")
+                    step = cr.Pad(*pads, *(0, 0)[: 4 - len(pads)], value=fill or 0.0)
+                    value[n], steps[n] = step.forward(value[args[0]]), step
+                elif n.target is _F.interpolate:
+                    if layout != _CHW:
+                        raise NotImplementedError(f"interpolate of a {layout} tensor (channels first only)")
+                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
+                    step = _call_args(lambda input, *a, **k: cr.Interpolate(*a, **k), given)
+                    value[n], steps[n] = step.forward(value[args[0]]), step
+                elif n.target is _F.avg_pool2d:
+                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
+                    step = _AvgPool(_call_args(lambda input, *a, **k: nn.AvgPool2d(*a, **k), given))
+                    value[n], steps[n] = step.forward(value[args[0]]), step
+                elif n.target in (_F.max_pool2d, torch.max_pool2d):
+                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
+                    pool = _call_args(lambda input, *a, **k: nn.MaxPool2d(*a, **k), given)
+                    if pool.return_indices:
+                        raise NotImplementedError("max pool returning its indices")
+                    step, before = _maxpool(pool), steps.get(args[0])
+                    pre = before.x if isinstance(before, cr.ReLU) else None  # max ReLU = ReLU max
+                    value[n], steps[n] = step.forward(value[args[0]], pre=pre), step
                 elif n.target is _F.adaptive_avg_pool2d:
                     size = n.kwargs.get("output_size", n.args[1] if len(n.args) > 1 else None)
                     step = _Adaptive(nn.AdaptiveAvgPool2d(size))
                     value[n] = step.forward(value[args[0]])
                     steps[n] = step
+                elif layout == ("W", "C") and _means_tokens(n):  # x.mean(1) of (N, T, C) tokens
+                    step = _Adaptive(nn.AdaptiveAvgPool2d(1))
+                    value[n], steps[n], dims[n] = step.forward(value[args[0]]), step, ("C",)
                 elif layout == _CHW and _means_positions(n):  # x.mean([2, 3]): the global average pool
                     step = _Adaptive(nn.AdaptiveAvgPool2d(1))
                     value[n], steps[n] = step.forward(value[args[0]]), step
@@ -888,7 +1163,7 @@ def predict_correlated(
                     continue
                 step = steps.get(n)
                 gi = per_input = None
-                if g is not None and isinstance(step, (cr.Cat, cr.Gate, cr.TokenCat)):  # each input its own
+                if g is not None and isinstance(step, _PER_INPUT):  # each input its own
                     per_input = step.backward(g)
                 elif g is not None and step is not None and not isinstance(step, _Add):
                     gi = (

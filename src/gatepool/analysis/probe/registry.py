@@ -58,10 +58,16 @@ class Registry:
 
     def lookup(self, key) -> Callable | None:
         """The rule of ``key``: of a module class, the nearest registered class in its ``__mro__``."""
+        owner = self.owner(key)
+        return None if owner is None else self._rules[owner]
+
+    def owner(self, key):
+        """The key whose rule :meth:`lookup` finds: of a module class, the nearest registered class in its
+        ``__mro__``; else ``key`` if it is registered; else None."""
         if self.modules and isinstance(key, type):
-            return next((self._rules[c] for c in key.__mro__ if c in self._rules), None)
+            return next((c for c in key.__mro__ if c in self._rules), None)
         try:
-            return self._rules.get(key)
+            return key if key in self._rules else None
         except TypeError:  # an unhashable key
             return None
 

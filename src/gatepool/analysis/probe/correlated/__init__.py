@@ -32,8 +32,12 @@ The rules, each from the module's actual weights, one file each (its equations i
     norms.py    GroupNorm, BatchNorm
     add.py      residual adds, the sum of two gradients
     linear.py   linear on (C, 1, 1) features
+    flat_linear.py  linear on a flattened (C, H, W) map (AlexNet's and VGG's classifier)
     dropout.py  dropout (train and eval)
     cat.py      concatenation along channels
+    pad.py      a map padded with a constant (F.pad; a conv's uneven 'same' padding)
+    resample.py  a map resized (F.interpolate, nn.Upsample: any mode, torch's own position map), any
+                 fixed map of the positions (pool(x) − x)
     scale.py    a product with a constant (layer scale, a multiply or divide by a number)
     shuffle.py  a channel shuffle (a permutation of the channels)
     split.py    some of the channels (a piece of a chunk or split, a slice x[:, a:b])
@@ -56,6 +60,7 @@ from gatepool.analysis.probe.correlated.cat import Cat
 from gatepool.analysis.probe.correlated.conv import Conv, autocorr, box_conv
 from gatepool.analysis.probe.correlated.dropout import Dropout
 from gatepool.analysis.probe.correlated.field import Field, neighbour_corr, unit_noise, xcorr
+from gatepool.analysis.probe.correlated.flat_linear import FlatLinear
 from gatepool.analysis.probe.correlated.gate import Gate
 from gatepool.analysis.probe.correlated.law import conv_law, latent_corr, sum_law
 from gatepool.analysis.probe.correlated.layernorm import LayerNorm
@@ -71,8 +76,10 @@ from gatepool.analysis.probe.correlated.normal import (
     relu_of_sum_map,
 )
 from gatepool.analysis.probe.correlated.norms import BatchNorm, GroupNorm
+from gatepool.analysis.probe.correlated.pad import Pad
 from gatepool.analysis.probe.correlated.pointwise import Pointwise, hermite_coefficients
 from gatepool.analysis.probe.correlated.relu import ReLU, relu_series_maps
+from gatepool.analysis.probe.correlated.resample import Interpolate, PositionMap
 from gatepool.analysis.probe.correlated.scale import Scale
 from gatepool.analysis.probe.correlated.shift import Shift
 from gatepool.analysis.probe.correlated.shuffle import ChannelShuffle
@@ -91,13 +98,17 @@ __all__ = [
     "Conv",
     "Dropout",
     "Field",
+    "FlatLinear",
     "FlattenPositions",
     "Gate",
     "GroupNorm",
+    "Interpolate",
     "LayerNorm",
     "Linear",
     "MaxPool",
+    "Pad",
     "Pointwise",
+    "PositionMap",
     "ReLU",
     "Scale",
     "SelectToken",
