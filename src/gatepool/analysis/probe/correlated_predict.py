@@ -68,7 +68,8 @@ def _conv(m: nn.Conv2d, weight: torch.Tensor | None = None):
 
 
 class _Steps:
-    """Linear steps one after another (a conv's uneven padding, then the conv), forward and backward."""
+    """Steps one after another (a conv's uneven padding, then the conv; a norm, its dropout and its
+    activation), forward and backward."""
 
     def __init__(self, *steps) -> None:
         self.steps = steps
@@ -80,7 +81,7 @@ class _Steps:
 
     def backward(self, g: cr.Field) -> cr.Field:
         for step in reversed(self.steps):
-            g = step.backward(g)
+            g = step.backward([g]) if isinstance(step, cr.ReLU) else step.backward(g)  # ReLU: by parts
         return g
 
 
@@ -238,7 +239,7 @@ def _attention(m: nn.MultiheadAttention):
     return cr.Attention(m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias, m.num_heads)
 
 
-class _NormAct:
+class _NormAct(_Steps):
     """timm's norm-and-activation modules (``BatchNormAct2d``, ``GroupNormAct``): a norm class whose forward
     also applies its dropout and its activation, so the norm's rule alone would skip them. The three
     steps one after another, forward and backward."""
@@ -250,17 +251,7 @@ class _NormAct:
             if make is None:
                 raise NotImplementedError(f"{type(m).__name__}: no correlated rule for {type(part).__name__}")
             rest.append(make(part))
-        self.steps = [norm, *rest]
-
-    def forward(self, x: cr.Field) -> cr.Field:
-        for step in self.steps:
-            x = step.forward(x)
-        return x
-
-    def backward(self, g: cr.Field) -> cr.Field:
-        for step in reversed(self.steps):
-            g = step.backward([g]) if isinstance(step, cr.ReLU) else step.backward(g)  # ReLU: by parts
-        return g
+        super().__init__(norm, *rest)
 
 
 def _timm_attention(m: nn.Module):
