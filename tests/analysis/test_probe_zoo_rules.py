@@ -222,23 +222,29 @@ def test_the_walk_carries_a_flattened_map_into_a_classifier():
     assert_walk_holds(model, x, ["features.1", "features.4", "avgpool", "fc1", "relu", "drop"])
 
 
+def _map_against_monte_carlo(rule, fn, H: int):
+    """A rule that maps a field's positions linearly, against ``fn`` on Monte Carlo draws: forward on an
+    H × H field with a mean and a variance ramp, backward with a gradient field whose variance ramps too.
+    Returns the rule's forward output and ``fn``'s (for the test's own checks)."""
+    x, f = gaussian_field(H=H, W=H, mean=_ramp(2, H, H, -0.5, 0.8), var=_ramp(2, H, H, 0.5, 2.0), ell=1.2)
+    xr = x.clone().requires_grad_(True)
+    y = fn(xr)
+    out = rule.forward(f)
+    close(out, y.detach(), rel=0.02, corr=0.02)
+    h, w = y.shape[-2:]
+    g, gf = gaussian_field(H=h, W=w, var=_ramp(2, h, w, 0.3, 3.0), seed=3, ell=1.0)
+    (y * g).sum().backward()
+    close(rule.backward(gf), xr.grad, rel=0.02, corr=0.02)
+    return out, y
+
+
 @pytest.mark.parametrize("pads, fill", [((0, 1, 0, 1), 0.0), ((2, 1, 0, 3), 0.5)])
 def test_a_padded_map_matches_monte_carlo(pads, fill):
     """hgnetv2's ``F.pad(x, (0, 1, 0, 1))`` and an uneven pad with a constant: the padding fixed, the map's
     correlation as it was; the gradient cut back to the map."""
-    H = 7
-    x, f = gaussian_field(H=H, W=H, mean=_ramp(2, H, H, -0.5, 0.8), var=_ramp(2, H, H, 0.5, 2.0), ell=1.2)
-    rule = cr.Pad(*pads, value=fill)
-    xr = x.clone().requires_grad_(True)
-    y = F.pad(xr, pads, value=fill)
-    out = rule.forward(f)
+    out, y = _map_against_monte_carlo(cr.Pad(*pads, value=fill), lambda x: F.pad(x, pads, value=fill), 7)
     assert out.shape == y.shape[1:] and float(out.var[:, -1, -1].abs().max()) == 0.0
     assert torch.allclose(out.mean[:, -1, -1], torch.full((2,), fill, dtype=torch.float64))
-    close(out, y.detach(), rel=0.02, corr=0.02)
-    g, gf = gaussian_field(H=y.shape[-2], W=y.shape[-1], var=_ramp(2, y.shape[-2], y.shape[-1], 0.3, 3.0),
-                           seed=3, ell=1.0)  # fmt: skip
-    (y * g).sum().backward()
-    close(rule.backward(gf), xr.grad, rel=0.02, corr=0.02)
     with pytest.raises(ValueError, match="ints ≥ 0"):
         cr.Pad(-1, 0, 0, 0)
 
@@ -297,17 +303,8 @@ def test_the_walk_carries_functional_pools_and_a_pad():
 def test_an_interpolated_map_matches_monte_carlo(H, kwargs):
     """HRNet's fuse layers (nearest × 2 and × 4), bilinear up and to a size (down along H): torch's own
     position map A, the whole covariance A Cov Aᵀ."""
-    x, f = gaussian_field(H=H, W=H, mean=_ramp(2, H, H, -0.5, 0.8), var=_ramp(2, H, H, 0.5, 2.0), ell=1.2)
-    rule = cr.Interpolate(**kwargs)
-    xr = x.clone().requires_grad_(True)
-    y = F.interpolate(xr, **kwargs)
-    out = rule.forward(f)
+    out, y = _map_against_monte_carlo(cr.Interpolate(**kwargs), lambda x: F.interpolate(x, **kwargs), H)
     assert out.shape == y.shape[1:]
-    close(out, y.detach(), rel=0.02, corr=0.02)
-    g, gf = gaussian_field(H=y.shape[-2], W=y.shape[-1], var=_ramp(2, y.shape[-2], y.shape[-1], 0.3, 3.0),
-                           seed=3, ell=1.0)  # fmt: skip
-    (y * g).sum().backward()
-    close(rule.backward(gf), xr.grad, rel=0.02, corr=0.02)
     with pytest.raises(ValueError, match="one of size and scale_factor"):
         cr.Interpolate()
 
