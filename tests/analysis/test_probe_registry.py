@@ -7,16 +7,16 @@ import pytest
 import torch
 import torch.nn as nn
 
-from gatepool.analysis.probe import correlated_predict as cp
 from gatepool.analysis.probe import measure, register_correlated_rule
-from gatepool.analysis.probe.correlated import Field, measure_input
+from gatepool.analysis.probe.correlated import Field, measure_input, neighbour_corr, registry
+from gatepool.analysis.probe.correlated_predict import predict_correlated
 from gatepool.analysis.probe.registry import Registry
 
 
 @pytest.fixture(autouse=True)
 def private_registry(monkeypatch):
     """Each test registers into a copy: the built-in rules stay as they were."""
-    monkeypatch.setattr(cp, "_RULES", cp._RULES.copy())
+    monkeypatch.setattr(registry, "RULES", registry.RULES.copy())
 
 
 @torch.fx.wrap
@@ -97,7 +97,7 @@ def test_a_users_rule_for_their_own_block(block):
         assert report["mirror"].predicted.var == pytest.approx(4 * report["conv"].predicted.var, rel=1e-12)
         assert report["mirror"].predicted.var == pytest.approx(report["mirror"].forward.var, rel=5e-3)
         assert report["mirror"].predicted.corr(1) == pytest.approx(
-            cp.cr.neighbour_corr(report["mirror"].measured_field, 1), abs=0.01
+            neighbour_corr(report["mirror"].measured_field, 1), abs=0.01
         )
 
 
@@ -108,14 +108,14 @@ def test_a_rule_is_found_for_subclasses_and_replaced_by_a_later_one():
     register_correlated_rule(Mirror, lambda m: MirrorStep(m.gain))
     stats = measure_input(images())
     model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), Louder(3.0))
-    pred = cp.predict_correlated(model, stats)
+    pred = predict_correlated(model, stats)
     assert pred["1"].var == pytest.approx(9 * pred["0"].var)
 
     @register_correlated_rule(Mirror)  # the decorator form; replaces the first
     def half(m):
         return MirrorStep(m.gain / 2)
 
-    assert cp.predict_correlated(model, stats)["1"].var == pytest.approx(2.25 * pred["0"].var)
+    assert predict_correlated(model, stats)["1"].var == pytest.approx(2.25 * pred["0"].var)
 
 
 def test_bad_registrations():

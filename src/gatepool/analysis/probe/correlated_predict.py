@@ -33,116 +33,15 @@ import torch.fx as fx
 import torch.nn as nn
 
 from gatepool.analysis.probe import correlated as cr
+from gatepool.analysis.probe.correlated import registry
+from gatepool.analysis.probe.correlated.adaptive import AdaptiveAvgPool2dStep, AvgPool2dStep
+from gatepool.analysis.probe.correlated.maxpool import maxpool_rule
+from gatepool.analysis.probe.correlated.pointwise import gelu_rule
+from gatepool.analysis.probe.correlated.registry import register_correlated_rule, rule_for
+from gatepool.analysis.probe.correlated.steps import Identity, Steps
 from gatepool.analysis.probe.graph import trace
-from gatepool.analysis.probe.registry import Registry
 
 __all__ = ["CorrelatedPrediction", "CorrelatedRow", "predict_correlated", "register_correlated_rule"]
-
-
-def _pair(v) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else tuple(v)
-
-
-def _conv(m: nn.Conv2d, weight: torch.Tensor | None = None):
-    """Conv2d with zero padding: given as numbers, ``'valid'``, or ``'same'`` (uneven for an even kernel:
-    the map padded first, :class:`correlated.Pad`); a dilated kernel as the kernel with zeros between its
-    taps (exact)."""
-    if m.padding_mode != "zeros":
-        raise NotImplementedError(f"conv rule: padding_mode {m.padding_mode!r} (zeros only)")
-    weight = m.weight if weight is None else weight
-    dh, dw = _pair(m.dilation)
-    if (dh, dw) != (1, 1):
-        kh, kw = weight.shape[-2:]
-        dilated = weight.new_zeros((*weight.shape[:2], dh * (kh - 1) + 1, dw * (kw - 1) + 1))
-        dilated[..., ::dh, ::dw] = weight
-        weight = dilated
-    if m.padding == "valid":
-        return cr.Conv(weight, m.bias, _pair(m.stride), (0, 0), m.groups)
-    if m.padding != "same":
-        return cr.Conv(weight, m.bias, _pair(m.stride), _pair(m.padding), m.groups)
-    (th, tw) = (k - 1 for k in weight.shape[-2:])  # torch's 'same': the extra row and column after
-    if th % 2 == 0 and tw % 2 == 0:
-        return cr.Conv(weight, m.bias, _pair(m.stride), (th // 2, tw // 2), m.groups)
-    pad = cr.Pad(tw // 2, tw - tw // 2, th // 2, th - th // 2)
-    return _Steps(pad, cr.Conv(weight, m.bias, _pair(m.stride), (0, 0), m.groups))
-
-
-class _Steps:
-    """Steps one after another (a conv's uneven padding, then the conv; a norm, its dropout and its
-    activation), forward and backward."""
-
-    def __init__(self, *steps) -> None:
-        self.steps = steps
-
-    def forward(self, x: cr.Field) -> cr.Field:
-        for step in self.steps:
-            x = step.forward(x)
-        return x
-
-    def backward(self, g: cr.Field) -> cr.Field:
-        for step in reversed(self.steps):
-            g = step.backward([g]) if isinstance(step, cr.ReLU) else step.backward(g)  # ReLU: by parts
-        return g
-
-
-def _std_conv(m: nn.Conv2d, scaled: bool):
-    """timm's ``StdConv2d`` and ``ScaledStdConv2d`` (NF-Nets, BiT): a conv whose weight is standardised
-    per output channel, (W − mean)/√(var + eps), times ``gain · scale`` when scaled; the conv's rule on
-    that weight (timm's own expression)."""
-    w = m.weight.reshape(1, m.out_channels, -1)
-    gain = (m.gain * m.scale).view(-1) if scaled else None
-    w = torch.nn.functional.batch_norm(w, None, None, weight=gain, training=True, momentum=0.0, eps=m.eps)
-    return _conv(m, w.reshape_as(m.weight))
-
-
-def _maxpool(m: nn.MaxPool2d):
-    if _pair(m.dilation) != (1, 1):
-        raise NotImplementedError("max pool rule: no dilation")
-    k = _pair(m.kernel_size)
-    return cr.MaxPool(k, _pair(m.stride) if m.stride else k, _pair(m.padding), ceil_mode=m.ceil_mode)
-
-
-class _Adaptive:
-    """AdaptiveAvgPool2d: the box filter of the window an output averages; uneven, overlapping or
-    repeated windows (a map smaller than the output) by their window matrix (:class:`AdaptiveAvgPool`)."""
-
-    def __init__(self, m: nn.AdaptiveAvgPool2d) -> None:
-        self.out = tuple(_pair(m.output_size))
-
-    def forward(self, x: cr.Field):
-        C, H, W = x.shape
-        out = tuple(o if o is not None else n for o, n in zip(self.out, (H, W)))
-        if H % out[0] or W % out[1]:
-            self.conv = cr.AdaptiveAvgPool(out)
-            return self.conv.forward(x)
-        k = (H // out[0], W // out[1])
-        self.conv = cr.box_conv(C, k, k, (0, 0))
-        return self.conv.forward(x)
-
-    def backward(self, g):
-        return self.conv.backward(g)
-
-
-class _AvgPool:
-    """AvgPool2d: a box filter; in ceil mode or without count_include_pad its window matrix."""
-
-    def __init__(self, m: nn.AvgPool2d) -> None:
-        if m.divisor_override:
-            raise NotImplementedError("avg pool rule: no divisor_override")
-        self.k = _pair(m.kernel_size)
-        self.s = _pair(m.stride) if m.stride else self.k
-        self.p = _pair(m.padding)
-        self.modes = (bool(m.ceil_mode), bool(m.count_include_pad))
-
-    def forward(self, x):
-        if self.modes == (False, True):
-            self.conv = cr.box_conv(x.shape[0], self.k, self.s, self.p)
-        else:
-            self.conv = cr.AvgPoolWindows(self.k, self.s, self.p, *self.modes)
-        return self.conv.forward(x)
-
-    def backward(self, g):
-        return self.conv.backward(g)
 
 
 class _Add:
@@ -182,218 +81,18 @@ _PER_INPUT = (cr.Cat, cr.Gate, cr.TokenCat, _Difference)  # steps whose backward
 def _positions_matrix(step, x: cr.Field) -> torch.Tensor | None:
     """The matrix (Ho·Wo, H·W) of a step that is a fixed map of its input's positions, the same at every
     channel (an average or adaptive pool, an interpolation), on the field ``x``; else None."""
-    if isinstance(step, _AvgPool):
+    if isinstance(step, AvgPool2dStep):
         windows = cr.AvgPoolWindows(step.k, step.s, step.p, *step.modes)  # the box filter's too
         windows.forward(x)
         return windows.A
-    if isinstance(step, _Adaptive) and isinstance(step.conv, cr.AdaptiveAvgPool):
+    if isinstance(step, AdaptiveAvgPool2dStep) and isinstance(step.conv, cr.AdaptiveAvgPool):
         return step.conv.A
     return step.A if isinstance(step, cr.AdaptiveAvgPool) else None
 
 
-class _Identity:
-    def forward(self, x):
-        return x
-
-    def backward(self, g):
-        return g
-
-
-def _hardtanh(m: nn.Hardtanh):
-    lo, hi = float(m.min_val), float(m.max_val)
-    return cr.Pointwise(lambda x: torch.nn.functional.hardtanh(x, lo, hi), (lo, hi))
-
-
-def _gelu(approximate: str) -> cr.Pointwise:
-    return cr.Pointwise("gelu_tanh" if approximate == "tanh" else "gelu")
-
-
-def _groupnorm(m: nn.GroupNorm):
-    return cr.GroupNorm(m.num_groups, m.weight if m.affine else None, m.bias if m.affine else None, m.eps)
-
-
-def _batchnorm(m: nn.modules.batchnorm._BatchNorm):
-    """Training (or no running statistics): the batch's own; eval: the running ones, an affine map."""
-    running = not m.training and m.running_var is not None
-    return cr.BatchNorm(
-        m.weight if m.affine else None,
-        m.bias if m.affine else None,
-        m.eps,
-        m.running_mean if running else None,
-        m.running_var if running else None,
-    )
-
-
-def _layernorm(m: nn.LayerNorm, channels_first: bool = False):
-    """LayerNorm over one dim: the tensor's last (``nn.LayerNorm(C)``) or its channels (``LayerNorm2d``)."""
-    if len(m.normalized_shape) != 1:
-        raise NotImplementedError("LayerNorm over more than one dim")
-    step = cr.LayerNorm(m.weight if m.elementwise_affine else None, getattr(m, "bias", None), m.eps)
-    step.channels_first = channels_first
-    return step
-
-
-def _attention(m: nn.MultiheadAttention):
-    if not m._qkv_same_embed_dim or not m.batch_first or m.bias_k is not None or m.dropout:
-        raise NotImplementedError("attention rule: batch first, one embedding size, no bias_kv, no dropout")
-    return cr.Attention(m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias, m.num_heads)
-
-
-class _NormAct(_Steps):
-    """timm's norm-and-activation modules (``BatchNormAct2d``, ``GroupNormAct``): a norm class whose forward
-    also applies its dropout and its activation, so the norm's rule alone would skip them. The three
-    steps one after another, forward and backward."""
-
-    def __init__(self, m: nn.Module, norm) -> None:
-        rest = []
-        for part in (m.drop, m.act):
-            make = _rule(part)
-            if make is None:
-                raise NotImplementedError(f"{type(m).__name__}: no correlated rule for {type(part).__name__}")
-            rest.append(make(part))
-        super().__init__(norm, *rest)
-
-
-def _timm_attention(m: nn.Module):
-    """timm's ``Attention`` (ViT, DeiT, CaiT's blocks): its fused qkv Linear and proj, the softmax
-    attention of ``nn.MultiheadAttention`` between them."""
-    plain = all(isinstance(getattr(m, a, None), nn.Identity) for a in ("q_norm", "k_norm", "norm"))
-    drops = [getattr(m, a, None) for a in ("attn_drop", "proj_drop")]
-    if not plain or getattr(m, "gate", None) is not None or any(d is None or d.p for d in drops):
-        raise NotImplementedError("timm Attention: no q/k or scale norm, no gate, no dropout")
-    if getattr(m, "attn_dim", m.proj.in_features) != m.qkv.in_features:
-        raise NotImplementedError("timm Attention whose heads are not the embedding's width")
-    return cr.Attention(m.qkv.weight, m.qkv.bias, m.proj.weight, m.proj.bias, m.num_heads)
-
-
-def _beit_attention(m: nn.Module):
-    """timm's Beit ``Attention``: ``F.linear`` of its qkv weight with the bias (q_bias, 0, v_bias), the
-    softmax attention, proj; the attention rule's where its relative position bias adds nothing (None,
-    or the zeros it starts from) and the scale is 1/√head_dim."""
-    table = getattr(m, "relative_position_bias_table", None)
-    if table is not None and bool(table.detach().any()):
-        raise NotImplementedError("Beit Attention with a relative position bias that is not zero")
-    dim, heads = m.qkv.in_features, m.num_heads
-    if m.qkv.out_features != 3 * dim or abs(m.scale - (dim // heads) ** -0.5) > 1e-12 or m.attn_drop.p:
-        raise NotImplementedError("Beit Attention of heads other than the width, its own scale or dropout")
-    if m.proj_drop.p:
-        raise NotImplementedError("Beit Attention with dropout")
-    bias = None if m.q_bias is None else torch.cat((m.q_bias, m.k_bias, m.v_bias))
-    return cr.Attention(m.qkv.weight, bias, m.proj.weight, m.proj.bias, heads)
-
-
-def _drop_path(m: nn.Module):
-    """torchvision's ``StochasticDepth(p, mode)`` or timm's ``DropPath(drop_prob, scale_by_keep)``."""
-    p = float(getattr(m, "p", getattr(m, "drop_prob", 0.0)) or 0.0)
-    return cr.StochasticDepth(p, m.training, getattr(m, "scale_by_keep", True))
-
-
-_RULES = {  # the built-in rules; register_correlated_rule adds a user's (a module class or a function)
-    nn.Conv2d: _conv,
-    nn.Linear: lambda m: cr.Linear(m.weight, m.bias),
-    nn.ReLU: lambda m: cr.ReLU(),
-    nn.ReLU6: lambda m: cr.Pointwise("relu6"),
-    nn.Hardtanh: _hardtanh,
-    nn.SiLU: lambda m: cr.Pointwise("silu"),
-    nn.GELU: lambda m: _gelu(m.approximate),
-    nn.Hardswish: lambda m: cr.Pointwise("hardswish"),
-    nn.Hardsigmoid: lambda m: cr.Pointwise("hardsigmoid"),
-    nn.Sigmoid: lambda m: cr.Pointwise("sigmoid"),
-    nn.Tanh: lambda m: cr.Pointwise("tanh"),
-    nn.MaxPool2d: _maxpool,
-    nn.AvgPool2d: _AvgPool,
-    nn.AdaptiveAvgPool2d: _Adaptive,
-    nn.GroupNorm: _groupnorm,
-    nn.LayerNorm: _layernorm,
-    nn.MultiheadAttention: _attention,
-    nn.modules.batchnorm._BatchNorm: _batchnorm,
-    nn.SyncBatchNorm: _batchnorm,  # its own forward: on one process, BatchNorm's
-    nn.Dropout: lambda m: cr.Dropout(m.p, m.training),
-    nn.ChannelShuffle: lambda m: cr.ChannelShuffle(m.groups),
-    nn.Upsample: lambda m: cr.Interpolate(m.size, m.scale_factor, m.mode, m.align_corners,
-                                          m.recompute_scale_factor),  # fmt: skip
-    nn.Flatten: lambda m: _Identity(),
-    nn.Identity: lambda m: _Identity(),
-}
-_RULES = Registry("target", modules=True, functions=True, entries=_RULES)
-
-
-def register_correlated_rule(target, rule=None, *, subclasses: bool = False):
-    """Use ``rule`` in the correlated walk for ``target``; returns ``rule`` (without it, a decorator).
-
-    ``target`` a module class (the walk keeps its calls whole, as one node): ``rule(module)`` builds the
-    step. Its subclasses get the rule too, but for one that defines its own ``forward`` (it may compute
-    something else: timm's ``Conv2dSame`` pads first), unless ``subclasses=True`` says the rule holds
-    for every subclass whatever its forward. A function or a method's name (a call node of the traced graph;
-    ``torch.fx.wrap`` keeps a function of yours one node): ``rule(*args, **kwargs)`` the call's
-    arguments, its tensor input as its :class:`correlated.Field`, constants as they are. The step maps
-    one input: ``step.forward(x: Field) -> Field`` (the output's mean map, variance map and correlation
-    stencil) and ``step.backward(g: Field) -> Field`` (the gradient's, at the input). A rule that has no
-    answer raises NotImplementedError: the row says why, and nothing after it is predicted.
-    """
-    if not isinstance(subclasses, bool):
-        raise TypeError(f"subclasses must be a bool, got {type(subclasses).__name__}")
-    if subclasses:
-        _FOR_SUBCLASSES.add(target)
-    else:
-        _FOR_SUBCLASSES.discard(target)
-    return _RULES.register(target, rule)
-
-
-_FOR_SUBCLASSES: set = set()  # module classes whose rule holds for a subclass with its own forward too
-
-# modules of torchvision and timm by their qualified class names (neither is imported here); these come
-# before their base classes (a LayerNorm2d is an nn.LayerNorm over the channels, not the last dim)
-_NAMED_RULES = {
-    "torchvision.models.convnext.LayerNorm2d": lambda m: _layernorm(m, channels_first=True),
-    "timm.layers.norm.LayerNorm2d": lambda m: _layernorm(m, channels_first=True),
-    "torchvision.ops.stochastic_depth.StochasticDepth": _drop_path,
-    "timm.layers.drop.DropPath": _drop_path,
-    "timm.layers.attention.Attention": _timm_attention,
-    "timm.models.beit.Attention": _beit_attention,
-    "timm.layers.norm_act.BatchNormAct2d": lambda m: _NormAct(m, _batchnorm(m)),
-    "timm.layers.norm_act.GroupNormAct": lambda m: _NormAct(m, _groupnorm(m)),
-    "timm.layers.norm_act.GroupNorm1Act": lambda m: _NormAct(m, _groupnorm(m)),
-    # subclasses of torch's modules with a forward of their own that computes the same (their base's rule)
-    "timm.layers.norm.LayerNorm": _layernorm,
-    "timm.layers.norm.GroupNorm": _groupnorm,
-    "timm.layers.norm.GroupNorm1": _groupnorm,
-    "timm.layers.linear.Linear": lambda m: cr.Linear(m.weight, m.bias),
-    "timm.layers.norm_act.SyncBatchNormAct": lambda m: _NormAct(m, _batchnorm(m)),
-    "timm.layers.norm_act.LayerNormAct": lambda m: _NormAct(m, _layernorm(m)),
-    "timm.layers.norm_act.LayerNormAct2d": lambda m: _NormAct(m, _layernorm(m, channels_first=True)),
-    "timm.layers.std_conv.StdConv2d": lambda m: _std_conv(m, scaled=False),
-    "timm.layers.std_conv.ScaledStdConv2d": lambda m: _std_conv(m, scaled=True),
-}
-
-
-def _rule(m: nn.Module):
-    """The rule of the nearest class in ``type(m).__mro__`` that has one (torchvision's and timm's classes
-    by name, before their bases). Where a class before it defines its own ``forward`` (a subclass that
-    may compute something else) the module is still one node, but its rule says it has none, unless
-    that rule was registered for every subclass."""
-    for cls in type(m).__mro__:
-        name = f"{cls.__module__}.{cls.__qualname__}"
-        if name in _NAMED_RULES:
-            return _NAMED_RULES[name]
-        if _RULES.owner(cls) is cls:
-            return _RULES.lookup(cls)
-        if "forward" in vars(cls):
-            owner = _RULES.owner(type(m))
-            if owner is None or owner in _FOR_SUBCLASSES:
-                return _RULES.lookup(owner)
-            return functools.partial(_own_forward, base=owner)
-    return None
-
-
-def _own_forward(m: nn.Module, base: type):
-    raise NotImplementedError(f"no correlated rule for {type(m).__name__}: its own forward, not "
-                              f"{base.__name__}'s (register_correlated_rule)")  # fmt: skip
-
-
 def _is_leaf(m: nn.Module) -> bool:
     """A module with a correlated rule is one node of the trace (a plain ``nn.Sequential`` traced through)."""
-    return _rule(m) is not None and type(m) is not nn.Sequential
+    return rule_for(m) is not None and type(m) is not nn.Sequential
 
 
 _ADDS = (operator.add, torch.add, operator.iadd)
@@ -580,7 +279,7 @@ _CHW = ("C", "H", "W")
 _FLATTENED = ("CHW",)  # a map flattened into one dim after the batch (torch.flatten(x, 1)): C·H·W values
 _PERMUTES = (torch.permute, "permute")
 # steps that act on each element (or each sample) alike: any layout of the tensor's dims
-_ANY_LAYOUT = (cr.Pointwise, cr.ReLU, cr.Dropout, cr.StochasticDepth, _Identity)
+_ANY_LAYOUT = (cr.Pointwise, cr.ReLU, cr.Dropout, cr.StochasticDepth, Identity)
 
 
 def _permuted(n: fx.Node, layout: tuple) -> tuple:
@@ -925,9 +624,9 @@ def predict_correlated(
                     value[n] = steps[n].forward(value[args[0]])
                 elif (chain := _shuffle(n, value[args[0]].shape, const)) is not None:
                     *between, last = chain[0]
-                    planned.update({m: _Identity() for m in between})
+                    planned.update({m: Identity() for m in between})
                     planned[last] = cr.ChannelShuffle(chain[1])
-                    value[n], steps[n] = value[args[0]], _Identity()
+                    value[n], steps[n] = value[args[0]], Identity()
                 elif n.target in (_F.channel_shuffle, torch.channel_shuffle):
                     groups = n.kwargs.get("groups", n.args[1] if len(n.args) > 1 else None)
                     if not isinstance(groups, int):
@@ -937,14 +636,14 @@ def predict_correlated(
                     steps[n] = step
                 elif n.target in _PERMUTES or n.target in _TRANSPOSES:
                     dims[n] = _permuted(n, layout)
-                    value[n], steps[n] = value[args[0]], _Identity()
+                    value[n], steps[n] = value[args[0]], Identity()
                 elif n.target is operator.getitem and isinstance(steps.get(args[0]), cr.Attention):
                     if n.args[1] != 0:
                         raise NotImplementedError("the attention weights")
-                    value[n], steps[n] = value[args[0]], _Identity()
+                    value[n], steps[n] = value[args[0]], Identity()
                 elif n.target in _SPLITS:  # the pieces are its getitems
                     pieces[n] = _split_ranges(n, value[args[0]].shape[0], layout, const)
-                    value[n], steps[n] = value[args[0]], _Identity()
+                    value[n], steps[n] = value[args[0]], Identity()
                 elif n.target is operator.getitem and args[0] in pieces:
                     if not isinstance(n.args[1], int):
                         raise NotImplementedError(f"the pieces of a split taken by {n.args[1]!r}")
@@ -961,7 +660,7 @@ def predict_correlated(
                     value[n], steps[n], dims[n] = step.forward(value[args[0]]), step, ("C",)
                 elif n.op == "call_module":
                     m = gm.get_submodule(str(n.target))
-                    make = _rule(m)
+                    make = rule_for(m)
                     if make is None:
                         raise NotImplementedError(f"no correlated rule for {type(m).__name__}")
                     step = _in_layout(m, make(m), value[args[0]], layout)
@@ -988,7 +687,7 @@ def predict_correlated(
                     if isinstance(step, cr.Conv) and value[args[0]].law is not None:  # a sparse input's law
                         value[n].law = cr.conv_law(value[args[0]], step, value[n])
                     steps[n] = step
-                elif n.op != "call_module" and (make := _RULES.lookup(n.target)) is not None:
+                elif n.op != "call_module" and (make := registry.RULES.lookup(n.target)) is not None:
                     if len(args) != 1:
                         raise NotImplementedError(f"a registered rule maps one tensor, not {len(args)}")
                     given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, value.get(a)))
@@ -1017,7 +716,7 @@ def predict_correlated(
                     if isinstance(c, bool) or not isinstance(c, (int, float, torch.Tensor)):
                         raise NotImplementedError(f"a difference with a {type(c).__name__}")
                     c = _to_field(c, layout)
-                    step = cr.Shift(-c) if n.args[0] is args[0] else _Steps(cr.Scale(-1.0), cr.Shift(c))
+                    step = cr.Shift(-c) if n.args[0] is args[0] else Steps(cr.Scale(-1.0), cr.Shift(c))
                     value[n], steps[n] = step.forward(value[args[0]]), step
                 elif n.target in _ADDS and len(args) == 2 and len(n.args) == 2:
                     if dims.get(args[1], _CHW) != layout:
@@ -1065,7 +764,7 @@ def predict_correlated(
                         value[n], dims[n] = f, _FLATTENED
                     else:
                         raise NotImplementedError("flatten of a map with positions but into (N, C·H·W)")
-                    steps[n] = _Identity()
+                    steps[n] = Identity()
                 elif n.target is _F.linear:
                     given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
                     w, b = _call_args(lambda input, weight, bias=None: (weight, bias), given)
@@ -1096,26 +795,26 @@ def predict_correlated(
                     value[n], steps[n] = step.forward(value[args[0]]), step
                 elif n.target is _F.avg_pool2d:
                     given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
-                    step = _AvgPool(_call_args(lambda input, *a, **k: nn.AvgPool2d(*a, **k), given))
+                    step = AvgPool2dStep(_call_args(lambda input, *a, **k: nn.AvgPool2d(*a, **k), given))
                     value[n], steps[n] = step.forward(value[args[0]]), step
                 elif n.target in (_F.max_pool2d, torch.max_pool2d):
                     given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
                     pool = _call_args(lambda input, *a, **k: nn.MaxPool2d(*a, **k), given)
                     if pool.return_indices:
                         raise NotImplementedError("max pool returning its indices")
-                    step, before = _maxpool(pool), steps.get(args[0])
+                    step, before = maxpool_rule(pool), steps.get(args[0])
                     pre = before.x if isinstance(before, cr.ReLU) else None  # max ReLU = ReLU max
                     value[n], steps[n] = step.forward(value[args[0]], pre=pre), step
                 elif n.target is _F.adaptive_avg_pool2d:
                     size = n.kwargs.get("output_size", n.args[1] if len(n.args) > 1 else None)
-                    step = _Adaptive(nn.AdaptiveAvgPool2d(size))
+                    step = AdaptiveAvgPool2dStep(nn.AdaptiveAvgPool2d(size))
                     value[n] = step.forward(value[args[0]])
                     steps[n] = step
                 elif layout == ("W", "C") and _means_tokens(n):  # x.mean(1) of (N, T, C) tokens
-                    step = _Adaptive(nn.AdaptiveAvgPool2d(1))
+                    step = AdaptiveAvgPool2dStep(nn.AdaptiveAvgPool2d(1))
                     value[n], steps[n], dims[n] = step.forward(value[args[0]]), step, ("C",)
                 elif layout == _CHW and _means_positions(n):  # x.mean([2, 3]): the global average pool
-                    step = _Adaptive(nn.AdaptiveAvgPool2d(1))
+                    step = AdaptiveAvgPool2dStep(nn.AdaptiveAvgPool2d(1))
                     value[n], steps[n] = step.forward(value[args[0]]), step
                     if not n.kwargs.get("keepdim", n.args[2] if len(n.args) > 2 else False):
                         dims[n] = ("C",)
@@ -1129,7 +828,7 @@ def predict_correlated(
                     steps[n] = step
                 elif n.target in _POINTWISE or n.target is _F.gelu:
                     name = _POINTWISE.get(n.target)
-                    step = cr.Pointwise(name) if name else _gelu(n.kwargs.get("approximate", "none"))
+                    step = cr.Pointwise(name) if name else gelu_rule(n.kwargs.get("approximate", "none"))
                     value[n] = step.forward(value[args[0]])
                     steps[n] = step
                 else:

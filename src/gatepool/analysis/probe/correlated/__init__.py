@@ -48,9 +48,12 @@ The rules, each from the module's actual weights, one file each (its equations i
     tokens.py   positions flattened into tokens, a constant token set beside them, one token taken out
     attention.py  softmax self-attention over tokens (a first model: mixing weights near uniform)
 
-``field.py`` holds the state and the lag helpers, ``normal.py`` the normal integrals, ``measure.py`` the
-measurement (the input's statistics, and a tensor's for comparison). The walk through a model is
-:mod:`gatepool.analysis.probe.correlated_predict`.
+Each rule file also registers the modules it is the rule of (``conv.py`` nn.Conv2d and timm's standardised
+convs, ``norms.py`` the norms …: the adapter from a module's attributes to its step, beside the step);
+``registry.py`` holds the registry (:func:`register_correlated_rule`, :func:`rule_for`) and ``steps.py``
+the composition of steps and the identity. ``field.py`` holds the state and the lag helpers,
+``normal.py`` the normal integrals, ``measure.py`` the measurement (the input's statistics, and a
+tensor's for comparison). The walk through a model is :mod:`gatepool.analysis.probe.correlated_predict`.
 """
 
 from gatepool.analysis.probe.correlated.adaptive import AdaptiveAvgPool, AvgPoolWindows
@@ -78,12 +81,14 @@ from gatepool.analysis.probe.correlated.normal import (
 from gatepool.analysis.probe.correlated.norms import BatchNorm, GroupNorm
 from gatepool.analysis.probe.correlated.pad import Pad
 from gatepool.analysis.probe.correlated.pointwise import Pointwise, hermite_coefficients
+from gatepool.analysis.probe.correlated.registry import register_correlated_rule, rule_for
 from gatepool.analysis.probe.correlated.relu import ReLU, relu_series_maps
 from gatepool.analysis.probe.correlated.resample import Interpolate, PositionMap
 from gatepool.analysis.probe.correlated.scale import Scale
 from gatepool.analysis.probe.correlated.shift import Shift
 from gatepool.analysis.probe.correlated.shuffle import ChannelShuffle
 from gatepool.analysis.probe.correlated.split import ChannelSlice
+from gatepool.analysis.probe.correlated.steps import Identity, Steps
 from gatepool.analysis.probe.correlated.stochastic_depth import StochasticDepth
 from gatepool.analysis.probe.correlated.tokens import FlattenPositions, SelectToken, TokenCat
 
@@ -101,6 +106,7 @@ __all__ = [
     "FlatLinear",
     "FlattenPositions",
     "Gate",
+    "Identity",
     "GroupNorm",
     "Interpolate",
     "LayerNorm",
@@ -113,6 +119,7 @@ __all__ = [
     "Scale",
     "SelectToken",
     "Shift",
+    "Steps",
     "StochasticDepth",
     "TokenCat",
     "add",
@@ -133,7 +140,9 @@ __all__ = [
     "relu_of_sum_law",
     "relu_law",
     "Law",
+    "register_correlated_rule",
     "relu_series_maps",
+    "rule_for",
     "sum_law",
     "unit_noise",
     "xcorr",

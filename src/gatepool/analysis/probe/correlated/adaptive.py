@@ -16,8 +16,11 @@ Even windows (n a multiple of o) are a strided box filter: :func:`conv.box_conv`
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 
+from gatepool.analysis.probe.correlated.conv import box_conv
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums
+from gatepool.analysis.probe.correlated.registry import pair, register_correlated_rule
 
 _MAX_POSITIONS = 1024  # the input's and the output's H·W at most: (C, H·W, H·W) covariances in float64
 
@@ -110,3 +113,48 @@ class AvgPoolWindows(AdaptiveAvgPool):
         self.in_hw, self.A = (H, W), torch.kron(A_h, A_w)
         mean = (x.mean.reshape(C, -1) @ self.A.T).reshape(C, len(A_h), len(A_w))
         return from_covariance(mean, self.A @ covariance(x) @ self.A.T)
+
+
+@register_correlated_rule(nn.AdaptiveAvgPool2d)
+class AdaptiveAvgPool2dStep:
+    """AdaptiveAvgPool2d: the box filter of the window an output averages; uneven, overlapping or
+    repeated windows (a map smaller than the output) by their window matrix (:class:`AdaptiveAvgPool`)."""
+
+    def __init__(self, m: nn.AdaptiveAvgPool2d) -> None:
+        self.out = tuple(pair(m.output_size))
+
+    def forward(self, x: Field):
+        C, H, W = x.shape
+        out = tuple(o if o is not None else n for o, n in zip(self.out, (H, W)))
+        if H % out[0] or W % out[1]:
+            self.conv = AdaptiveAvgPool(out)
+            return self.conv.forward(x)
+        k = (H // out[0], W // out[1])
+        self.conv = box_conv(C, k, k, (0, 0))
+        return self.conv.forward(x)
+
+    def backward(self, g):
+        return self.conv.backward(g)
+
+
+@register_correlated_rule(nn.AvgPool2d)
+class AvgPool2dStep:
+    """AvgPool2d: a box filter; in ceil mode or without count_include_pad its window matrix."""
+
+    def __init__(self, m: nn.AvgPool2d) -> None:
+        if m.divisor_override:
+            raise NotImplementedError("avg pool rule: no divisor_override")
+        self.k = pair(m.kernel_size)
+        self.s = pair(m.stride) if m.stride else self.k
+        self.p = pair(m.padding)
+        self.modes = (bool(m.ceil_mode), bool(m.count_include_pad))
+
+    def forward(self, x):
+        if self.modes == (False, True):
+            self.conv = box_conv(x.shape[0], self.k, self.s, self.p)
+        else:
+            self.conv = AvgPoolWindows(self.k, self.s, self.p, *self.modes)
+        return self.conv.forward(x)
+
+    def backward(self, g):
+        return self.conv.backward(g)

@@ -25,10 +25,12 @@ backward  ∂L/∂v_j = Σ_i A_ij G_i: the forward's sums with the queries' and 
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 
 from gatepool.analysis.probe.correlated.add import add_grads
 from gatepool.analysis.probe.correlated.conv import Conv
 from gatepool.analysis.probe.correlated.field import Field, _field_from_sums, xcorr
+from gatepool.analysis.probe.correlated.registry import register_correlated_rule, register_named_rule
 
 
 def _token_var(f: Field) -> torch.Tensor:
@@ -107,3 +109,40 @@ class Attention:
         vk = (rho * QZ).sum((1, 2)) / (d * T**2)
         gk = _stationary(torch.zeros_like(vk), vk, torch.zeros_like(vk), T)
         return add_grads(add_grads(self.q.backward(gq), self.k.backward(gk)), self.v.backward(gv))
+
+
+@register_correlated_rule(nn.MultiheadAttention)
+def attention_rule(m: nn.MultiheadAttention) -> Attention:
+    if not m._qkv_same_embed_dim or not m.batch_first or m.bias_k is not None or m.dropout:
+        raise NotImplementedError("attention rule: batch first, one embedding size, no bias_kv, no dropout")
+    return Attention(m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias, m.num_heads)
+
+
+@register_named_rule("timm.layers.attention.Attention")
+def timm_attention_rule(m: nn.Module) -> Attention:
+    """timm's ``Attention`` (ViT, DeiT, CaiT's blocks): its fused qkv Linear and proj, the softmax
+    attention of ``nn.MultiheadAttention`` between them."""
+    plain = all(isinstance(getattr(m, a, None), nn.Identity) for a in ("q_norm", "k_norm", "norm"))
+    drops = [getattr(m, a, None) for a in ("attn_drop", "proj_drop")]
+    if not plain or getattr(m, "gate", None) is not None or any(d is None or d.p for d in drops):
+        raise NotImplementedError("timm Attention: no q/k or scale norm, no gate, no dropout")
+    if getattr(m, "attn_dim", m.proj.in_features) != m.qkv.in_features:
+        raise NotImplementedError("timm Attention whose heads are not the embedding's width")
+    return Attention(m.qkv.weight, m.qkv.bias, m.proj.weight, m.proj.bias, m.num_heads)
+
+
+@register_named_rule("timm.models.beit.Attention")
+def beit_attention_rule(m: nn.Module) -> Attention:
+    """timm's Beit ``Attention``: ``F.linear`` of its qkv weight with the bias (q_bias, 0, v_bias), the
+    softmax attention, proj; the attention rule's where its relative position bias adds nothing (None,
+    or the zeros it starts from) and the scale is 1/√head_dim."""
+    table = getattr(m, "relative_position_bias_table", None)
+    if table is not None and bool(table.detach().any()):
+        raise NotImplementedError("Beit Attention with a relative position bias that is not zero")
+    dim, heads = m.qkv.in_features, m.num_heads
+    if m.qkv.out_features != 3 * dim or abs(m.scale - (dim // heads) ** -0.5) > 1e-12 or m.attn_drop.p:
+        raise NotImplementedError("Beit Attention of heads other than the width, its own scale or dropout")
+    if m.proj_drop.p:
+        raise NotImplementedError("Beit Attention with dropout")
+    bias = None if m.q_bias is None else torch.cat((m.q_bias, m.k_bias, m.v_bias))
+    return Attention(m.qkv.weight, bias, m.proj.weight, m.proj.bias, heads)

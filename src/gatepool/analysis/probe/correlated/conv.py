@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from gatepool.analysis.probe.correlated.field import (
@@ -29,6 +30,9 @@ from gatepool.analysis.probe.correlated.field import (
     lags_of,
     spectra,
 )
+from gatepool.analysis.probe.correlated.pad import Pad
+from gatepool.analysis.probe.correlated.registry import pair, register_correlated_rule, register_named_rule
+from gatepool.analysis.probe.correlated.steps import Steps
 
 
 def _lags(kh: int, kw: int):
@@ -237,3 +241,42 @@ def box_conv(channels: int, kernel, stride, padding) -> Conv:
     kh, kw = kernel
     w = torch.full((channels, 1, kh, kw), 1.0 / (kh * kw), dtype=_DT)
     return Conv(w, None, stride, padding, groups=channels)
+
+
+@register_correlated_rule(nn.Conv2d)
+def conv_rule(m: nn.Conv2d, weight: torch.Tensor | None = None):
+    """Conv2d with zero padding: given as numbers, ``'valid'``, or ``'same'`` (uneven for an even kernel:
+    the map padded first, :class:`correlated.Pad`); a dilated kernel as the kernel with zeros between its
+    taps (exact)."""
+    if m.padding_mode != "zeros":
+        raise NotImplementedError(f"conv rule: padding_mode {m.padding_mode!r} (zeros only)")
+    weight = m.weight if weight is None else weight
+    dh, dw = pair(m.dilation)
+    if (dh, dw) != (1, 1):
+        kh, kw = weight.shape[-2:]
+        dilated = weight.new_zeros((*weight.shape[:2], dh * (kh - 1) + 1, dw * (kw - 1) + 1))
+        dilated[..., ::dh, ::dw] = weight
+        weight = dilated
+    if m.padding == "valid":
+        return Conv(weight, m.bias, pair(m.stride), (0, 0), m.groups)
+    if m.padding != "same":
+        return Conv(weight, m.bias, pair(m.stride), pair(m.padding), m.groups)
+    (th, tw) = (k - 1 for k in weight.shape[-2:])  # torch's 'same': the extra row and column after
+    if th % 2 == 0 and tw % 2 == 0:
+        return Conv(weight, m.bias, pair(m.stride), (th // 2, tw // 2), m.groups)
+    pad = Pad(tw // 2, tw - tw // 2, th // 2, th - th // 2)
+    return Steps(pad, Conv(weight, m.bias, pair(m.stride), (0, 0), m.groups))
+
+
+def _std_conv(m: nn.Conv2d, scaled: bool):
+    """timm's ``StdConv2d`` and ``ScaledStdConv2d`` (NF-Nets, BiT): a conv whose weight is standardised
+    per output channel, (W − mean)/√(var + eps), times ``gain · scale`` when scaled; the conv's rule on
+    that weight (timm's own expression)."""
+    w = m.weight.reshape(1, m.out_channels, -1)
+    gain = (m.gain * m.scale).view(-1) if scaled else None
+    w = F.batch_norm(w, None, None, weight=gain, training=True, momentum=0.0, eps=m.eps)
+    return conv_rule(m, w.reshape_as(m.weight))
+
+
+register_named_rule("timm.layers.std_conv.StdConv2d")(lambda m: _std_conv(m, scaled=False))
+register_named_rule("timm.layers.std_conv.ScaledStdConv2d")(lambda m: _std_conv(m, scaled=True))

@@ -10,8 +10,10 @@ eval      the identity
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 
 from gatepool.analysis.probe.correlated.field import Field, _field_from_sums
+from gatepool.analysis.probe.correlated.registry import register_correlated_rule
 
 
 class Dropout:
@@ -32,3 +34,6 @@ class Dropout:
         if not self.training:
             return g
         return _field_from_sums(torch.zeros_like(g.var), g.var / self.keep, g.lag_sums(), g.yy)
+
+
+register_correlated_rule(nn.Dropout, lambda m: Dropout(m.p, m.training))

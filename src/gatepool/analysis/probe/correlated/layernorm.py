@@ -18,8 +18,11 @@ backward  g_x = (1/σ)(ĝ − mean_c ĝ − x̂ mean_c(ĝ x̂)), ĝ = γ g, g in
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
+from gatepool.analysis.probe.correlated.norms import NormAct
+from gatepool.analysis.probe.correlated.registry import register_correlated_rule, register_named_rule
 
 
 def _centred(T: torch.Tensor, C: int) -> torch.Tensor:
@@ -71,3 +74,23 @@ class LayerNorm:
         corr = _field_from_sums(torch.zeros_like(var), _centred(gh, C), centred).corr
         s = var.sqrt()
         return _field_from_sums(torch.zeros_like(var), var, corr * xcorr(s, s))
+
+
+@register_correlated_rule(nn.LayerNorm)
+@register_named_rule("timm.layers.norm.LayerNorm")
+def layernorm_rule(m: nn.LayerNorm, channels_first: bool = False) -> LayerNorm:
+    """LayerNorm over one dim: the tensor's last (``nn.LayerNorm(C)``) or its channels (``LayerNorm2d``)."""
+    if len(m.normalized_shape) != 1:
+        raise NotImplementedError("LayerNorm over more than one dim")
+    step = LayerNorm(m.weight if m.elementwise_affine else None, getattr(m, "bias", None), m.eps)
+    step.channels_first = channels_first
+    return step
+
+
+register_named_rule("torchvision.models.convnext.LayerNorm2d", "timm.layers.norm.LayerNorm2d")(
+    lambda m: layernorm_rule(m, channels_first=True)
+)
+register_named_rule("timm.layers.norm_act.LayerNormAct")(lambda m: NormAct(m, layernorm_rule(m)))
+register_named_rule("timm.layers.norm_act.LayerNormAct2d")(
+    lambda m: NormAct(m, layernorm_rule(m, channels_first=True))
+)

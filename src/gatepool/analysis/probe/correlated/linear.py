@@ -6,8 +6,10 @@ linear    on (C, 1, 1) features: m_out = W m + b, v_out = W² v; back v_g,in = (
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 
 from gatepool.analysis.probe.correlated.field import _DT, Field
+from gatepool.analysis.probe.correlated.registry import register_correlated_rule, register_named_rule
 
 
 class Linear:
@@ -29,3 +31,7 @@ class Linear:
         return Field(
             torch.zeros_like(v)[:, None, None], v[:, None, None], torch.ones((len(v), 1, 1), dtype=_DT)
         )
+
+
+register_correlated_rule(nn.Linear, lambda m: Linear(m.weight, m.bias))
+register_named_rule("timm.layers.linear.Linear")(lambda m: Linear(m.weight, m.bias))

@@ -16,6 +16,7 @@ import functools
 from dataclasses import replace
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from gatepool.analysis.probe.correlated.field import (
@@ -30,6 +31,7 @@ from gatepool.analysis.probe.correlated.field import (
 )
 from gatepool.analysis.probe.correlated.law import latent_corr, levels, quantile, quantile_law, reshaped
 from gatepool.analysis.probe.correlated.normal import Law, _cdf, _pdf
+from gatepool.analysis.probe.correlated.registry import pair, register_correlated_rule
 
 
 def clark_max(mu1, v1, mu2, v2, c):
@@ -439,3 +441,11 @@ class MaxPool:
         T = big[:, kk : kk + 2 * H - 1, kk : kk + 2 * W - 1].clone()
         T[:, H - 1, W - 1] = var.sum((1, 2))
         return _field_from_sums(torch.zeros_like(var), var, T)
+
+
+@register_correlated_rule(nn.MaxPool2d)
+def maxpool_rule(m: nn.MaxPool2d) -> MaxPool:
+    if pair(m.dilation) != (1, 1):
+        raise NotImplementedError("max pool rule: no dilation")
+    k = pair(m.kernel_size)
+    return MaxPool(k, pair(m.stride) if m.stride else k, pair(m.padding), ceil_mode=m.ceil_mode)

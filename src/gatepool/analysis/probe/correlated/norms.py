@@ -22,9 +22,16 @@ Both keep the input's skewness and excess kurtosis (``Field.skew``, ``kurt``): a
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
 from gatepool.analysis.probe.correlated.law import reshaped
+from gatepool.analysis.probe.correlated.registry import (
+    register_correlated_rule,
+    register_named_rule,
+    rule_for,
+)
+from gatepool.analysis.probe.correlated.steps import Steps
 
 
 def _carry_law(x: Field, out: Field) -> Field:
@@ -190,3 +197,46 @@ class BatchNorm:
         if self.norm is not None:
             return self.norm.backward(g)
         return Field(torch.zeros_like(g.var), self.a**2 * g.var, g.corr)
+
+
+@register_correlated_rule(nn.GroupNorm)
+@register_named_rule("timm.layers.norm.GroupNorm", "timm.layers.norm.GroupNorm1")
+def groupnorm_rule(m: nn.GroupNorm) -> GroupNorm:
+    return GroupNorm(m.num_groups, m.weight if m.affine else None, m.bias if m.affine else None, m.eps)
+
+
+@register_correlated_rule(nn.modules.batchnorm._BatchNorm)
+@register_correlated_rule(nn.SyncBatchNorm)  # its own forward: on one process, BatchNorm's
+def batchnorm_rule(m: nn.modules.batchnorm._BatchNorm) -> BatchNorm:
+    """Training (or no running statistics): the batch's own; eval: the running ones, an affine map."""
+    running = not m.training and m.running_var is not None
+    return BatchNorm(
+        m.weight if m.affine else None,
+        m.bias if m.affine else None,
+        m.eps,
+        m.running_mean if running else None,
+        m.running_var if running else None,
+    )
+
+
+class NormAct(Steps):
+    """timm's norm-and-activation modules (``BatchNormAct2d``, ``GroupNormAct``): a norm class whose forward
+    also applies its dropout and its activation, so the norm's rule alone would skip them. The three
+    steps one after another, forward and backward."""
+
+    def __init__(self, m: nn.Module, norm) -> None:
+        rest = []
+        for part in (m.drop, m.act):
+            make = rule_for(part)
+            if make is None:
+                raise NotImplementedError(f"{type(m).__name__}: no correlated rule for {type(part).__name__}")
+            rest.append(make(part))
+        super().__init__(norm, *rest)
+
+
+register_named_rule("timm.layers.norm_act.BatchNormAct2d", "timm.layers.norm_act.SyncBatchNormAct")(
+    lambda m: NormAct(m, batchnorm_rule(m))
+)
+register_named_rule("timm.layers.norm_act.GroupNormAct", "timm.layers.norm_act.GroupNorm1Act")(
+    lambda m: NormAct(m, groupnorm_rule(m))
+)

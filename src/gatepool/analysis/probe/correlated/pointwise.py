@@ -35,9 +35,11 @@ from dataclasses import replace
 
 import numpy as np
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
+from gatepool.analysis.probe.correlated.registry import register_correlated_rule
 
 _ORDER = 24  # Mehler's series to ρ²⁴, then the Parseval remainder
 _Z = 9.0  # the normal beyond |z| = 9 has mass 2e-19
@@ -329,3 +331,22 @@ class Pointwise:
         YY = g.corr * second_moments("u")
         var = g.var * self.mom["df2"].clamp_min(0)  # E[g²] E[f'(x)²]
         return _field_from_sums(torch.zeros_like(var), var, T, yy=YY.sum((1, 2)))
+
+
+def hardtanh_rule(m: nn.Hardtanh) -> Pointwise:
+    lo, hi = float(m.min_val), float(m.max_val)
+    return Pointwise(lambda x: F.hardtanh(x, lo, hi), (lo, hi))
+
+
+def gelu_rule(approximate: str) -> Pointwise:
+    return Pointwise("gelu_tanh" if approximate == "tanh" else "gelu")
+
+
+register_correlated_rule(nn.ReLU6, lambda m: Pointwise("relu6"))
+register_correlated_rule(nn.Hardtanh, hardtanh_rule)
+register_correlated_rule(nn.SiLU, lambda m: Pointwise("silu"))
+register_correlated_rule(nn.GELU, lambda m: gelu_rule(m.approximate))
+register_correlated_rule(nn.Hardswish, lambda m: Pointwise("hardswish"))
+register_correlated_rule(nn.Hardsigmoid, lambda m: Pointwise("hardsigmoid"))
+register_correlated_rule(nn.Sigmoid, lambda m: Pointwise("sigmoid"))
+register_correlated_rule(nn.Tanh, lambda m: Pointwise("tanh"))

@@ -26,6 +26,7 @@ import math
 from dataclasses import replace
 
 import torch
+import torch.nn as nn
 
 from gatepool.analysis.probe.correlated.add import add_grads
 from gatepool.analysis.probe.correlated.field import Field, _at_lag, _field_from_sums, _ratio, _valid, xcorr
@@ -40,6 +41,7 @@ from gatepool.analysis.probe.correlated.normal import (
     relu_of_sum_law,
     relu_of_sum_map,
 )
+from gatepool.analysis.probe.correlated.registry import register_correlated_rule
 
 _SERIES_ORDER = 12  # Mehler's series to ρ¹²: at |ρ| ≤ 0.5 its remainder is < 1e-6 of σ_p σ_q
 _SERIES_RHO = 0.5  # above this |ρ| (within ``exact_lags``) the bivariate integral instead
@@ -233,3 +235,6 @@ class ReLU:
                 if e is not None:  # a law's E[ReLU ReLU] stays the series'
                     YY[idx, H - 1 + sgn * dh, W - 1 + sgn * dw] = (cg * e).sum((1, 2))
         return _field_from_sums(torch.zeros_like(var), var, T, yy=YY.sum((1, 2)))
+
+
+register_correlated_rule(nn.ReLU, lambda m: ReLU())

@@ -13,6 +13,7 @@ backward  g_in = Aᵀ g: Cov = Aᵀ Cov_g A, the same sums
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from gatepool.analysis.probe.correlated.adaptive import (
@@ -22,6 +23,7 @@ from gatepool.analysis.probe.correlated.adaptive import (
     from_covariance,
 )
 from gatepool.analysis.probe.correlated.field import _DT, Field
+from gatepool.analysis.probe.correlated.registry import register_correlated_rule
 
 
 class Interpolate(AdaptiveAvgPool):
@@ -64,3 +66,8 @@ class PositionMap(AdaptiveAvgPool):
         self.in_hw, self.A = (H, W), self.M
         mean = (x.mean.reshape(C, -1) @ self.A.T).reshape(C, *self.out)
         return from_covariance(mean, self.A @ covariance(x) @ self.A.T)
+
+
+@register_correlated_rule(nn.Upsample)
+def upsample_rule(m: nn.Upsample) -> Interpolate:
+    return Interpolate(m.size, m.scale_factor, m.mode, m.align_corners, m.recompute_scale_factor)

@@ -8,8 +8,10 @@ backward  the inverse permutation of the gradient's channels (``Field.yy`` with 
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 
 from gatepool.analysis.probe.correlated.field import Field
+from gatepool.analysis.probe.correlated.registry import register_correlated_rule
 
 
 class ChannelShuffle:
@@ -30,3 +32,6 @@ class ChannelShuffle:
     def backward(self, g: Field) -> Field:
         inv = torch.argsort(self.perm)
         return Field(g.mean[inv], g.var[inv], g.corr[inv], None if g.yy is None else g.yy[inv])
+
+
+register_correlated_rule(nn.ChannelShuffle, lambda m: ChannelShuffle(m.groups))

@@ -13,8 +13,10 @@ eval      the identity (p = 0 too)
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 
 from gatepool.analysis.probe.correlated.field import Field, _field_from_sums, xcorr
+from gatepool.analysis.probe.correlated.registry import register_named_rule
 
 
 class StochasticDepth:
@@ -39,3 +41,10 @@ class StochasticDepth:
             return g
         k = self.q * self.s * self.s
         return _field_from_sums(torch.zeros_like(g.var), k * g.var, k * g.lag_sums(), g.yy)  # g_x x = g y
+
+
+@register_named_rule("torchvision.ops.stochastic_depth.StochasticDepth", "timm.layers.drop.DropPath")
+def drop_path_rule(m: nn.Module) -> StochasticDepth:
+    """torchvision's ``StochasticDepth(p, mode)`` or timm's ``DropPath(drop_prob, scale_by_keep)``."""
+    p = float(getattr(m, "p", getattr(m, "drop_prob", 0.0)) or 0.0)
+    return StochasticDepth(p, m.training, getattr(m, "scale_by_keep", True))
