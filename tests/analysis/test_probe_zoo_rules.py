@@ -131,21 +131,23 @@ def test_a_subclass_with_its_own_forward_does_not_get_its_base_rule(monkeypatch)
     """On main the doubled conv was predicted as a plain conv (a quarter of its variance); now its row says
     it has no rule and why, unless a rule is registered for it or its base's is for every subclass."""
     import gatepool.analysis.probe.correlated_predict as cp
+    from gatepool.analysis.probe.correlated import registry
+    from gatepool.analysis.probe.correlated.conv import conv_rule
 
-    monkeypatch.setattr(cp, "_RULES", cp._RULES.copy())
-    monkeypatch.setattr(cp, "_FOR_SUBCLASSES", set())
+    monkeypatch.setattr(registry, "RULES", registry.RULES.copy())
+    monkeypatch.setattr(registry, "_FOR_SUBCLASSES", set())
     net = _subclassed_net()
     stats = cr.measure_input(torch.randn(64, 3, 8, 8, generator=torch.Generator().manual_seed(1)))
     pred = cp.predict_correlated(net, stats)
     assert pred["0"].var is not None and pred["1"].var is not None  # no forward of its own: Conv2d's rule
     assert pred["2"].var is None and "_Doubled: its own forward, not Conv2d's" in pred["2"].note
-    cp.register_correlated_rule(torch.nn.Conv2d, cp._conv, subclasses=True)  # the conv's rule for all
+    cp.register_correlated_rule(torch.nn.Conv2d, conv_rule, subclasses=True)  # the conv's rule for all
     assert cp.predict_correlated(net, stats)["2"].var is not None
-    cp.register_correlated_rule(torch.nn.Conv2d, cp._conv)  # registered again: for plain subclasses only
+    cp.register_correlated_rule(torch.nn.Conv2d, conv_rule)  # registered again: for plain subclasses only
     assert cp.predict_correlated(net, stats)["2"].var is None
 
     def doubled(m):
-        return _Chain(cp._conv(m), cr.Scale(2.0))
+        return _Chain(conv_rule(m), cr.Scale(2.0))
 
     cp.register_correlated_rule(_Doubled, doubled)  # its own rule: the prediction is the measurement's
     pred = cp.predict_correlated(net, stats)
@@ -253,13 +255,13 @@ def test_a_padded_map_matches_monte_carlo(pads, fill):
 def test_conv_given_same_or_valid_padding_or_a_dilation_matches_monte_carlo(k, dilation, padding):
     """``padding='same'`` with an even kernel pads one more row and column after (the map padded first),
     an odd one evenly (convmixer's 9 × 9); a dilated kernel is the kernel with zeros between its taps."""
-    import gatepool.analysis.probe.correlated_predict as cp
+    from gatepool.analysis.probe.correlated.conv import conv_rule
 
     H = 9
     x, f = gaussian_field(H=H, W=H, mean=_ramp(2, H, H, -0.5, 0.8), var=_ramp(2, H, H, 0.5, 2.0), ell=1.2)
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(2, 3, k, padding=padding, dilation=dilation).double()
-    rule = cp._conv(conv)
+    rule = conv_rule(conv)
     xr = x.clone().requires_grad_(True)
     y = conv(xr)
     close(rule.forward(f), y.detach(), rel=0.02, corr=0.02)
@@ -269,7 +271,7 @@ def test_conv_given_same_or_valid_padding_or_a_dilation_matches_monte_carlo(k, d
     # border positions, dropped, had less (lag 1: 0.673 against 0.701 measured on this 9 × 9 map)
     close(rule.backward(gf), xr.grad, rel=0.02, corr=0.03 if k % 2 == 0 else 0.02)
     with pytest.raises(NotImplementedError, match="padding_mode 'reflect'"):
-        cp._conv(torch.nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect"))
+        conv_rule(torch.nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect"))
 
 
 class _Functional(torch.nn.Module):
