@@ -235,13 +235,18 @@ class GatedPoolNd(GateParameters):
         return out, None, counted / counted.sum(-1, keepdim=True)  # (*out, K): 1/n at counted taps
 
     def _soft(self, x: torch.Tensor, geo: PoolGeometry):
-        tau = self.temperature  # a float, or (C,) = exp(log τ) > 0 for "soft-learned"
-        tau = as_dtype(tau, compute_dtype(x.dtype)) if isinstance(tau, torch.Tensor) else tau
-        out, weights = soft_pool_windows(x, geo, tau, self.return_weights)
+        if gate_table.row(self.gate).learned_temperature:  # log τ (C,): τ_c = exp(log τ_c), on the path
+            tau = as_dtype(self.log_temperature, compute_dtype(x.dtype))
+            out, weights = soft_pool_windows(x, geo, tau, self.return_weights, log_temperature=True)
+        else:
+            out, weights = soft_pool_windows(x, geo, self.fixed_temperature, self.return_weights)
         return out, None, weights
 
     def _attention(self, x: torch.Tensor, geo: PoolGeometry):
         path = softmax_path(x, scored=True, return_weights=self.return_weights)
+        if path.fused and not geo.has_empty_windows:  # one pass: the scores w · x_j, softmax, sum; then V ·
+            w, v = self.score.weight, self.value.weight  # as they are: the eager operator projects inside
+            return fused_pool.softmax_pool(x, w, self.fixed_temperature, geo, projection=v), None, None
         if path.fused:  # one pass: the scores w · x_j, softmax, sum
             pooled = fused_pool.softmax_pool(x, self.score.weight.view(-1), self.fixed_temperature, geo)
             weights = None

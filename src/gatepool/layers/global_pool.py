@@ -102,14 +102,15 @@ class GlobalGatedPoolNd(GateParameters):
         values = x.flatten(2)  # (N, C, L): the whole map is one window
         length = values.shape[-1]
         geo = pool_geometry(values, 1, length)  # one window of L taps, out (N, C, 1)
-        tau = self.fixed_temperature if row.scored else self.temperature  # float or (C,)
-        tau = tau.to(values.dtype) if isinstance(tau, torch.Tensor) else tau
         path = softmax_path(values, scored=row.scored, windows="global")
         if path.name == "one-window":
             # Off the CPU, one softmax over the L taps: the windowed GPU kernel unrolls its taps at compile
             # time and gathers over them in the backward, which a window of thousands of taps must not do.
+            tau = self.fixed_temperature if row.scored else self.temperature  # float or (C,)
+            tau = tau.to(values.dtype) if isinstance(tau, torch.Tensor) else tau
             out = one_window(values, scores, tau)
         elif row.scored:
+            tau = self.fixed_temperature
             if path.fused:
                 out = fused_pool.softmax_pool(values, scores, tau, geo)
             else:
