@@ -317,7 +317,12 @@ def _plain_vjp(values, scores, tau, geometry, projection, log_tau, grad_out, nee
 _EAGER_DTYPES = tuple(DTYPES)  # every C kernel's, checked bit for bit against the op
 
 
-def eager(values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor) -> bool:
+def eager(
+    values: torch.Tensor,
+    scores: torch.Tensor | None,
+    tau: torch.Tensor,
+    projection: torch.Tensor | None = None,
+) -> bool:
     """May this call skip the op and run ``gatepool::softmax_pool_eager`` (the C++ operator of
     :func:`~gatepool.layers.c_kernels.eager_op`): plain CPU tensors of the kernel's dtypes, with nothing
     that must see the op (``torch.compile`` or ``torch.jit`` tracing, a dispatch mode such as fake tensors
@@ -327,7 +332,7 @@ def eager(values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor) 
         and values.is_cpu
         and values.dtype in _EAGER_DTYPES
         and not torch._C._len_torch_dispatch_stack()
-        and not torch.overrides.has_torch_function_variadic(values, scores, tau)
+        and not torch.overrides.has_torch_function_variadic(values, scores, tau, projection)
         and not torch._C._are_functorch_transforms_active()
         and not torch._C._get_tracing_state()
         and eager_op() is not None
@@ -390,13 +395,12 @@ def softmax_pool(
         tau = tau.to(compute_dtype(values.dtype)).reshape(-1)  # τ in float32 for float16/bfloat16 values
     if scores is not None and tau.numel() != 1:
         raise ValueError(f"shared scores take one temperature, got {tau.numel()}")
-    if eager(values, scores, tau):  # score weights in the compute dtype (float32 for float16/bfloat16)
+    if eager(values, scores, tau, projection):  # score weights in the compute dtype (float32 for halves)
         if scores is not None:
             scores = as_dtype(scores, compute_dtype(values.dtype) if weights else values.dtype)
-        if projection is not None:
-            return eager_op()(values, scores, tau, encode(geo), projection, log_tau)
-        return eager_op()(values, scores, tau, encode(geo), log_tau=log_tau) if log_tau else \
-            eager_op()(values, scores, tau, encode(geo))
+        if projection is None and not log_tau:
+            return eager_op()(values, scores, tau, encode(geo))
+        return eager_op()(values, scores, tau, encode(geo), projection, log_tau)  # (positional: faster)
     # The kernel reads channels-last memory: copy an NCHW input there once, here, so that autograd
     # saves that copy for the backward (instead of the op copying it again) and copies the gradient back.
     v = _as_channels_last(values)

@@ -3,7 +3,8 @@
 The geometry (``pool_geometry``: kernel, stride, padding, dilation, ceil_mode checked and the output size
 computed as torch does), the window operations (unfold to ``(N, C, *out, K)``, the padding mask, a
 softmax that takes max pooling's limits, the weighted sum) and the plain path built from them,
-``softmax_pool_unfold`` / ``soft_pool_unfold``: the reference every faster path is tested against.
+``softmax_pool_unfold`` / ``soft_pool_unfold``: the reference every faster path is tested against; and the
+attention gate's value projection after the pool, ``project``.
 See :mod:`gatepool.layers.soft_pool` for the equations and the limits.
 """
 

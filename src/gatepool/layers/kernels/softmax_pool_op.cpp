@@ -5,10 +5,10 @@
                           Tensor? projection=None, bool log_tau=False) -> Tensor
 
    values (N, C, *spatial) in any memory format; scores None (soft pooling, s = v), a score map
-   (N, 1, *spatial) or score weights (C); tau (1) or (C) in the compute type (float32 for float16 /
-   bfloat16 values, as the kernels' a = 1/τ), or with log_tau its log (the learned gate's parameter
-   log τ: a = 1/exp(log τ) here and its gradient ∂L/∂log τ = −∂L/∂a · a, so the parameter's exp is no
-   node of its own); geometry as fused_pool.encode writes it; projection, with score weights only (then
+   (N, 1, *spatial) or score weights (C); tau (1) or (C), the weights and tau taken in the compute type
+   (float32 for float16 / bfloat16 values, as the kernels' a = 1/τ; converted here), or with log_tau its
+   log (the learned gate's parameter log τ: a = 1/exp(log τ) here and its gradient ∂L/∂log τ = −∂L/∂a · a,
+   so the parameter's exp is no node of its own); geometry as fused_pool.encode writes it; projection, with score weights only (then
    given as (C) or as the score's 1×1 convolution weight (1, C, 1, …): no view of the parameter), the
    attention gate's value matrix V (C, C) or its 1×1 convolution's weight (C, C, 1, …): out = V · pooled
    at each output position (the gates sum to 1, so this is Σ_j g_j V v_j; gate_parameters.py), where
@@ -142,10 +142,15 @@ at::Tensor tau_gradient(const at::Tensor &ga, const at::Tensor &a, bool log_tau)
     return g;
 }
 
+/* t, contiguous, in the compute type: itself where it is already (no dispatch). */
+at::Tensor in_type(const at::Tensor &t, at::ScalarType type) {
+    return t.scalar_type() == type && t.is_contiguous() ? t : t.to(type).contiguous();
+}
+
 /* a = 1/τ (CA) in the compute type t: an IEEE division per entry, as at::reciprocal's; with log_tau, τ is
    at::exp of the given log τ (as the Python op's torch.exp: the same kernel, bit for bit). */
 at::Tensor inverse(const at::Tensor &tau, at::ScalarType t, bool log_tau) {
-    at::Tensor tt = tau.scalar_type() == t && tau.is_contiguous() ? tau : tau.to(t).contiguous();
+    at::Tensor tt = in_type(tau, t);
     if (log_tau) tt = at::exp(tt);
     at::Tensor a = at::empty({tt.numel()}, tt.options());
     if (t == at::kDouble) {
@@ -250,12 +255,11 @@ struct Pool {
                             && projection->size(0) == values.size(1),
                         "softmax_pool_eager: projection must be V (C, C, 1…) with score weights (C), got ",
                         projection->sizes());
-            p = projection->scalar_type() == t && projection->is_contiguous() ? *projection
-                                                                               : projection->to(t).contiguous();
+            p = in_type(*projection, t);
         }
         return {decode(geometry, values, cs, tau.numel()), v,
                 !scores.has_value() ? v : weights ? at::Tensor() : last(*scores),
-                weights ? scores->contiguous() : at::Tensor(), inverse(tau, t, log_tau), p};
+                weights ? in_type(*scores, t) : at::Tensor(), inverse(tau, t, log_tau), p};
     }
 
     at::ScalarType out_type() const { return w.defined() ? a.scalar_type() : v.scalar_type(); }
@@ -355,7 +359,8 @@ struct SoftmaxPoolEager : public torch::autograd::Function<SoftmaxPoolEager> {
         }
         const int64_t cs = !scores.has_value() ? values.size(1) : score_map ? scores->size(1) : 1;
         Pool pool{decode(geometry, values, cs, tau.numel()), saved[3], saved[4],
-                  score_map || !scores.has_value() ? at::Tensor() : scores->contiguous(), saved[5], saved[9]};
+                  score_map || !scores.has_value() ? at::Tensor() : in_type(*scores, saved[5].scalar_type()), saved[5],
+                  saved[9]};
         at::Tensor go = last(grads[0]);  // ∂L/∂out in the kernel's layout
         at::Tensor grad_p;
         if (pool.p.defined()) {  // out = V · pooled: ∂L/∂pooled = Vᵀ ∂L/∂out, ∂L/∂V = Σ ∂L/∂out ⊗ pooled
