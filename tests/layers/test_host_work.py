@@ -63,7 +63,7 @@ BUDGET = {  # dispatcher calls of one forward + backward of each 2-D pool, (2, 3
         "avg": dict(tiled=3, overlap=3, dilated=29, glob=4, adaptive=3),
         "soft": dict(tiled=23, overlap=23, dilated=23, glob=26, adaptive=58),
         "soft-learned": dict(tiled=31, overlap=31, dilated=31, glob=34, adaptive=86),
-        "attention": dict(tiled=32, overlap=32, dilated=32, glob=40, adaptive=85),
+        "attention": dict(tiled=32, overlap=32, dilated=32, glob=35, adaptive=85),
         "conv": dict(tiled=6, overlap=6, dilated=6),
     },
     "python": {  # the tiled path where windows tile, else the plain one
