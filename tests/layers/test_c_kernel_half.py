@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gatepool.layers import GatedPool2d, c_kernels, fused_pool
+from gatepool.layers import GatedPool2d, GlobalGatedPool2d, c_kernels, fused_pool
 from gatepool.layers.softmax_paths import input_dtype, softmax_path
 from gatepool.layers.windows import pool_geometry
 
@@ -226,3 +226,37 @@ def test_half_precision_goes_into_the_c_kernel_as_it_is(dtype, gate, layout, aut
     out.float().sum().backward()
     assert out.dtype == want.dtype == dtype and x.grad.dtype == dtype
     assert saved and not [s for s in saved if s[0] == torch.float32 and s[1] >= x.numel()], saved
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("gate", KINDS)
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_global_pools_take_half_precision_as_it_is(dtype, gate, layout):
+    """A global pool's one window too: the input goes into the C kernel as it is (no float32 tensor of its
+    size saved for the backward), out in its dtype, the values and gradients within the tolerances of
+    test_gates_in_half_precision_against_their_float64_copy."""
+    torch.manual_seed(0)
+    pool = GlobalGatedPool2d(gate, channels=20)
+    with torch.no_grad():
+        for q in pool.parameters():
+            q.add_(0.3 * torch.randn_like(q))
+    ref = GlobalGatedPool2d(gate, channels=20).double()
+    ref.load_state_dict(pool.state_dict())
+    x = torch.randn(2, 20, 9, 9).to(dtype)
+    x = x.contiguous(memory_format=torch.channels_last) if layout == "channels_last" else x
+    saved, results = [], []
+
+    def keep(t):
+        saved.append((t.dtype, t.numel()))
+        return t
+
+    for p, t in [(pool, x), (ref, x.double())]:
+        t = t.detach().requires_grad_()
+        with torch.autograd.graph.saved_tensors_hooks(keep if p is pool else (lambda u: u), lambda u: u):
+            out = p(t)
+        results.append((out, *torch.autograd.grad(out.sum(), [t, *p.parameters()])))
+    assert results[0][0].dtype == results[0][1].dtype == dtype
+    assert saved and not [s for s in saved if s[0] == torch.float32 and s[1] >= x.numel()], saved
+    eps = torch.finfo(dtype).eps
+    for got, want in zip(*results):
+        torch.testing.assert_close(got.double(), want, rtol=eps, atol=eps * want.abs().max().item() / 100)

@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from gatepool.layers import GATES, GatedPool2d, c_kernels, fused_pool, soft_pool2d
-from gatepool.layers.windows import pool_geometry
+from gatepool.layers.windows import pool_geometry, project
 from gatepool.models import create_model
 
 pytestmark = pytest.mark.skipif(not fused_pool.available(), reason="no fused kernels here (no C compiler)")
 
 EAGER_NODE = "torch::autograd::CppNode<gatepool::SoftmaxPoolEager>"  # the eager C++ operator's node
 GEOMETRIES = [(2, 2, 0, 1, False), (3, 2, 1, 1, True), (3, 1, 1, 2, False)]
+KINDS = ["soft", "soft-per-channel", "soft-log-tau", "attention", "attention-weights"]  # τ (1), (C), log τ
 
 
 def op_args(d, geo, scores, per_channel, dtype, channels_last=False, channels=3):
@@ -37,13 +38,14 @@ def op_args(d, geo, scores, per_channel, dtype, channels_last=False, channels=3)
 @pytest.mark.slow
 @pytest.mark.parametrize("d", [1, 2, 3])
 @pytest.mark.parametrize("geo", GEOMETRIES)
-@pytest.mark.parametrize("kind", ["soft", "soft-per-channel", "attention", "attention-weights"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_opcheck(d, geo, kind):
     torch.manual_seed(0)
     scores = {"attention": True, "attention-weights": "weights"}.get(kind)
     for dtype in (torch.float32, torch.float64):
-        args = op_args(d, geo, scores, kind == "soft-per-channel", dtype, channels_last=d == 2)
-        torch.library.opcheck(torch.ops.gatepool.softmax_pool.default, args)
+        args = op_args(d, geo, scores, kind != "soft", dtype, channels_last=d == 2)
+        log_tau = kind == "soft-log-tau"  # tau is then log τ: any sign
+        torch.library.opcheck(torch.ops.gatepool.softmax_pool.default, (*args, log_tau))
 
 
 @pytest.mark.parametrize("d", [1, 2, 3])
@@ -78,57 +80,140 @@ def test_the_backward_takes_the_forwards_gates_at_large_scores(dtype):
     torch.testing.assert_close(g, want, rtol=0, atol=8 * torch.finfo(dtype).eps)
 
 
-def test_opcheck_backward():
+@pytest.mark.parametrize("log_tau", [False, True])
+def test_opcheck_backward(log_tau):
     torch.manual_seed(0)
     x, sc, tau, g = op_args(2, GEOMETRIES[1], False, True, torch.float64)
-    out, stats = torch.ops.gatepool.softmax_pool(x, sc, tau, g)
+    out, stats = torch.ops.gatepool.softmax_pool(x, sc, tau, g, log_tau)
     grad = torch.randn_like(out)
-    args = (grad, x.detach(), None, tau.detach(), out.detach(), stats, g, True)
+    args = (grad, x.detach(), None, tau.detach(), out.detach(), stats, g, True, log_tau)
     torch.library.opcheck(torch.ops.gatepool.softmax_pool_backward.default, args)
 
 
-def _through(path, x, sc, tau, geo):
+def _through(path, x, sc, tau, geo, **kwargs):
     """``fused_pool.softmax_pool`` on ``path`` ("eager": the C kernel called directly; "op": the custom op):
-    the output, its strides and the gradients of x, the scores and τ for a fixed random upstream gradient."""
+    the output, its strides and the gradients of x, the scores, τ (or log τ) and a projection (``kwargs``)
+    for a fixed random upstream gradient."""
     x, tau = x.detach().requires_grad_(), tau.detach().requires_grad_()
     sc = None if sc is None else sc.detach().requires_grad_()
+    v = kwargs.get("projection")
+    kwargs = {**kwargs, "projection": v.detach().requires_grad_()} if v is not None else kwargs
     with pytest.MonkeyPatch.context() as m:
         if path == "op":
             m.setattr(fused_pool, "eager", lambda *args: False)
-        out = fused_pool.softmax_pool(x, sc, tau, geo)
+        out = fused_pool.softmax_pool(x, sc, tau, geo, **kwargs)
     node = out.grad_fn.name()
     out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype))
     grads = [x.grad, tau.grad, None if sc is None else sc.grad]
+    grads += [kwargs["projection"].grad] if v is not None else []
     return node, out, out.stride(), x.grad.stride(), grads
 
 
 @pytest.mark.parametrize("d", [1, 2, 3])
 @pytest.mark.parametrize("geo", GEOMETRIES)
-@pytest.mark.parametrize("kind", ["soft", "soft-per-channel", "attention", "attention-weights"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_the_eager_path_is_the_op_bit_for_bit(d, geo, kind, channels_last):
     """The eager path (the C kernel called from an autograd Function) against the op it stands in for:
     the same values, gradients and memory formats, bit for bit, in every dtype the C kernel takes, at one
-    thread and two (the per-thread partial sums of ∂L/∂τ and ∂L/∂w)."""
+    thread and two (the per-thread partial sums of ∂L/∂τ and ∂L/∂w); "soft-log-tau": τ given as log τ,
+    the learned gate's parameter (its gradient ∂L/∂log τ from the op)."""
     torch.manual_seed(0)
     scores = {"attention": True, "attention-weights": "weights"}.get(kind)
+    options = {"log_tau": True} if kind == "soft-log-tau" else {}
     before = torch.get_num_threads()
     cases = ((torch.float32, 1), (torch.float32, 2), (torch.float64, 2), (torch.float16, 2),
              (torch.bfloat16, 1))  # fmt: skip
     for dtype, threads in cases:
         torch.set_num_threads(threads)
-        x, sc, tau, g = op_args(d, geo, scores, kind == "soft-per-channel", dtype, channels_last and d == 2,
+        x, sc, tau, g = op_args(d, geo, scores, kind.startswith("soft-"), dtype, channels_last and d == 2,
                                 channels=19)  # fmt: skip
         geometry = fused_pool.decode(g)
         try:
-            node, *eager = _through("eager", x, sc, tau, geometry)
-            op_node, *op = _through("op", x, sc, tau, geometry)
+            node, *eager = _through("eager", x, sc, tau, geometry, **options)
+            op_node, *op = _through("op", x, sc, tau, geometry, **options)
         finally:
             torch.set_num_threads(before)
         assert node == EAGER_NODE and op_node != node
         assert eager[1:3] == op[1:3]  # strides of out and of ∂L/∂x
         for a, b in zip([eager[0], *eager[3]], [op[0], *op[3]]):
             assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+@pytest.mark.parametrize("geo", GEOMETRIES)
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("size", ["small", "large"])  # the eager operator's loop, and its matrix product
+def test_the_eager_projection_is_the_ops_convolution(d, geo, channels_last, size):
+    """The attention gate's value projection V inside the eager operator (``projection``) against the op
+    followed by the 1×1 convolution: the same values and gradients (x, w, τ and V) up to rounding, at one
+    thread and two, NCHW and channels_last, on both sides of its plain loop's size."""
+    torch.manual_seed(0)
+    channels = 5 if size == "small" else 37
+    before = torch.get_num_threads()
+    for dtype, threads in ((torch.float32, 1), (torch.float64, 2), (torch.bfloat16, 1)):
+        torch.set_num_threads(threads)
+        x, w, tau, g = op_args(d, geo, "weights", False, dtype, channels=channels)
+        if size == "large":  # rows · C² above the loop's limit
+            x = x.detach().repeat(1, 1, *[{1: 8, 2: 3, 3: 2}[d]] * d)
+        if channels_last and d == 2:
+            x = x.contiguous(memory_format=torch.channels_last)
+        v = torch.randn(channels, channels, *[1] * d, dtype=w.dtype)
+        w = w.view(1, channels, *[1] * d) if threads == 2 else w  # the score's 1×1 conv weight, or (C,)
+        geometry = pool_geometry(x, d, *geo)
+        try:
+            node, *eager = _through("eager", x, w, tau, geometry, projection=v)
+            op_node, *op = _through("op", x, w, tau, geometry, projection=v)
+        finally:
+            torch.set_num_threads(before)
+        assert node == EAGER_NODE and op_node != node
+        assert eager[1:3] == op[1:3]  # strides of out and of ∂L/∂x
+        # another order of the same sums (∂L/∂V sums over every output position)
+        tol = {torch.float32: 1e-4, torch.float64: 1e-10, torch.bfloat16: 2e-2}[dtype]
+        for a, b in zip([eager[0], *eager[3]], [op[0], *op[3]]):
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+def test_projection_and_log_tau_arguments():
+    x, w, tau, g = op_args(2, GEOMETRIES[0], "weights", False, torch.float32)
+    geo, v = fused_pool.decode(g), torch.eye(3).view(3, 3, 1, 1)
+    with pytest.raises(ValueError, match="projection needs score weights"):
+        fused_pool.softmax_pool(x, None, tau, geo, projection=v)
+    dilated = pool_geometry(torch.zeros(1, 3, 2, 2), 2, 2, 1, 1, 3)  # windows that read no input
+    with pytest.raises(ValueError, match="has_empty_windows"):
+        fused_pool.softmax_pool(torch.zeros(1, 3, 2, 2), w, tau, dilated, projection=v)
+    with pytest.raises(TypeError, match="log_tau=True takes log τ as a tensor"):
+        fused_pool.softmax_pool(x, None, 0.5, geo, log_tau=True)
+    out = fused_pool.softmax_pool(x, w, tau, geo, projection=v)  # V = I: the pool itself
+    torch.testing.assert_close(out, fused_pool.softmax_pool(x, w, tau, geo))
+    torch.testing.assert_close(project(out, 2 * v), 2 * out)
+
+
+@pytest.mark.parametrize("eager", [True, False])
+def test_gradcheck_and_gradgradcheck_with_log_tau_and_projection(eager, monkeypatch):
+    """∂/∂log τ and ∂/∂V (the eager operator's own, or the op's and the convolution's), and their double
+    backward (through the plain path), against finite differences."""
+    torch.manual_seed(0)
+    if not eager:
+        monkeypatch.setattr(fused_pool, "eager", lambda *args: False)
+    x = torch.randn(1, 3, 5, 4, dtype=torch.float64, requires_grad=True)
+    log_tau = torch.tensor([-0.3, 0.2, 0.5], dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(3, 3, 1, 1, dtype=torch.float64, requires_grad=True)
+    tau = torch.tensor([0.8], dtype=torch.float64, requires_grad=True)
+    geo = pool_geometry(x, 2, 3, 2, 1, 1, True)
+
+    def soft(a, t):
+        return fused_pool.softmax_pool(a, None, t, geo, log_tau=True)
+
+    def attention(a, s, t, p):
+        return fused_pool.softmax_pool(a, s, t, geo, projection=p)
+
+    assert (soft(x, log_tau).grad_fn.name() == EAGER_NODE) == eager
+    assert (attention(x, w, tau, v).grad_fn.name() == EAGER_NODE) == eager
+    for f, inputs in ((soft, (x, log_tau)), (attention, (x, w, tau, v))):
+        assert torch.autograd.gradcheck(f, inputs)
+        assert torch.autograd.gradgradcheck(f, inputs)
 
 
 def test_the_eager_path_steps_aside_for_what_must_see_the_op():

@@ -19,9 +19,13 @@ from gatepool.layers import (
     GatedPool3d,
     SoftPool1d,
     SoftPool2d,
+    c_kernels,
     create_pool,
+    fused_pool,
     soft_pool2d,
 )
+from gatepool.layers.gated_pool import GatedPoolNd
+from gatepool.layers.windows import pool_geometry
 
 MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
@@ -316,3 +320,74 @@ def test_residual_cnn_accepts_every_gate(gate):
         assert type(model.pool1) is torch_pool[gate] and model.pool1.kernel_size == 2
     else:
         assert model.pool1.gate == gate and model.pool1.kernel_size == (2, 2)
+
+
+def _full_path(pool, x):
+    """``pool(x)`` by the full path (geometry, path chooser, the gate's function), not its eager route."""
+    window = (pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode)
+    return pool._pool(x, pool_geometry(x, pool.dim, *window))
+
+
+@pytest.mark.skipif(not fused_pool.available() or not c_kernels.eager_op(), reason="no eager C++ operator")
+@pytest.mark.parametrize("gate", ["soft", "soft-learned", "attention"])
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_the_eager_route_is_the_full_path_bit_for_bit(gate, d, monkeypatch, pool_path):
+    """From the second call of a shape and dtype a softmax gate calls the eager operator straight away
+    (``GatedPoolNd._route``): the full path's output, memory format and gradients (of x and of the
+    parameters), bit for bit, in float32 (NCHW and channels_last) and float64 with float32 parameters.
+    Without the fused kernels (the pure-PyTorch paths) there is no route: the full path every call."""
+    torch.manual_seed(0)
+    pool = POOL[d](3, 2, 1, gate=gate, channels=4)
+    with torch.no_grad():
+        for p in pool.parameters():  # away from the start values (log τ = 0: τ = 1/τ = exp(log τ) = 1)
+            p.uniform_(-0.5, 0.5)
+    full = []
+    full_pool = GatedPoolNd._pool
+    monkeypatch.setattr(GatedPoolNd, "_pool", lambda self, x, geo: full.append(1) or full_pool(self, x, geo))
+    size = {1: (9,), 2: (7, 8), 3: (5, 6, 5)}[d]
+    for dtype, channels_last in ((torch.float32, False), (torch.float32, True), (torch.float64, False)):
+        x = torch.randn(2, 4, *size, dtype=dtype)
+        x = x.contiguous(memory_format=torch.channels_last) if channels_last and d == 2 else x
+        pool(x)  # (the route of this shape and dtype made, where there was none)
+        results = []
+        for way in ("route", "full"):
+            xi = x.clone().requires_grad_()
+            calls = len(full)
+            out = pool(xi) if way == "route" else _full_path(pool, xi)
+            assert len(full) == calls + (way == "full" or pool_path.name != "fused")  # route: no full path
+            grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
+            results.append((out, out.stride(), torch.autograd.grad(out, [xi, *pool.parameters()], grad)))
+        (a, strides_a, grads_a), (b, strides_b, grads_b) = results
+        assert torch.equal(a, b) and strides_a == strides_b
+        assert all(torch.equal(u, v) for u, v in zip(grads_a, grads_b, strict=True))
+
+
+@pytest.mark.parametrize("gate", ["soft", "attention"])
+def test_the_eager_route_sees_a_changed_setting(gate):
+    """Setting an attribute of the pool drops its route: the next call is the pool with the new setting."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 7, 8)
+    pool = GatedPool2d(3, 2, 1, gate=gate, channels=4)
+    pool(x), pool(x)
+    pool.fixed_temperature, pool.stride = 0.5, (1, 1)
+    want = GatedPool2d(3, 1, 1, gate=gate, channels=4, temperature=0.5)
+    want.load_state_dict(pool.state_dict())
+    assert torch.equal(pool(x), want(x)) and pool(x).shape == (2, 4, 7, 8)
+
+
+def test_the_eager_route_checks_the_channels():
+    pool = GatedPool2d(2, gate="soft-learned", channels=4)
+    pool(torch.randn(2, 4, 6, 6))
+    with pytest.raises(ValueError, match="this pool was built for channels=4"):
+        pool(torch.randn(2, 5, 6, 6))
+
+
+def test_no_eager_route_where_the_full_path_does_more():
+    """Half precision, the weights asked for, an unbatched input: the full path every call."""
+    for pool, x in ((GatedPool2d(2, gate="soft"), torch.randn(2, 3, 4, 4, dtype=torch.bfloat16)),
+                    (GatedPool2d(2, gate="soft", return_weights=True), torch.randn(2, 3, 4, 4)),
+                    (GatedPool2d(2, gate="soft"), torch.randn(3, 4, 4)),
+                    (GatedPool2d(2, gate="max"), torch.randn(2, 3, 4, 4))):  # fmt: skip
+        pool(x)
+        route = pool.__dict__["_eager_route"]
+        assert route.key == (x.shape, x.dtype) and route.geometry is None

@@ -1,25 +1,26 @@
 """Fused window softmax pooling as torch operators: their registration and autograd (CPU: the C kernel of
 :mod:`gatepool.layers.c_kernels`; CUDA: the Triton kernels of :mod:`gatepool.layers.triton_pool`).
 
-    gatepool::softmax_pool(values, scores, tau, geometry) -> (out, stats)
-    gatepool::softmax_pool_backward(grad_out, values, scores, tau, out, stats, geometry, tau_grad)
-        -> (grad_values, grad_scores, grad_tau)
+    gatepool::softmax_pool(values, scores, tau, geometry, log_tau=False) -> (out, stats)
+    gatepool::softmax_pool_backward(grad_out, values, scores, tau, out, stats, geometry, tau_grad,
+                                    log_tau=False) -> (grad_values, grad_scores, grad_tau)
 
 ``out = Σ_j softmax(s/τ)_j · v_j`` over each window, the equations of :mod:`gatepool.layers.soft_pool`;
 ``scores=None`` is soft pooling (s = v: each input is read once per pass), a score map ``(N, 1, *spatial)``
 is the attention gate's one score per position, and score weights ``(C,)`` give that score as
 ``s_j = w · v_j``, computed in the kernel at each tap (no score map is made, forward or backward; the
 backward's ``grad_scores`` is then ∂L/∂w, and ∂L/∂s_j · w is added into ``grad_values`` there).
-``tau`` is ``(C,)`` or ``(1,)``. ``geometry`` is a :class:`~gatepool.layers.windows.PoolGeometry` as a
-list of ints (:func:`encode`). Both ops take and give
-``(N, C, *spatial)`` tensors in the input's memory format (channels_last in, channels_last out); the
-kernel works in channels-last memory, so :func:`softmax_pool` copies an NCHW input to it once (the
-copy autograd keeps for the backward) and the result back. float16, bfloat16 (read and written as they
-are, computed in float32), float32 and float64; out in the values' dtype (but with score weights in
-float32 for float16/bfloat16: the attention gate projects it next, :func:`_out_dtype`); ``stats``
-``(2, N, *out, C or 1)``, the window max m of z = s/τ and 1/Σ e^(z−m) per window and score channel, is
-what the backward needs besides the output (as much memory as max pool's int64 indices; the float32
-kernel keeps m in base-2 units, z·log2 e: each backward reads only its own forward's stats).
+``tau`` is ``(C,)`` or ``(1,)``; with ``log_tau`` it is log τ (the learned gate's parameter), and the
+backward gives ∂L/∂log τ = ∂L/∂τ · τ: the parameter's exp is then no autograd node of its own.
+``geometry`` is a :class:`~gatepool.layers.windows.PoolGeometry` as a list of ints (:func:`encode`). Both
+ops take and give ``(N, C, *spatial)`` tensors in the input's memory format (channels_last in,
+channels_last out); the kernel works in channels-last memory, so :func:`softmax_pool` copies an NCHW
+input to it once (the copy autograd keeps for the backward) and the result back. float16, bfloat16 (read
+and written as they are, computed in float32), float32 and float64; out in the values' dtype (but with
+score weights in float32 for float16/bfloat16: the attention gate projects it next, :func:`_out_dtype`);
+``stats`` ``(2, N, *out, C or 1)``, the window max m of z = s/τ and 1/Σ e^(z−m) per window and score
+channel, is what the backward needs besides the output (as much memory as max pool's int64 indices; the
+float32 kernel keeps m in base-2 units, z·log2 e: each backward reads only its own forward's stats).
 ``torch.library.opcheck`` passes for both, and ``torch.compile`` sees them as single nodes
 (``fullgraph=True`` holds).
 
@@ -34,7 +35,10 @@ mode, no ``torch.func`` transform), :func:`softmax_pool` calls ``gatepool::softm
 C kernels as a C++ operator with its autograd in C++ (``kernels/softmax_pool_op.cpp``, built by
 :func:`~gatepool.layers.c_kernels.eager_op`): one dispatcher call forward, one autograd node backward, on
 the operands the op would give the kernels, so the values and gradients are the op's bit for bit. The op
-stays what ``torch.compile``, ``torch.export``, ``opcheck``, fake tensors and CUDA see.
+stays what ``torch.compile``, ``torch.export``, ``opcheck``, fake tensors and CUDA see. The attention
+gate's value projection ``V`` (:func:`softmax_pool`'s ``projection``) is a 1×1 convolution after the op;
+the eager operator applies it inside, to the kernel's output, and its backward gives ∂L/∂V (a small
+product as a plain loop: the convolution's dispatch and node cost a small input more than it does).
 
 Which function is which: :func:`_op_forward` / :func:`_op_forward_cuda` are the op's forward (its CPU and
 CUDA kernels), :func:`_op_backward` / :func:`_op_backward_cuda` the op's backward (the op
@@ -63,6 +67,7 @@ from gatepool.layers.windows import (
     channel_view,
     compute_dtype,
     inverse_temperature,
+    project,
     scale_scores,
     softmax_pool_unfold,
     temperature_tensor,
@@ -129,13 +134,14 @@ def _like(y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return out if _channels_last_memory(like) else out.contiguous()
 
 
-def _operands(values, scores, tau, geometry):
+def _operands(values, scores, tau, geometry, log_tau=False):
     """What both ops start from: the geometry, N, C, the score channels, the kernel's views (values, the
-    score map, the score weights), a = 1/τ."""
+    score map, the score weights), a = 1/τ (τ = exp(tau) with ``log_tau``)."""
     geo = decode(geometry)
     n, c = values.shape[:2]
     v = _last(values)
-    a = inverse_temperature(tau, compute_dtype(values.dtype))
+    dtype = compute_dtype(values.dtype)
+    a = inverse_temperature(as_dtype(tau, dtype).exp() if log_tau else tau, dtype)
     if _weights(scores):  # s_j = w · v_j, in the kernel
         return geo, n, c, 1, v, None, scores.contiguous(), a
     cs = c if scores is None else scores.shape[1]
@@ -164,9 +170,10 @@ def _score_map(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op("gatepool::softmax_pool", mutates_args=(), device_types="cpu")
 def _op_forward(
-    values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor, geometry: list[int]
+    values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor, geometry: list[int],
+    log_tau: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    geo, n, c, cs, v, s, w, a = _operands(values, scores, tau, geometry)
+    geo, n, c, cs, v, s, w, a = _operands(values, scores, tau, geometry, log_tau)
     y = values.new_empty((n, *geo.out_size, c), dtype=_out_dtype(values, scores))
     stats = values.new_empty((2, n, *geo.out_size, cs), dtype=a.dtype)
     call("forward", geometry_struct(geo, n, c, cs, a.numel()), torch.get_num_threads(), v=v, s=s, a=a, w=w,
@@ -175,7 +182,7 @@ def _op_forward(
 
 
 @_op_forward.register_fake
-def _(values, scores, tau, geometry):
+def _(values, scores, tau, geometry, log_tau=False):
     geo = decode(geometry)
     n, c = values.shape[:2]
     # Triton's half stats are per channel (triton_pool); the C kernel's per score channel
@@ -186,10 +193,11 @@ def _(values, scores, tau, geometry):
 
 
 @_op_forward.register_kernel("cuda")
-def _op_forward_cuda(values, scores, tau, geometry):
+def _op_forward_cuda(values, scores, tau, geometry, log_tau=False):
     """The op ``gatepool::softmax_pool``'s forward on CUDA: Triton (under ``TRITON_INTERPRET=1`` it also
     runs on CPU tensors)."""
     dtype = _out_dtype(values, scores)
+    tau = tau.exp() if log_tau else tau  # the Triton kernels take τ
     scores = _score_map(values, scores) if _weights(scores) else scores  # Triton reads a score map
     return triton_pool.forward(values, scores, tau, decode(geometry), dtype=dtype)
 
@@ -204,10 +212,12 @@ def _op_backward(
     stats: torch.Tensor,
     geometry: list[int],
     tau_grad: bool,
+    log_tau: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The op ``gatepool::softmax_pool``'s backward (itself the op ``gatepool::softmax_pool_backward``) on the
-    CPU: the C kernel. ``(grad_values, grad_scores, grad_tau)``, empty where not asked for."""
-    geo, n, c, cs, v, s, w, a = _operands(values, scores, tau, geometry)
+    CPU: the C kernel. ``(grad_values, grad_scores, grad_tau)`` (∂L/∂log τ with ``log_tau``), empty where
+    not asked for."""
+    geo, n, c, cs, v, s, w, a = _operands(values, scores, tau, geometry, log_tau)
     threads = torch.get_num_threads()
     gv = torch.empty_like(v)
     gs = None if s is None or scores is None else torch.empty_like(s)
@@ -220,19 +230,26 @@ def _op_backward(
         grad_scores = gw.sum(0)  # ∂L/∂w
     else:
         grad_scores = values.new_empty(0) if gs is None else _like(gs, scores)
-    grad_tau = -ga.sum(0) * a * a if tau_grad else values.new_empty(0)  # ∂L/∂τ = −∂L/∂a / τ²
+    if not tau_grad:
+        grad_tau = values.new_empty(0)
+    else:  # ∂L/∂τ = −∂L/∂a / τ², ∂L/∂log τ = ∂L/∂τ · τ = −∂L/∂a · a
+        grad_tau = -ga.sum(0) * a if log_tau else -ga.sum(0) * a * a
     return _like(gv, values), grad_scores, grad_tau
 
 
 @_op_backward.register_fake
-def _(grad_out, values, scores, tau, out, stats, geometry, tau_grad):
+def _(grad_out, values, scores, tau, out, stats, geometry, tau_grad, log_tau=False):
     grad_scores = values.new_empty(0) if scores is None else torch.empty_like(scores)
     return torch.empty_like(values), grad_scores, torch.empty_like(tau) if tau_grad else values.new_empty(0)
 
 
 @_op_backward.register_kernel("cuda")
-def _op_backward_cuda(grad_out, values, scores, tau, out, stats, geometry, tau_grad):
+def _op_backward_cuda(grad_out, values, scores, tau, out, stats, geometry, tau_grad, log_tau=False):
     """The op ``gatepool::softmax_pool_backward`` on CUDA: Triton, as :func:`_op_forward_cuda`."""
+    if log_tau:  # Triton takes τ and gives ∂L/∂τ: ∂L/∂log τ = ∂L/∂τ · τ
+        t = tau.exp()
+        gv, gs, gt = _op_backward_cuda(grad_out, values, scores, t, out, stats, geometry, tau_grad)
+        return gv, gs, gt * t if tau_grad else gt
     if not _weights(scores):
         return triton_pool.backward(grad_out, values, scores, tau, out, stats, decode(geometry), tau_grad)
     # score weights: Triton takes the score map; the chain rule through s_j = w · v_j here
@@ -246,10 +263,10 @@ def _op_backward_cuda(grad_out, values, scores, tau, out, stats, geometry, tau_g
 
 def _autograd_setup_context(ctx, inputs, output):
     """What the autograd formula keeps of a forward: its inputs, out and stats."""
-    values, scores, tau, geometry = inputs
+    values, scores, tau, geometry, log_tau = inputs
     out, stats = output
     ctx.save_for_backward(values, scores, tau, out, stats)
-    ctx.geometry = geometry
+    ctx.geometry, ctx.log_tau = geometry, log_tau
     ctx.mark_non_differentiable(stats)
     ctx.set_materialize_grads(False)  # no zeros of stats' shape for a gradient it never has
 
@@ -262,9 +279,11 @@ def _autograd_backward(ctx, grad_out, _grad_stats):
     if grad_out is None:  # out did not reach the loss
         grad_out = torch.zeros_like(out)
     if torch.is_grad_enabled():  # create_graph=True: the gradient needs a graph of its own
-        return (*_plain_vjp(values, scores, tau, ctx.geometry, grad_out, (need_v, need_s, need_tau)), None)
-    gv, gs, gt = _op_backward(grad_out, values, scores, tau, out, stats, ctx.geometry, need_tau)
-    return gv, (gs if scores is not None else None), (gt if need_tau else None), None
+        grads = _plain_vjp(values, scores, tau, ctx.geometry, None, ctx.log_tau, grad_out,
+                           (need_v, need_s, need_tau, False))  # fmt: skip
+        return (*grads[:3], None, None)
+    gv, gs, gt = _op_backward(grad_out, values, scores, tau, out, stats, ctx.geometry, need_tau, ctx.log_tau)
+    return gv, (gs if scores is not None else None), (gt if need_tau else None), None, None
 
 
 torch.library.register_autograd(
@@ -272,19 +291,24 @@ torch.library.register_autograd(
 )
 
 
-def _plain(values, scores, tau, geo: PoolGeometry) -> torch.Tensor:
+def _plain(values, scores, tau, geo: PoolGeometry, projection=None, log_tau=False) -> torch.Tensor:
     """The same pooling on the plain path (differentiable by autograd, double backward included)."""
+    scores = scores if projection is None else scores.reshape(-1)  # score weights (C,)
+    tau = as_dtype(tau, compute_dtype(values.dtype)).exp() if log_tau else tau
     tau_view = channel_view(tau, geo.dim) if tau.numel() > 1 else tau.reshape(())
     s = values if scores is None else _score_map(values, scores) if _weights(scores) else scores
-    return softmax_pool_unfold(values, scale_scores(s, tau_view), geo)[0]
+    out = softmax_pool_unfold(values, scale_scores(s, tau_view), geo)[0]
+    return out if projection is None else project(out.to(_out_dtype(values, scores)), projection)
 
 
-def _plain_vjp(values, scores, tau, geometry, grad_out, needs):
-    inputs = [t for t, need in zip((values, scores, tau), needs) if need and t is not None]
-    out = _plain(values, scores, tau, decode(geometry))
+def _plain_vjp(values, scores, tau, geometry, projection, log_tau, grad_out, needs):
+    """The gradients of values, scores, τ (or log τ) and the projection, by autograd through :func:`_plain`
+    with a graph (``needs``: which are asked for; None for the others)."""
+    operands = (values, scores, tau, projection)
+    inputs = [t for t, need in zip(operands, needs) if need and t is not None]
+    out = _plain(values, scores, tau, decode(geometry), projection, log_tau)
     grads = iter(torch.autograd.grad(out, inputs, grad_out, create_graph=True))
-    both = zip((values, scores, tau), needs)
-    return tuple(next(grads) if need and t is not None else None for t, need in both)
+    return tuple(next(grads) if need and t is not None else None for t, need in zip(operands, needs))
 
 
 # ------------------------------------------------------------------------------------------ the eager path
@@ -293,7 +317,12 @@ def _plain_vjp(values, scores, tau, geometry, grad_out, needs):
 _EAGER_DTYPES = tuple(DTYPES)  # every C kernel's, checked bit for bit against the op
 
 
-def eager(values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor) -> bool:
+def eager(
+    values: torch.Tensor,
+    scores: torch.Tensor | None,
+    tau: torch.Tensor,
+    projection: torch.Tensor | None = None,
+) -> bool:
     """May this call skip the op and run ``gatepool::softmax_pool_eager`` (the C++ operator of
     :func:`~gatepool.layers.c_kernels.eager_op`): plain CPU tensors of the kernel's dtypes, with nothing
     that must see the op (``torch.compile`` or ``torch.jit`` tracing, a dispatch mode such as fake tensors
@@ -303,7 +332,7 @@ def eager(values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor) 
         and values.is_cpu
         and values.dtype in _EAGER_DTYPES
         and not torch._C._len_torch_dispatch_stack()
-        and not torch.overrides.has_torch_function_variadic(values, scores, tau)
+        and not torch.overrides.has_torch_function_variadic(values, scores, tau, projection)
         and not torch._C._are_functorch_transforms_active()
         and not torch._C._get_tracing_state()
         and eager_op() is not None
@@ -315,12 +344,15 @@ def eager(values: torch.Tensor, scores: torch.Tensor | None, tau: torch.Tensor) 
 _vjp_library = torch.library.Library("gatepool", "FRAGMENT")
 _vjp_library.define(
     "softmax_pool_vjp(Tensor grad_out, Tensor values, Tensor? scores, Tensor tau, int[] geometry, "
-    "bool need_values, bool need_scores, bool need_tau) -> Tensor[]"
+    "Tensor? projection, bool log_tau, bool need_values, bool need_scores, bool need_tau, "
+    "bool need_projection) -> Tensor[]"
 )
 
 
-def _vjp(grad_out, values, scores, tau, geometry, need_values, need_scores, need_tau):
-    grads = _plain_vjp(values, scores, tau, geometry, grad_out, (need_values, need_scores, need_tau))
+def _vjp(grad_out, values, scores, tau, geometry, projection, log_tau, need_values, need_scores, need_tau,
+         need_projection):  # fmt: skip
+    needs = (need_values, need_scores, need_tau, need_projection)
+    grads = _plain_vjp(values, scores, tau, geometry, projection, log_tau, grad_out, needs)
     return [values.new_empty(0) if g is None else g for g in grads]
 
 
@@ -331,34 +363,54 @@ _vjp_library.impl("softmax_pool_vjp", _vjp, "CompositeImplicitAutograd")
 
 
 def softmax_pool(
-    values: torch.Tensor, scores: torch.Tensor | None, tau: float | torch.Tensor, geo: PoolGeometry
+    values: torch.Tensor,
+    scores: torch.Tensor | None,
+    tau: float | torch.Tensor,
+    geo: PoolGeometry,
+    *,
+    log_tau: bool = False,
+    projection: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``Σ_j softmax(s/τ)_j v_j`` per window by the fused kernels: ``(N, C, *spatial) -> (N, C, *out)``.
 
     ``values`` float16/bfloat16/float32/float64 on the CPU, float16/bfloat16/float32 on CUDA (check
     :func:`usable` first); ``scores`` None (soft pooling: s = v), a score map ``(N, 1, *spatial)``, or
     score weights ``(C,)`` (s_j = w · v_j, computed in the kernel); ``tau`` a float or a ``()``, ``(1,)``
-    or ``(C,)`` tensor > 0.
+    or ``(C,)`` tensor > 0, or with ``log_tau`` a tensor log τ (its gradient comes from the op: one node).
+    ``projection``, with score weights (then ``(C,)`` or the score's 1×1 convolution weight
+    ``(1, C, 1, …)``): the attention gate's value matrix V as its 1×1 convolution's weight ``(C, C, 1, …)``,
+    applied to the pooled map (``V · out``; the eager operator does it inside, the parameters as they are);
+    no window may be empty (``geo.has_empty_windows``: the caller masks those).
     """
+    weights = projection is not None or _weights(scores)
+    c = values.shape[1]
+    if projection is not None and (scores is None or scores.numel() != c or geo.has_empty_windows):
+        raise ValueError("projection needs score weights of C entries, (C,) or (1, C, 1, …), and windows "
+                         "that all read the input (geo.has_empty_windows False)")  # fmt: skip
     if not isinstance(tau, torch.Tensor):
+        if log_tau:
+            raise TypeError(f"log_tau=True takes log τ as a tensor, got {type(tau).__name__}")
         tau = temperature_tensor(float(tau), values)  # (1,), made once per value
     elif tau.dtype != compute_dtype(values.dtype) or tau.dim() != 1:
         tau = tau.to(compute_dtype(values.dtype)).reshape(-1)  # τ in float32 for float16/bfloat16 values
     if scores is not None and tau.numel() != 1:
         raise ValueError(f"shared scores take one temperature, got {tau.numel()}")
-    if eager(values, scores, tau):  # score weights in the compute dtype (float32 for float16/bfloat16)
+    if eager(values, scores, tau, projection):  # score weights in the compute dtype (float32 for halves)
         if scores is not None:
-            scores = as_dtype(scores, compute_dtype(values.dtype) if _weights(scores) else values.dtype)
-        return eager_op()(values, scores, tau, encode(geo))
+            scores = as_dtype(scores, compute_dtype(values.dtype) if weights else values.dtype)
+        if projection is None and not log_tau:
+            return eager_op()(values, scores, tau, encode(geo))
+        return eager_op()(values, scores, tau, encode(geo), projection, log_tau)  # (positional: faster)
     # The kernel reads channels-last memory: copy an NCHW input there once, here, so that autograd
     # saves that copy for the backward (instead of the op copying it again) and copies the gradient back.
     v = _as_channels_last(values)
-    if _weights(scores):
-        s = scores.to(compute_dtype(values.dtype))  # w in float32 for float16/bfloat16 values
+    if weights:
+        s = scores.reshape(-1).to(compute_dtype(values.dtype))  # w (C,), float32 for float16/bfloat16 values
     else:
         s = None if scores is None else _as_channels_last(scores)
-    out = torch.ops.gatepool.softmax_pool(v, s, tau, encode(geo))[0]
-    return out if v is values else out.contiguous()
+    out = torch.ops.gatepool.softmax_pool(v, s, tau, encode(geo), log_tau)[0]
+    out = out if v is values else out.contiguous()
+    return out if projection is None else project(out, projection)
 
 
 def _as_channels_last(t: torch.Tensor) -> torch.Tensor:

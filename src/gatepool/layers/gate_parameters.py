@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gatepool.layers import gate_table
-from gatepool.layers.windows import check_temperature
+from gatepool.layers.windows import check_temperature, project
 from gatepool.utils.checks import check_int
 
 __all__ = ["GATES_WITH_TEMPERATURE", "GATES_WITH_WEIGHTS", "GateParameters"]
@@ -91,5 +91,4 @@ class GateParameters(nn.Module):
 
     def project(self, pooled: torch.Tensor) -> torch.Tensor:
         """The attention gate's values after the pool: ``V · (Σ_j g_j x_j)``, ``(N, C, *out)`` either side."""
-        c, d = self.channels, pooled.dim() - 2  # d: the pooled map's own (a global pool's is flattened)
-        return _CONV_FN[d](pooled, self.value.weight.to(pooled.dtype).view(c, c, *([1] * d)))
+        return project(pooled, self.value.weight)

@@ -48,11 +48,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from gatepool.layers import fused_pool, gate_table
+from gatepool.layers.c_kernels import eager_op
 from gatepool.layers.gate_parameters import GATES_WITH_TEMPERATURE, GATES_WITH_WEIGHTS, GateParameters
 from gatepool.layers.soft_pool import soft_pool_windows
 from gatepool.layers.softmax_paths import input_dtype, softmax_path
@@ -66,6 +68,7 @@ from gatepool.layers.windows import (
     pool_geometry,
     scale_scores,
     softmax_pool_unfold,
+    temperature_tensor,
     unfold_windows,
     window_mask,
 )
@@ -168,13 +171,68 @@ class GatedPoolNd(GateParameters):
             s += ", count_include_pad=False"
         return s + self.gate_repr()
 
+    def __setattr__(self, name: str, value) -> None:
+        self.__dict__.pop("_eager_route", None)  # a setting may change: the next call works its route out
+        super().__setattr__(name, value)
+
     def forward(self, input: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        """``(N, C, *spatial) -> (N, C, *out)``; then the indices and the weights, if asked for."""
-        d = self.dim
+        """``(N, C, *spatial) -> (N, C, *out)``; then the indices and the weights, if asked for.
+
+        A softmax gate whose call the full path would give the eager C++ operator as it is (``_route``)
+        makes that call straight away: the window geometry and the path are worked out once per input
+        shape and dtype, as the kernels' launch arguments (issue 44).
+        """
+        if not torch.compiler.is_compiling() and isinstance(input, torch.Tensor):  # (traced: the op)
+            key = (input.shape, input.dtype)
+            route = self.__dict__.get("_eager_route")
+            if route is None or route.key != key:
+                route = self._route(input, key)
+            out = None if route is None else self._eager(input, route)
+            if out is not None:
+                return out
         geo = pool_geometry(
-            input, d, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode
+            input, self.dim, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode
         )
         return self._pool(input, geo)
+
+    def _route(self, x: torch.Tensor, key: tuple) -> _EagerRoute | None:
+        """How ``forward`` takes inputs of ``x``'s shape and dtype (kept until a setting changes): straight to
+        the eager operator where the full path would give it the input as it is and return its output as
+        it is (a softmax gate, no weights asked for, a batched float32/float64 input on the fused path, no
+        window of attention's that reads no input); else the full path (which asks the path chooser
+        again, once a shape). None, and nothing kept, where this call could not take the operator."""
+        window = (self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+        geo = pool_geometry(x, self.dim, *window)
+        if self.channels is not None and x.shape[-self.dim - 1] != self.channels:
+            return None  # the full path says what is wrong
+        row = gate_table.row(self.gate)
+        fused = row.softmax and softmax_path(x, return_weights=self.return_weights).fused
+        empty = row.scored and geo.has_empty_windows  # attention masks those outside the operator
+        route = _EagerRoute(key, None, None)  # the full path
+        if fused and not empty and geo.batched and x.dtype in _ROUTE_DTYPES:
+            tau = temperature_tensor(self.fixed_temperature, x)
+            if not fused_pool.eager(x, None, tau):
+                return None
+            route = _EagerRoute(key, fused_pool.encode(geo), tau)
+        self.__dict__["_eager_route"] = route
+        return route
+
+    def _eager(self, x: torch.Tensor, route: _EagerRoute) -> torch.Tensor | None:
+        """``forward(x)`` by ``route``: the eager operator's call the full path makes, the parameters as they
+        are (it takes each in its compute dtype); None where this call must take the full path (no route
+        for this shape, or a mode, a transform or a tensor subclass: ``fused_pool.eager``)."""
+        if route.geometry is None or not fused_pool.usable(x):
+            return None
+        scores, tau, projection, log_tau = None, route.tau, None, False
+        if self.gate == "attention":
+            scores, projection = self.score.weight, self.value.weight
+        elif self.gate == "soft-learned":
+            tau, log_tau = self.log_temperature, True
+        if not fused_pool.eager(x, scores, tau, projection):
+            return None
+        if scores is None and not log_tau:
+            return eager_op()(x, None, tau, route.geometry)
+        return eager_op()(x, scores, tau, route.geometry, projection, log_tau)
 
     def _pool(self, input: torch.Tensor, geo: PoolGeometry) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """``forward`` on the windows ``geo`` says (``PoolSame`` gives its own, with asymmetric padding)."""
@@ -235,13 +293,18 @@ class GatedPoolNd(GateParameters):
         return out, None, counted / counted.sum(-1, keepdim=True)  # (*out, K): 1/n at counted taps
 
     def _soft(self, x: torch.Tensor, geo: PoolGeometry):
-        tau = self.temperature  # a float, or (C,) = exp(log τ) > 0 for "soft-learned"
-        tau = as_dtype(tau, compute_dtype(x.dtype)) if isinstance(tau, torch.Tensor) else tau
-        out, weights = soft_pool_windows(x, geo, tau, self.return_weights)
+        if gate_table.row(self.gate).learned_temperature:  # log τ (C,): τ_c = exp(log τ_c), on the path
+            tau = as_dtype(self.log_temperature, compute_dtype(x.dtype))
+            out, weights = soft_pool_windows(x, geo, tau, self.return_weights, log_temperature=True)
+        else:
+            out, weights = soft_pool_windows(x, geo, self.fixed_temperature, self.return_weights)
         return out, None, weights
 
     def _attention(self, x: torch.Tensor, geo: PoolGeometry):
         path = softmax_path(x, scored=True, return_weights=self.return_weights)
+        if path.fused and not geo.has_empty_windows:  # one pass: the scores w · x_j, softmax, sum; then V ·
+            w, v = self.score.weight, self.value.weight  # as they are: the eager operator projects inside
+            return fused_pool.softmax_pool(x, w, self.fixed_temperature, geo, projection=v), None, None
         if path.fused:  # one pass: the scores w · x_j, softmax, sum
             pooled = fused_pool.softmax_pool(x, self.score.weight.view(-1), self.fixed_temperature, geo)
             weights = None
@@ -267,6 +330,19 @@ class GatedPoolNd(GateParameters):
         weights = w.reshape(1, w.shape[0], *([1] * geo.dim), geo.window_size)  # (1, C, 1…, K)
         mask = window_mask(geo, x.device)
         return out, None, (weights if mask is None else weights * mask)
+
+
+_ROUTE_DTYPES = (torch.float32, torch.float64)  # computed as they are (attention's float16 output is cast)
+
+
+class _EagerRoute(NamedTuple):
+    """``GatedPoolNd.forward``'s way for inputs of one shape and dtype (``key``): the eager operator's call,
+    its geometry (``fused_pool.encode``) and fixed τ (``temperature_tensor``) made once; geometry None:
+    the full path. Setting any attribute of the pool drops it."""
+
+    key: tuple[torch.Size, torch.dtype]
+    geometry: list[int] | None
+    tau: torch.Tensor | None
 
 
 def _counted_taps(geo: PoolGeometry, include_pad: bool, device, dtype) -> torch.Tensor:

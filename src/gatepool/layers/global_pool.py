@@ -19,8 +19,9 @@ has no global form). The parameters have the names, shapes and start values of `
 and returns ``(B, D)``; this layer is a drop-in for ``nn.AdaptiveAvgPool{dim}d(1)``: ``(N, C, *spatial)
 -> (N, C, 1, …, 1)``, or ``(N, C)`` with ``flatten=True`` (timm's ``FastAdaptiveAvgPool(flatten=True)``).
 
-The soft family runs the library's paths (the fused kernel where it can be built) over one window of L
-taps; "max" and "avg" are torch's ``F.adaptive_max_pool{dim}d`` / ``F.adaptive_avg_pool{dim}d(x, 1)``,
+The soft family runs the library's paths (the fused kernel where it can be built: float16 / bfloat16 go
+into it as they are, "attention" scores and projects inside it) over one window of L taps; "max" and "avg"
+are torch's ``F.adaptive_max_pool{dim}d`` / ``F.adaptive_avg_pool{dim}d(x, 1)``,
 in the input's dtype (so "avg" equals the global average pool it replaces, bit for bit).
 """
 
@@ -97,27 +98,28 @@ class GlobalGatedPoolNd(GateParameters):
             out = row.torch_function(d, adaptive=True)(xb, 1)
             out = out.view(n, c) if self.flatten else out
             return out if batched else out.squeeze(0)
-        x = xb.to(compute_dtype(xb.dtype))  # one window of every position: float32, whatever the path
-        scores = self.scores(x).flatten(2) if row.scored else None  # (N, 1, L)
+        path = softmax_path(xb, scored=row.scored, windows="global")
+        # one window of every position: the fused kernels read float16 / bfloat16 as they are (float32 inside,
+        # nothing full-size copied); the other paths compute in float32
+        x = xb if path.fused else xb.to(compute_dtype(xb.dtype))
         values = x.flatten(2)  # (N, C, L): the whole map is one window
-        length = values.shape[-1]
-        geo = pool_geometry(values, 1, length)  # one window of L taps, out (N, C, 1)
-        tau = self.fixed_temperature if row.scored else self.temperature  # float or (C,)
-        tau = tau.to(values.dtype) if isinstance(tau, torch.Tensor) else tau
-        path = softmax_path(values, scored=row.scored, windows="global")
+        geo = pool_geometry(values, 1, values.shape[-1])  # one window of L taps, out (N, C, 1)
         if path.name == "one-window":
             # Off the CPU, one softmax over the L taps: the windowed GPU kernel unrolls its taps at compile
             # time and gathers over them in the backward, which a window of thousands of taps must not do.
+            scores = self.scores(x).flatten(2) if row.scored else None  # (N, 1, L)
+            tau = self.fixed_temperature if row.scored else self.temperature  # float or (C,)
+            tau = tau.to(values.dtype) if isinstance(tau, torch.Tensor) else tau
             out = one_window(values, scores, tau)
+            out = self.project(out) if row.scored else out  # V · Σ_j g_j x_j: C×C once, not at every position
+        elif row.scored and path.fused:  # the scores w · x_j in the kernel, V after it (inside, where eager)
+            w, v = self.score.weight, self.value.weight
+            out = fused_pool.softmax_pool(values, w, self.fixed_temperature, geo, projection=v)
         elif row.scored:
-            if path.fused:
-                out = fused_pool.softmax_pool(values, scores, tau, geo)
-            else:
-                out = softmax_pool_unfold(values, scale_scores(scores, tau), geo)[0]
+            scores = scale_scores(self.scores(x).flatten(2), self.fixed_temperature)  # (N, 1, L)
+            out = self.project(softmax_pool_unfold(values, scores, geo)[0])
         else:  # the gate's windowed function over the one window ("soft": soft_pool_windows)
             out = getattr(GatedPoolNd, row.function)(self, values, geo)[0]
-        if row.scored:
-            out = self.project(out)  # V · Σ_j g_j x_j = Σ_j g_j V x_j: C×C once, not at every position
         # (N, C, 1); a copy: the fused op's output may be a view made inside its autograd Function, and a
         # block that changes our output in place (EfficientNet's head: an in-place dropout) must be able to
         out = out.to(input.dtype, copy=True)

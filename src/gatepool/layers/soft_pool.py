@@ -199,15 +199,23 @@ def soft_pool_tiled(
 
 
 def soft_pool_windows(
-    x: torch.Tensor, geo: PoolGeometry, temperature: float | torch.Tensor, return_weights: bool = False
+    x: torch.Tensor,
+    geo: PoolGeometry,
+    temperature: float | torch.Tensor,
+    return_weights: bool = False,
+    log_temperature: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Soft pooling of ``x`` ``(N, C, *spatial)`` over the windows ``geo``, by the path
     :func:`~gatepool.layers.softmax_paths.softmax_path` chooses: ``(out, weights)`` with the weights, asked
-    for, from the plain path, else ``(out, None)``.
+    for, from the plain path, else ``(out, None)``. ``log_temperature``: ``temperature`` is log τ (a
+    tensor, the learned gate's parameter), which the fused kernels take as it is (∂L/∂log τ from their
+    backward, no node for its exp); the other paths pool with τ = exp(log τ).
     """
     path = softmax_path(x, tiles=geo.tiles, return_weights=return_weights)
     if path.fused:
-        return fused_pool.softmax_pool(x, None, temperature, geo), None
+        return fused_pool.softmax_pool(x, None, temperature, geo, log_tau=log_temperature), None
+    if log_temperature:
+        temperature = temperature.exp()
     if path.name == "tiled":
         return soft_pool_tiled(x, geo, temperature), None
     out, weights = soft_pool_unfold(x, geo, temperature)

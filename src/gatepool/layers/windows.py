@@ -3,7 +3,8 @@
 The geometry (``pool_geometry``: kernel, stride, padding, dilation, ceil_mode checked and the output size
 computed as torch does), the window operations (unfold to ``(N, C, *out, K)``, the padding mask, a
 softmax that takes max pooling's limits, the weighted sum) and the plain path built from them,
-``softmax_pool_unfold`` / ``soft_pool_unfold``: the reference every faster path is tested against.
+``softmax_pool_unfold`` / ``soft_pool_unfold``: the reference every faster path is tested against; and the
+attention gate's value projection after the pool, ``project``.
 See :mod:`gatepool.layers.soft_pool` for the equations and the limits.
 """
 
@@ -18,6 +19,8 @@ import torch.nn.functional as F
 
 IntOrTuple = int | tuple[int, ...]
 
+_CONV_FN = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+
 __all__ = [
     "IntOrTuple",
     "PoolGeometry",
@@ -28,6 +31,7 @@ __all__ = [
     "inverse_temperature",
     "like_input_format",
     "pool_geometry",
+    "project",
     "scale_scores",
     "soft_pool_unfold",
     "softmax_pool_unfold",
@@ -384,6 +388,13 @@ def like_input_format(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     if x.dim() == 5 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last_3d):
         return out.contiguous(memory_format=torch.channels_last_3d)
     return out
+
+
+def project(pooled: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The attention gate's value projection: ``V · x`` at each position of ``pooled`` ``(N, C, *S)``, V given
+    as its 1×1 convolution's weight ``(C, C, 1, …)`` (a global pool's flattened map takes it too)."""
+    c, d = weight.shape[0], pooled.dim() - 2
+    return _CONV_FN[d](pooled, weight.to(pooled.dtype).view(c, c, *([1] * d)))
 
 
 def channel_view(t: torch.Tensor, extra_dims: int) -> torch.Tensor:
