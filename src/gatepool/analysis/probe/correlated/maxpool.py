@@ -67,7 +67,7 @@ def _draw_windows(mu: torch.Tensor, sd: torch.Tensor, R: torch.Tensor, base: tor
     """Per window the mean over draws x ~ N(mu, D R D), D = diag(sd), of each statistic of the draws'
     maxima over groups of taps that ``stats`` returns; with ``law`` (d, w, K) float32, the taps' laws
     as quantile tables (:func:`law.on_levels`), x = Q(Φ(L z)) instead, R the copula's latent correlation:
-    a draw's bin is found once for the windows that share its block, Q a gather.
+    a draw's bin is found once a channel for the windows that share its block, Q a gather.
 
     mu, sd (w, d) float64, the windows channel by channel (w / C each); R (C, d, d) the taps'
     correlation, one per channel (the stencil is stationary: only the envelope sd differs between a
@@ -88,17 +88,17 @@ def _draw_windows(mu: torch.Tensor, sd: torch.Tensor, R: torch.Tensor, base: tor
     for c in range(C):
         # the channel's correlated draws (blocks, d, samples), window i's in row (i − c·per) mod blocks
         Z = torch.roll(L[c] @ base, -(c * per % blocks), 0)
+        B = None if law is None else bins(Z, law.shape[-1])  # each draw's bin in the laws' tables
         i, end = c * per, (c + 1) * per
         while i < end:
             t = min(8 * blocks, end - i)
             t = t - t % blocks if t > blocks else t  # whole blocks, then the rest
             q, r = (t // blocks, blocks) if t % blocks == 0 else (1, t)
-            Zt = Z if t % blocks == 0 else Z[:t]  # (r, d, samples)
+            Zt, Bt = (Z, B) if t % blocks == 0 else (Z[:t], None if B is None else B[:t])  # (r, d, samples)
 
-            def draw(j, i=i, t=t, q=q, r=r, Zt=Zt):  # tap j of the chunk's windows: (t, samples)
+            def draw(j, i=i, t=t, q=q, r=r, Zt=Zt, Bt=Bt):  # tap j of the chunk's windows: (t, samples)
                 if law is not None:
-                    idx = bins(Zt[:, j], law.shape[-1]).expand(q, -1, -1).reshape(t, -1)
-                    return law[j, i : i + t].gather(-1, idx)
+                    return law[j, i : i + t].gather(-1, Bt[:, j].expand(q, -1, -1).reshape(t, -1))
                 m, s = mu_f[i : i + t, j].reshape(q, r, 1), sd_f[i : i + t, j].reshape(q, r, 1)
                 return torch.mul(Zt[:, j], s).add_(m).reshape(t, -1)  # (a broadcast addcmul is 3× slower)
 
