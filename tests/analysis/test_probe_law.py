@@ -21,7 +21,15 @@ from gatepool.analysis.probe.correlated import (
     measure_input,
     sum_law,
 )
-from gatepool.analysis.probe.correlated.law import add_normal, hermite_steps, levels, quantile_law
+from gatepool.analysis.probe.correlated.law import (
+    add_normal,
+    bins,
+    hermite_steps,
+    levels,
+    on_levels,
+    quantile_law,
+)
+from gatepool.analysis.probe.correlated.normal import Law
 
 SPIKE = 0.85  # P(x = 0): the background
 H = 16
@@ -73,6 +81,24 @@ def test_rebin_keeps_the_mean_and_each_bins_mean():
     for k in range(16):
         inside = (u > edges[k]) & (u <= edges[k + 1])
         assert float(law.x[0, k]) == pytest.approx(float(q[inside].mean()), abs=2e-3)
+
+
+def test_quantile_table_is_the_step_function():
+    """A draw's bin from :func:`bins`, shared by every position, picks Q_p(Φ(z)) from :func:`on_levels`'s
+    table: the atom whose cumulative masses bracket Φ(z) (a law on other masses is rebinned first, its
+    mean kept)."""
+    g = torch.Generator().manual_seed(0)
+    law = quantile_law(torch.randn(5, 3, 4000, generator=g, dtype=torch.float64).exp())  # (5, 3, 64)
+    z = torch.randn(1000, generator=g, dtype=torch.float64)
+    got = on_levels(law).gather(-1, bins(z, 64).expand(5, 3, -1))  # (5, 3, 1000)
+    u = torch.special.ndtr(z)
+    want = torch.stack([torch.stack([row[torch.searchsorted(cw, u)] for row, cw in zip(x, c)])
+                        for x, c in zip(law.x, law.w.cumsum(-1))])  # fmt: skip
+    assert torch.equal(got, want)
+    other = Law(law.x[..., ::4], torch.rand(5, 3, 16, generator=g, dtype=torch.float64).softmax(-1))
+    table = on_levels(other)
+    assert torch.allclose(table.mul(levels(16).diff()).sum(-1), (other.x * other.w).sum(-1), rtol=1e-12)
+    assert not torch.equal(table, other.x)
 
 
 def test_hermite_steps_of_a_step_function():

@@ -23,7 +23,8 @@ inverted lag by lag. Draws of the field's taps are then Q(Φ(L u)), L Lᵀ = R_z
     sum_law         the same for two fields, the one with a law and the other as a normal
     hermite_steps   a_n of the step function Q_p(Φ(z)), n = 1 … order
     latent_corr     ρ_z from the law and ρ_x
-    quantile        Q_p(Φ(z)) for draws z
+    on_levels       a law's atoms on the bins of levels: a quantile table, one u-grid for all positions
+    bins            the bin of Φ(z) for draws z: Q_p(Φ(z)) is then a gather from the table
     conv_law        a conv's output law per position from draws of its input's taps (the first conv)
 """
 
@@ -187,10 +188,21 @@ def latent_corr(law: Law, corr: torch.Tensor, grid: int = 2001) -> torch.Tensor:
     return out
 
 
-def quantile(x: torch.Tensor, cw: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """Q(Φ(z)) of atoms ``x`` (n, K) with cumulative masses ``cw`` (n, K) for draws ``z`` (n, S)."""
-    i = torch.searchsorted(cw, _cdf(z).to(cw.dtype)).clamp_max(x.shape[-1] - 1)
-    return x.gather(-1, i)
+def on_levels(law: Law) -> torch.Tensor:
+    """``law``'s atoms (..., K) on the bins of :func:`levels` (its own where its masses are those bins',
+    else :func:`rebin`'s): a quantile table whose rows share one u-grid, so that a draw's bin is found
+    once for every position (:func:`bins`) and Q_p(Φ(z)) is a gather."""
+    K = law.x.shape[-1]
+    mass = levels(K).diff().to(law.w.dtype)
+    if torch.allclose(law.w, mass.expand_as(law.w), rtol=0.0, atol=1e-12):
+        return law.x
+    return rebin(law.x, law.w, K).x
+
+
+def bins(z: torch.Tensor, atoms: int) -> torch.Tensor:
+    """The bin of :func:`levels` (``atoms`` bins) holding Φ(z), for draws z of any shape: atom ``bins(z)``
+    of a table from :func:`on_levels` is Q(Φ(z)), the same index at every position."""
+    return torch.bucketize(_cdf(z), levels(atoms)[1:-1].to(z.dtype))
 
 
 def tap_corr(corr: torch.Tensor, offs: list[tuple[int, int]]) -> torch.Tensor:
@@ -235,25 +247,22 @@ def _conv_law(x: Field, W, stride, padding, samples, seed, atoms, chunk) -> Law:
     sobol = torch.quasirandom.SobolEngine(k, scramble=True, seed=seed)
     u = _icdf(sobol.draw(samples, dtype=torch.float64).clamp(1e-7, 1 - 1e-7)).float()  # (S, k) quasi-random
     z = torch.einsum("ckj,sj->cks", L, u)  # (Ci, k, S) the taps' latent draws
-    K = x.law.x.shape[-1]
-    pad = (pw, pw, ph, ph)
-    atoms_in = F.pad(x.law.x.permute(0, 3, 1, 2), pad).float()  # (Ci, K, H + 2p, W + 2p), padding: 0
-    cw_in = F.pad(x.law.w.cumsum(-1).permute(0, 3, 1, 2), pad, value=1.0).float()
-    taps = [(atoms_in[:, :, a: a + sh * (Ho - 1) + 1: sh, b: b + sw * (Wo - 1) + 1: sw],
-             cw_in[:, :, a: a + sh * (Ho - 1) + 1: sh, b: b + sw * (Wo - 1) + 1: sw]) for a, b in offs]
+    table = on_levels(x.law)
+    K = table.shape[-1]
+    idx = bins(z, K)  # (Ci, k, S): each draw's bin, the same at every position
+    atoms_in = F.pad(table.permute(0, 3, 1, 2), (pw, pw, ph, ph)).float()  # (Ci, K, H + 2p, W + 2p): pad 0
+    taps = [atoms_in[:, :, a: a + sh * (Ho - 1) + 1: sh, b: b + sw * (Wo - 1) + 1: sw].reshape(Ci, K, -1)
+            for a, b in offs]  # fmt: skip
     Wf = W.flatten(2).float()  # (Co, Ci, k)
     P = Ho * Wo
-    step = max(1, chunk // (samples * max(Co, Ci * k)))
+    step = max(1, chunk // (samples * max(Co, Ci)))
     out = []
     for p0 in range(0, P, step):
         p1 = min(P, p0 + step)
-        y = torch.zeros((Co, p1 - p0, samples))
-        for j, (xa, ca) in enumerate(taps):
-            xa = xa.reshape(Ci, K, P)[:, :, p0:p1].transpose(1, 2).reshape(-1, K)  # (Ci·p, K)
-            ca = ca.reshape(Ci, K, P)[:, :, p0:p1].transpose(1, 2).reshape(-1, K).contiguous()
-            zj = z[:, j, None, :].expand(Ci, p1 - p0, samples).reshape(-1, samples)
-            v = quantile(xa, ca, zj).reshape(Ci, p1 - p0, samples)
-            y += torch.einsum("oi,ips->ops", Wf[:, :, j], v)
-        out.append(quantile_law(y, atoms))
+        y = torch.zeros((Co, samples, p1 - p0))
+        for j, xa in enumerate(taps):
+            v = xa[:, :, p0:p1].gather(1, idx[:, j, :, None].expand(Ci, samples, p1 - p0))  # (Ci, S, p)
+            y += torch.einsum("oi,isp->osp", Wf[:, :, j], v)
+        out.append(quantile_law(y.transpose(1, 2), atoms))
     return Law(torch.cat([o.x for o in out], 1).reshape(Co, Ho, Wo, atoms),
                torch.cat([o.w for o in out], 1).reshape(Co, Ho, Wo, atoms))

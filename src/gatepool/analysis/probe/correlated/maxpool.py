@@ -29,7 +29,14 @@ from gatepool.analysis.probe.correlated.field import (
     lags_of,
     spectra,
 )
-from gatepool.analysis.probe.correlated.law import latent_corr, levels, quantile, quantile_law, reshaped
+from gatepool.analysis.probe.correlated.law import (
+    bins,
+    latent_corr,
+    levels,
+    on_levels,
+    quantile_law,
+    reshaped,
+)
 from gatepool.analysis.probe.correlated.normal import Law, _cdf, _pdf
 from gatepool.analysis.probe.correlated.registry import pair, register_correlated_rule
 
@@ -60,8 +67,9 @@ def _base_draws(samples: int, dim: int, seed: int, blocks: int = 32) -> torch.Te
 def _draw_windows(mu: torch.Tensor, sd: torch.Tensor, R: torch.Tensor, base: torch.Tensor, groups, stats,
                   law=None):  # fmt: skip
     """Per window the mean over draws x ~ N(mu, D R D), D = diag(sd), of each statistic of the draws'
-    maxima over groups of taps that ``stats`` returns; with ``law`` (atoms, cumulative masses), each
-    (d, w, K) float32, the taps' laws, x = Q(Φ(L z)) instead, R the copula's latent correlation.
+    maxima over groups of taps that ``stats`` returns; with ``law`` (d, w, K) float32, the taps' laws
+    as quantile tables (:func:`law.on_levels`), x = Q(Φ(L z)) instead, R the copula's latent correlation:
+    a draw's bin is found once a channel for the windows that share its block, Q a gather.
 
     mu, sd (w, d) float64, the windows channel by channel (w / C each); R (C, d, d) the taps'
     correlation, one per channel (the stencil is stationary: only the envelope sd differs between a
@@ -82,17 +90,17 @@ def _draw_windows(mu: torch.Tensor, sd: torch.Tensor, R: torch.Tensor, base: tor
     for c in range(C):
         # the channel's correlated draws (blocks, d, samples), window i's in row (i − c·per) mod blocks
         Z = torch.roll(L[c] @ base, -(c * per % blocks), 0)
+        B = None if law is None else bins(Z, law.shape[-1])  # each draw's bin in the laws' tables
         i, end = c * per, (c + 1) * per
         while i < end:
             t = min(8 * blocks, end - i)
             t = t - t % blocks if t > blocks else t  # whole blocks, then the rest
             q, r = (t // blocks, blocks) if t % blocks == 0 else (1, t)
-            Zt = Z if t % blocks == 0 else Z[:t]  # (r, d, samples)
+            Zt, Bt = (Z, B) if t % blocks == 0 else (Z[:t], None if B is None else B[:t])  # (r, d, samples)
 
-            def draw(j, i=i, t=t, q=q, r=r, Zt=Zt):  # tap j of the chunk's windows: (t, samples)
+            def draw(j, i=i, t=t, q=q, r=r, Zt=Zt, Bt=Bt):  # tap j of the chunk's windows: (t, samples)
                 if law is not None:
-                    z = Zt[:, j].expand(q, -1, -1).reshape(t, -1)
-                    return quantile(law[0][j, i : i + t], law[1][j, i : i + t], z)
+                    return law[j, i : i + t].gather(-1, Bt[:, j].expand(q, -1, -1).reshape(t, -1))
                 m, s = mu_f[i : i + t, j].reshape(q, r, 1), sd_f[i : i + t, j].reshape(q, r, 1)
                 return torch.mul(Zt[:, j], s).add_(m).reshape(t, -1)  # (a broadcast addcmul is 3× slower)
 
@@ -210,14 +218,14 @@ class MaxPool:
         return F.pad(x.mean, pad, value=_PAD), F.pad(s, pad)
 
     def _padded_law(self, x: Field):
-        """The law's atoms padded with :data:`_PAD` (its cumulative masses with 1): (C, H', W', K) each,
+        """The law's quantile table (:func:`law.on_levels`) padded with :data:`_PAD`: (C, H', W', K)
         float32, as :meth:`_padded`; None without a law."""
         if x.law is None:
             return None
         (ph, pw) = self.p
         _, (eh, ew) = self._out(*x.shape[1:])
         pad = (0, 0, pw, pw + ew, ph, ph + eh)
-        return (F.pad(x.law.x, pad, value=_PAD).float(), F.pad(x.law.w.cumsum(-1), pad, value=1.0).float())
+        return F.pad(on_levels(x.law), pad, value=_PAD).float()
 
     def _taps(self, f: torch.Tensor, Ho, Wo):
         (kh, kw), (sh, sw) = self.k, self.s
@@ -242,13 +250,13 @@ class MaxPool:
     def _monte_carlo(self, m, sd, R, rect: bool, law=None):
         """Per window (mean, Var, [P(tap j wins)], [w̃_j], the max's law or None) from draws of
         N(m, D R D); m, sd (n, C, …) the taps' means and sds, R (C, n, n) their correlation; ``rect``:
-        the max is rectified (see the class); ``law``: the taps' atoms and cumulative masses (n, C, …, K)
-        each, drawn by the copula of latent correlation R, and the max's law returned."""
+        the max is rectified (see the class); ``law``: the taps' quantile tables [(C, …, K)] (n of them),
+        drawn by the copula of latent correlation R, and the max's law returned."""
         n, shape = len(m), m[0].shape
         mu = torch.stack(m).reshape(n, -1).T  # (windows, n)
         sds = torch.stack(sd).reshape(n, -1).T
         if law is not None:
-            law = tuple(torch.stack(t).flatten(1, -2) for t in law)  # (n, windows, K)
+            law = torch.stack(law).flatten(1, -2)  # (n, windows, K)
 
         def stats(found, mus):
             ((top, last),) = found
@@ -293,11 +301,8 @@ class MaxPool:
         mu = torch.stack([view(m, j) for j in range(2 * n)], -1)  # (C, h, w, 2n)
         sds = torch.stack([view(sd, j) for j in range(2 * n)], -1)
         if law is not None:
-            law = tuple(
-                torch.stack([view(lt, j) for j in range(2 * n)]).reshape(2 * n, -1, t.shape[-1])
-                for t in law
-                for lt in [self._taps(t, Ho, Wo)]
-            )  # (2n, windows, K)
+            lt = self._taps(law, Ho, Wo)
+            law = torch.stack([view(lt, j) for j in range(2 * n)]).reshape(2 * n, -1, law.shape[-1])
         rho = torch.stack(
             [
                 torch.stack([_at_lag(corr, P[l][0] - P[j][0], P[l][1] - P[j][1]) for l in range(2 * n)], -1)
@@ -356,7 +361,7 @@ class MaxPool:
                 ],
                 -2,
             )  # (C, n, n): the taps' correlation
-            taps_law = None if law is None else (self._taps(law[0], Ho, Wo), self._taps(law[1], Ho, Wo))
+            taps_law = None if law is None else self._taps(law, Ho, Wo)
             mu, var, w, wt, out_law = self._monte_carlo(m, sd, R, rect, taps_law)
         else:
             mu, var = m[0], sd[0] ** 2
