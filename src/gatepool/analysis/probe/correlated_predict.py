@@ -52,11 +52,11 @@ class _Add:
 
     def backward_to(self, g: cr.Field, i: int) -> cr.Field:
         """Each input gets the output's gradient; the ReLU input also its gradient through that ReLU's
-        gate jointly with the next one (``stream_gate``, set by the ReLU after the add). ``yy`` is about
-        the sum's value, not an input's (g x ≠ g y): dropped."""
+        gate jointly with the next one (``stream_gate``, set by the ReLU after the add). ``yy`` and
+        ``dependence`` are about the sum's value, not an input's (g x ≠ g y): dropped."""
         if i == self.relu:
-            return dataclasses.replace(g, pre_relu=None, yy=None)
-        return dataclasses.replace(g, stream_gate=None, pre_relu=None, yy=None)
+            return dataclasses.replace(g, pre_relu=None, yy=None, dependence=None)
+        return dataclasses.replace(g, stream_gate=None, pre_relu=None, yy=None, dependence=None)
 
 
 class _Difference:
@@ -72,6 +72,7 @@ class _Difference:
 
     def backward(self, g: cr.Field) -> list[cr.Field]:
         """The gradients of the two terms, in the call's order."""
+        g = dataclasses.replace(g, dependence=None)  # about a − b's value
         return [g, self.map.backward(g)] if self.pooled == 0 else [self.map.backward(g), g]
 
 
