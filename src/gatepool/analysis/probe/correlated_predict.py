@@ -52,11 +52,11 @@ class _Add:
 
     def backward_to(self, g: cr.Field, i: int) -> cr.Field:
         """Each input gets the output's gradient; the ReLU input also its gradient through that ReLU's
-        gate jointly with the next one (``stream_gate``, set by the ReLU after the add). ``yy`` is about
-        the sum's value, not an input's (g x ≠ g y): dropped."""
+        gate jointly with the next one (``stream_gate``, set by the ReLU after the add). ``yy`` and
+        ``dependence`` are about the sum's value, not an input's (g x ≠ g y): dropped."""
         if i == self.relu:
-            return dataclasses.replace(g, pre_relu=None, yy=None)
-        return dataclasses.replace(g, stream_gate=None, pre_relu=None, yy=None)
+            return dataclasses.replace(g, pre_relu=None, yy=None, dependence=None)
+        return dataclasses.replace(g, stream_gate=None, pre_relu=None, yy=None, dependence=None)
 
 
 class _Difference:
@@ -72,10 +72,24 @@ class _Difference:
 
     def backward(self, g: cr.Field) -> list[cr.Field]:
         """The gradients of the two terms, in the call's order."""
+        g = dataclasses.replace(g, dependence=None)  # about a − b's value
         return [g, self.map.backward(g)] if self.pooled == 0 else [self.map.backward(g), g]
 
 
 _PER_INPUT = (cr.Cat, cr.Gate, cr.TokenCat, _Difference)  # steps whose backward gives each input its own
+
+
+def _relu_input(node: fx.Node, steps: dict, inputs: dict) -> cr.Field | None:
+    """The Gaussian input of the ReLU whose output ``node`` is, for a max pool after it (max ReLU = ReLU
+    max); of a cat of ReLU outputs (SqueezeNet's Fire, Inception's branches), the cat of their inputs.
+    None for anything else."""
+    before = steps.get(node)
+    if isinstance(before, cr.ReLU):
+        return before.x
+    parts = [steps.get(a) for a in inputs.get(node, [])]
+    if isinstance(before, cr.Cat) and parts and all(isinstance(p, cr.ReLU) for p in parts):
+        return cr.Cat().forward([p.x for p in parts])
+    return None
 
 
 def _positions_matrix(step, x: cr.Field) -> torch.Tensor | None:
@@ -679,9 +693,9 @@ def predict_correlated(
                         if len(set(args)) != 1 or layout != ("W", "C"):
                             raise NotImplementedError("attention but batch-first self-attention on tokens")
                         inputs[n] = args[:1]
-                    before = steps.get(args[0])
-                    if isinstance(step, cr.MaxPool) and isinstance(before, cr.ReLU):  # max ReLU = ReLU max
-                        value[n] = step.forward(value[args[0]], pre=before.x)
+                    pre = _relu_input(args[0], steps, inputs) if isinstance(step, cr.MaxPool) else None
+                    if pre is not None:  # max ReLU = ReLU max
+                        value[n] = step.forward(value[args[0]], pre=pre)
                     else:
                         value[n] = step.forward(value[args[0]])
                     if isinstance(step, cr.Conv) and value[args[0]].law is not None:  # a sparse input's law
@@ -802,8 +816,7 @@ def predict_correlated(
                     pool = _call_args(lambda input, *a, **k: nn.MaxPool2d(*a, **k), given)
                     if pool.return_indices:
                         raise NotImplementedError("max pool returning its indices")
-                    step, before = maxpool_rule(pool), steps.get(args[0])
-                    pre = before.x if isinstance(before, cr.ReLU) else None  # max ReLU = ReLU max
+                    step, pre = maxpool_rule(pool), _relu_input(args[0], steps, inputs)  # max ReLU = ReLU max
                     value[n], steps[n] = step.forward(value[args[0]], pre=pre), step
                 elif n.target is _F.adaptive_avg_pool2d:
                     size = n.kwargs.get("output_size", n.args[1] if len(n.args) > 1 else None)

@@ -3,7 +3,8 @@
 forward   the fields' channels stacked: each channel keeps its mean map, variance map and correlation
           (channels are uncorrelated in the state, so nothing is added between them)
 backward  ∂L/∂x_i = g[channels of x_i]: the output gradient's channels split back in the same order
-          (``Field.yy``, per channel, split with them)
+          (``Field.yy``, per channel, split with them; ``pre_relu``, the gradient at the ReLUs' inputs
+          where every x_i is a ReLU's output and the step after knew it, a max pool: split the same)
 """
 
 from __future__ import annotations
@@ -33,4 +34,5 @@ class Cat:
             )
         parts = [t.split(self.sizes) for t in (g.mean, g.var, g.corr)]
         yys = g.yy.split(self.sizes) if g.yy is not None else [None] * len(self.sizes)
-        return [Field(m, v, c, yy) for m, v, c, yy in zip(*parts, yys)]
+        pres = self.backward(g.pre_relu) if g.pre_relu is not None else [None] * len(self.sizes)
+        return [Field(m, v, c, yy, pre_relu=pre) for m, v, c, yy, pre in zip(*parts, yys, pres)]

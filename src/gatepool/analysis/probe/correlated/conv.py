@@ -10,6 +10,16 @@ conv      mean  m_out = conv(m, W) + b
           shape κ₃,out = conv(κ₃, W³), κ₄,out = conv(κ₄, W⁴) (κ₃ = γ₁ v^{3/2}, κ₄ = γ₂ v²: the cumulants
                 of a weighted sum of independent taps), where the input carries them; the taps'
                 joint cumulants are left out (a depthwise conv's inputs at init: nearly independent)
+          dependence (depthwise, where the gradient carries ``Field.dependence``: an activation after
+                its norm, g_out = f'(z) G) one input x_p moves each output z_q it reaches by w_j x_p,
+                t_j = w_j √v_p / √v_q in standardized units, so (Mehler) E[f'(z_q) | ξ_p] ∝ 1 + r₁ t_j ξ_p
+                + r₂ t_j² He₂(ξ_p) and E[f'(z_q)² | ξ_p] ∝ 1 + β₁ t_j ξ_p + β₂ t_j² He₂(ξ_p); over the pairs
+                of taps (j, l) reaching p, with C_jl = Cov(g_out at the two outputs):
+                  E[g_p² | ξ_p] − E[g_p²] = Σ_j w_j² C_jj (β₁ t_j He₁ + β₂ t_j² He₂)
+                      + Σ_{j≠l} w_j w_l C_jl (2 r₁ t_j He₁ + (r₁ r₁' t_j t_l + 2 r₂ t_j²) He₂)
+                (G's own dependence on x_p, second order, left out). Few taps, one channel's: a
+                gradient carrying a part constant over the positions (the global pool's) makes the
+                pairs' sum the larger; a dense conv's output moves by O(1/fan-in): not carried
 avg pool  a conv with the box filter (adaptive and global pools too: every position-mean pattern kept)
 """
 
@@ -107,6 +117,7 @@ class Conv:
             mix, z = x.components
             folded = Conv(torch.einsum("oiuv,ir->oruv", self.W, mix), None, self.stride, self.padding)
             out = folded.forward(z)
+            self.out_var = out.var
             return replace(out, mean=F.conv2d(x.mean[None], self.W, self.b, self.stride, self.padding)[0])
         mean = F.conv2d(x.mean[None], self.W, self.b, self.stride, self.padding)[0]
         s = x.var.clamp_min(0).sqrt()
@@ -139,6 +150,7 @@ class Conv:
         U = U[:, :n].reshape(Co, *size)
         T = U + U.flip((-2, -1))
         T[:, Ho - 1, Wo - 1] = var.sum((1, 2))
+        self.out_var = var
         return self._shape(x, _field_from_sums(mean, var, T))
 
     def _shape(self, x: Field, out: Field) -> Field:
@@ -226,7 +238,54 @@ class Conv:
         U = big[:, kk : kk + 2 * H - 1, kk : kk + 2 * W - 1]
         T = U + U.flip((-2, -1))
         T[:, H - 1, W - 1] = var.sum((1, 2))
-        return _field_from_sums(torch.zeros_like(var), var, T)
+        out = _field_from_sums(torch.zeros_like(var), var, T)
+        if g.dependence is not None:
+            out.dependence = self._dependence(g, var)
+        return out
+
+    def _dependence(self, g: Field, var_in: torch.Tensor) -> tuple | None:
+        """(β₁, β₂, None, None) of the input's gradient from the output's ``g.dependence`` (see the module
+        docstring), for a conv whose every output channel reads one input channel (depthwise); None else."""
+        Co, Ci = self.W.shape[:2]
+        reads = self.W.flatten(2).abs().sum(2) > 0  # (Co, Ci)
+        if self.x.components is not None or not bool((reads.sum(1) == 1).all()):
+            return None
+        src = reads.to(torch.int8).argmax(1)  # (Co,) the input channel of each output channel
+        w = self.W[torch.arange(Co), src]  # (Co, kh, kw)
+        (sh, sw), (ph, pw) = self.stride, self.padding
+        H, W = self.x.shape[1:]
+        Ho, Wo = g.shape[1:]
+        b1, b2, r1, r2 = (torch.zeros_like(g.var) if t is None else t for t in g.dependence)
+        sg, s_out = g.var.clamp_min(0).sqrt(), self.out_var.clamp_min(1e-300).sqrt()
+        s_in = self._taps(self.x.var.clamp_min(0).sqrt()[src], (Ho, Wo))  # tap j's √v_p on the output grid
+        taps = self._tap_offsets()
+        base, t = [], []  # per tap j on the output grid: w_j sg, t_j
+        for j, (a, b) in enumerate(taps):
+            wj = w[:, a, b][:, None, None]
+            base.append(wj * sg)
+            t.append(wj * s_in[j] / s_out)
+        he1 = [base[j] ** 2 * b1 * t[j] for j in range(len(taps))]  # the diagonal j = l
+        he2 = [base[j] ** 2 * b2 * t[j] ** 2 for j in range(len(taps))]
+        for j, (aj, bj) in enumerate(taps):  # the pairs j ≠ l landing on one input position: P_l = P_j + Δ
+            for l, (al, bl) in enumerate(taps):
+                dh, dw = aj - al, bj - bl
+                if l == j or dh % sh or dw % sw:
+                    continue
+                dh, dw = dh // sh, dw // sw
+                rho = _at_lag(g.corr, dh, dw)[:, None, None]
+                other, other_r1 = _shifted(base[l], dh, dw), _shifted(base[l] * r1 * t[l], dh, dw)
+                he1[j] = he1[j] + 2 * base[j] * r1 * t[j] * other * rho
+                he2[j] = he2[j] + base[j] * (r1 * t[j] * other_r1 + 2 * r2 * t[j] ** 2 * other) * rho
+
+        def to_input(maps: list[torch.Tensor]) -> torch.Tensor:  # tap j of output P lands at sP + u_j − p
+            pad = torch.zeros((Co, H + 2 * ph, W + 2 * pw), dtype=_DT)
+            for (a, b), v in zip(taps, maps):
+                pad[:, a : a + sh * (Ho - 1) + 1 : sh, b : b + sw * (Wo - 1) + 1 : sw] += v
+            return torch.zeros((Ci, H, W), dtype=_DT).index_add_(0, src, pad[:, ph : ph + H, pw : pw + W])
+
+        ok = var_in > 1e-300
+        den = torch.where(ok, var_in, torch.ones_like(var_in))
+        return tuple(torch.where(ok, to_input(h) / den, 0.0) for h in (he1, he2)) + (None, None)
 
 
 def _offsets(taps):

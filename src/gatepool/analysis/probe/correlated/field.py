@@ -51,6 +51,13 @@ class Field:
     skewed (γ₁ ≈ ±0.5), and the activation after its norm is not that of a Gaussian.
     ``law`` (optional): the law per position where it is not normal (:class:`normal.Law` atoms
     (C, H, W, K)), the positions joined by a Gaussian copula of this stencil (:mod:`law`).
+    ``dependence`` (gradients only, optional): (β₁, β₂, r₁, r₂), maps (C, H, W), how the gradient
+    depends on the tensor's own value x at its position, ξ = (x − m)/√v:
+    E[g² | x] = E[g²] (1 + β₁ He₁(ξ) + β₂ He₂(ξ)); and where g = f'(x) G (a pointwise rule's input, G
+    independent of x) the factor's own E[f'(x) | ξ] ∝ 1 + r₁ He₁(ξ) + r₂ He₂(ξ) (r None elsewhere).
+    A pointwise rule sets it, a norm's affine map keeps it (β₁, r₁'s sign γ's), a depthwise conv turns
+    its output's into its input's (one input moves its few outputs' gates), the pointwise rule whose
+    output this is reads it; every other rule drops it (:mod:`pointwise`, :mod:`conv`).
     """
 
     mean: torch.Tensor
@@ -64,6 +71,7 @@ class Field:
     skew: torch.Tensor | None = field(default=None, repr=False)
     kurt: torch.Tensor | None = field(default=None, repr=False)
     law: object | None = field(default=None, repr=False)
+    dependence: tuple | None = field(default=None, repr=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:

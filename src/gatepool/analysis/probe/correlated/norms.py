@@ -16,7 +16,8 @@ BatchNorm train: µ_c, σ_c² over the batch and the positions (the variance plu
           the projections take E[g²]/B of a gradient that is constant over the positions (the
           gradient from a global pool is), and E[1/σ_b²] grows as B·H·W shrinks
 Both keep the input's skewness and excess kurtosis (``Field.skew``, ``kurt``): an affine map per channel
-(γ₁'s sign flips with γ's).
+(γ₁'s sign flips with γ's); back, the gradient's dependence on the value (``Field.dependence``: in
+standardized units, the same of x and of γ x̂ + β; β₁ and r₁'s sign γ's).
 """
 
 from __future__ import annotations
@@ -47,6 +48,17 @@ def _shape(x: Field, scale: torch.Tensor) -> dict:
     out = {"kurt": x.kurt}
     if x.skew is not None:
         out["skew"] = x.skew * torch.sign(scale)[:, None, None]
+    return out
+
+
+def _dependence(g: Field, out: Field, scale: torch.Tensor | None) -> Field:
+    """``out`` (the gradient at the norm's input) with ``g``'s dependence on the value, through the
+    affine map of scale (C,) (None: 1): He₁'s terms change sign with it, He₂'s do not."""
+    if g.dependence is not None:
+        sign = torch.ones(out.shape[0], dtype=_DT) if scale is None else torch.sign(scale)
+        b1, b2, r1, r2 = g.dependence
+        odd = sign[:, None, None]
+        out.dependence = (b1 * odd, b2, None if r1 is None else r1 * odd, r2)
     return out
 
 
@@ -147,7 +159,7 @@ class GroupNorm:
         )
         T = (Tg - N * em2 - X * et2) / s2
         T[:, H - 1, W - 1] = var.sum((1, 2))
-        return _field_from_sums(torch.zeros_like(var), var, T)
+        return _dependence(g, _field_from_sums(torch.zeros_like(var), var, T), self.gamma)
 
 
 class BatchNorm:
@@ -196,7 +208,7 @@ class BatchNorm:
     def backward(self, g: Field) -> Field:
         if self.norm is not None:
             return self.norm.backward(g)
-        return Field(torch.zeros_like(g.var), self.a**2 * g.var, g.corr)
+        return _dependence(g, Field(torch.zeros_like(g.var), self.a**2 * g.var, g.corr), self.a[:, 0, 0])
 
 
 @register_correlated_rule(nn.GroupNorm)

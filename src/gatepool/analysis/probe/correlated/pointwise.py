@@ -20,6 +20,14 @@ skewed input  where x carries γ₁, γ₂ (``Field.skew``, ``kurt``: after a de
 backward      g independent of x: Cov(g_p f'(x_p), g_q f'(x_q)) = Cov(g_p, g_q) E[f'(x_p) f'(x_q)], the same
               series of f' (its mean b_0 = E[f'] included); for a norm before it (``Field.yy``)
               E[g_p g_q x_p x_q f'(x_p) f'(x_q)], the series of u(x) = x f'(x).
+dependence    where g depends on this rule's own output y = f(x) (``Field.dependence``, η = (y − m_y)/s_y:
+              a depthwise conv after it, whose few taps move the next activation's gates),
+              E[g² | x] = E[g²] (1 + β₁ η + β₂ (η² − 1)), so E[f'(x)² g²] = E[g²] E[f'² (a₀ + a₁ f + a₂ f²)]
+              with a₂ = β₂/s_y², a₁ = β₁/s_y − 2 β₂ m_y/s_y², a₀ = 1 − β₂ − β₁ m_y/s_y + β₂ m_y²/s_y².
+              The gradient at x carries its own: K(x) = f'(x)² (a₀ + a₁ f + a₂ f²) ≈ E[K] (1 + β₁' He₁(z) +
+              β₂' He₂(z)), β₁' = E[K He₁]/E[K], β₂' = E[K He₂]/(2 E[K]), and the factor f' alone,
+              r₁ = E[f' He₁]/E[f'], r₂ = E[f' He₂]/(2 E[f']) (what a depthwise conv before it needs,
+              :mod:`conv`)
 
 Cost: the integrals (each position's, or for f without kinks a lattice's, interpolated: see
 :func:`hermite_coefficients`) and one batch of FFTs per series.
@@ -48,6 +56,7 @@ _GL_X, _GL_W = (torch.tensor(a, dtype=_DT) for a in np.polynomial.legendre.legga
 _CHUNK = 2048  # positions at a time (the nodes of 2048 positions: 2048 × 160 float64 per map)
 _GRID = 1 / 64  # the interpolation lattice's step in μ = m/s and in log s (f without kinks)
 _MU_MAX = 1e4  # |μ| beyond which a position is integrated on its own
+_POWERS = 5  # the powers' Hermite orders n = 0 … 4 (:func:`_integrate`)
 
 # f and the points where f or f' jumps (the quadrature cuts its pieces there)
 ACTIVATIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], tuple[float, ...]]] = {
@@ -102,7 +111,8 @@ def _unique_rows(ms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _integrate(f: Callable, kinks: tuple[float, ...], ms: torch.Tensor, order: int) -> torch.Tensor:
     """(P, :func:`_width`) at the rows (m, s) of ms (P, 2): for h = f, f', u, E[h], a_1 … a_order, E[h²]
-    ((3, order + 2) flattened), then for k = f², f³, f⁴, f'², E[k He_n] / √n! at n = 0, 3, 4 ((4, 3)).
+    ((3, order + 2) flattened), then for k = f², f³, f⁴, f'², f'² f, f'² f², E[k He_n] / √n! at n = 0 … 4
+    ((6, 5)).
 
     Without kinks every position has the same nodes z and weights: the Hermite basis is made once and
     each coefficient is one matrix product over the nodes; with kinks (cut where they fall for each
@@ -122,25 +132,26 @@ def _integrate(f: Callable, kinks: tuple[float, ...], ms: torch.Tensor, order: i
         x, y = x.detach(), y.detach()
         h = torch.stack([y, dy, x * dy], 1)  # (P, 3, Q): f, f', u
         y2 = y * y
-        k = torch.stack([y2, y2 * y, y2 * y2, dy * dy], 1)  # (P, 4, Q): f², f³, f⁴, f'²
+        d2 = dy * dy
+        k = torch.stack([y2, y2 * y, y2 * y2, d2, d2 * y, d2 * y2], 1)  # (P, 6, Q): f² … f⁴, f'², f'²f, f'²f²
         if shared:
             coef = h @ shared[1]  # (P, 3, order + 1)
             sq = (h * h) @ shared[1][:, 0]  # (P, 3): E[h²] (He_0 = 1)
             parts.append(torch.cat([coef, sq[..., None]], 2))
-            powers.append(k @ shared[1][:, [0, 3, 4]])  # (P, 4, 3)
+            powers.append(k @ shared[1][:, :_POWERS])  # (P, 6, 5)
         else:
             wh = w[:, None, :] * h
             basis = _basis(z, order)
             parts.append(torch.cat([torch.bmm(wh, basis), (wh * h).sum(2, keepdim=True)], 2))
-            powers.append(torch.bmm(w[:, None, :] * k, basis[..., [0, 3, 4]]))
+            powers.append(torch.bmm(w[:, None, :] * k, basis[..., :_POWERS]))
     if not parts:
         return torch.empty((0, _width(order)), dtype=_DT)
     return torch.cat([torch.cat(parts).flatten(1), torch.cat(powers).flatten(1)], 1)
 
 
 def _width(order: int) -> int:
-    """The columns of :func:`_integrate`'s rows: (3, order + 2) for f, f', u, then (4, 3) for the powers."""
-    return 3 * (order + 2) + 12
+    """The columns of :func:`_integrate`'s rows: (3, order + 2) for f, f', u, then (6, 5) for the powers."""
+    return 3 * (order + 2) + 6 * _POWERS
 
 
 def _cubic(t: torch.Tensor) -> torch.Tensor:
@@ -171,8 +182,9 @@ def hermite_coefficients(f: Callable, kinks: tuple[float, ...], m: torch.Tensor,
                          order: int = _ORDER):
     """For h = f, f' and u = x f'(x) of x ~ N(m, s²) at every position of the maps m, s:
     ``{name: (E[h], E[h²], [a_1 … a_order])}``, a_n = E[h(x) He_n(z)] / √n! (maps like m); and
-    ``"powers"`` (4, 3, *m.shape): E[k(x) He_n(z)] / √n! for k = f², f³, f⁴, f'² and n = 0, 3, 4 (what
-    the Gram–Charlier density of a skewed input adds to their means, :func:`law_moments`).
+    ``"powers"`` (6, 5, *m.shape): E[k(x) He_n(z)] / √n! for k = f², f³, f⁴, f'², f'² f, f'² f² and
+    n = 0 … 4 (n = 3, 4: what the Gram–Charlier density of a skewed input adds to their means,
+    :func:`law_moments`; n = 1, 2: how a gradient through f depends on x, ``Field.dependence``).
 
     Positions with the same (m, s) (a map's interior, away from its borders and the data's layout) are
     integrated once. For f without kinks each of these is an analytic function of (μ = m/s, log s): where
@@ -203,7 +215,7 @@ def hermite_coefficients(f: Callable, kinks: tuple[float, ...], m: torch.Tensor,
         out[:, ~near] = _integrate(f, kinks, rows, order).reshape(-1, width)[where].T
     h, powers = out[: 3 * (order + 2)].reshape(3, order + 2, *shape), out[3 * (order + 2) :]
     result = {key: (h[i, 0], h[i, -1], list(h[i, 1:-1].unbind(0))) for i, key in enumerate(("f", "df", "u"))}
-    result["powers"] = powers.reshape(4, 3, *shape)
+    result["powers"] = powers.reshape(6, _POWERS, *shape)
     return result
 
 
@@ -231,8 +243,8 @@ def _interpolate(table: torch.Tensor, rows: torch.Tensor, w: torch.Tensor, order
 
 
 def law_moments(h: dict, skew: torch.Tensor | None, kurt: torch.Tensor | None) -> dict:
-    """E[f], E[f²], E[f³], E[f⁴], E[f'²] (maps) of x with the Gram–Charlier density of its first four
-    cumulants, from :func:`hermite_coefficients`' Gaussian ones:
+    """E[f], E[f²], E[f³], E[f⁴], E[f'²], E[f'² f], E[f'² f²] (maps) of x with the Gram–Charlier density
+    of its first four cumulants, from :func:`hermite_coefficients`' Gaussian ones:
 
         p(x) = φ(z) (1 + γ₁/6 He_3(z) + γ₂/24 He_4(z)) / s,   E[k(x)] = c_0 + γ₁/√6 c_3 + γ₂/√24 c_4,
 
@@ -241,16 +253,16 @@ def law_moments(h: dict, skew: torch.Tensor | None, kurt: torch.Tensor | None) -
     terms (after a depthwise conv's norm, γ₁ ≈ ±0.5, γ₂ ≈ 0.6: ReLU6's variance per channel within 0.7%
     where the normal of the same mean and variance is 12% off, ``tests/analysis/test_probe_skew.py``)."""
     a = h["f"][2]
-    pw = h["powers"]  # (4, 3, ...)
+    pw = h["powers"]  # (6, 5, ...)
     e1 = h["f"][0]
-    ek = torch.stack([h["f"][1], pw[1, 0], pw[2, 0], h["df"][1]])  # the normal's E[f²] … E[f'²]
+    ek = torch.stack([h["f"][1], pw[1, 0], pw[2, 0], h["df"][1], pw[4, 0], pw[5, 0]])  # the normal's E[f²] …
     if skew is not None:
         e1 = e1 + skew / 6**0.5 * a[2]
-        ek = ek + skew / 6**0.5 * pw[:, 1]
+        ek = ek + skew / 6**0.5 * pw[:, 3]
     if kurt is not None:
         e1 = e1 + kurt / 24**0.5 * a[3]
-        ek = ek + kurt / 24**0.5 * pw[:, 2]
-    return {"e1": e1, "e2": ek[0], "e3": ek[1], "e4": ek[2], "df2": ek[3]}
+        ek = ek + kurt / 24**0.5 * pw[:, 4]
+    return {"e1": e1, "e2": ek[0], "e3": ek[1], "e4": ek[2], "df2": ek[3], "df2f": ek[4], "df2f2": ek[5]}
 
 
 def _shape(mom: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -329,8 +341,38 @@ class Pointwise:
 
         T = g.corr * second_moments("df")
         YY = g.corr * second_moments("u")
-        var = g.var * self.mom["df2"].clamp_min(0)  # E[g²] E[f'(x)²]
-        return _field_from_sums(torch.zeros_like(var), var, T, yy=YY.sum((1, 2)))
+        a = self._weights(g.dependence)
+        mom = self.mom
+        ek = a[0] * mom["df2"] + a[1] * mom["df2f"] + a[2] * mom["df2f2"]  # E[f'(x)² E[g²|x]] / E[g²]
+        var = g.var * ek.clamp_min(0)
+        out = _field_from_sums(torch.zeros_like(var), var, T, yy=YY.sum((1, 2)))
+        out.dependence = self._dependence(a)
+        return out
+
+    def _weights(self, dependence: tuple | None) -> tuple:
+        """(a₀, a₁, a₂): E[g² | x] / E[g²] = a₀ + a₁ f(x) + a₂ f(x)² from g's (β₁, β₂) in y = f(x)'s
+        standardized units (none: 1, 0, 0)."""
+        one = torch.ones_like(self.mom["e1"])
+        if dependence is None:
+            return one, 0 * one, 0 * one
+        b1, b2 = dependence[:2]
+        m = self.mom["e1"]
+        v = (self.mom["e2"] - m * m).clamp_min(1e-300)
+        s = v.sqrt()
+        return one - b2 - b1 * m / s + b2 * m * m / v, b1 / s - 2 * b2 * m / v, b2 / v
+
+    def _dependence(self, a: tuple) -> tuple:
+        """(β₁', β₂', r₁, r₂) of the gradient at x (see the module docstring), from the normal's Hermite
+        coefficients: K = f'² (a₀ + a₁ f + a₂ f²) and f' alone."""
+        c = self.h["powers"][3:6]  # f'², f'² f, f'² f²: E[k He_n] / √n!, n = 0 … 4
+        k0, k1, k2 = (a[0] * c[0, n] + a[1] * c[1, n] + a[2] * c[2, n] for n in range(3))
+        d0, (d1, d2) = self.h["df"][0], self.h["df"][2][:2]  # E[f'], E[f' He_n] / √n!
+
+        def ratio(num, den):
+            ok = den.abs() > 1e-300
+            return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), 0.0)
+
+        return ratio(k1, k0), ratio(k2, 2**0.5 * k0), ratio(d1, d0), ratio(d2, 2**0.5 * d0)
 
 
 def hardtanh_rule(m: nn.Hardtanh) -> Pointwise:
