@@ -27,6 +27,7 @@ import functools
 import math
 import operator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 import torch.fx as fx
@@ -35,6 +36,7 @@ import torch.nn as nn
 from gatepool.analysis.probe import correlated as cr
 from gatepool.analysis.probe.correlated import registry
 from gatepool.analysis.probe.correlated.adaptive import AdaptiveAvgPool2dStep, AvgPool2dStep
+from gatepool.analysis.probe.correlated.conv import conv_rule
 from gatepool.analysis.probe.correlated.maxpool import maxpool_rule
 from gatepool.analysis.probe.correlated.pointwise import gelu_rule
 from gatepool.analysis.probe.correlated.registry import register_correlated_rule, rule_for
@@ -76,7 +78,8 @@ class _Difference:
         return [g, self.map.backward(g)] if self.pooled == 0 else [self.map.backward(g), g]
 
 
-_PER_INPUT = (cr.Cat, cr.Gate, cr.TokenCat, _Difference)  # steps whose backward gives each input its own
+# steps whose backward gives each input its own
+_PER_INPUT = (cr.Cat, cr.Gate, cr.Product, cr.TokenCat, _Difference)
 
 
 def _relu_input(node: fx.Node, steps: dict, inputs: dict) -> cr.Field | None:
@@ -165,18 +168,49 @@ def _fold(n: fx.Node, const: dict, gm: nn.Module | None = None) -> object:
     raise NotImplementedError(f"{n.op} of constants")
 
 
-def _cat(n: fx.Node, fields: list) -> cr.Cat:
-    """``torch.cat(xs, dim)`` along channels (dim 1, or −3 of a 4-D tensor) of fields of one map size,
-    every one of ``xs`` a field (not a parameter such as a class token)."""
+def _cat(n: fx.Node, fields: list, layout: tuple = ("C", "H", "W")) -> cr.Cat:
+    """``torch.cat(xs, dim)`` along channels (the layout's "C": dim 1 channels first, −1 channels last) of
+    fields of one map size, every one of ``xs`` a field (not a parameter such as a class token)."""
     xs = n.args[0] if n.args else None
     if not isinstance(xs, (list, tuple)) or len(xs) != len(fields):
         raise NotImplementedError("cat of tensors that are not all fields (a parameter or a constant)")
     dim = n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else 0)
-    if dim not in (1, -3):
-        raise NotImplementedError(f"cat along dim {dim}: channels only (dim=1 or -3)")
+    full = ("N", *layout)
+    if not isinstance(dim, int) or not -len(full) <= dim < len(full) or full[dim] != "C":
+        raise NotImplementedError(f"cat along dim {dim} of a {layout} tensor: channels only")
     if len({f.shape[1:] for f in fields}) != 1:
         raise NotImplementedError("cat of maps of different sizes")
     return cr.Cat()
+
+
+_KEEPS_CHANNELS = (cr.Pointwise, cr.ReLU, cr.Scale, cr.Shift, cr.Dropout, cr.StochasticDepth, Identity,
+                   cr.BatchNorm, cr.GroupNorm, cr.LayerNorm)  # fmt: skip
+
+
+def _keeps_channels(step) -> bool:
+    """Is each output channel of ``step`` a function of the same input channel alone (an activation, a
+    norm, a depthwise conv)?"""
+    if isinstance(step, Steps):
+        return all(_keeps_channels(s) for s in step.steps)
+    if isinstance(step, cr.Conv):
+        return bool(((step.W != 0).flatten(2).any(2).sum(1) <= 1).all())
+    return isinstance(step, _KEEPS_CHANNELS)
+
+
+def _lineage(n: fx.Node, steps: dict, inputs: dict) -> set[fx.Node]:
+    """``n`` and the nodes whose channels it is a function of, channel by channel: back through the
+    one-input steps that keep each channel its own. Two factors that share one are not independent."""
+    seen = {n}
+    while len(inputs.get(n, [])) == 1 and _keeps_channels(steps.get(n)):
+        n = inputs[n][0]
+        seen.add(n)
+    return seen
+
+
+def _conv2d_call(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1) -> SimpleNamespace:
+    """``F.conv2d``'s arguments as the attributes of an ``nn.Conv2d`` (for its rule)."""
+    return SimpleNamespace(weight=weight, bias=bias, stride=stride, padding=padding, dilation=dilation,
+                           groups=groups, padding_mode="zeros")
 
 
 def _factor(v, shape: tuple[int, int, int]) -> torch.Tensor:
@@ -372,6 +406,8 @@ def _linear(weight: torch.Tensor, bias, f: cr.Field, layout: tuple):
         return cr.Linear(weight, bias)
     if layout == _FLATTENED:
         return cr.FlatLinear(weight, bias)
+    if layout[-1] == "W" and f.shape[1] == 1:  # over the tokens (MLP-Mixer's token MLP)
+        return cr.TokenLinear(weight, bias)
     if layout[-1] != "C":
         raise NotImplementedError(f"Linear over the {layout[-1]} dim of a map")
     return cr.Conv(weight[:, :, None, None], bias, (1, 1), (0, 0))
@@ -755,9 +791,20 @@ def predict_correlated(
                                              for v in n.args[0]])
                     steps[n] = step
                 elif n.target in _CATS:
-                    step = _cat(n, [value[a] for a in args])
+                    if any(dims.get(a, _CHW) != layout for a in args):
+                        raise NotImplementedError("cat of tensors of two layouts")
+                    step = _cat(n, [value[a] for a in args], layout)
                     value[n] = step.forward([value[a] for a in args])
                     steps[n] = step
+                elif (n.target in _MULS and len(args) == 2 and len(n.args) == 2
+                      and len({value[a].shape for a in args}) == 1 and value[args[0]].shape[1:] != (1, 1)):
+                    if dims.get(args[1], _CHW) != layout:  # a · b of two maps (StarNet's star)
+                        raise NotImplementedError("a product of tensors of two layouts")
+                    if _lineage(args[0], steps, inputs) & _lineage(args[1], steps, inputs):
+                        raise NotImplementedError("a product of a tensor and a function of its own channels "
+                                                  "(x · σ(x)): not two independent maps")  # fmt: skip
+                    step = cr.Product()
+                    value[n], steps[n] = step.forward([value[a] for a in args]), step
                 elif n.target in _MULS and len(args) == 2 and len(n.args) == 2:  # x · s, s a gate
                     if {dims.get(a, _CHW) for a in args} != {_CHW}:
                         raise NotImplementedError("a product of tensors that are not channels first")
@@ -796,10 +843,28 @@ def predict_correlated(
                     given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
                     pads, mode, fill = _call_args(lambda input, pad, mode="constant", value=None:
                                                   (pad, mode, value), given)  # fmt: skip
-                    if mode != "constant" or layout != _CHW or len(pads) not in (2, 4):
+                    if mode not in ("constant", *cr.PAD_MODES) or layout != _CHW or len(pads) not in (2, 4):
                         raise NotImplementedError(f"pad in mode {mode!r} of {len(pads)} sides: a "
-                                                  "map's (left, right[, top, bottom]) by a constant")
-                    step = cr.Pad(*pads, *(0, 0)[: 4 - len(pads)], value=fill or 0.0)
+                                                  "map's (left, right[, top, bottom])")
+                    if mode == "constant":
+                        step = cr.Pad(*pads, *(0, 0)[: 4 - len(pads)], value=fill or 0.0)
+                    else:  # copies of the map's own values: a fixed map of its positions
+                        step = cr.ModePad(pads, mode)
+                    value[n], steps[n] = step.forward(value[args[0]]), step
+                elif n.target in (_F.conv2d, torch.conv2d):  # by a constant weight (a blur pool's filter)
+                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
+                    conv = _call_args(_conv2d_call, given)
+                    if len(args) != 1 or not isinstance(conv.weight, torch.Tensor) or layout != _CHW:
+                        raise NotImplementedError("conv2d of a channels-first map by a constant weight only")
+                    step = conv_rule(conv)
+                    value[n], steps[n] = step.forward(value[args[0]]), step
+                elif n.target is torch.addcmul and len(args) == 1 and args[0] is not n.args[0]:
+                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
+                    c, t1, t2, v = _call_args(lambda input, tensor1, tensor2, *, value=1:
+                                              (input, tensor1, tensor2, value), given)  # fmt: skip
+                    factor = t2 if isinstance(t1, fx.Node) else t1  # ResMLP's Affine: β + α · x
+                    scale = cr.Scale(_factor(_to_field(factor * v, layout), value[args[0]].shape))
+                    step = Steps(scale, cr.Shift(_to_field(c, layout)))
                     value[n], steps[n] = step.forward(value[args[0]]), step
                 elif n.target is _F.interpolate:
                     if layout != _CHW:

@@ -47,6 +47,11 @@ The rules, each from the module's actual weights, one file each (its equations i
     shift.py    a sum with a constant (a position embedding)
     tokens.py   positions flattened into tokens, a constant token set beside them, one token taken out
     attention.py  softmax self-attention over tokens (a first model: mixing weights near uniform)
+    product.py  a · b of two independent maps (StarNet's star, MambaOut's gated product)
+    token_linear.py  a Linear over the tokens (MLP-Mixer's token MLP, ResMLP)
+    mode_pad.py  a map padded by reflection, replication or wrapping (a blur pool's pad)
+    space_to_depth.py  each block of positions into channels (TResNet's stem)
+    conv_mlp.py  timm's VGG head (pooled up to its kernel, two convs)
 
 Each rule file also registers the modules it is the rule of (``conv.py`` nn.Conv2d and timm's standardised
 convs, ``norms.py`` the norms …: the adapter from a module's attributes to its step, beside the step);
@@ -61,6 +66,7 @@ from gatepool.analysis.probe.correlated.add import add, add_grads
 from gatepool.analysis.probe.correlated.attention import Attention
 from gatepool.analysis.probe.correlated.cat import Cat
 from gatepool.analysis.probe.correlated.conv import Conv, autocorr, box_conv
+from gatepool.analysis.probe.correlated.conv_mlp import AtLeast
 from gatepool.analysis.probe.correlated.dropout import Dropout
 from gatepool.analysis.probe.correlated.field import Field, neighbour_corr, unit_noise, xcorr
 from gatepool.analysis.probe.correlated.flat_linear import FlatLinear
@@ -70,6 +76,8 @@ from gatepool.analysis.probe.correlated.layernorm import LayerNorm
 from gatepool.analysis.probe.correlated.linear import Linear
 from gatepool.analysis.probe.correlated.maxpool import MaxPool, clark_max
 from gatepool.analysis.probe.correlated.measure import measure_field, measure_fields, measure_input
+from gatepool.analysis.probe.correlated.mode_pad import MODES as PAD_MODES
+from gatepool.analysis.probe.correlated.mode_pad import ModePad
 from gatepool.analysis.probe.correlated.normal import (
     Law,
     bivariate_relu,
@@ -81,19 +89,23 @@ from gatepool.analysis.probe.correlated.normal import (
 from gatepool.analysis.probe.correlated.norms import BatchNorm, GroupNorm
 from gatepool.analysis.probe.correlated.pad import Pad
 from gatepool.analysis.probe.correlated.pointwise import Pointwise, hermite_coefficients
+from gatepool.analysis.probe.correlated.product import Product
 from gatepool.analysis.probe.correlated.registry import register_correlated_rule, rule_for
 from gatepool.analysis.probe.correlated.relu import ReLU, relu_series_maps
 from gatepool.analysis.probe.correlated.resample import Interpolate, PositionMap
 from gatepool.analysis.probe.correlated.scale import Scale
 from gatepool.analysis.probe.correlated.shift import Shift
 from gatepool.analysis.probe.correlated.shuffle import ChannelShuffle
+from gatepool.analysis.probe.correlated.space_to_depth import SpaceToDepth
 from gatepool.analysis.probe.correlated.split import ChannelSlice
 from gatepool.analysis.probe.correlated.steps import Identity, Steps
 from gatepool.analysis.probe.correlated.stochastic_depth import StochasticDepth
+from gatepool.analysis.probe.correlated.token_linear import TokenLinear
 from gatepool.analysis.probe.correlated.tokens import FlattenPositions, SelectToken, TokenCat
 
 __all__ = [
     "AdaptiveAvgPool",
+    "AtLeast",
     "AvgPoolWindows",
     "Attention",
     "BatchNorm",
@@ -112,16 +124,21 @@ __all__ = [
     "LayerNorm",
     "Linear",
     "MaxPool",
+    "ModePad",
+    "PAD_MODES",
     "Pad",
     "Pointwise",
     "PositionMap",
+    "Product",
     "ReLU",
     "Scale",
     "SelectToken",
     "Shift",
+    "SpaceToDepth",
     "Steps",
     "StochasticDepth",
     "TokenCat",
+    "TokenLinear",
     "add",
     "add_grads",
     "autocorr",

@@ -1,4 +1,5 @@
-"""Any pointwise activation f of the Gaussian field: ReLU6, SiLU, GELU, Hardswish, Hardsigmoid, sigmoid, tanh.
+"""Any pointwise activation f of the Gaussian field: ReLU6, SiLU, GELU, Hardswish, Hardsigmoid, sigmoid, tanh,
+LeakyReLU (TResNet's).
 
 x = m + s z at each position (z ~ N(0, 1)); every expectation is Gauss–Legendre over z ∈ [−9, 9], cut into
 pieces at f's kinks (where f or f' jumps: ReLU6 at 0 and 6, the hard ones at ±3), so each piece is smooth.
@@ -40,6 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -392,3 +394,6 @@ register_correlated_rule(nn.Hardswish, lambda m: Pointwise("hardswish"))
 register_correlated_rule(nn.Hardsigmoid, lambda m: Pointwise("hardsigmoid"))
 register_correlated_rule(nn.Sigmoid, lambda m: Pointwise("sigmoid"))
 register_correlated_rule(nn.Tanh, lambda m: Pointwise("tanh"))
+register_correlated_rule(
+    nn.LeakyReLU, lambda m: Pointwise(partial(F.leaky_relu, negative_slope=m.negative_slope), (0.0,))
+)

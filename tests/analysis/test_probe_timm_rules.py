@@ -1,0 +1,250 @@
+"""timm's blocks' correlated rules against Monte Carlo: a product of two independent maps (StarNet,
+MambaOut), a Linear over the tokens (MLP-Mixer, ResMLP), space to depth (TResNet's stem), a map padded by
+reflection (TResNet's blur pool): each on Gaussian fields of known correlation, forward and backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_probe_correlated import DT, _ramp, assert_walk_holds, close, gaussian_field
+from test_probe_zoo_rules import _map_against_monte_carlo
+
+from gatepool.analysis.probe import correlated as cr
+
+
+def _backward(rule, y: torch.Tensor, xs: list[torch.Tensor], seed: int = 3) -> list[tuple]:
+    """(the rule's gradient field, Monte Carlo's) of each input, the output's gradient a Gaussian field
+    whose variance ramps."""
+    C, h, w = y.shape[1:]
+    g, gf = gaussian_field(C=C, H=h, W=w, var=_ramp(C, h, w, 0.3, 3.0), seed=seed, ell=1.0)
+    (y * g).sum().backward()
+    got = rule.backward(gf)
+    return list(zip(got if isinstance(got, list) else [got], [x.grad for x in xs]))
+
+
+def test_a_product_of_two_independent_maps_matches_monte_carlo():
+    """StarNet's ``act(f1(x)) · f2(x)``: the product's mean, variance map and correlation, and each
+    input's gradient g times the other (the two independent, their means and ramps unlike)."""
+    H = 8
+    a, fa = gaussian_field(H=H, W=H, mean=_ramp(2, H, H, -0.5, 0.8), var=_ramp(2, H, H, 0.5, 2.0), ell=1.2)
+    b, fb = gaussian_field(H=H, W=H, mean=_ramp(2, H, H, 1.0, -0.3), var=_ramp(2, H, H, 1.5, 0.4), ell=0.7,
+                           seed=5)  # fmt: skip
+    ar, br = a.clone().requires_grad_(True), b.clone().requires_grad_(True)
+    y = ar * br
+    rule = cr.Product()
+    close(rule.forward([fa, fb]), y.detach())
+    for got, want in _backward(rule, y, [ar, br]):
+        close(got, want)
+    with pytest.raises(ValueError, match="one shape"):
+        rule.forward([fa, cr.Field(fb.mean[:1], fb.var[:1], fb.corr[:1])])
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_linear_over_the_tokens_matches_monte_carlo(bias):
+    """MLP-Mixer's token MLP: ``F.linear`` along the T tokens of each channel, (C, 1, T) → (C, 1, T_out)."""
+    T, To = 12, 7
+    x, f = gaussian_field(H=1, W=T, mean=_ramp(2, 1, T, -0.5, 0.8), var=_ramp(2, 1, T, 0.5, 2.0), ell=1.5)
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(To, T, generator=gen, dtype=DT) / T**0.5
+    b = torch.randn(To, generator=gen, dtype=DT) if bias else None
+    xr = x.clone().requires_grad_(True)
+    y = F.linear(xr, weight, b)
+    rule = cr.TokenLinear(weight, b)
+    close(rule.forward(f), y.detach())
+    for got, want in _backward(rule, y, [xr]):
+        close(got, want)
+    with pytest.raises(ValueError, match="T_out"):
+        cr.TokenLinear(weight, torch.zeros(3))
+
+
+def test_space_to_depth_then_a_conv_matches_monte_carlo():
+    """TResNet's stem: ``SpaceToDepth(4)`` of a white map with a mean and a variance ramp (the N(0, 1)
+    images' case), its three channels mixed (the input's components), then a 3 × 3 conv; forward at
+    both, the gradient at the map. The conv has 64 outputs, as TResNet's: its backward, as every conv's
+    in the state, leaves its inputs' gradients uncorrelated, here two positions of one block (with 5
+    outputs their measured correlation is −0.04)."""
+    H = 8
+    z, fz = gaussian_field(C=3, H=H, W=H, mean=_ramp(3, H, H, -0.5, 0.8), var=_ramp(3, H, H, 0.5, 2.0),
+                           ell=0.01)  # fmt: skip
+    mix = torch.tensor([[1.0, 0.0, 0.0], [0.6, 0.8, 0.0], [0.3, -0.4, 0.9]], dtype=DT)
+    x = torch.einsum("ir,brhw->bihw", mix, z)
+    f = cr.measure_input(x)  # what the walk starts from: the channels' own covariance as components
+    xr = x.clone().requires_grad_(True)
+    y = _space_to_depth(xr, 4)
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(48, 64, 3, padding=1).double()
+    out = conv(y)
+    rule, crule = cr.SpaceToDepth(4), cr.Conv(conv.weight, conv.bias, (1, 1), (1, 1))
+    fy = rule.forward(f)
+    close(fy, y.detach(), lags=(1,))  # a 2 × 2 map
+    close(crule.forward(fy), out.detach(), lags=(1,))
+    (got, want), = _backward(_Both(rule, crule), out, [xr])
+    close(got, want)
+
+
+def _space_to_depth(x: torch.Tensor, bs: int) -> torch.Tensor:
+    """timm's ``SpaceToDepth.forward`` (timm.layers.space_to_depth), its three lines."""
+    N, C, H, W = x.size()
+    x = x.view(N, C, H // bs, bs, W // bs, bs).permute(0, 3, 5, 1, 2, 4).contiguous()
+    return x.view(N, C * bs * bs, H // bs, W // bs)
+
+
+class _Both:
+    def __init__(self, *steps) -> None:
+        self.steps = steps
+
+    def backward(self, g):
+        for s in reversed(self.steps):
+            g = s.backward(g)
+        return g
+
+
+def test_space_to_depth_of_a_map_correlated_within_its_blocks_has_no_rule():
+    _, f = gaussian_field(H=8, W=8, ell=1.2)
+    with pytest.raises(NotImplementedError, match="correlated within a block"):
+        cr.SpaceToDepth(4).forward(f)
+
+
+@pytest.mark.parametrize("pads, mode", [((1, 1, 1, 1), "reflect"), ((2, 0, 1, 3), "replicate"),
+                                        ((1, 2, 0, 1), "circular")])  # fmt: skip
+def test_a_map_padded_by_reflection_matches_monte_carlo(pads, mode):
+    """BlurPool2d's ``F.pad(x, pads, mode='reflect')`` (and the two other copying modes): a border value's
+    copies are the same value (the padded map's lags pair them), and its gradient gets theirs."""
+    out, y = _map_against_monte_carlo(cr.ModePad(pads, mode), lambda x: F.pad(x, pads, mode=mode), 7)
+    assert out.shape == y.shape[1:]
+    with pytest.raises(ValueError, match="mode must be"):
+        cr.ModePad(pads, "constant")
+
+
+class _Star(torch.nn.Module):
+    """StarNet's block: a depthwise conv, two 1 × 1 convs, ``relu6(f1) · f2``, a 1 × 1 conv, the residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.dw = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.f1, self.f2 = torch.nn.Conv2d(16, 32, 1), torch.nn.Conv2d(16, 32, 1)
+        self.act = torch.nn.ReLU6()
+        self.g = torch.nn.Conv2d(32, 16, 1)
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = self.dw(x)
+        x = x + self.g(self.act(self.f1(y)) * self.f2(y))
+        return self.fc(x.mean((2, 3)))
+
+
+def test_the_walk_carries_a_product_of_two_maps():
+    torch.manual_seed(0)
+    model = _Star().double()
+    x = torch.randn(2048, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=DT)
+    assert_walk_holds(model, x, ["f1", "f2", "act", "g"])
+
+
+class _GatedChannelsLast(torch.nn.Module):
+    """MambaOut's gated block, channels last: LayerNorm, fc1, split, a depthwise conv of one piece (permuted
+    to channels first and back), ``gelu(g) · cat((i, c), -1)``, fc2, the residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.norm = torch.nn.LayerNorm(16)
+        self.fc1 = torch.nn.Linear(16, 48)
+        self.conv = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.act = torch.nn.GELU()
+        self.fc2 = torch.nn.Linear(24, 16)
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.stem(x).permute(0, 2, 3, 1)  # (B, H, W, C)
+        g, i, c = torch.split(self.fc1(self.norm(x)), [24, 16, 8], dim=-1)
+        c = self.conv(c.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        x = x + self.fc2(self.act(g) * torch.cat((i, c), dim=-1))
+        return self.head(x.permute(0, 3, 1, 2).mean((2, 3)))
+
+
+def test_the_walk_carries_a_cat_and_a_product_channels_last():
+    torch.manual_seed(0)
+    model = _GatedChannelsLast().double()
+    x = torch.randn(2048, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=DT)
+    assert_walk_holds(model, x, ["norm", "fc1", "conv", "act", "fc2"])
+
+
+class _TokenMixer(torch.nn.Module):
+    """MLP-Mixer's block and ResMLP's affine: patches as tokens, ``β + α · x`` (torch.addcmul), a token MLP
+    over the transposed tokens, a channel Linear, the mean over the tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 2, stride=2)
+        self.alpha = torch.nn.Parameter(torch.linspace(0.5, 1.5, 16).reshape(1, 1, 16))
+        self.beta = torch.nn.Parameter(torch.linspace(-0.2, 0.3, 16).reshape(1, 1, 16))
+        self.tokens1, self.tokens2 = torch.nn.Linear(16, 24), torch.nn.Linear(24, 16)
+        self.act = torch.nn.GELU()
+        self.channels = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.stem(x).flatten(2).transpose(1, 2)  # (B, 16 tokens, 16 channels)
+        y = torch.addcmul(self.beta, self.alpha, x)
+        x = x + self.tokens2(self.act(self.tokens1(y.transpose(1, 2)))).transpose(1, 2)
+        x = x + self.channels(x)
+        return self.head(x.mean(1))
+
+
+def test_the_walk_carries_a_token_mlp_and_an_affine():
+    torch.manual_seed(0)
+    model = _TokenMixer().double()
+    x = torch.randn(2048, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=DT)
+    assert_walk_holds(model, x, ["tokens1", "act", "tokens2", "channels"])
+
+
+class _BlurPool(torch.nn.Module):
+    """TResNet's anti-aliased downsampling: LeakyReLU, ``F.pad(x, [1] * 4, mode='reflect')``, a binomial
+    blur by ``F.conv2d(x, filt, stride=2, groups=C)``, filt (C, 1, 3, 3) (timm's BlurPool2d given its
+    channels, as TResNet's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.act = torch.nn.LeakyReLU(0.1)
+        b = torch.tensor([1.0, 2.0, 1.0]) / 4
+        self.register_buffer("filt", (b[:, None] * b[None, :]).repeat(16, 1, 1, 1))  # (16, 1, 3, 3)
+        self.conv = torch.nn.Conv2d(16, 16, 1)
+        self.fc = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = F.pad(self.act(self.stem(x)), [1, 1, 1, 1], mode="reflect")
+        x = F.conv2d(x, self.filt, stride=2, groups=16)
+        return self.fc(self.conv(x).mean((2, 3)))
+
+
+def test_the_walk_carries_a_leaky_relu_and_a_blur_pool():
+    torch.manual_seed(0)
+    model = _BlurPool().double()
+    x = torch.randn(2048, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=DT)
+    assert_walk_holds(model, x, ["act", "conv"])
+
+
+class _Swish(torch.nn.Module):
+    """timm's ``swish``: ``x · sigmoid(x)``, a product of a map and a function of its own channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = torch.nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        x = self.norm(self.conv(x))
+        return (x * x.sigmoid()).mean((2, 3))
+
+
+def test_a_product_of_a_map_and_a_function_of_itself_has_no_rule():
+    """The two factors are not independent (both the same channels of one tensor): no prediction, said."""
+    from gatepool.analysis.probe.correlated_predict import predict_correlated
+
+    pred = predict_correlated(_Swish().double(), cr.measure_input(torch.randn(64, 3, 6, 6, dtype=DT)))
+    assert pred["(output)"].var is None
+    assert "not two independent maps" in pred["(output)"].note

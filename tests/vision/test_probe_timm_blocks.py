@@ -1,0 +1,81 @@
+"""The correlated walk through timm's own blocks that had no rule (``make test-vision``): VGG's head
+``ConvMlp`` (an ``if`` on its input's size that torch.fx cannot trace), TResNet's stem ``SpaceToDepth`` and
+its anti-aliased downsampling ``BlurPool2d`` (a reflect pad, a functional conv) after a norm whose
+activation is a LeakyReLU; each module's output variance and gradient E[g²] against the measurement."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gatepool.analysis.probe import correlated as cr
+from gatepool.analysis.probe.correlated_predict import predict_correlated
+
+pytest.importorskip("timm")
+
+
+def _walk_holds(net: torch.nn.Module, x: torch.Tensor, names: list[str]) -> None:
+    """Each named module's predicted Var within 10% and gradient E[g²] within 15% of the measured (the
+    backward seeded with unit-variance noise at the logits, as predicted)."""
+    pred = predict_correlated(net, cr.measure_input(x), batch=len(x))
+    assert not pred.notes, pred.notes
+    out, grads = {}, {}
+
+    def hook(m, a, y, n):
+        out[n] = y.detach()
+        y.register_hook(lambda g: grads.__setitem__(n, g.detach()))
+
+    hooks = [net.get_submodule(n).register_forward_hook(lambda m, a, y, n=n: hook(m, a, y, n)) for n in names]
+    logits = net(x.requires_grad_())
+    seed = torch.randn(logits.shape, generator=torch.Generator().manual_seed(2))
+    (logits * seed).sum().backward()
+    for h in hooks:
+        h.remove()
+    for n in names:
+        row = pred[n]
+        assert row.var is not None and row.grad_e2 is not None, (n, row.note)
+        assert abs(row.var / float(out[n].var(unbiased=False)) - 1) < 0.10, (n, row.var)
+        assert abs(row.grad_e2 / float(grads[n].pow(2).mean()) - 1) < 0.15, (n, row.grad_e2)
+
+
+class _VGGHead(torch.nn.Module):
+    def __init__(self) -> None:
+        from timm.models.vgg import ConvMlp
+
+        super().__init__()
+        self.features = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+                                            torch.nn.MaxPool2d(2))  # fmt: skip
+        self.pre_logits = ConvMlp(16, 64, kernel_size=7, drop_rate=0.0)  # a 4 × 4 map: pooled up to 7 × 7
+        self.fc = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.fc(self.pre_logits(self.features(x)).flatten(1))
+
+
+def test_vgg_head_is_predicted_whole():
+    torch.manual_seed(0)
+    net = _VGGHead()
+    x = torch.randn(2000, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    _walk_holds(net, x, ["features.2", "pre_logits"])
+
+
+class _TResNetStem(torch.nn.Module):
+    def __init__(self) -> None:
+        from timm.layers import BatchNormAct2d, BlurPool2d, SpaceToDepth
+
+        super().__init__()
+        self.s2d = SpaceToDepth(4)
+        self.conv = torch.nn.Conv2d(48, 64, 3, padding=1, bias=False)
+        self.bn = BatchNormAct2d(64, act_layer=torch.nn.LeakyReLU)
+        self.aa = BlurPool2d(64, filt_size=3, stride=2)  # given its channels, as TResNet's
+        self.fc = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.fc(self.aa(self.bn(self.conv(self.s2d(x)))).mean((2, 3)))
+
+
+def test_tresnet_stem_and_blur_pool_are_predicted():
+    torch.manual_seed(0)
+    net = _TResNetStem()
+    x = torch.randn(2000, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    _walk_holds(net, x, ["s2d", "conv", "bn", "aa"])
