@@ -53,8 +53,8 @@ def test_the_lattice_gives_each_positions_own_integral(name, interpolated):
     flat = pw._integrate(f, (), torch.stack([x.mean.flatten(), s.flatten()], 1), pw._ORDER)
     hw = 3 * (pw._ORDER + 2)
     exact = flat[:, :hw].unflatten(1, (3, pw._ORDER + 2))  # (P, 3, N + 2): f, f', u
-    powers = flat[:, hw:].unflatten(1, (4, 3))  # (P, 4, 3): f², f³, f⁴, f'² at He_0, He_3, He_4
-    got_powers = h["powers"].flatten(2).movedim(-1, 0)  # (P, 4, 3)
+    powers = flat[:, hw:].unflatten(1, (6, pw._POWERS))  # (P, 6, 5): f² … f'²f² at He_0 … He_4
+    got_powers = h["powers"].flatten(2).movedim(-1, 0)  # (P, 6, 5)
     scale = powers.abs().amax(2, keepdim=True)  # each power's size at each position
     assert float(((got_powers - powers).abs() / scale).max()) < 1e-6
     for i, key in enumerate(("f", "df", "u")):
