@@ -13,6 +13,14 @@ from test_probe_zoo_rules import _map_against_monte_carlo
 from gatepool.analysis.probe import correlated as cr
 
 
+def _walk_holds(block: type, names: list[str]) -> None:
+    """The walk through ``block`` (seed 0's init, float64) against 2048 N(0, 1) images of 3 × 8 × 8."""
+    torch.manual_seed(0)
+    model = block().double()
+    x = torch.randn(2048, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=DT)
+    assert_walk_holds(model, x, names)
+
+
 def _backward(rule, y: torch.Tensor, xs: list[torch.Tensor], seed: int = 3) -> list[tuple]:
     """(the rule's gradient field, Monte Carlo's) of each input, the output's gradient a Gaussian field
     whose variance ramps."""
@@ -137,10 +145,7 @@ class _Star(torch.nn.Module):
 
 
 def test_the_walk_carries_a_product_of_two_maps():
-    torch.manual_seed(0)
-    model = _Star().double()
-    x = torch.randn(2048, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=DT)
-    assert_walk_holds(model, x, ["f1", "f2", "act", "g"])
+    _walk_holds(_Star, ["f1", "f2", "act", "g"])
 
 
 class _GatedChannelsLast(torch.nn.Module):
@@ -166,10 +171,7 @@ class _GatedChannelsLast(torch.nn.Module):
 
 
 def test_the_walk_carries_a_cat_and_a_product_channels_last():
-    torch.manual_seed(0)
-    model = _GatedChannelsLast().double()
-    x = torch.randn(2048, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=DT)
-    assert_walk_holds(model, x, ["norm", "fc1", "conv", "act", "fc2"])
+    _walk_holds(_GatedChannelsLast, ["norm", "fc1", "conv", "act", "fc2"])
 
 
 class _TokenMixer(torch.nn.Module):
@@ -195,10 +197,7 @@ class _TokenMixer(torch.nn.Module):
 
 
 def test_the_walk_carries_a_token_mlp_and_an_affine():
-    torch.manual_seed(0)
-    model = _TokenMixer().double()
-    x = torch.randn(2048, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=DT)
-    assert_walk_holds(model, x, ["tokens1", "act", "tokens2", "channels"])
+    _walk_holds(_TokenMixer, ["tokens1", "act", "tokens2", "channels"])
 
 
 class _BlurPool(torch.nn.Module):
@@ -222,10 +221,7 @@ class _BlurPool(torch.nn.Module):
 
 
 def test_the_walk_carries_a_leaky_relu_and_a_blur_pool():
-    torch.manual_seed(0)
-    model = _BlurPool().double()
-    x = torch.randn(2048, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=DT)
-    assert_walk_holds(model, x, ["act", "conv"])
+    _walk_holds(_BlurPool, ["act", "conv"])
 
 
 class _Swish(torch.nn.Module):
