@@ -31,7 +31,8 @@ dependence    where g depends on this rule's own output y = f(x) (``Field.depend
               :mod:`conv`)
 
 Cost: the integrals (each position's, or for f without kinks a lattice's, interpolated: see
-:func:`hermite_coefficients`) and one batch of FFTs per series.
+:func:`hermite_coefficients`) and one batch of FFTs per series, of the terms that matter (:func:`_terms`:
+where the input's correlation is weak, as between a transformer's tokens, a few).
 
 ReLU keeps its own rule (:mod:`relu`: exact integrals at the near lags, the shapes b + ReLU(y)).
 """
@@ -59,6 +60,7 @@ _CHUNK = 2048  # positions at a time (the nodes of 2048 positions: 2048 × 160 f
 _GRID = 1 / 64  # the interpolation lattice's step in μ = m/s and in log s (f without kinks)
 _MU_MAX = 1e4  # |μ| beyond which a position is integrated on its own
 _POWERS = 5  # the powers' Hermite orders n = 0 … 4 (:func:`_integrate`)
+_TAIL = 1e-7  # the series' terms dropped hold under this of the variance: the lattice's own accuracy
 
 # f and the points where f or f' jumps (the quadrature cuts its pieces there)
 ACTIVATIONS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], tuple[float, ...]]] = {
@@ -278,23 +280,40 @@ def _shape(mom: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.T
     return m, var, torch.where(ok, k3 / v**1.5, 0.0), torch.where(ok, k4 / (v * v), 0.0)
 
 
+def _rho_terms(corr: torch.Tensor) -> int:
+    """The first N with r^{N+1} ≤ :data:`_TAIL`, r the largest |ρ| off lag 0: the series' terms after N,
+    and its remainder, are each at most |ρ|^{N+1} r_p r_q (a transformer's tokens, r ≈ 0.02: N = 4)."""
+    H, W = (corr.shape[-2] + 1) // 2, (corr.shape[-1] + 1) // 2
+    off = corr.flatten(1).abs()
+    off[:, (H - 1) * (2 * W - 1) + W - 1] = 0  # lag 0
+    r = float(off.max())
+    return _ORDER if r >= 1 else 0 if r == 0 else min(_ORDER, math.ceil(math.log(_TAIL) / math.log(r)) - 1)
+
+
+def _terms(var: torch.Tensor, coef: list[torch.Tensor], corr: torch.Tensor) -> list[torch.Tensor]:
+    """The series' first N terms, those after them moving no lag sum by over 2·:data:`_TAIL` of √(v_p v_q)
+    (the remainder term carries them): N is the last n whose tail Σ_{k ≥ n} a_k² is over _TAIL of the
+    variance somewhere, or :func:`_rho_terms` if that is less."""
+    tail = torch.zeros_like(var)  # Σ_{k ≥ n} a_k² per position, from the last term down
+    for k in range(len(coef) - 1, -1, -1):
+        tail += coef[k] * coef[k]
+        if bool((tail > _TAIL * var).any()):  # the terms from k on still matter somewhere
+            return coef[: min(k + 1, _rho_terms(corr))]
+    return []
+
+
 def series_lag_sums(corr: torch.Tensor, mean: torch.Tensor, e2: torch.Tensor, coef: list[torch.Tensor],
                     weight: torch.Tensor | None = None) -> torch.Tensor:
     """Σ_p w_p w_{p+e} Cov(h(x_p), h(x_{p+e})) for every lag e: Mehler's series to ``len(coef)`` and the
     Parseval remainder ρ^{N+1} r_p r_q (see the module docstring).
 
-    The series stops where the terms left hold under 1e-12 of the variance at every position (a smooth f
-    decays fast): the remainder term then carries them, at a power of ρ lower by as many. The lag sums
-    of all its terms are one batch of FFTs."""
+    The series stops where the terms left hold under :data:`_TAIL` of the variance at every position (a
+    smooth f decays fast, :func:`_terms`): the remainder term then carries them, at a power of ρ lower by
+    as many. The lag sums of all its terms are one batch of FFTs."""
     w = torch.ones_like(mean) if weight is None else weight
     var = (e2 - mean * mean).clamp_min(0)
-    tail, keep = torch.zeros_like(var), 0  # Σ_{k ≥ n} a_k² per position, from the last term down
-    for n in range(len(coef) - 1, -1, -1):
-        tail += coef[n] * coef[n]
-        if bool((tail > 1e-12 * var).any()):  # the terms from n on still matter somewhere
-            keep = n + 1
-            break
-    coef = coef[:keep]
+    coef = _terms(var, coef, corr)
+    keep = len(coef)
     rest = (var - sum((c * c for c in coef), torch.zeros_like(var))).clamp_min(0).sqrt()
     maps = torch.stack([w * c for c in coef] + [w * rest])  # (N + 1, C, H, W)
     X = xcorr(maps, maps)  # (N + 1, C, 2H−1, 2W−1)
@@ -319,19 +338,34 @@ class Pointwise:
 
     def forward(self, x: Field) -> Field:
         self.x = x
-        self.h = hermite_coefficients(self.f, self.kinks, x.mean, x.var.clamp_min(0).sqrt())
+        order = max(_rho_terms(x.corr), 4)  # the series' terms it can use (4: the powers' He₃, He₄)
+        self.h = hermite_coefficients(self.f, self.kinks, x.mean, x.var.clamp_min(0).sqrt(), order)
         mean, e2, coef = self.h["f"]
-        out = _field_from_sums(mean, (e2 - mean * mean).clamp_min(0), series_lag_sums(x.corr, *self.h["f"]))
+        var = (e2 - mean * mean).clamp_min(0)
+        out = _field_from_sums(mean.clone(), var, series_lag_sums(x.corr, *self.h["f"]))
         # the output's shape from the normal of the input's mean and variance: in a tail the Gram–Charlier
         # density turns negative (at γ₁ = −1 beyond z ≈ 2.5), and a ReLU active there only has a
         # variance near 0 and its standardized cumulants blow up; the next conv sums them anyway
         _, _, skew, kurt = _shape(law_moments(self.h, None, None))
         self.mom = law_moments(self.h, x.skew, x.kurt)
-        if x.skew is None and x.kurt is None:  # a Gaussian input: the moments as they were
-            return replace(out, skew=skew, kurt=kurt)
-        # a skewed input: its own mean and variance; the correlation is the Gaussian field's
-        m, var, _, _ = _shape(self.mom)
-        return replace(out, mean=m, var=var, skew=skew, kurt=kurt)
+        if x.skew is not None or x.kurt is not None:  # its own mean and variance; the correlation the normal's
+            m, var, _, _ = _shape(self.mom)
+            out = replace(out, mean=m, var=var)
+        self._keep_for_backward()
+        return replace(out, skew=skew, kurt=kurt)
+
+    def _keep_for_backward(self) -> None:
+        """Of :func:`hermite_coefficients`' table only what the backward reads (f', u, the powers of f'²),
+        each map its own tensor: the table is one (width, positions) tensor, and a view of one of its rows
+        would keep all of it alive to the end of the walk (0.5 GB at a ViT-B's GELU)."""
+
+        def series(key: str) -> tuple:
+            mean, e2, coef = self.h[key]
+            kept = _terms((e2 - mean * mean).clamp_min(0), coef, self.x.corr)
+            return mean.clone(), e2.clone(), [c.clone() for c in coef[: max(len(kept), 2)]]
+
+        self.h = {"df": series("df"), "u": series("u"), "powers": self.h["powers"][3:6].clone()}
+        self.mom = {k: self.mom[k].clone() for k in ("e1", "e2", "df2", "df2f", "df2f2")}
 
     def backward(self, g: Field) -> Field:
         sg = g.var.clamp_min(0).sqrt()
@@ -366,7 +400,7 @@ class Pointwise:
     def _dependence(self, a: tuple) -> tuple:
         """(β₁', β₂', r₁, r₂) of the gradient at x (see the module docstring), from the normal's Hermite
         coefficients: K = f'² (a₀ + a₁ f + a₂ f²) and f' alone."""
-        c = self.h["powers"][3:6]  # f'², f'² f, f'² f²: E[k He_n] / √n!, n = 0 … 4
+        c = self.h["powers"]  # f'², f'² f, f'² f²: E[k He_n] / √n!, n = 0 … 4
         k0, k1, k2 = (a[0] * c[0, n] + a[1] * c[1, n] + a[2] * c[2, n] for n in range(3))
         d0, (d1, d2) = self.h["df"][0], self.h["df"][2][:2]  # E[f'], E[f' He_n] / √n!
 
