@@ -235,3 +235,27 @@ def test_no_sync_on_cuda(name):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("gate", ["soft", "soft-learned", "attention"])
+def test_the_window_geometry_is_worked_out_once_a_call(gate, monkeypatch):
+    """A call that cannot take the eager route (under a dispatch mode: the op's path) works out its
+    windows once, and a call on the cached route not at all."""
+    import gatepool.layers.gated_pool as gp
+
+    calls = []
+    monkeypatch.setattr(gp, "pool_geometry", lambda *a, **k: calls.append(1) or pool_geometry(*a, **k))
+    pool = GatedPool2d(2, gate=gate, channels=3)
+    x = torch.randn(2, 3, 6, 6)
+
+    class Quiet(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Quiet():
+        pool(x)
+    assert len(calls) == 1
+    pool(x)  # the route worked out: once
+    calls.clear()
+    pool(x)
+    assert calls == []

@@ -182,27 +182,27 @@ class GatedPoolNd(GateParameters):
         makes that call straight away: the window geometry and the path are worked out once per input
         shape and dtype, as the kernels' launch arguments (issue 44).
         """
+        geo = None
         if not torch.compiler.is_compiling() and isinstance(input, torch.Tensor):  # (traced: the op)
             key = (input.shape, input.dtype)
             route = self.__dict__.get("_eager_route")
             if route is None or route.key != key:
-                route = self._route(input, key)
+                geo = self._geometry(input)
+                route = self._route(input, key, geo)
             out = None if route is None else self._eager(input, route)
             if out is not None:
                 return out
-        geo = pool_geometry(
-            input, self.dim, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode
-        )
-        return self._pool(input, geo)
+        return self._pool(input, self._geometry(input) if geo is None else geo)
 
-    def _route(self, x: torch.Tensor, key: tuple) -> _EagerRoute | None:
+    def _geometry(self, x: torch.Tensor) -> PoolGeometry:
+        return pool_geometry(x, self.dim, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+
+    def _route(self, x: torch.Tensor, key: tuple, geo: PoolGeometry) -> _EagerRoute | None:
         """How ``forward`` takes inputs of ``x``'s shape and dtype (kept until a setting changes): straight to
         the eager operator where the full path would give it the input as it is and return its output as
         it is (a softmax gate, no weights asked for, a batched float32/float64 input on the fused path, no
         window of attention's that reads no input); else the full path (which asks the path chooser
         again, once a shape). None, and nothing kept, where this call could not take the operator."""
-        window = (self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
-        geo = pool_geometry(x, self.dim, *window)
         if self.channels is not None and x.shape[-self.dim - 1] != self.channels:
             return None  # the full path says what is wrong
         row = gate_table.row(self.gate)
