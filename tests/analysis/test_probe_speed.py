@@ -126,7 +126,8 @@ def test_the_rule_keeps_no_view_of_its_table():
     x = _field(C=4, H=12, W=12)
     for skewed in (False, True):
         if skewed:
-            x = cr.Field(x.mean, x.var, x.corr, skew=0.3 * torch.ones_like(x.var), kurt=0.2 * torch.ones_like(x.var))
+            shape = 0.3 * torch.ones_like(x.var)
+            x = cr.Field(x.mean, x.var, x.corr, skew=shape, kurt=shape)
         step = pw.Pointwise("gelu")
         out = step.forward(x)
         kept = [out.mean, out.var, out.corr, out.skew, out.kurt, *step.mom.values(), step.h["powers"]]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gatepool.layers import GatedPool2d, GlobalGatedPool2d, c_kernels, fused_pool
+from gatepool.layers import AdaptiveGatedPool2d, GatedPool2d, GlobalGatedPool2d, c_kernels, fused_pool
 from gatepool.layers.softmax_paths import input_dtype, softmax_path
 from gatepool.layers.windows import pool_geometry
 
@@ -231,16 +231,24 @@ def test_half_precision_goes_into_the_c_kernel_as_it_is(dtype, gate, layout, aut
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("gate", KINDS)
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
-def test_global_pools_take_half_precision_as_it_is(dtype, gate, layout):
-    """A global pool's one window too: the input goes into the C kernel as it is (no float32 tensor of its
-    size saved for the backward), out in its dtype, the values and gradients within the tolerances of
+@pytest.mark.parametrize("kind", ["global", "adaptive 3x3"])
+def test_global_and_adaptive_pools_take_half_precision_as_it_is(dtype, gate, layout, kind):
+    """A global pool's one window, and an adaptive pool's windows where they tile the input (9 → 3), too:
+    the input goes into the C kernel as it is (no float32 tensor of its size saved for the backward), out
+    in its dtype, the values and gradients within the tolerances of
     test_gates_in_half_precision_against_their_float64_copy."""
+
+    def make():
+        if kind == "global":
+            return GlobalGatedPool2d(gate, channels=20)
+        return AdaptiveGatedPool2d(3, gate=gate, channels=20)
+
     torch.manual_seed(0)
-    pool = GlobalGatedPool2d(gate, channels=20)
+    pool = make()
     with torch.no_grad():
         for q in pool.parameters():
             q.add_(0.3 * torch.randn_like(q))
-    ref = GlobalGatedPool2d(gate, channels=20).double()
+    ref = make().double()
     ref.load_state_dict(pool.state_dict())
     x = torch.randn(2, 20, 9, 9).to(dtype)
     x = x.contiguous(memory_format=torch.channels_last) if layout == "channels_last" else x

@@ -59,6 +59,10 @@ CASES = {
         [[(a, b) for a in range(7) for b in range(6)]],
     ),
     "adaptive 4x4": (lambda c: AdaptiveGatedPool2d(4, gate="attention", channels=c), _adaptive(7, 6, 4)),
+    "adaptive 7x2 (tiling: the windowed path)": (
+        lambda c: AdaptiveGatedPool2d((7, 2), gate="attention", channels=c),
+        [[(i, b) for b in range(3 * j, 3 * j + 3)] for i in range(7) for j in range(2)],
+    ),
 }
 
 

@@ -20,9 +20,12 @@ or a tuple with one entry per dimension, where None keeps that input size. This 
 ``nn.AdaptiveAvgPool2d((7, 7))`` (VGG's head) or ``((6, 6))`` (AlexNet's); a window over the whole map
 is :class:`gatepool.layers.global_pool.GlobalGatedPool2d`, which ``convert`` uses for output size 1.
 
-The soft family gathers every window, padded to the largest with masked taps (gate 0), into
-``(N, C, *out, K)`` and takes the softmax there (max pooling's limits for non-finite inputs, as every
-gate here); it computes in float32 (float64 stays float64) and returns the input's dtype.
+Where the windows tile the input (every size a multiple of its output size: 56 → 7, VGG's 7 → 7), window
+i is [i·k, (i + 1)·k) with k = n / o, a windowed pool's of kernel and stride k: on the CPU the soft family
+takes :class:`gatepool.layers.gated_pool.GatedPoolNd`'s path there, the C kernel (float16 / bfloat16 read
+as they are, float32 inside). Otherwise it gathers every window, padded to the largest with masked taps
+(gate 0), into ``(N, C, *out, K)`` and takes the softmax there (max pooling's limits for non-finite
+inputs, as every gate here), in float32 (float64 stays float64); the output has the input's dtype.
 """
 
 from __future__ import annotations
@@ -33,9 +36,14 @@ import torch
 
 from gatepool.layers import gate_table
 from gatepool.layers.gate_parameters import GateParameters
+from gatepool.layers.gated_pool import GatedPoolNd
+from gatepool.layers.softmax_paths import softmax_path
 from gatepool.layers.windows import (
+    as_dtype,
     channel_view,
     compute_dtype,
+    like_input_format,
+    pool_geometry,
     scale_scores,
     weighted_sum,
     window_softmax,
@@ -81,6 +89,7 @@ class AdaptiveGatedPoolNd(GateParameters):
     """
 
     dim: int = 2
+    return_weights = False  # read by the windowed gate functions (the tiling windows' path)
 
     def __init__(
         self,
@@ -121,6 +130,12 @@ class AdaptiveGatedPoolNd(GateParameters):
                 f"input has {xb.shape[1]} channels; this pool was built for channels={self.channels}"
             )
         size = tuple(n if o is None else o for n, o in zip(xb.shape[2:], self.output_size))
+        path = softmax_path(xb, scored=row.scored, windows="adaptive", tiles=_tiles(xb.shape[2:], size))
+        if path.fused:  # torch's windows tile the input: a windowed pool's, k = s = n / o, in the kernel
+            k = tuple(n // o for n, o in zip(xb.shape[2:], size))
+            out = getattr(GatedPoolNd, row.function)(self, xb, pool_geometry(xb, d, k, k))[0]
+            out = as_dtype(like_input_format(out, xb), input.dtype)  # (attention's half output is float32)
+            return out if batched else out.squeeze(0)
         x = xb.to(compute_dtype(xb.dtype))
         if row.scored:
             scores, tau = self.scores(x), self.fixed_temperature  # (N, 1, *spatial)
@@ -177,6 +192,12 @@ def _outer_mask(masks: list[torch.Tensor]) -> torch.Tensor:
         m = m.view(shape)
         full = m if full is None else full & m
     return full.flatten(d)
+
+
+def _tiles(sizes: tuple[int, ...], outs: tuple[int, ...]) -> bool:
+    """Do torch's adaptive windows tile the input (each axis's size a multiple of its output size)? Then
+    window i is [i·k, (i + 1)·k), k = n / o: a windowed pool's with kernel and stride k."""
+    return all(n % o == 0 for n, o in zip(sizes, outs))
 
 
 def _check_output_size(output_size, d: int) -> tuple[int | None, ...]:

@@ -195,7 +195,8 @@ class GatedPoolNd(GateParameters):
         return self._pool(input, self._geometry(input) if geo is None else geo)
 
     def _geometry(self, x: torch.Tensor) -> PoolGeometry:
-        return pool_geometry(x, self.dim, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+        window = (self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+        return pool_geometry(x, self.dim, *window)
 
     def _route(self, x: torch.Tensor, key: tuple, geo: PoolGeometry) -> _EagerRoute | None:
         """How ``forward`` takes inputs of ``x``'s shape and dtype (kept until a setting changes): straight to

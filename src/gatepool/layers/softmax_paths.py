@@ -98,10 +98,12 @@ def softmax_path(
     (attention: s ≠ v, which the tiled path does not take); ``return_weights``: the weights are asked for
     (only the plain path makes them); ``windows``: ``"fixed"`` (a window size), ``"global"`` (one window of
     every position: off the CPU a softmax over the last axis, ``"one-window"``, as the windowed GPU kernel
-    unrolls its taps) or ``"adaptive"`` (windows that vary in size: gathered, ``"gather"``).
+    unrolls its taps) or ``"adaptive"`` (torch's adaptive windows: gathered, ``"gather"``, unless they
+    tile the input, ``tiles``, on the CPU, where they are a windowed pool's and the C kernel takes them).
     """
-    if windows == "adaptive":
-        return SoftmaxPath("gather", "adaptive windows vary in size: gathered and padded to the largest")
+    if windows == "adaptive" and not (tiles and x.device.type == "cpu"):
+        why = "on the GPU the Triton kernel unrolls a window's taps" if tiles else "the windows vary in size"
+        return SoftmaxPath("gather", f"adaptive windows ({why}): gathered and padded to the largest")
     if return_weights:
         return SoftmaxPath("plain", "return_weights=True: only the plain path makes the weights")
     if windows == "global" and x.device.type != "cpu":

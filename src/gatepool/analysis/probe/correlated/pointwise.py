@@ -348,7 +348,7 @@ class Pointwise:
         # variance near 0 and its standardized cumulants blow up; the next conv sums them anyway
         _, _, skew, kurt = _shape(law_moments(self.h, None, None))
         self.mom = law_moments(self.h, x.skew, x.kurt)
-        if x.skew is not None or x.kurt is not None:  # its own mean and variance; the correlation the normal's
+        if x.skew is not None or x.kurt is not None:  # its own mean and variance (the correlation: normal's)
             m, var, _, _ = _shape(self.mom)
             out = replace(out, mean=m, var=var)
         self._keep_for_backward()
