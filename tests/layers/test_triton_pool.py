@@ -168,6 +168,35 @@ def test_stats_are_the_c_ops_stats():
             torch.testing.assert_close(t_g.cpu(), c_g, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("kind", ["soft", "soft-per-channel", "attention"])
+def test_the_ops_cuda_kernels_take_log_tau(kind):
+    """The op's CUDA forward and backward with ``log_tau`` (soft-learned's parameter, the eager C++
+    operator's path on the CPU): τ = exp(log τ) goes into Triton and ∂L/∂log τ = ∂L/∂τ · τ comes out,
+    against the float64 plain path; and the same as the C kernel's ``log_tau``."""
+    x, scores, tau = make(2, kind, layout="channels_last")
+    geo = pool_geometry(x, 2, 3, 2, 1, 1, True)
+    g = fused_pool.encode(geo)
+    grad = torch.randn((x.shape[0], x.shape[1], *geo.out_size), dtype=torch.float64)
+    to = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    log_tau = to(tau.log())
+    out, stats = fused_pool._op_forward_cuda(to(x), to(scores), log_tau, g, log_tau=True)
+    gv, gs, gt = fused_pool._op_backward_cuda(to(grad), to(x), to(scores), log_tau, out, stats, g, True, True)
+    r_out, r_gv, r_gs, r_gt = reference(x, scores, tau, geo, grad)
+    tol = {"rtol": 1e-10, "atol": 1e-12}
+    torch.testing.assert_close(out.cpu(), r_out, **tol)
+    torch.testing.assert_close(gv.cpu(), r_gv, **tol)
+    torch.testing.assert_close(gt.cpu(), r_gt * tau, **tol)  # ∂L/∂log τ
+    if scores is not None:
+        torch.testing.assert_close(gs.cpu(), r_gs, **tol)
+    if fused_pool.available():
+        c_out, c_stats = torch.ops.gatepool.softmax_pool(x, scores, tau.log(), g, True)
+        backward = torch.ops.gatepool.softmax_pool_backward
+        c_grads = backward(grad, x, scores, tau.log(), c_out, c_stats, g, True, True)
+        for c_g, t_g in zip((c_out, *c_grads), (out, gv, gs, gt)):
+            if t_g is not None:
+                torch.testing.assert_close(t_g.cpu(), c_g, **tol)
+
+
 def test_overlapping_backward_is_deterministic_and_covers_every_input():
     """k=3, s=2, p=1: inputs read by up to 4 windows (2-D); the gather writes each gradient once."""
     x, _, tau = make(2, "soft-per-channel", dtype=torch.float32, shape=(2, 5, 9, 9))
