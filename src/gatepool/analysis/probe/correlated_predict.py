@@ -7,10 +7,11 @@
 ``predict_correlated(model, input_stats)`` traces ``model`` with the probe's :func:`graph.trace` (its
 :class:`graph.Untraceable` when torch cannot), the modules with a correlated rule (:mod:`correlated`) as
 leaves, everything else traced through; it never runs the model
-on data and puts no hook on it. Forward node by node, each tensor node's :class:`correlated.Field`;
-backward in reverse from ∂L/∂logits ~ N(0, 1) (the lecture's unit-noise seed), a node used twice
-getting the sum of its two (independent) gradients. A node without a rule has no prediction, nor has
-anything computed from it; ``notes`` says which. Two shapes are carried past a Gaussian: a max pool
+on data and puts no hook on it. :class:`graph.Walk` walks it, the loop the ideal's walk uses too:
+forward node by node, each tensor node's :class:`correlated.Field`; backward in reverse from
+∂L/∂logits ~ N(0, 1) (the lecture's unit-noise seed), a node used twice getting the sum of its two
+(independent) gradients (:func:`correlated.add_grads`). A node without a rule has no prediction, nor
+has anything computed from it; ``notes`` says which. Two shapes are carried past a Gaussian: a max pool
 whose input is a ReLU's output draws the ReLU's input (``MaxPool.forward(x, pre=...)``), and an add of
 a ReLU's output and another tensor marks the sum b + ReLU(y) (``Field.parts``) for the ReLU after it.
 A parameter or buffer (a ``get_attr`` node), and whatever is computed from such constants alone
@@ -41,7 +42,7 @@ from gatepool.analysis.probe.correlated.maxpool import maxpool_rule
 from gatepool.analysis.probe.correlated.pointwise import gelu_rule
 from gatepool.analysis.probe.correlated.registry import register_correlated_rule, rule_for
 from gatepool.analysis.probe.correlated.steps import Identity, Steps
-from gatepool.analysis.probe.graph import trace
+from gatepool.analysis.probe.graph import NoPrediction, Walk, trace
 
 __all__ = ["CorrelatedPrediction", "CorrelatedRow", "predict_correlated", "register_correlated_rule"]
 
@@ -589,6 +590,318 @@ class CorrelatedPrediction:
         return {"notes": list(self.notes), "modules": [r.to_dict() for r in self.rows.values()]}
 
 
+class _Walk(Walk):
+    """The correlated walk: each node's :class:`correlated.Field` (``visit``), a tensor's two gradients
+    added (``correlated.add_grads``), each step's gradient to its inputs (``pull``)."""
+
+    def __init__(self, gm: fx.GraphModule, exact_lags: int, batch: int | None) -> None:
+        nodes = list(gm.graph.nodes)
+        out = nodes[-1].args[0]  # the output node's
+        super().__init__(gm, nodes[0], out if isinstance(out, fx.Node) else None)
+        self.exact_lags, self.batch = exact_lags, batch
+        self.const: dict[fx.Node, object] = {}  # parameters, buffers, maps' sizes, what is computed from them
+        self.planned: dict[fx.Node, object] = {}  # the later steps of a chain recognised whole (a shuffle)
+        self.dims: dict[fx.Node, tuple] = {nodes[0]: _CHW}  # a tensor's dims after the batch (_permuted)
+        self.pieces: dict[fx.Node, list] = {}  # a split's channel ranges, for the getitems of its pieces
+
+    def visit(self, n: fx.Node) -> cr.Field | None:
+        """Node ``n``'s field from its inputs' (:class:`graph.NoPrediction`: why it has none); a constant
+        (a parameter, a map's size, what is computed from them alone) goes to ``const`` instead."""
+        value, inputs, const, dims = self.value, self.inputs, self.const, self.dims
+        if n.op == "get_attr":
+            const[n] = functools.reduce(getattr, str(n.target).split("."), self.gm)
+            return None
+        size = _size(n, value, dims)
+        if size is not None:
+            const[n] = size
+            return None
+        found = _node_args(n)
+        if found and n.op.startswith("call_") and all(a in const for a in found):
+            try:
+                const[n] = _fold(n, const, self.gm)
+            except Exception as e:  # noqa: BLE001 (any op on constants: no prediction, the reason kept)
+                raise NoPrediction(f"{n.name}: {type(e).__name__} on constants") from None
+            raise NoPrediction(f"{n.name}: a constant (of parameters alone): no field to predict")
+        if n.op == "placeholder":  # an optional input (attn_mask=None): its default
+            const[n] = n.args[0] if n.args else None
+            return None
+        args = inputs[n] = [a for a in found if a not in const]
+        if any(value.get(a) is None for a in args):
+            raise NoPrediction(f"no input for {n.name}")
+        if not args:
+            raise NoPrediction(f"{n.name}: no rule")
+        layout = dims[n] = dims.get(args[0], _CHW)  # as its first input's unless the step changes it
+        try:
+            return self._step(n, args, layout)
+        except NotImplementedError as e:
+            raise NoPrediction(f"{n.name}: {e}") from None
+
+    def _step(self, n: fx.Node, args: list[fx.Node], layout: tuple) -> cr.Field:
+        """The step of node ``n`` (into ``steps[n]``) and its field; NotImplementedError where no rule has
+        one."""
+        value, steps, inputs, const, dims = self.value, self.steps, self.inputs, self.const, self.dims
+        planned, pieces = self.planned, self.pieces
+        if n in planned:
+            steps[n] = planned.pop(n)
+            out = steps[n].forward(value[args[0]])
+        elif (chain := _shuffle(n, value[args[0]].shape, const)) is not None:
+            *between, last = chain[0]
+            planned.update({m: Identity() for m in between})
+            planned[last] = cr.ChannelShuffle(chain[1])
+            out, steps[n] = value[args[0]], Identity()
+        elif n.target in (_F.channel_shuffle, torch.channel_shuffle):
+            groups = n.kwargs.get("groups", n.args[1] if len(n.args) > 1 else None)
+            if not isinstance(groups, int):
+                raise NotImplementedError("channel shuffle with a traced group count")
+            step = cr.ChannelShuffle(groups)
+            out = step.forward(value[args[0]])
+            steps[n] = step
+        elif n.target in _PERMUTES or n.target in _TRANSPOSES:
+            dims[n] = _permuted(n, layout)
+            out, steps[n] = value[args[0]], Identity()
+        elif n.target is operator.getitem and isinstance(steps.get(args[0]), cr.Attention):
+            if n.args[1] != 0:
+                raise NotImplementedError("the attention weights")
+            out, steps[n] = value[args[0]], Identity()
+        elif n.target in _SPLITS:  # the pieces are its getitems
+            pieces[n] = _split_ranges(n, value[args[0]].shape[0], layout, const)
+            out, steps[n] = value[args[0]], Identity()
+        elif n.target is operator.getitem and args[0] in pieces:
+            if not isinstance(n.args[1], int):
+                raise NotImplementedError(f"the pieces of a split taken by {n.args[1]!r}")
+            step = cr.ChannelSlice(*pieces[args[0]][n.args[1]])
+            out, steps[n] = step.forward(value[args[0]]), step
+        elif n.target is operator.getitem and (
+            step := _channel_slice(n, value[args[0]].shape[0], layout)
+        ) is not None:
+            out, steps[n] = step.forward(value[args[0]]), step
+        elif n.target is operator.getitem and (step := _token_slice(n, value[args[0]], layout)):
+            out, steps[n] = step.forward(value[args[0]]), step
+        elif n.target is operator.getitem:
+            step = _select(n, layout)
+            out, steps[n], dims[n] = step.forward(value[args[0]]), step, ("C",)
+        elif n.op == "call_module":
+            m = self.gm.get_submodule(str(n.target))
+            make = rule_for(m)
+            if make is None:
+                raise NotImplementedError(f"no correlated rule for {type(m).__name__}")
+            step = _in_layout(m, make(m), value[args[0]], layout)
+            if isinstance(m, nn.Flatten) and value[args[0]].shape[1:] != (1, 1):
+                if layout != _CHW or (m.start_dim, m.end_dim) not in ((1, -1), (1, 3), (-3, -1)):
+                    raise NotImplementedError("flatten of a map with positions but into (N, C·H·W)")
+                dims[n] = _FLATTENED
+            if isinstance(step, cr.FlatLinear):
+                dims[n] = ("C",)
+            for part in getattr(step, "steps", (step,)):  # a timm norm-and-activation: its parts
+                if isinstance(part, cr.BatchNorm):
+                    part.batch = self.batch
+                if isinstance(part, cr.ReLU):
+                    part.R = self.exact_lags
+            if isinstance(step, cr.Attention):  # self-attention: query, key and value one tensor
+                if len(set(args)) != 1 or layout != ("W", "C"):
+                    raise NotImplementedError("attention but batch-first self-attention on tokens")
+                inputs[n] = args[:1]
+            pre = _relu_input(args[0], steps, inputs) if isinstance(step, cr.MaxPool) else None
+            if pre is not None:  # max ReLU = ReLU max
+                out = step.forward(value[args[0]], pre=pre)
+            else:
+                out = step.forward(value[args[0]])
+            if isinstance(step, cr.Conv) and value[args[0]].law is not None:  # a sparse input's law
+                out.law = cr.conv_law(value[args[0]], step, out)
+            steps[n] = step
+        elif n.op != "call_module" and (make := registry.RULES.lookup(n.target)) is not None:
+            if len(args) != 1:
+                raise NotImplementedError(f"a registered rule maps one tensor, not {len(args)}")
+            given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, value.get(a)))
+            step = make(*given[0], **given[1])
+            out = step.forward(value[args[0]])
+            steps[n] = step
+        elif n.target in _ADDS and len(args) == 1 and len(n.args) == 2:  # x + a constant
+            c = next(const.get(v, v) for v in n.args if v is not args[0])
+            if isinstance(c, bool) or not isinstance(c, (int, float, torch.Tensor)):
+                raise NotImplementedError(f"a sum with a {type(c).__name__}")
+            step = cr.Shift(_to_field(c, layout))
+            out, steps[n] = step.forward(value[args[0]]), step
+        elif n.target in _SUBS and len(args) == 2 and len(n.args) == 2:  # pool(x) − x
+            i = next((i for i in (0, 1) if inputs.get(n.args[i]) == [n.args[1 - i]]), None)
+            a, b = (None, None) if i is None else (n.args[i], n.args[1 - i])  # a = A b
+            A = None if a is None else _positions_matrix(steps.get(a), value[b])
+            if A is None or len(a.users) != 1 or A.shape[0] != A.shape[1]:
+                raise NotImplementedError("a difference of two tensors: x − A x or A x − x, A a "
+                                          "fixed map of x's positions (a pool), only")  # fmt: skip
+            eye = torch.eye(len(A), dtype=A.dtype)
+            step = _Difference(A - eye if i == 0 else eye - A, value[b].shape[1:], i)
+            out, steps[n] = step.forward(value[b]), step
+            inputs[a] = []  # its gradient is the output's; x's goes through A − I here
+        elif n.target in _SUBS and len(args) == 1 and len(n.args) == 2:  # x − c, c − x
+            c = next(const.get(v, v) for v in n.args if v is not args[0])
+            if isinstance(c, bool) or not isinstance(c, (int, float, torch.Tensor)):
+                raise NotImplementedError(f"a difference with a {type(c).__name__}")
+            c = _to_field(c, layout)
+            step = cr.Shift(-c) if n.args[0] is args[0] else Steps(cr.Scale(-1.0), cr.Shift(c))
+            out, steps[n] = step.forward(value[args[0]]), step
+        elif n.target in _ADDS and len(args) == 2 and len(n.args) == 2:
+            if dims.get(args[1], _CHW) != layout:
+                raise NotImplementedError("a sum of tensors of two layouts")
+            out = cr.add(value[args[0]], value[args[1]])
+            relus = [isinstance(steps.get(a), cr.ReLU) for a in args]
+            r = relus.index(True) if sum(relus) == 1 else None
+            if r is not None:  # b + ReLU(out): a ReLU after it takes the skewed sum's moments
+                stream = steps[args[r]].law
+                out = dataclasses.replace(out, parts=(value[args[1 - r]], stream))
+            else:  # a field with a law (a pool's, a norm's) and a normal: the sum's law
+                out = dataclasses.replace(out, law=cr.sum_law(*(value[a] for a in args)))
+            steps[n] = _Add(r)
+        elif n.target in _CATS and layout == ("W", "C"):  # along the tokens, constants too
+            dim = n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else 0)
+            if dim not in (1, -2):
+                raise NotImplementedError(f"cat of tokens along dim {dim}")
+            if any(dims.get(a) != layout for a in args):
+                raise NotImplementedError("cat of tensors of two layouts")
+            step = cr.TokenCat()
+            out = step.forward([_to_field(const[v], layout) if v in const else value[v]
+                                     for v in n.args[0]])
+            steps[n] = step
+        elif n.target in _CATS:
+            if any(dims.get(a, _CHW) != layout for a in args):
+                raise NotImplementedError("cat of tensors of two layouts")
+            step = _cat(n, [value[a] for a in args], layout)
+            out = step.forward([value[a] for a in args])
+            steps[n] = step
+        elif (n.target in _MULS and len(args) == 2 and len(n.args) == 2
+              and len({value[a].shape for a in args}) == 1 and value[args[0]].shape[1:] != (1, 1)):
+            if dims.get(args[1], _CHW) != layout:  # a · b of two maps (StarNet's star)
+                raise NotImplementedError("a product of tensors of two layouts")
+            if _lineage(args[0], steps, inputs) & _lineage(args[1], steps, inputs):
+                raise NotImplementedError("a product of a tensor and a function of its own channels "
+                                          "(x · σ(x)): not two independent maps")  # fmt: skip
+            step = cr.Product()
+            out, steps[n] = step.forward([value[a] for a in args]), step
+        elif n.target in _MULS and len(args) == 2 and len(n.args) == 2:  # x · s, s a gate
+            if {dims.get(a, _CHW) for a in args} != {_CHW}:
+                raise NotImplementedError("a product of tensors that are not channels first")
+            step = cr.Gate()
+            out, steps[n] = step.forward([value[a] for a in args]), step
+        elif (n.target in _MULS or n.target in _DIVS) and len(args) == 1:
+            step = _scale(n, args[0], value[args[0]].shape, const, layout)
+            out = step.forward(value[args[0]])
+            steps[n] = step
+        elif layout == _CHW and _flattens_positions(n, value[args[0]], const):  # into tokens
+            step = cr.FlattenPositions()
+            out, steps[n], dims[n] = step.forward(value[args[0]]), step, ("C", "W")
+        elif n.target in _FLAT or (n.op == "call_method" and n.target in ("flatten", "view")):
+            f = value[args[0]]
+            if f.shape[1:] == (1, 1):
+                out, dims[n] = f, ("C",)
+            elif layout == _CHW and _flattens_map(n, f, const):  # a Linear then reads it whole
+                out, dims[n] = f, _FLATTENED
+            else:
+                raise NotImplementedError("flatten of a map with positions but into (N, C·H·W)")
+            steps[n] = Identity()
+        elif n.target is _F.linear:
+            given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
+            w, b = _call_args(lambda input, weight, bias=None: (weight, bias), given)
+            if len(args) != 1 or not isinstance(w, torch.Tensor) or isinstance(b, fx.Node):
+                raise NotImplementedError("linear of a tensor by a constant weight and bias only")
+            step = _linear(w, b, value[args[0]], layout)
+            out, steps[n] = step.forward(value[args[0]]), step
+            if isinstance(step, cr.FlatLinear):
+                dims[n] = ("C",)
+        elif n.target in _RELU or (n.op == "call_method" and n.target == "relu"):
+            step = cr.ReLU(self.exact_lags)
+            out = step.forward(value[args[0]])
+            steps[n] = step
+        elif n.target is _F.pad:
+            given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
+            pads, mode, fill = _call_args(lambda input, pad, mode="constant", value=None:
+                                          (pad, mode, value), given)  # fmt: skip
+            if mode not in ("constant", *cr.PAD_MODES) or layout != _CHW or len(pads) not in (2, 4):
+                raise NotImplementedError(f"pad in mode {mode!r} of {len(pads)} sides: a "
+                                          "map's (left, right[, top, bottom])")
+            if mode == "constant":
+                step = cr.Pad(*pads, *(0, 0)[: 4 - len(pads)], value=fill or 0.0)
+            else:  # copies of the map's own values: a fixed map of its positions
+                step = cr.ModePad(pads, mode)
+            out, steps[n] = step.forward(value[args[0]]), step
+        elif n.target in (_F.conv2d, torch.conv2d):  # by a constant weight (a blur pool's filter)
+            given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
+            conv = _call_args(_conv2d_call, given)
+            if len(args) != 1 or not isinstance(conv.weight, torch.Tensor) or layout != _CHW:
+                raise NotImplementedError("conv2d of a channels-first map by a constant weight only")
+            step = conv_rule(conv)
+            out, steps[n] = step.forward(value[args[0]]), step
+        elif n.target is torch.addcmul and len(args) == 1 and args[0] is not n.args[0]:
+            given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
+            c, t1, t2, v = _call_args(lambda input, tensor1, tensor2, *, value=1:
+                                      (input, tensor1, tensor2, value), given)  # fmt: skip
+            factor = t2 if isinstance(t1, fx.Node) else t1  # ResMLP's Affine: β + α · x
+            scale = cr.Scale(_factor(_to_field(factor * v, layout), value[args[0]].shape))
+            step = Steps(scale, cr.Shift(_to_field(c, layout)))
+            out, steps[n] = step.forward(value[args[0]]), step
+        elif n.target is _F.interpolate:
+            if layout != _CHW:
+                raise NotImplementedError(f"interpolate of a {layout} tensor (channels first only)")
+            given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
+            step = _call_args(lambda input, *a, **k: cr.Interpolate(*a, **k), given)
+            out, steps[n] = step.forward(value[args[0]]), step
+        elif n.target is _F.avg_pool2d:
+            given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
+            step = AvgPool2dStep(_call_args(lambda input, *a, **k: nn.AvgPool2d(*a, **k), given))
+            out, steps[n] = step.forward(value[args[0]]), step
+        elif n.target in (_F.max_pool2d, torch.max_pool2d):
+            given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
+            pool = _call_args(lambda input, *a, **k: nn.MaxPool2d(*a, **k), given)
+            if pool.return_indices:
+                raise NotImplementedError("max pool returning its indices")
+            step, pre = maxpool_rule(pool), _relu_input(args[0], steps, inputs)  # max ReLU = ReLU max
+            out, steps[n] = step.forward(value[args[0]], pre=pre), step
+        elif n.target is _F.adaptive_avg_pool2d:
+            size = n.kwargs.get("output_size", n.args[1] if len(n.args) > 1 else None)
+            step = AdaptiveAvgPool2dStep(nn.AdaptiveAvgPool2d(size))
+            out = step.forward(value[args[0]])
+            steps[n] = step
+        elif layout == ("W", "C") and _means_tokens(n):  # x.mean(1) of (N, T, C) tokens
+            step = AdaptiveAvgPool2dStep(nn.AdaptiveAvgPool2d(1))
+            out, steps[n], dims[n] = step.forward(value[args[0]]), step, ("C",)
+        elif layout == _CHW and _means_positions(n):  # x.mean([2, 3]): the global average pool
+            step = AdaptiveAvgPool2dStep(nn.AdaptiveAvgPool2d(1))
+            out, steps[n] = step.forward(value[args[0]]), step
+            if not n.kwargs.get("keepdim", n.args[2] if len(n.args) > 2 else False):
+                dims[n] = ("C",)
+        elif n.target is _F.dropout:
+            p = n.kwargs.get("p", n.args[1] if len(n.args) > 1 else 0.5)
+            training = n.kwargs.get("training", n.args[2] if len(n.args) > 2 else True)
+            if type(p) not in (int, float) or not isinstance(training, bool):
+                raise NotImplementedError("dropout with a traced p or training flag")
+            step = cr.Dropout(float(p), training)
+            out = step.forward(value[args[0]])
+            steps[n] = step
+        elif n.target in _POINTWISE or n.target is _F.gelu:
+            name = _POINTWISE.get(n.target)
+            step = cr.Pointwise(name) if name else gelu_rule(n.kwargs.get("approximate", "none"))
+            out = step.forward(value[args[0]])
+            steps[n] = step
+        else:
+            raise NotImplementedError(
+                f"no correlated rule for {n.op} {getattr(n.target, '__name__', n.target)}"
+            )
+        if isinstance(steps.get(n), cr.ReLU):
+            steps[n].R = self.exact_lags
+        return out
+
+    add = staticmethod(cr.add_grads)
+
+    def pull(self, n: fx.Node, g: cr.Field | None, parts: list) -> list[cr.Field | None]:
+        step, k = self.steps.get(n), len(self.inputs[n])
+        if g is None or step is None:
+            return [None] * k
+        if isinstance(step, _PER_INPUT):  # each input its own
+            return step.backward(g)
+        if isinstance(step, _Add):
+            return [step.backward_to(g, i) for i in range(k)]
+        return [step.backward(parts) if isinstance(step, cr.ReLU) else step.backward(g)] * k  # ReLU: by parts
+
+
 def predict_correlated(
     model: nn.Module,
     input_stats: cr.Field,
@@ -618,335 +931,15 @@ def predict_correlated(
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
         raise ValueError(f"batch must be None or an int >= 1, got {batch!r}")
     gm, calls = trace(model, _is_leaf)
-    nodes = list(gm.graph.nodes)
-    value: dict[fx.Node, cr.Field | None] = {}
-    steps: dict[fx.Node, object] = {}
-    why: dict[fx.Node, str] = {}
-    inputs: dict[fx.Node, list[fx.Node]] = {}
-    const: dict[fx.Node, object] = {}  # parameters, buffers, maps' sizes and what is computed from them
-    planned: dict[fx.Node, object] = {}  # the later steps of a chain recognised whole (a channel shuffle)
-    dims: dict[fx.Node, tuple] = {}  # the tensor's dims after the batch as the field's axes (_permuted)
-    pieces: dict[fx.Node, list] = {}  # a split's channel ranges, for the getitems that take its pieces
-    out_node = None
+    walk = _Walk(gm, exact_lags, batch)
     with torch.no_grad():
-        for n in nodes:
-            if n.op == "get_attr":
-                const[n] = functools.reduce(getattr, str(n.target).split("."), gm)
-                continue
-            size = _size(n, value, dims)
-            if size is not None:
-                const[n] = size
-                continue
-            found = _node_args(n)
-            if found and n.op.startswith("call_") and all(a in const for a in found):
-                try:
-                    const[n] = _fold(n, const, gm)
-                    why[n] = f"{n.name}: a constant (of parameters alone): no field to predict"
-                    continue
-                except Exception as e:  # noqa: BLE001 (any op on constants: no prediction, the reason kept)
-                    value[n], why[n] = None, f"{n.name}: {type(e).__name__} on constants"
-                    continue
-            args = [a for a in found if a not in const]
-            if n.op == "placeholder" and n is not nodes[0]:  # an optional input (attn_mask=None): its default
-                const[n] = n.args[0] if n.args else None
-                continue
-            if n.op == "placeholder":
-                value[n], dims[n] = input_stats, _CHW
-                continue
-            if n.op == "output":
-                out_node = n.args[0] if isinstance(n.args[0], fx.Node) else None
-                continue
-            inputs[n] = args
-            missing = next((a for a in args if value.get(a) is None), None)
-            if missing is not None or not args:
-                value[n] = None
-                why[n] = (
-                    why.get(missing, f"no input for {n.name}")
-                    if missing is not None
-                    else f"{n.name}: no rule"
-                )
-                continue
-            layout = dims.get(args[0], _CHW)
-            dims[n] = layout  # as its first input's unless the step changes it
-            try:
-                if n in planned:
-                    steps[n] = planned.pop(n)
-                    value[n] = steps[n].forward(value[args[0]])
-                elif (chain := _shuffle(n, value[args[0]].shape, const)) is not None:
-                    *between, last = chain[0]
-                    planned.update({m: Identity() for m in between})
-                    planned[last] = cr.ChannelShuffle(chain[1])
-                    value[n], steps[n] = value[args[0]], Identity()
-                elif n.target in (_F.channel_shuffle, torch.channel_shuffle):
-                    groups = n.kwargs.get("groups", n.args[1] if len(n.args) > 1 else None)
-                    if not isinstance(groups, int):
-                        raise NotImplementedError("channel shuffle with a traced group count")
-                    step = cr.ChannelShuffle(groups)
-                    value[n] = step.forward(value[args[0]])
-                    steps[n] = step
-                elif n.target in _PERMUTES or n.target in _TRANSPOSES:
-                    dims[n] = _permuted(n, layout)
-                    value[n], steps[n] = value[args[0]], Identity()
-                elif n.target is operator.getitem and isinstance(steps.get(args[0]), cr.Attention):
-                    if n.args[1] != 0:
-                        raise NotImplementedError("the attention weights")
-                    value[n], steps[n] = value[args[0]], Identity()
-                elif n.target in _SPLITS:  # the pieces are its getitems
-                    pieces[n] = _split_ranges(n, value[args[0]].shape[0], layout, const)
-                    value[n], steps[n] = value[args[0]], Identity()
-                elif n.target is operator.getitem and args[0] in pieces:
-                    if not isinstance(n.args[1], int):
-                        raise NotImplementedError(f"the pieces of a split taken by {n.args[1]!r}")
-                    step = cr.ChannelSlice(*pieces[args[0]][n.args[1]])
-                    value[n], steps[n] = step.forward(value[args[0]]), step
-                elif n.target is operator.getitem and (
-                    step := _channel_slice(n, value[args[0]].shape[0], layout)
-                ) is not None:
-                    value[n], steps[n] = step.forward(value[args[0]]), step
-                elif n.target is operator.getitem and (step := _token_slice(n, value[args[0]], layout)):
-                    value[n], steps[n] = step.forward(value[args[0]]), step
-                elif n.target is operator.getitem:
-                    step = _select(n, layout)
-                    value[n], steps[n], dims[n] = step.forward(value[args[0]]), step, ("C",)
-                elif n.op == "call_module":
-                    m = gm.get_submodule(str(n.target))
-                    make = rule_for(m)
-                    if make is None:
-                        raise NotImplementedError(f"no correlated rule for {type(m).__name__}")
-                    step = _in_layout(m, make(m), value[args[0]], layout)
-                    if isinstance(m, nn.Flatten) and value[args[0]].shape[1:] != (1, 1):
-                        if layout != _CHW or (m.start_dim, m.end_dim) not in ((1, -1), (1, 3), (-3, -1)):
-                            raise NotImplementedError("flatten of a map with positions but into (N, C·H·W)")
-                        dims[n] = _FLATTENED
-                    if isinstance(step, cr.FlatLinear):
-                        dims[n] = ("C",)
-                    for part in getattr(step, "steps", (step,)):  # a timm norm-and-activation: its parts
-                        if isinstance(part, cr.BatchNorm):
-                            part.batch = batch
-                        if isinstance(part, cr.ReLU):
-                            part.R = exact_lags
-                    if isinstance(step, cr.Attention):  # self-attention: query, key and value one tensor
-                        if len(set(args)) != 1 or layout != ("W", "C"):
-                            raise NotImplementedError("attention but batch-first self-attention on tokens")
-                        inputs[n] = args[:1]
-                    pre = _relu_input(args[0], steps, inputs) if isinstance(step, cr.MaxPool) else None
-                    if pre is not None:  # max ReLU = ReLU max
-                        value[n] = step.forward(value[args[0]], pre=pre)
-                    else:
-                        value[n] = step.forward(value[args[0]])
-                    if isinstance(step, cr.Conv) and value[args[0]].law is not None:  # a sparse input's law
-                        value[n].law = cr.conv_law(value[args[0]], step, value[n])
-                    steps[n] = step
-                elif n.op != "call_module" and (make := registry.RULES.lookup(n.target)) is not None:
-                    if len(args) != 1:
-                        raise NotImplementedError(f"a registered rule maps one tensor, not {len(args)}")
-                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, value.get(a)))
-                    step = make(*given[0], **given[1])
-                    value[n] = step.forward(value[args[0]])
-                    steps[n] = step
-                elif n.target in _ADDS and len(args) == 1 and len(n.args) == 2:  # x + a constant
-                    c = next(const.get(v, v) for v in n.args if v is not args[0])
-                    if isinstance(c, bool) or not isinstance(c, (int, float, torch.Tensor)):
-                        raise NotImplementedError(f"a sum with a {type(c).__name__}")
-                    step = cr.Shift(_to_field(c, layout))
-                    value[n], steps[n] = step.forward(value[args[0]]), step
-                elif n.target in _SUBS and len(args) == 2 and len(n.args) == 2:  # pool(x) − x
-                    i = next((i for i in (0, 1) if inputs.get(n.args[i]) == [n.args[1 - i]]), None)
-                    a, b = (None, None) if i is None else (n.args[i], n.args[1 - i])  # a = A b
-                    A = None if a is None else _positions_matrix(steps.get(a), value[b])
-                    if A is None or len(a.users) != 1 or A.shape[0] != A.shape[1]:
-                        raise NotImplementedError("a difference of two tensors: x − A x or A x − x, A a "
-                                                  "fixed map of x's positions (a pool), only")  # fmt: skip
-                    eye = torch.eye(len(A), dtype=A.dtype)
-                    step = _Difference(A - eye if i == 0 else eye - A, value[b].shape[1:], i)
-                    value[n], steps[n] = step.forward(value[b]), step
-                    inputs[a] = []  # its gradient is the output's; x's goes through A − I here
-                elif n.target in _SUBS and len(args) == 1 and len(n.args) == 2:  # x − c, c − x
-                    c = next(const.get(v, v) for v in n.args if v is not args[0])
-                    if isinstance(c, bool) or not isinstance(c, (int, float, torch.Tensor)):
-                        raise NotImplementedError(f"a difference with a {type(c).__name__}")
-                    c = _to_field(c, layout)
-                    step = cr.Shift(-c) if n.args[0] is args[0] else Steps(cr.Scale(-1.0), cr.Shift(c))
-                    value[n], steps[n] = step.forward(value[args[0]]), step
-                elif n.target in _ADDS and len(args) == 2 and len(n.args) == 2:
-                    if dims.get(args[1], _CHW) != layout:
-                        raise NotImplementedError("a sum of tensors of two layouts")
-                    value[n] = cr.add(value[args[0]], value[args[1]])
-                    relus = [isinstance(steps.get(a), cr.ReLU) for a in args]
-                    r = relus.index(True) if sum(relus) == 1 else None
-                    if r is not None:  # b + ReLU(y): a ReLU after it takes the skewed sum's moments
-                        stream = steps[args[r]].law
-                        value[n] = dataclasses.replace(value[n], parts=(value[args[1 - r]], stream))
-                    else:  # a field with a law (a pool's, a norm's) and a normal: the sum's law
-                        value[n] = dataclasses.replace(value[n], law=cr.sum_law(*(value[a] for a in args)))
-                    steps[n] = _Add(r)
-                elif n.target in _CATS and layout == ("W", "C"):  # along the tokens, constants too
-                    dim = n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else 0)
-                    if dim not in (1, -2):
-                        raise NotImplementedError(f"cat of tokens along dim {dim}")
-                    if any(dims.get(a) != layout for a in args):
-                        raise NotImplementedError("cat of tensors of two layouts")
-                    step = cr.TokenCat()
-                    value[n] = step.forward([value[v] if v in value else _to_field(const[v], layout)
-                                             for v in n.args[0]])
-                    steps[n] = step
-                elif n.target in _CATS:
-                    if any(dims.get(a, _CHW) != layout for a in args):
-                        raise NotImplementedError("cat of tensors of two layouts")
-                    step = _cat(n, [value[a] for a in args], layout)
-                    value[n] = step.forward([value[a] for a in args])
-                    steps[n] = step
-                elif (n.target in _MULS and len(args) == 2 and len(n.args) == 2
-                      and len({value[a].shape for a in args}) == 1 and value[args[0]].shape[1:] != (1, 1)):
-                    if dims.get(args[1], _CHW) != layout:  # a · b of two maps (StarNet's star)
-                        raise NotImplementedError("a product of tensors of two layouts")
-                    if _lineage(args[0], steps, inputs) & _lineage(args[1], steps, inputs):
-                        raise NotImplementedError("a product of a tensor and a function of its own channels "
-                                                  "(x · σ(x)): not two independent maps")  # fmt: skip
-                    step = cr.Product()
-                    value[n], steps[n] = step.forward([value[a] for a in args]), step
-                elif n.target in _MULS and len(args) == 2 and len(n.args) == 2:  # x · s, s a gate
-                    if {dims.get(a, _CHW) for a in args} != {_CHW}:
-                        raise NotImplementedError("a product of tensors that are not channels first")
-                    step = cr.Gate()
-                    value[n], steps[n] = step.forward([value[a] for a in args]), step
-                elif (n.target in _MULS or n.target in _DIVS) and len(args) == 1:
-                    step = _scale(n, args[0], value[args[0]].shape, const, layout)
-                    value[n] = step.forward(value[args[0]])
-                    steps[n] = step
-                elif layout == _CHW and _flattens_positions(n, value[args[0]], const):  # into tokens
-                    step = cr.FlattenPositions()
-                    value[n], steps[n], dims[n] = step.forward(value[args[0]]), step, ("C", "W")
-                elif n.target in _FLAT or (n.op == "call_method" and n.target in ("flatten", "view")):
-                    f = value[args[0]]
-                    if f.shape[1:] == (1, 1):
-                        value[n], dims[n] = f, ("C",)
-                    elif layout == _CHW and _flattens_map(n, f, const):  # a Linear then reads it whole
-                        value[n], dims[n] = f, _FLATTENED
-                    else:
-                        raise NotImplementedError("flatten of a map with positions but into (N, C·H·W)")
-                    steps[n] = Identity()
-                elif n.target is _F.linear:
-                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
-                    w, b = _call_args(lambda input, weight, bias=None: (weight, bias), given)
-                    if len(args) != 1 or not isinstance(w, torch.Tensor) or isinstance(b, fx.Node):
-                        raise NotImplementedError("linear of a tensor by a constant weight and bias only")
-                    step = _linear(w, b, value[args[0]], layout)
-                    value[n], steps[n] = step.forward(value[args[0]]), step
-                    if isinstance(step, cr.FlatLinear):
-                        dims[n] = ("C",)
-                elif n.target in _RELU or (n.op == "call_method" and n.target == "relu"):
-                    step = cr.ReLU(exact_lags)
-                    value[n] = step.forward(value[args[0]])
-                    steps[n] = step
-                elif n.target is _F.pad:
-                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
-                    pads, mode, fill = _call_args(lambda input, pad, mode="constant", value=None:
-                                                  (pad, mode, value), given)  # fmt: skip
-                    if mode not in ("constant", *cr.PAD_MODES) or layout != _CHW or len(pads) not in (2, 4):
-                        raise NotImplementedError(f"pad in mode {mode!r} of {len(pads)} sides: a "
-                                                  "map's (left, right[, top, bottom])")
-                    if mode == "constant":
-                        step = cr.Pad(*pads, *(0, 0)[: 4 - len(pads)], value=fill or 0.0)
-                    else:  # copies of the map's own values: a fixed map of its positions
-                        step = cr.ModePad(pads, mode)
-                    value[n], steps[n] = step.forward(value[args[0]]), step
-                elif n.target in (_F.conv2d, torch.conv2d):  # by a constant weight (a blur pool's filter)
-                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
-                    conv = _call_args(_conv2d_call, given)
-                    if len(args) != 1 or not isinstance(conv.weight, torch.Tensor) or layout != _CHW:
-                        raise NotImplementedError("conv2d of a channels-first map by a constant weight only")
-                    step = conv_rule(conv)
-                    value[n], steps[n] = step.forward(value[args[0]]), step
-                elif n.target is torch.addcmul and len(args) == 1 and args[0] is not n.args[0]:
-                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
-                    c, t1, t2, v = _call_args(lambda input, tensor1, tensor2, *, value=1:
-                                              (input, tensor1, tensor2, value), given)  # fmt: skip
-                    factor = t2 if isinstance(t1, fx.Node) else t1  # ResMLP's Affine: β + α · x
-                    scale = cr.Scale(_factor(_to_field(factor * v, layout), value[args[0]].shape))
-                    step = Steps(scale, cr.Shift(_to_field(c, layout)))
-                    value[n], steps[n] = step.forward(value[args[0]]), step
-                elif n.target is _F.interpolate:
-                    if layout != _CHW:
-                        raise NotImplementedError(f"interpolate of a {layout} tensor (channels first only)")
-                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
-                    step = _call_args(lambda input, *a, **k: cr.Interpolate(*a, **k), given)
-                    value[n], steps[n] = step.forward(value[args[0]]), step
-                elif n.target is _F.avg_pool2d:
-                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
-                    step = AvgPool2dStep(_call_args(lambda input, *a, **k: nn.AvgPool2d(*a, **k), given))
-                    value[n], steps[n] = step.forward(value[args[0]]), step
-                elif n.target in (_F.max_pool2d, torch.max_pool2d):
-                    given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
-                    pool = _call_args(lambda input, *a, **k: nn.MaxPool2d(*a, **k), given)
-                    if pool.return_indices:
-                        raise NotImplementedError("max pool returning its indices")
-                    step, pre = maxpool_rule(pool), _relu_input(args[0], steps, inputs)  # max ReLU = ReLU max
-                    value[n], steps[n] = step.forward(value[args[0]], pre=pre), step
-                elif n.target is _F.adaptive_avg_pool2d:
-                    size = n.kwargs.get("output_size", n.args[1] if len(n.args) > 1 else None)
-                    step = AdaptiveAvgPool2dStep(nn.AdaptiveAvgPool2d(size))
-                    value[n] = step.forward(value[args[0]])
-                    steps[n] = step
-                elif layout == ("W", "C") and _means_tokens(n):  # x.mean(1) of (N, T, C) tokens
-                    step = AdaptiveAvgPool2dStep(nn.AdaptiveAvgPool2d(1))
-                    value[n], steps[n], dims[n] = step.forward(value[args[0]]), step, ("C",)
-                elif layout == _CHW and _means_positions(n):  # x.mean([2, 3]): the global average pool
-                    step = AdaptiveAvgPool2dStep(nn.AdaptiveAvgPool2d(1))
-                    value[n], steps[n] = step.forward(value[args[0]]), step
-                    if not n.kwargs.get("keepdim", n.args[2] if len(n.args) > 2 else False):
-                        dims[n] = ("C",)
-                elif n.target is _F.dropout:
-                    p = n.kwargs.get("p", n.args[1] if len(n.args) > 1 else 0.5)
-                    training = n.kwargs.get("training", n.args[2] if len(n.args) > 2 else True)
-                    if type(p) not in (int, float) or not isinstance(training, bool):
-                        raise NotImplementedError("dropout with a traced p or training flag")
-                    step = cr.Dropout(float(p), training)
-                    value[n] = step.forward(value[args[0]])
-                    steps[n] = step
-                elif n.target in _POINTWISE or n.target is _F.gelu:
-                    name = _POINTWISE.get(n.target)
-                    step = cr.Pointwise(name) if name else gelu_rule(n.kwargs.get("approximate", "none"))
-                    value[n] = step.forward(value[args[0]])
-                    steps[n] = step
-                else:
-                    raise NotImplementedError(
-                        f"no correlated rule for {n.op} {getattr(n.target, '__name__', n.target)}"
-                    )
-                if isinstance(steps.get(n), cr.ReLU):
-                    steps[n].R = exact_lags
-            except NotImplementedError as e:
-                value[n], why[n] = None, f"{n.name}: {e}"
-
-        grad: dict[fx.Node, cr.Field | None] = {}
-        if backward is not None and out_node is not None and value.get(out_node) is not None:
-            parts: dict[fx.Node, list] = {out_node: [cr.unit_noise(value[out_node].shape[0])]}
-            for n in reversed(nodes):
-                if n.op == "output" or n not in parts:
-                    continue
-                ps = parts[n]
-                g = None if any(p is None for p in ps) else functools.reduce(cr.add_grads, ps)
-                grad[n] = g
-                if n.op == "placeholder":
-                    continue
-                step = steps.get(n)
-                gi = per_input = None
-                if g is not None and isinstance(step, _PER_INPUT):  # each input its own
-                    per_input = step.backward(g)
-                elif g is not None and step is not None and not isinstance(step, _Add):
-                    gi = (
-                        step.backward(ps) if isinstance(step, cr.ReLU) else step.backward(g)
-                    )  # ReLU: per part
-                for i, a in enumerate(inputs.get(n, [])):
-                    if g is not None and isinstance(step, _Add):
-                        gi = step.backward_to(g, i)
-                    if per_input is not None:
-                        gi = per_input[i]
-                    parts.setdefault(a, []).append(gi)
+        out = walk.forward(input_stats)
+        if backward is not None and out is not None:
+            walk.backward(cr.unit_noise(out.shape[0]))
+    value, grad, why, out_node = walk.value, walk.grad, walk.reason, walk.out
 
     rows: dict[str, CorrelatedRow] = {}
-    placeholder = next(n for n in nodes if n.op == "placeholder")
-    rows["(input)"] = CorrelatedRow("(input)", "input", input_stats, grad.get(placeholder))
+    rows["(input)"] = CorrelatedRow("(input)", "input", input_stats, grad.get(walk.input))
     for name, node in calls:
         if name in rows:  # a module called again: pooled with its first call
             rows[name].more.append((value.get(node), grad.get(node)))

@@ -1,16 +1,22 @@
-"""The rules walked through a ``torch.fx`` graph: any module that ``symbolic_trace`` can trace.
+"""One walk through a ``torch.fx`` graph for both predictors, and the ideal's rules on it.
 
-    forward   node by node in graph order: E[x], Var(x) of every tensor node from its inputs'
-    backward  node by node in reverse: E[g²] of every tensor node, summed over the nodes it feeds
-              (``x`` used twice gets ``g₁ + g₂``: E[g²] = E[g₁²] + E[g₂²], the two independent)
+    forward   node by node in graph order: each node's value from its inputs' (``visit``); a node
+              without one keeps why: its first input without one's reason, else its own
+    backward  node by node in reverse, from the output's gradient: each node's gradient the sum of those
+              its users sent it (``add``; unknown if one of them is), then its inputs' (``pull``)
 
-A module with a rule (:func:`rules.rule_for`, ``nn.Sequential`` aside) is one ``call_module`` node whose
-step the caller builds (``predict`` builds it as it builds any module); every other module is traced
-through, and its output node stands for it. ``call_function`` / ``call_method`` nodes follow
-:mod:`functions`; ``get_attr`` tensors (a parameter used in the forward) enter with their own mean and
-Var. A node without a rule has no prediction, and neither has anything computed from it; ``reason``
-says which node it was. A module that cannot be traced (data-dependent control flow, several inputs)
-raises :class:`Untraceable` with torch's reason: the caller falls back to module-by-module rules.
+:class:`Walk` is that loop, on any state: the ideal's (:class:`GraphWalk`, ``Moments`` and
+``GradMoments``: E[x], Var and E[g²] of every tensor node, ``x`` used twice getting E[g₁²] + E[g₂²], the
+two independent) and the correlated prediction's (``correlated_predict``, a ``correlated.Field`` a node).
+:func:`trace` gives both their graph.
+
+In :class:`GraphWalk` a module with a rule (:func:`rules.rule_for`, ``nn.Sequential`` aside) is one
+``call_module`` node whose step the caller builds (``predict`` builds it as it builds any module); every
+other module is traced through, and its output node stands for it. ``call_function`` / ``call_method``
+nodes follow :mod:`functions`; ``get_attr`` tensors (a parameter used in the forward) enter with their own
+mean and Var. A node without a rule has no prediction, and neither has anything computed from it;
+``reason`` says which node it was. A module that cannot be traced (data-dependent control flow, several
+inputs) raises :class:`Untraceable` with torch's reason: the caller falls back to module-by-module rules.
 
     ASSUMPTIONS: every tensor node's elements are independent and (for the nonlinear rules) normal with
     the propagated mean and Var; the inputs of an add are independent (residual add: Var = Var_a + Var_b).
@@ -18,6 +24,7 @@ raises :class:`Untraceable` with torch's reason: the caller falls back to module
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -29,7 +36,7 @@ import torch.nn as nn
 from gatepool.analysis.probe.functions import Call, TensorIn, as_op, function_rule_for
 from gatepool.analysis.probe.rules import GradMoments, Moments, NoRule, rule_for
 
-__all__ = ["GraphWalk", "Step", "Untraceable", "trace"]
+__all__ = ["GraphWalk", "NoPrediction", "Step", "Untraceable", "Walk", "trace"]
 
 
 class Untraceable(Exception):
@@ -84,6 +91,69 @@ def trace(
     return fx.GraphModule(module, graph), tracer.calls
 
 
+class NoPrediction(Exception):
+    """A node without a value; the message says why."""
+
+
+class Walk:
+    """The graph of ``gm`` walked forward from ``input``'s value and backward from ``out``'s gradient.
+
+    A subclass gives the state's operations: ``visit(n)`` node ``n``'s value from its inputs' (setting
+    ``inputs[n]``, the nodes its gradient goes back to, and ``steps[n]``, what its ``pull`` needs), or
+    :class:`NoPrediction` with why; a node it gives no ``inputs`` (a constant, a size) is not walked
+    back. ``add(a, b)`` the gradient of a tensor used twice; ``pull(n, g, parts)`` one gradient for
+    each of ``inputs[n]`` from ``n``'s ``g`` (the sum of its ``parts``); ``seeds(g)`` where the backward
+    starts. After a walk ``value``, ``reason`` (why a value is None), ``grad`` hold the figures by node.
+    """
+
+    def __init__(self, gm: fx.GraphModule, input: fx.Node, out: fx.Node | None) -> None:
+        self.gm, self.nodes, self.input, self.out = gm, list(gm.graph.nodes), input, out
+        self.value: dict[fx.Node, Any] = {}
+        self.reason: dict[fx.Node, str] = {}
+        self.inputs: dict[fx.Node, list[fx.Node]] = {}
+        self.steps: dict[fx.Node, Any] = {}
+        self.grad: dict[fx.Node, Any] = {}
+
+    def visit(self, n: fx.Node) -> Any:
+        raise NotImplementedError
+
+    def add(self, a, b):
+        raise NotImplementedError
+
+    def pull(self, n: fx.Node, g, parts: list) -> list:
+        raise NotImplementedError
+
+    def seeds(self, g) -> dict[fx.Node, Any]:
+        """Where the backward starts: ``g`` at the output."""
+        return {} if self.out is None else {self.out: g}
+
+    def forward(self, x):
+        """Every node's value, in graph order, from the input's ``x``; returns the output's."""
+        self.value, self.reason, self.inputs, self.steps = {self.input: x}, {}, {self.input: []}, {}
+        for n in self.nodes:
+            if n is self.input or n.op == "output":
+                continue
+            try:
+                self.value[n] = self.visit(n)
+            except NoPrediction as e:  # the first node without a value says why, for all after it
+                missing = next((a for a in self.inputs.get(n, ()) if self.value.get(a) is None), None)
+                self.value[n], self.reason[n] = None, self.reason.get(missing) or str(e)
+        return self.value.get(self.out)
+
+    def backward(self, g):
+        """Every node's gradient, in reverse, from the output's ``g``; returns the input's."""
+        parts = {n: [s] for n, s in self.seeds(g).items()}  # what each node's users sent it
+        self.grad = {}
+        for n in reversed(self.nodes):
+            if n not in parts or n not in self.inputs:
+                continue
+            ps = parts[n]
+            self.grad[n] = None if any(p is None for p in ps) else functools.reduce(self.add, ps)
+            for a, ga in zip(self.inputs[n], self.pull(n, self.grad[n], ps)):
+                parts.setdefault(a, []).append(ga)
+        return self.grad.get(self.input)
+
+
 class _ShapePass(fx.Interpreter):
     """Every node's value on zeros of batch 1: its shape for tensors (batch put back), else the value."""
 
@@ -106,20 +176,8 @@ class _ShapePass(fx.Interpreter):
         return out
 
 
-def _combine(parts: list[GradMoments | None]) -> GradMoments | None:
-    """E[g²] of a sum of independent gradients; exact zero only where every part is (independent)."""
-    if not parts or any(p is None for p in parts):
-        return None
-    if len(parts) == 1:
-        return parts[0]
-    zero = 1.0
-    for p in parts:
-        zero = None if zero is None or p.zero is None else zero * p.zero
-    return GradMoments(sum(p.e2 for p in parts), zero)
-
-
-class GraphWalk:
-    """The traced graph of ``module``, walked forward from one input's moments and backward from E[g²].
+class GraphWalk(Walk):
+    """The ideal's walk: one input's moments forward, E[g²] backward, through the traced ``module``.
 
     ``make_step(name, module, io)`` builds the step of a module with a rule (``io``: its input and
     output shapes in this call); after a walk ``value[node]`` / ``grad[node]`` hold the figures,
@@ -133,26 +191,24 @@ class GraphWalk:
         border: str,
         make_step: Callable[[str, nn.Module, tuple | None], Step],
     ) -> None:
-        self.gm, self.calls = trace(module)
-        self.nodes = list(self.gm.graph.nodes)
-        placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        gm, self.calls = trace(module)
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         required = [n for n in placeholders if not n.args]  # a placeholder with a default is optional
         if len(required) != 1:
             raise Untraceable(f"the forward takes {len(required)} tensor inputs; the walk follows one")
-        self.input = required[0]
+        out = next(n for n in reversed(gm.graph.nodes) if n.op == "output").args[0]
+        if isinstance(out, (tuple, list)):  # several outputs: the walk follows the first
+            out = out[0] if out else None
+        super().__init__(gm, required[0], out if isinstance(out, fx.Node) else None)
         self.info = self._shape_pass(module, input_shape, placeholders)
         self.border = border
-        self.steps: dict[fx.Node, Any] = {}
-        self.reason: dict[fx.Node, str] = {}
+        self.module_steps: dict[fx.Node, Step] = {}
         for n in self.nodes:
             if n.op == "call_module":
                 io = (self._shape(n.args[0]) if n.args else None, self._shape(n))
-                self.steps[n] = make_step(
+                self.module_steps[n] = make_step(
                     str(n.target), self.gm.get_submodule(str(n.target)), io if None not in io else None
                 )
-        self.value: dict[fx.Node, Moments | None] = {}
-        self.grad: dict[fx.Node, GradMoments | None] = {}
-        self.input_grad: GradMoments | None = None
 
     # -- shapes -------------------------------------------------------------------------------------
 
@@ -201,90 +257,55 @@ class GraphWalk:
         shapes = tuple(self._shape(t) for t in tensors)
         return Call(n.target, args, kwargs, shapes, self._shape(n), self.border), tensors
 
-    # -- the walk -----------------------------------------------------------------------------------
+    # -- the state's operations ---------------------------------------------------------------------
 
-    def forward(self, x: Moments | None) -> Moments | None:
-        self.value, self.reason, self._ops = {}, {}, {}
-        out = None
-        for n in self.nodes:
-            if n.op == "placeholder":
-                self.value[n] = x if n is self.input else None
-                if n is not self.input:
-                    self.reason[n] = f"input {n.name} not followed"
-            elif n.op == "get_attr":
-                t = _attr(self.gm, str(n.target))
-                self.value[n] = None if t is None else _moments_of(t)
-            elif n.op == "call_module":
-                src = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
-                xin = self.value.get(src) if src is not None else None
-                self.value[n] = _finite(self.steps[n].forward(xin))
-                if self.value[n] is None:
-                    self.reason[n] = self.reason.get(src) or f"no prediction for {n.target}"
-            elif n.op in ("call_function", "call_method"):
-                if n in self.info and self.info[n][0] != "tensor":
-                    continue  # x.size(0), a tuple: not a tensor node (a node the shape pass never reached
-                    # is tried: its rule says what it lacks)
-                self.value[n] = self._apply(n)
-            elif n.op == "output":
-                src = n.args[0]
-                if isinstance(src, (tuple, list)):  # several outputs: the walk follows the first
-                    src = src[0] if src else None
-                out = self.value.get(src) if isinstance(src, fx.Node) else None
-                self._out = src
-        return out
-
-    def _apply(self, n: fx.Node) -> Moments | None:
+    def visit(self, n: fx.Node) -> Moments | None:
+        if n.op == "placeholder":
+            self.inputs[n] = []
+            raise NoPrediction(f"input {n.name} not followed")
+        if n.op == "get_attr":  # a parameter: its own moments (a constant, not walked back)
+            t = _attr(self.gm, str(n.target))
+            return None if t is None else _moments_of(t)
+        if n.op == "call_module":
+            src = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
+            self.inputs[n], self.steps[n] = [] if src is None else [src], self.module_steps[n]
+            y = _finite(self.steps[n].forward(self.value.get(src)))  # a norm's output needs no input
+            if y is None:
+                raise NoPrediction(f"no prediction for {n.target}")
+            return y
+        if n in self.info and self.info[n][0] != "tensor":
+            return None  # x.size(0), a tuple: not a tensor node (a node the shape pass never reached
+            # is tried: its rule says what it lacks)
+        call, self.inputs[n] = self._call(n)
         rule = function_rule_for(n.target)
-        call, tensors = self._call(n)
         if rule is None:
-            self.reason[n] = f"no rule for {n.op} {_name(n.target)} ({n.name})"
-            return None
+            raise NoPrediction(f"no rule for {n.op} {_name(n.target)} ({n.name})")
         try:
-            op = as_op(rule(call))
-            self._ops[n] = (op, tensors)
-            y = _finite(op.forward([self.value.get(t) for t in tensors]))
+            self.steps[n] = as_op(rule(call))
+            return _finite(self.steps[n].forward([self.value.get(t) for t in self.inputs[n]]))
         except NoRule as e:
-            missing = next((t for t in tensors if self.value.get(t) is None), None)
-            self.reason[n] = self.reason.get(missing) if missing is not None else None
-            self.reason[n] = self.reason[n] or f"{_name(n.target)} ({n.name}): {e}"
-            return None
-        return y
+            raise NoPrediction(f"{_name(n.target)} ({n.name}): {e}") from None
 
-    def backward(self, g: GradMoments | None) -> GradMoments | None:
-        parts: dict[fx.Node, list[GradMoments | None]] = {}
-        if getattr(self, "_out", None) is not None:
-            parts[self._out] = [g]
-        self.grad = {}
-        for n in reversed(self.nodes):
-            if n.op in ("output", "get_attr") or n not in self.value:
-                continue
-            total = _combine(parts.get(n, []))
-            self.grad[n] = total
-            if n.op == "placeholder":
-                if n is self.input:
-                    self.input_grad = total
-                continue
-            if n.op == "call_module":
-                src = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
-                gi = self.steps[n].backward(total)
-                if src is not None:
-                    parts.setdefault(src, []).append(gi)
-                continue
-            op, tensors = self._ops.get(n, (None, []))
-            if op is None:  # no rule: every input's gradient is unknown
-                _, tensors = self._call(n)
-                gis = [None] * len(tensors)
-            elif total is None:
-                gis = [None] * len(tensors)
-            else:
-                try:
-                    gis = list(op.backward(total, [self.value.get(t) for t in tensors]))
-                except NoRule:
-                    gis = [None] * len(tensors)
-            for t, gi in zip(tensors, gis):
-                if t.op != "get_attr":
-                    parts.setdefault(t, []).append(gi)
-        return self.input_grad
+    def add(self, a: GradMoments, b: GradMoments) -> GradMoments:
+        """E[g²] of a sum of independent gradients; exact zero only where both are."""
+        return GradMoments(a.e2 + b.e2, None if a.zero is None or b.zero is None else a.zero * b.zero)
+
+    def pull(self, n: fx.Node, g: GradMoments | None, parts: list) -> list[GradMoments | None]:
+        step, xs = self.steps.get(n), self.inputs[n]
+        if n.op == "call_module":
+            return [step.backward(g)]  # a module's step records its rows, g None too
+        if step is None or g is None:
+            return [None] * len(xs)
+        try:
+            return list(step.backward(g, [self.value.get(t) for t in xs]))
+        except NoRule:
+            return [None] * len(xs)
+
+    def seeds(self, g: GradMoments | None) -> dict[fx.Node, GradMoments | None]:
+        """``g`` at the output; a tensor no node reads (the graph's other outputs, a value computed and
+        dropped) has an unknown gradient, and so has every tensor it is computed from."""
+        read = {a for xs in self.inputs.values() for a in xs}
+        return {**{n: None for n in self.inputs if n not in read}, **super().seeds(g)}
 
 
 def _attr(gm: fx.GraphModule, target: str) -> torch.Tensor | None:

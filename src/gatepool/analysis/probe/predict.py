@@ -242,7 +242,7 @@ class _Graph(_Node):
     def forward(self, x):
         y = self.walk.forward(x)
         self._fill()
-        reason = self.walk.reason.get(self.walk._out, "no prediction")
+        reason = self.walk.reason.get(self.walk.out, "no prediction")
         self.rec.note = "" if y is not None else f"no rule for {self.rec.kind}; traced by torch.fx: {reason}"
         return self._set_fwd(y)
 
