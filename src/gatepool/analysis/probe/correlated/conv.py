@@ -88,6 +88,11 @@ class Conv:
                 dense[g * per : (g + 1) * per, g * ci_g : (g + 1) * ci_g] = W[g * per : (g + 1) * per]
             W = dense
         self.W = W
+        # depthwise (each output reads one input channel): its own weights (Co, k) and that channel,
+        # so the pairs' products skip the dense form's Ci-fold zeros
+        depthwise = groups > 1 and weight.shape[1] == 1
+        self.src = torch.arange(W.shape[0]) // (W.shape[0] // groups) if depthwise else None
+        self.Wd = weight.detach().to("cpu", _DT).flatten(1) if depthwise else None
         self.b = None if bias is None else bias.detach().to("cpu", _DT)
         self.stride, self.padding = stride, padding
 
@@ -148,8 +153,12 @@ class Conv:
             X *= R
             X[0] *= 0.5
             Z[0] *= 0.5
-            ww = Wt[:, j : j + 1] * Wt[:, j:]  # (Co, k − j, Ci): W_j W_l
-            U += ww.reshape(Co, -1) @ torch.cat([X.reshape(-1, n), Z.reshape(-1, m)], 1)
+            XZ = torch.cat([X.reshape(len(X), -1, n), Z.reshape(len(X), -1, m)], 2)  # (k − j, Ci, n + m)
+            if self.src is not None:  # depthwise: output o's pairs read its own channel only
+                U += torch.einsum("ol,lon->on", self.Wd[:, j : j + 1] * self.Wd[:, j:], XZ[:, self.src])
+            else:
+                ww = Wt[:, j : j + 1] * Wt[:, j:]  # (Co, k − j, Ci): W_j W_l
+                U += ww.reshape(Co, -1) @ XZ.reshape(-1, n + m)
         var = (2 * U[:, n:]).reshape(Co, Ho, Wo).clamp_min(0)
         U = U[:, :n].reshape(Co, *size)
         T = U + U.flip((-2, -1))
@@ -216,9 +225,7 @@ class Conv:
             for c2 in range(c1, len(classes)):
                 pairs = [(j, l) for j in members[c1] for l in members[c2] if c2 > c1 or l >= j]
                 jj, ll = torch.tensor(pairs).T
-                ww = Wk.index_select(0, jj) * Wk.index_select(0, ll)  # (J, Ci, Co): W_j W_l
-                if c2 == c1:
-                    ww *= torch.where(jj == ll, 0.5, 1.0).to(_DT)[:, None, None]
+                half = torch.where(jj == ll, 0.5, 1.0).to(_DT) if c2 == c1 else torch.ones(len(jj), dtype=_DT)
                 lags = []  # per pair: the output lag Δ of its var term (None: the two taps never meet)
                 for j, l in pairs:
                     dh, dw = taps[j][0] - taps[l][0], taps[j][1] - taps[l][1]
@@ -226,7 +233,13 @@ class Conv:
                     lags.append((dh // sh, dw // sw) if meet else None)
                 used = list(dict.fromkeys(d for d in lags if d is not None))
                 cols = torch.cat([Y[c2 - c1]] + [cov(*d) for d in used], 1)
-                out = (ww.reshape(-1, Co) @ cols).reshape(len(pairs), Ci, -1)  # (J, Ci, n + |used|·m)
+                if self.src is not None:  # depthwise: each output's pair lands on its own input channel
+                    wd = (self.Wd[:, jj] * self.Wd[:, ll]).T * half[:, None]  # (J, Co)
+                    out = torch.zeros((len(pairs), Ci, cols.shape[1]), dtype=_DT)
+                    out.index_add_(1, self.src, wd[:, :, None] * cols[None])  # (J, Ci, n + |used|·m)
+                else:
+                    ww = Wk.index_select(0, jj) * Wk.index_select(0, ll) * half[:, None, None]  # (J, Ci, Co)
+                    out = (ww.reshape(-1, Co) @ cols).reshape(len(pairs), Ci, -1)  # (J, Ci, n + |used|·m)
                 acc_t.index_add_(0, oi[jj, ll], out[:, :, :n])
                 for u, d in enumerate(used):
                     sel = torch.tensor([i for i, e in enumerate(lags) if e == d])
