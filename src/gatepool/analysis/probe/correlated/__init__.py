@@ -25,6 +25,7 @@ The rules, each from the module's actual weights, one file each (its equations i
     conv.py     conv (and avg pools, the global pool: a box filter)
     adaptive.py  an adaptive average pool of uneven, overlapping or repeated windows (a map up to 7 × 7)
     relu.py     ReLU (and of the residual sum b + ReLU(y))
+    relu_dependence.py  the gradient's dependence on the value through a ReLU (closed form)
     pointwise.py  any other activation (ReLU6, SiLU, GELU, Hardswish, Hardsigmoid, sigmoid, tanh)
     maxpool.py  max pool (window draws, Clark's recursion)
     law.py      the law of a field that is not normal (atoms per position, a Gaussian copula): a sparse

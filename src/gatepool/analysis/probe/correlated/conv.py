@@ -25,6 +25,7 @@ avg pool  a conv with the box filter (adaptive and global pools too: every posit
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 import torch
@@ -87,6 +88,11 @@ class Conv:
                 dense[g * per : (g + 1) * per, g * ci_g : (g + 1) * ci_g] = W[g * per : (g + 1) * per]
             W = dense
         self.W = W
+        # depthwise (each output reads one input channel): its own weights (Co, k) and that channel,
+        # so the pairs' products skip the dense form's Ci-fold zeros
+        depthwise = groups > 1 and weight.shape[1] == 1
+        self.src = torch.arange(W.shape[0]) // (W.shape[0] // groups) if depthwise else None
+        self.Wd = weight.detach().to("cpu", _DT).flatten(1) if depthwise else None
         self.b = None if bias is None else bias.detach().to("cpu", _DT)
         self.stride, self.padding = stride, padding
 
@@ -105,11 +111,14 @@ class Conv:
         return [(a, b) for a in range(kh) for b in range(kw)]
 
     @staticmethod
-    def _pair_xcorr(S: torch.Tensor, size) -> list[torch.Tensor]:
+    def _pair_xcorr(S: torch.Tensor, size) -> Iterator[torch.Tensor]:
         """Σ_P S_j(P) S_l(P + Δ) for every l ≥ j, one (k − j, C, 2Ho−1, 2Wo−1) tensor per j (the pairs
-        l < j are these at −Δ), from the maps S (k, C, Ho, Wo); centred as :func:`xcorr`."""
+        l < j are these at −Δ), from the maps S (k, C, Ho, Wo); centred as :func:`xcorr`. One j at a
+        time: all of them at once are k²/2 maps of lags (0.9 GB at ConvNeXt-T's first 7 × 7 depthwise conv
+        on 16 × 16)."""
         FS, FR = spectra(S)
-        return [lags_of(FR[j] * FS[j:], *S.shape[-2:]) for j in range(len(S))]
+        for j in range(len(S)):
+            yield lags_of(FR[j] * FS[j:], *S.shape[-2:])
 
     def forward(self, x: Field) -> Field:
         self.x = x
@@ -144,8 +153,12 @@ class Conv:
             X *= R
             X[0] *= 0.5
             Z[0] *= 0.5
-            ww = Wt[:, j : j + 1] * Wt[:, j:]  # (Co, k − j, Ci): W_j W_l
-            U += ww.reshape(Co, -1) @ torch.cat([X.reshape(-1, n), Z.reshape(-1, m)], 1)
+            XZ = torch.cat([X.reshape(len(X), -1, n), Z.reshape(len(X), -1, m)], 2)  # (k − j, Ci, n + m)
+            if self.src is not None:  # depthwise: output o's pairs read its own channel only
+                U += torch.einsum("ol,lon->on", self.Wd[:, j : j + 1] * self.Wd[:, j:], XZ[:, self.src])
+            else:
+                ww = Wt[:, j : j + 1] * Wt[:, j:]  # (Co, k − j, Ci): W_j W_l
+                U += ww.reshape(Co, -1) @ XZ.reshape(-1, n + m)
         var = (2 * U[:, n:]).reshape(Co, Ho, Wo).clamp_min(0)
         U = U[:, :n].reshape(Co, *size)
         T = U + U.flip((-2, -1))
@@ -190,7 +203,9 @@ class Conv:
                 classes.append(mask)
                 c = len(classes) - 1
             of.append(c)
-        members = [[j for j in range(len(of)) if of[j] == c] for c in range(len(classes))]
+        live = [c for c, mask in enumerate(classes) if bool(mask.any())] or [0]  # a tap that only ever
+        members = [[j for j in range(len(of)) if of[j] == c] for c in live]  # reads the padding adds nothing
+        classes = [classes[c] for c in live]  # (ConvNeXt-T's 7 × 7 on 2 × 2: 40 taps, 820 pairs, 3.9 GB)
         taps = self._tap_offsets()
         kk = max(kh, kw)
         Wk = self.W.flatten(2).permute(2, 1, 0).contiguous()  # (k, Ci, Co)
@@ -210,9 +225,7 @@ class Conv:
             for c2 in range(c1, len(classes)):
                 pairs = [(j, l) for j in members[c1] for l in members[c2] if c2 > c1 or l >= j]
                 jj, ll = torch.tensor(pairs).T
-                ww = Wk.index_select(0, jj) * Wk.index_select(0, ll)  # (J, Ci, Co): W_j W_l
-                if c2 == c1:
-                    ww *= torch.where(jj == ll, 0.5, 1.0).to(_DT)[:, None, None]
+                half = torch.where(jj == ll, 0.5, 1.0).to(_DT) if c2 == c1 else torch.ones(len(jj), dtype=_DT)
                 lags = []  # per pair: the output lag Δ of its var term (None: the two taps never meet)
                 for j, l in pairs:
                     dh, dw = taps[j][0] - taps[l][0], taps[j][1] - taps[l][1]
@@ -220,7 +233,13 @@ class Conv:
                     lags.append((dh // sh, dw // sw) if meet else None)
                 used = list(dict.fromkeys(d for d in lags if d is not None))
                 cols = torch.cat([Y[c2 - c1]] + [cov(*d) for d in used], 1)
-                out = (ww.reshape(-1, Co) @ cols).reshape(len(pairs), Ci, -1)  # (J, Ci, n + |used|·m)
+                if self.src is not None:  # depthwise: each output's pair lands on its own input channel
+                    wd = (self.Wd[:, jj] * self.Wd[:, ll]).T * half[:, None]  # (J, Co)
+                    out = torch.zeros((len(pairs), Ci, cols.shape[1]), dtype=_DT)
+                    out.index_add_(1, self.src, wd[:, :, None] * cols[None])  # (J, Ci, n + |used|·m)
+                else:
+                    ww = Wk.index_select(0, jj) * Wk.index_select(0, ll) * half[:, None, None]  # (J, Ci, Co)
+                    out = (ww.reshape(-1, Co) @ cols).reshape(len(pairs), Ci, -1)  # (J, Ci, n + |used|·m)
                 acc_t.index_add_(0, oi[jj, ll], out[:, :, :n])
                 for u, d in enumerate(used):
                     sel = torch.tensor([i for i, e in enumerate(lags) if e == d])

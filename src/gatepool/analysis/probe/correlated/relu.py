@@ -6,7 +6,9 @@ ReLU      per position the rectified normal; per lag Mehler's series, a = m/s,
           where it converges slowly (|ρ| > 0.5, lags |e| ≤ ``exact_lags``) the bivariate normal
           integral E[ReLU(x_p) ReLU(x_q)] (Gauss–Legendre over x_p of the conditional rectified
           mean: the arccos kernel when the means are 0). Back: Cov(g_p, g_q) · P(x_p > 0, x_q > 0),
-          P by the same series (k_n = φ(a)He_{n−1}(−a)) or the same integral.
+          P by the same series (k_n = φ(a)He_{n−1}(−a)) or the same integral; where the gradient
+          depends on y (``Field.dependence``: a depthwise conv after it) E[1[x > 0] g²] and the input
+          gradient's own dependence, in closed form (:mod:`relu_dependence`).
           Of b + ReLU(y) (``Field.parts``): the skewed sum's own mean and variance, from the law of
           ReLU(y) as atoms (``ReLU.law``: exact block after block of a residual stream, where a normal
           fitted to the stream would lose 6% of its variance a block), its correlations a normal's of
@@ -42,6 +44,7 @@ from gatepool.analysis.probe.correlated.normal import (
     relu_of_sum_map,
 )
 from gatepool.analysis.probe.correlated.registry import register_correlated_rule
+from gatepool.analysis.probe.correlated.relu_dependence import relu_dependence
 
 _SERIES_ORDER = 12  # Mehler's series to ρ¹²: at |ρ| ≤ 0.5 its remainder is < 1e-6 of σ_p σ_q
 _SERIES_RHO = 0.5  # above this |ρ| (within ``exact_lags``) the bivariate integral instead
@@ -221,7 +224,10 @@ class ReLU:
             return _field_from_sums(out.mean, var, out.corr * xcorr(var.sqrt(), var.sqrt()), out.yy)
         H, W = g.shape[1:]
         sg = g.var.clamp_min(0).sqrt()
-        var = g.var * self.pos
+        var, dependence = g.var * self.pos, None
+        if self.x.law is None and self.x.parts is None:  # E[1[x > 0] g²], g depending on y (relu_dependence)
+            ek, dependence = relu_dependence(self.x.mean, self.x.var, g.dependence)
+            var = g.var * ek
         # Cov(g_p, g_q) P(x_p > 0, x_q > 0) and Cov(g_p, g_q) E[ReLU(x_p) ReLU(x_q)], by the series
         rc, rk = self.rest
         T = g.corr * (xcorr(sg * self.pos, sg * self.pos) + _series_lag_sums(self.rho, self.k, sg, rk))
@@ -234,7 +240,9 @@ class ReLU:
                 T[idx, H - 1 + sgn * dh, W - 1 + sgn * dw] = t
                 if e is not None:  # a law's E[ReLU ReLU] stays the series'
                     YY[idx, H - 1 + sgn * dh, W - 1 + sgn * dw] = (cg * e).sum((1, 2))
-        return _field_from_sums(torch.zeros_like(var), var, T, yy=YY.sum((1, 2)))
+        out = _field_from_sums(torch.zeros_like(var), var, T, yy=YY.sum((1, 2)))
+        out.dependence = dependence
+        return out
 
 
 register_correlated_rule(nn.ReLU, lambda m: ReLU())
