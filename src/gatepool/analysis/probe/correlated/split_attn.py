@@ -27,7 +27,6 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from gatepool.analysis.probe.correlated.adaptive import AdaptiveAvgPool2dStep
 from gatepool.analysis.probe.correlated.add import add, add_grads
 from gatepool.analysis.probe.correlated.cat import Cat
 from gatepool.analysis.probe.correlated.conv import Conv
@@ -54,6 +53,24 @@ def _parts(step) -> list:
     return [step]
 
 
+class _GlobalMean:
+    """The mean over the positions, (C, H, W) → (C, 1, 1): Var = Σ_e T(e) / (H·W)²; back, the gradient
+    g / (H·W) at every position, correlated 1 at every lag (the box filter's rule takes every pair of its
+    H·W taps: 16 × 16 maps of 128 channels need 4 GB)."""
+
+    def forward(self, x: Field) -> Field:
+        C, H, W = x.shape
+        self.hw = (H, W)
+        var = x.lag_sums().sum((1, 2)) / (H * W) ** 2
+        one = torch.ones((C, 1, 1), dtype=x.mean.dtype)
+        return Field(x.mean.mean((1, 2), keepdim=True), var[:, None, None], one)
+
+    def backward(self, g: Field) -> Field:
+        C, (H, W) = g.shape[0], self.hw
+        var = (g.var / (H * W) ** 2).expand(C, H, W).clone()
+        return Field(torch.zeros_like(var), var, torch.ones((C, 2 * H - 1, 2 * W - 1), dtype=var.dtype))
+
+
 class SplitAttn:
     """timm's ``SplitAttn`` of radix 2 (or 1) as one step."""
 
@@ -62,8 +79,7 @@ class SplitAttn:
             raise NotImplementedError(f"SplitAttn of radix {m.radix}: a softmax over more than two logits")
         self.radix = m.radix
         self.front = Steps(*(_step(p) for p in (m.conv, m.bn0, m.drop, m.act0)))
-        pool = AdaptiveAvgPool2dStep(nn.AdaptiveAvgPool2d(1))
-        self.attn = Steps(pool, *(_step(p) for p in (m.fc1, m.bn1, m.act1)), self._logit(m))
+        self.attn = Steps(_GlobalMean(), *(_step(p) for p in (m.fc1, m.bn1, m.act1)), self._logit(m))
         self.steps = tuple(_parts(self.front) + _parts(self.attn))
 
     def _logit(self, m: nn.Module) -> Conv:
