@@ -174,6 +174,26 @@ def test_the_walk_carries_a_cat_and_a_product_channels_last():
     _walk_holds(_GatedChannelsLast, ["norm", "fc1", "conv", "act", "fc2"])
 
 
+class _MeanChannelsLast(torch.nn.Module):
+    """MambaOut's head: the mean over the positions of a channels-last map, ``x.mean((1, 2))``, then an
+    MLP (of 256 logits: with 10, their gradient fcᵀ s is correlated across fc1's outputs, 0.3, which the
+    state's uncorrelated channels leave out, 1.08–1.2 at the map whichever the layout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.norm = torch.nn.LayerNorm(16)
+        self.fc1, self.act, self.fc = torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 256)
+
+    def forward(self, x):
+        x = self.norm(self.stem(x).permute(0, 2, 3, 1))  # (B, H, W, C)
+        return self.fc(self.act(self.fc1(x.mean((1, 2)))))  # (B, C) pooled
+
+
+def test_the_walk_carries_a_mean_over_the_positions_channels_last():
+    _walk_holds(_MeanChannelsLast, ["norm", "fc1", "act"])
+
+
 class _TokenMixer(torch.nn.Module):
     """MLP-Mixer's block and ResMLP's affine: patches as tokens, ``β + α · x`` (torch.addcmul), a token MLP
     over the transposed tokens, a channel Linear, the mean over the tokens."""

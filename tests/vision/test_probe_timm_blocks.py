@@ -79,3 +79,28 @@ def test_tresnet_stem_and_blur_pool_are_predicted():
     net = _TResNetStem()
     x = torch.randn(2000, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     _walk_holds(net, x, ["s2d", "conv", "bn", "aa"])
+
+
+class _SplitAttnNet(torch.nn.Module):
+    """ResNeSt's split attention (timm's ``SplitAttn``, radix 2, its norm a BatchNorm) after a conv stem
+    and a norm, then the global pool and a classifier of 256 logits (with few, their gradient's channels
+    are correlated, which the state's are not)."""
+
+    def __init__(self) -> None:
+        from timm.layers import SplitAttn
+
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.BatchNorm2d(64),
+                                        torch.nn.ReLU())  # fmt: skip
+        self.attn = SplitAttn(64, 64, radix=2, norm_layer=torch.nn.BatchNorm2d)
+        self.fc = torch.nn.Linear(64, 256)
+
+    def forward(self, x):
+        return self.fc(self.attn(self.stem(x)).mean((2, 3)))
+
+
+def test_resnest_split_attention_is_predicted_whole():
+    torch.manual_seed(0)
+    net = _SplitAttnNet()
+    x = torch.randn(256, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    _walk_holds(net, x, ["stem.2", "attn"])

@@ -96,6 +96,15 @@ def _relu_input(node: fx.Node, steps: dict, inputs: dict) -> cr.Field | None:
     return None
 
 
+def _relu_step(node: fx.Node, steps: dict, inputs: dict) -> cr.ReLU | None:
+    """The ReLU whose output ``node`` is, seen through identities (RegNet's shortcut, an ``nn.Identity``);
+    None for anything else."""
+    while isinstance(steps.get(node), Identity) and len(inputs.get(node, [])) == 1:
+        node = inputs[node][0]
+    step = steps.get(node)
+    return step if isinstance(step, cr.ReLU) else None
+
+
 def _positions_matrix(step, x: cr.Field) -> torch.Tensor | None:
     """The matrix (Ho·Wo, H·W) of a step that is a fixed map of its input's positions, the same at every
     channel (an average or adaptive pool, an interpolation), on the field ``x``; else None."""
@@ -275,15 +284,18 @@ def _shape_args(n: fx.Node, const: dict) -> list | None:
     return rest if all(isinstance(v, int) for v in rest) else None
 
 
-def _means_positions(n: fx.Node) -> bool:
-    """Is ``n`` a mean of a (B, C, H, W) tensor over its two position dims (``x.mean([2, 3])``,
-    ``torch.mean(x, (-2, -1))``, keepdim or not)?"""
+def _means_positions(n: fx.Node, layout: tuple = ("C", "H", "W")) -> bool:
+    """Is ``n`` a mean of a map of this layout over its two position dims (``x.mean([2, 3])``,
+    ``torch.mean(x, (-2, -1))``; channels last, MambaOut's ``x.mean((1, 2))``; keepdim or not)?"""
     if n.target not in ("mean", torch.mean) or n.op not in ("call_method", "call_function"):
         return False
     dim = n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else None)
     if not isinstance(dim, (list, tuple)) or not all(isinstance(d, int) for d in dim):
         return False
-    return {d % 4 for d in dim} == {2, 3}
+    full = ("N", *layout)
+    if len(full) != 4 or "H" not in full or "W" not in full:
+        return False
+    return {d % 4 for d in dim} == {full.index("H"), full.index("W")}
 
 
 def _only_user(n: fx.Node) -> fx.Node | None:
@@ -744,10 +756,10 @@ class _Walk(Walk):
             if dims.get(args[1], _CHW) != layout:
                 raise NotImplementedError("a sum of tensors of two layouts")
             out = cr.add(value[args[0]], value[args[1]])
-            relus = [isinstance(steps.get(a), cr.ReLU) for a in args]
-            r = relus.index(True) if sum(relus) == 1 else None
+            relus = [_relu_step(a, steps, inputs) for a in args]
+            r = next(i for i, s in enumerate(relus) if s) if sum(map(bool, relus)) == 1 else None
             if r is not None:  # b + ReLU(out): a ReLU after it takes the skewed sum's moments
-                stream = steps[args[r]].law
+                stream = relus[r].law
                 out = dataclasses.replace(out, parts=(value[args[1 - r]], stream))
             else:  # a field with a law (a pool's, a norm's) and a normal: the sum's law
                 out = dataclasses.replace(out, law=cr.sum_law(*(value[a] for a in args)))
@@ -863,7 +875,7 @@ class _Walk(Walk):
         elif layout == ("W", "C") and _means_tokens(n):  # x.mean(1) of (N, T, C) tokens
             step = AdaptiveAvgPool2dStep(nn.AdaptiveAvgPool2d(1))
             out, steps[n], dims[n] = step.forward(value[args[0]]), step, ("C",)
-        elif layout == _CHW and _means_positions(n):  # x.mean([2, 3]): the global average pool
+        elif _means_positions(n, layout):  # x.mean([2, 3]), channels last x.mean((1, 2)): the global pool
             step = AdaptiveAvgPool2dStep(nn.AdaptiveAvgPool2d(1))
             out, steps[n] = step.forward(value[args[0]]), step
             if not n.kwargs.get("keepdim", n.args[2] if len(n.args) > 2 else False):

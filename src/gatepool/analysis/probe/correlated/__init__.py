@@ -53,6 +53,7 @@ The rules, each from the module's actual weights, one file each (its equations i
     mode_pad.py  a map padded by reflection, replication or wrapping (a blur pool's pad)
     space_to_depth.py  each block of positions into channels (TResNet's stem)
     conv_mlp.py  timm's VGG head (pooled up to its kernel, two convs)
+    split_attn.py  timm's SplitAttn (ResNeSt: a gate over two halves of a conv's channels) whole
 
 Each rule file also registers the modules it is the rule of (``conv.py`` nn.Conv2d and timm's standardised
 convs, ``norms.py`` the norms …: the adapter from a module's attributes to its step, beside the step);
@@ -99,6 +100,7 @@ from gatepool.analysis.probe.correlated.shift import Shift
 from gatepool.analysis.probe.correlated.shuffle import ChannelShuffle
 from gatepool.analysis.probe.correlated.space_to_depth import SpaceToDepth
 from gatepool.analysis.probe.correlated.split import ChannelSlice
+from gatepool.analysis.probe.correlated.split_attn import SplitAttn
 from gatepool.analysis.probe.correlated.steps import Identity, Steps
 from gatepool.analysis.probe.correlated.stochastic_depth import StochasticDepth
 from gatepool.analysis.probe.correlated.token_linear import TokenLinear
@@ -136,6 +138,7 @@ __all__ = [
     "SelectToken",
     "Shift",
     "SpaceToDepth",
+    "SplitAttn",
     "Steps",
     "StochasticDepth",
     "TokenCat",

@@ -33,9 +33,10 @@ def _rect_mean(mu, sd):
 
 
 def relu_moments_map(m: torch.Tensor, v: torch.Tensor):
-    """(E[p], E[p²], P(x > 0)) of p = ReLU(x), x ~ N(m, v), elementwise."""
+    """(E[p], E[p²], P(x > 0)) of p = ReLU(x), x ~ N(m, v), elementwise. Where v = 0, x = m: P(x > 0) is
+    1[m > 0] (a sum exactly 0, b + ReLU(y) with a zero-initialised branch b, shuts its gate)."""
     s = v.clamp_min(0).sqrt().clamp_min(1e-300)
-    a = m / s
+    a = torch.where(v > 0, m / s, torch.where(m > 0, math.inf, -math.inf))
     cdf, pdf = _cdf(a), _pdf(a)
     return m * cdf + s * pdf, (m * m + v) * cdf + m * s * pdf, cdf
 
@@ -74,7 +75,9 @@ def relu_of_sum_law(mb: torch.Tensor, vb: torch.Tensor, r: Law, chunk: int = 1 <
     """The atoms of ReLU(b + r), b ~ N(mb, vb) independent of r ~ ``r``: the sum is the normal mixture
     Σ_j w_j N(mb + x_j, vb); its mass below 0 goes to the atom at 0, and its density over (0, hi]
     (hi = the largest component mean + 9 sd) is sampled at 48 Gauss–Legendre nodes, their masses scaled
-    to the exact P(sum > 0). Positions in chunks of ``chunk`` node-atom pairs (memory)."""
+    to the exact P(sum > 0). Positions in chunks of ``chunk`` node-atom pairs (memory). Where vb = 0 (a
+    zero-initialised branch: timm's ``zero_init_last``) the sum is r shifted, a law of atoms: those
+    atoms, k ≥ 49 of them (the others padded with atoms of mass 0)."""
     sb = vb.clamp_min(0).sqrt().clamp_min(1e-12)
     shape, n = mb.shape, r.x.shape[-1]
     mb_, sb_, x_, w_ = mb.reshape(-1), sb.reshape(-1), r.x.reshape(-1, n), r.w.reshape(-1, n)
@@ -92,7 +95,30 @@ def relu_of_sum_law(mb: torch.Tensor, vb: torch.Tensor, r: Law, chunk: int = 1 <
         wt = wt * ((1 - p0) / wt.sum(-1).clamp_min(1e-300))[:, None]
         xs.append(torch.cat([torch.zeros_like(p0)[:, None], t], -1))
         ws.append(torch.cat([p0[:, None], wt], -1))
-    return Law(torch.cat(xs).reshape(*shape, 49), torch.cat(ws).reshape(*shape, 49))
+    law = Law(torch.cat(xs).reshape(*shape, 49), torch.cat(ws).reshape(*shape, 49))
+    still = vb <= 0  # b a constant (a zero-initialised branch): the sum's atoms are r's, shifted
+    if not bool(still.any()):
+        return law
+    exact = _shifted_relu_law(mb, r)
+    k = max(law.x.shape[-1], exact.x.shape[-1])
+    law, exact = _padded(law, k), _padded(exact, k)
+    return Law(torch.where(still[..., None], exact.x, law.x), torch.where(still[..., None], exact.w, law.w))
+
+
+def _shifted_relu_law(mb: torch.Tensor, r: Law) -> Law:
+    """The atoms of ReLU(mb + r), mb a constant: r's atoms shifted, the mass of those ≤ 0 at 0 (ReLU(0) = 0;
+    r's atoms sorted, so they stay so)."""
+    c = mb[..., None] + r.x
+    up = c > 0
+    x = torch.cat([torch.zeros_like(mb)[..., None], torch.where(up, c, torch.zeros_like(c))], -1)
+    return Law(x, torch.cat([(r.w * ~up).sum(-1, keepdim=True), r.w * up], -1))
+
+
+def _padded(law: Law, k: int) -> Law:
+    """``law`` on k atoms: atoms 0 of mass 0 after its first (the atom at 0), the order kept."""
+    z = torch.zeros((*law.x.shape[:-1], k - law.x.shape[-1]), dtype=law.x.dtype)
+    return Law(torch.cat([law.x[..., :1], z, law.x[..., 1:]], -1),
+               torch.cat([law.w[..., :1], z, law.w[..., 1:]], -1))
 
 
 def relu_of_sum_map(mb, vb, r: Law):
