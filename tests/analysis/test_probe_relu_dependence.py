@@ -4,22 +4,13 @@ and MobileNetV3's ReLU blocks (expand → BN → ReLU → depthwise → BN → R
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
-import torch.nn as nn
+from test_probe_tv_drifts import _white, block_gradient_ratios
 
 from gatepool.analysis.probe import correlated as cr
 
 DT = torch.float64
-
-
-def _white(C: int, H: int, W: int, mean: float = 0.0, var: float = 1.0, dc: float = 0.0) -> cr.Field:
-    """A field of correlation ``dc`` at every lag but 0 (a part constant over the positions), 1 at 0."""
-    corr = torch.full((C, 2 * H - 1, 2 * W - 1), dc, dtype=DT)
-    corr[:, H - 1, W - 1] = 1.0
-    return cr.Field(torch.full((C, H, W), mean, dtype=DT), torch.full((C, H, W), var, dtype=DT), corr)
 
 
 def _draws(n: int, seed: int) -> torch.Tensor:
@@ -67,52 +58,13 @@ def test_relu_reads_the_dependence_of_its_gradient(beta):
     assert abs(b2 - float((k * (z * z - 1)).mean()) / (2 * want)) < 0.01, b2
 
 
-class _ReLUBlock(nn.Module):
-    """MobileNetV3's ReLU blocks: 1×1 conv → BN → ReLU → depthwise k×k → BN → ReLU."""
-
-    def __init__(self, c: int, e: int, k: int) -> None:
-        super().__init__()
-        self.expand, self.bn1 = nn.Conv2d(c, e, 1, bias=False), nn.BatchNorm2d(e)
-        self.dw = nn.Conv2d(e, e, k, padding=k // 2, groups=e, bias=False)
-        self.bn2 = nn.BatchNorm2d(e)
-
-    def forward(self, x):
-        self.u = self.bn1(self.expand(x))  # the first ReLU's input (its gradient: the test's)
-        self.u.retain_grad()
-        return torch.relu(self.bn2(self.dw(torch.relu(self.u))))
-
-
 @pytest.mark.parametrize("k, dc", [(3, 0.0), (3, 0.6), (5, 0.6)])
 def test_relu_block_gradient_at_the_expansion(k, dc):
     """4096 draws of 8 channels 4 × 4 through expand (32) → BN → ReLU → depthwise k × k → BN → ReLU, the
     seed gradient with a share ``dc`` constant over the positions (a global pool's): E[g²] at the first
     ReLU's input within 3% with the dependence carried (measured 0.998, 1.016, 0.973); g taken independent
     of u: 0.999, 0.911, 0.843 (ReLU's slope is a step: a white seed hardly sees it, a correlated one does)."""
-    torch.manual_seed(0)
-    block = _ReLUBlock(8, 32, k).double()
-    B, H = 4096, 4
-    x = torch.randn(B, 8, H, H, dtype=DT, generator=torch.Generator().manual_seed(1))
-    y = block(x)  # BatchNorm in training: the batch's statistics (4096 × 16 values per channel)
-    gen = torch.Generator().manual_seed(2)
-    seed = (1 - dc) ** 0.5 * torch.randn(y.shape, dtype=DT, generator=gen)
-    seed = seed + dc**0.5 * torch.randn((B, 32, 1, 1), dtype=DT, generator=gen)
-    (y * seed).sum().backward()
-    measured = float(block.u.grad.pow(2).mean())
-
-    def predict(carry: bool) -> float:
-        rules = [cr.Conv(block.expand.weight, None, (1, 1), (0, 0)),
-                 cr.BatchNorm(block.bn1.weight, block.bn1.bias, block.bn1.eps), cr.ReLU(),
-                 cr.Conv(block.dw.weight, None, (1, 1), block.dw.padding, block.dw.groups),
-                 cr.BatchNorm(block.bn2.weight, block.bn2.bias, block.bn2.eps), cr.ReLU()]  # fmt: skip
-        f = _white(8, H, H)
-        for r in rules:
-            f = r.forward(f)
-        g = _white(32, H, H, dc=dc)
-        for r in reversed(rules[2:]):  # back to the first ReLU's input
-            g = r.backward(g if carry else replace(g, dependence=None))
-        return float(g.var.mean())
-
-    with_dep, without = predict(True) / measured, predict(False) / measured
+    with_dep, without = block_gradient_ratios("relu", k, dc)
     assert abs(with_dep - 1) < 0.03, (with_dep, without)
     if dc:
         assert without < 0.92 and abs(without - 1) > 2 * abs(with_dep - 1), (with_dep, without)
