@@ -68,3 +68,10 @@ def test_relu_block_gradient_at_the_expansion(k, dc):
     assert abs(with_dep - 1) < 0.03, (with_dep, without)
     if dc:
         assert without < 0.92 and abs(without - 1) > 2 * abs(with_dep - 1), (with_dep, without)
+
+
+def test_a_constant_input_gates_as_relu_does():
+    """x = m exactly (s = 0): the gate is 1[m > 0], torch's ReLU's slope (0 at m = 0), as the plain rule's."""
+    mean = torch.tensor([-1.0, 0.0, 2.0], dtype=DT)
+    ek, _ = cr.relu_dependence.relu_dependence(mean, torch.zeros(3, dtype=DT), None)
+    assert torch.allclose(ek, torch.tensor([0.0, 0.0, 1.0], dtype=DT), rtol=0, atol=1e-300), ek

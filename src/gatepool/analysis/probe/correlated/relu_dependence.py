@@ -21,7 +21,7 @@ import torch
 
 from gatepool.analysis.probe.correlated.normal import _cdf, _pdf
 
-_A_MAX = 38.0  # |m/s| beyond this φ(a) is 0 in float64 (a dead position, s = 0, gets ±this)
+_A_MAX = 38.0  # |m/s| beyond this φ(a) is 0 in float64 (a position of s = 0 gets ±this)
 
 
 def _weights(dependence: tuple, mean_y: torch.Tensor, e2_y: torch.Tensor) -> tuple:
@@ -55,7 +55,8 @@ def relu_dependence(mean: torch.Tensor, var: torch.Tensor, dependence: tuple | N
     without a dependence), and the input gradient's (β₁, β₂, r₁, r₂) (see the module docstring)."""
     s = var.clamp_min(0).sqrt()
     alive = s > 0
-    t = torch.where(alive, mean / torch.where(alive, s, torch.ones_like(s)), torch.sign(mean) * _A_MAX)
+    dead = torch.where(mean > 0, _A_MAX, -_A_MAX)  # x = m exactly: its gate 1[m > 0] (ReLU's slope 0 at 0)
+    t = torch.where(alive, mean / torch.where(alive, s, torch.ones_like(s)), dead)
     M = _truncated(t.clamp(-_A_MAX, _A_MAX))
     if dependence is None:
         a0, a1, a2 = torch.ones_like(mean), torch.zeros_like(mean), torch.zeros_like(mean)
