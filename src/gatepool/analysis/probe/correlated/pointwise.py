@@ -325,6 +325,16 @@ def series_lag_sums(corr: torch.Tensor, mean: torch.Tensor, e2: torch.Tensor, co
     return T + rn * corr * X[keep]
 
 
+def dependence_weights(dependence: tuple, mean_y: torch.Tensor, e2_y: torch.Tensor) -> tuple:
+    """(a₀, a₁, a₂): E[g² | y] / E[g²] = a₀ + a₁ y + a₂ y² from g's (β₁, β₂) (``Field.dependence``) in the
+    standardized units of y, whose mean and E[y²] are given (maps; see the module docstring)."""
+    b1, b2 = dependence[:2]
+    v = (e2_y - mean_y * mean_y).clamp_min(1e-300)
+    s = v.sqrt()
+    m = mean_y
+    return 1 - b2 - b1 * m / s + b2 * m * m / v, b1 / s - 2 * b2 * m / v, b2 / v
+
+
 class Pointwise:
     """f applied elementwise (one of :data:`ACTIVATIONS`, or any f with its kinks) to the Gaussian field."""
 
@@ -386,16 +396,11 @@ class Pointwise:
         return out
 
     def _weights(self, dependence: tuple | None) -> tuple:
-        """(a₀, a₁, a₂): E[g² | x] / E[g²] = a₀ + a₁ f(x) + a₂ f(x)² from g's (β₁, β₂) in y = f(x)'s
-        standardized units (none: 1, 0, 0)."""
+        """(a₀, a₁, a₂) of :func:`dependence_weights` in y = f(x)'s units (none: 1, 0, 0)."""
         one = torch.ones_like(self.mom["e1"])
         if dependence is None:
             return one, 0 * one, 0 * one
-        b1, b2 = dependence[:2]
-        m = self.mom["e1"]
-        v = (self.mom["e2"] - m * m).clamp_min(1e-300)
-        s = v.sqrt()
-        return one - b2 - b1 * m / s + b2 * m * m / v, b1 / s - 2 * b2 * m / v, b2 / v
+        return dependence_weights(dependence, self.mom["e1"], self.mom["e2"])
 
     def _dependence(self, a: tuple) -> tuple:
         """(β₁', β₂', r₁, r₂) of the gradient at x (see the module docstring), from the normal's Hermite

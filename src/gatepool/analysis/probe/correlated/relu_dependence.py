@@ -3,8 +3,8 @@
 As for the other activations (:mod:`pointwise`), a depthwise conv after a ReLU makes the gradient at its
 output depend on its own value y = ReLU(x): one input moves the few outputs it reaches, and with them the
 gates of the activation after them. In y's standardized units η = (y − m_y)/s_y,
-E[g² | y] = E[g²] (1 + β₁ η + β₂ (η² − 1)) = E[g²] (a₀ + a₁ y + a₂ y²) (:func:`_weights`), so through the
-gate 1[x > 0]
+E[g² | y] = E[g²] (1 + β₁ η + β₂ (η² − 1)) = E[g²] (a₀ + a₁ y + a₂ y²)
+(:func:`pointwise.dependence_weights`), so through the gate 1[x > 0]
 
     E[1[x > 0] g²] = E[g²] (a₀ P(x > 0) + a₁ E[ReLU x] + a₂ E[(ReLU x)²])
 
@@ -20,18 +20,9 @@ from __future__ import annotations
 import torch
 
 from gatepool.analysis.probe.correlated.normal import _cdf, _pdf
+from gatepool.analysis.probe.correlated.pointwise import dependence_weights
 
 _A_MAX = 38.0  # |m/s| beyond this φ(a) is 0 in float64 (a position of s = 0 gets ±this)
-
-
-def _weights(dependence: tuple, mean_y: torch.Tensor, e2_y: torch.Tensor) -> tuple:
-    """(a₀, a₁, a₂): E[g² | y] / E[g²] = a₀ + a₁ y + a₂ y² from g's (β₁, β₂) in the units of y, whose mean
-    and E[y²] are given (maps)."""
-    b1, b2 = dependence[:2]
-    v = (e2_y - mean_y * mean_y).clamp_min(1e-300)
-    s = v.sqrt()
-    m = mean_y
-    return 1 - b2 - b1 * m / s + b2 * m * m / v, b1 / s - 2 * b2 * m / v, b2 / v
 
 
 def _truncated(a: torch.Tensor) -> list[torch.Tensor]:
@@ -61,8 +52,8 @@ def relu_dependence(mean: torch.Tensor, var: torch.Tensor, dependence: tuple | N
     if dependence is None:
         a0, a1, a2 = torch.ones_like(mean), torch.zeros_like(mean), torch.zeros_like(mean)
     else:  # y = ReLU(x): E[y] = m M₀ + s M₁, E[y²] = m² M₀ + 2 m s M₁ + s² M₂
-        mean_y = mean * M[0] + s * M[1]
-        a0, a1, a2 = _weights(dependence, mean_y, mean * mean * M[0] + 2 * mean * s * M[1] + var * M[2])
+        mean_y, e2_y = mean * M[0] + s * M[1], mean * mean * M[0] + 2 * mean * s * M[1] + var * M[2]
+        a0, a1, a2 = dependence_weights(dependence, mean_y, e2_y)
     k0, k1, k2 = a0 + a1 * mean + a2 * mean * mean, (a1 + 2 * a2 * mean) * s, a2 * s * s
     ek = k0 * M[0] + k1 * M[1] + k2 * M[2]
     ek1 = k0 * M[1] + k1 * M[2] + k2 * M[3]  # E[K He₁]
