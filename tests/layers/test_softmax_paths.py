@@ -41,7 +41,7 @@ def test_without_a_kernel_tiled_or_plain_and_why(monkeypatch):
 def test_other_windows_and_every_name_listed():
     assert softmax_path(X, windows="adaptive").name == "gather"
     tiling = softmax_path(X, windows="adaptive", tiles=True)  # a windowed pool's windows: on the CPU, C
-    assert tiling.name == ("c" if fused_pool.usable(X) else "gather")
+    assert tiling.name == ("c" if fused_pool.usable(X) else "tiled")
     assert softmax_path(X, windows="global").name != "one-window"  # on the CPU the windowed paths
     names = {softmax_path(X, **kw).name for kw in ({}, {"return_weights": True}, {"windows": "adaptive"})}
     assert names <= set(PATHS)
