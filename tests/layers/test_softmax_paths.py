@@ -71,6 +71,34 @@ def test_the_pools_take_the_chosen_path(gate, monkeypatch):
     assert seen[-1].name in ("c", "tiled") and out.shape == (2, 3, 4, 4)
 
 
+@pytest.mark.parametrize("gate", ["soft", "soft-learned", "attention"])
+@pytest.mark.parametrize("kernel", [True, False])
+def test_tiling_adaptive_windows_take_the_path_the_chooser_names(gate, kernel, monkeypatch):
+    """Adaptive windows that tile the input (8 → 4) run a windowed pool's path, the one the chooser names
+    (the C kernel; without it tiled, or plain for attention), never the gather, and give its values."""
+    from gatepool.layers import AdaptiveGatedPool2d, adaptive_pool
+
+    if not kernel:
+        monkeypatch.setattr(fused_pool, "usable", lambda x: False)
+    elif not fused_pool.available():
+        pytest.skip("the C kernel is not built here")
+    torch.manual_seed(0)
+    adaptive = AdaptiveGatedPool2d(4, gate=gate, channels=3)
+    windowed = GatedPool2d(2, gate=gate, channels=3)
+    windowed.load_state_dict(adaptive.state_dict())
+    chosen = softmax_path(X, scored=gate == "attention", windows="adaptive", tiles=True)
+    assert chosen.name == ("c" if kernel else "plain" if gate == "attention" else "tiled")
+
+    def no_gather(*args):
+        raise AssertionError("the tiling windows were gathered")
+
+    monkeypatch.setattr(adaptive_pool, "_gather", no_gather)
+    for x in (X, X.bfloat16()):
+        out = adaptive(x)
+        assert out.dtype == x.dtype
+        torch.testing.assert_close(out, windowed(x))
+
+
 def test_pool_in_keeps_batch_dtype_and_memory_format(monkeypatch):
     x = torch.randn(3, 8, 8, dtype=torch.bfloat16)  # unbatched
     assert input_dtype(x) == (torch.bfloat16 if fused_pool.usable(x) else torch.float32)  # the C kernel's

@@ -22,9 +22,10 @@ is :class:`gatepool.layers.global_pool.GlobalGatedPool2d`, which ``convert`` use
 
 Where the windows tile the input (every size a multiple of its output size: 56 → 7, VGG's 7 → 7), window
 i is [i·k, (i + 1)·k) with k = n / o, a windowed pool's of kernel and stride k: on the CPU the soft family
-takes :class:`gatepool.layers.gated_pool.GatedPoolNd`'s path there, the C kernel (float16 / bfloat16 read
-as they are, float32 inside). Otherwise it gathers every window, padded to the largest with masked taps
-(gate 0), into ``(N, C, *out, K)`` and takes the softmax there (max pooling's limits for non-finite
+takes :class:`gatepool.layers.gated_pool.GatedPoolNd`'s path there (the C kernel, float16 / bfloat16 read
+as they are, float32 inside; without it the tiled or plain path, as
+:func:`gatepool.layers.softmax_paths.softmax_path` names). Otherwise it gathers every window, padded to
+the largest with masked taps (gate 0), into ``(N, C, *out, K)`` and takes the softmax there (max pooling's limits for non-finite
 inputs, as every gate here), in float32 (float64 stays float64); the output has the input's dtype.
 """
 
@@ -37,7 +38,7 @@ import torch
 from gatepool.layers import gate_table
 from gatepool.layers.gate_parameters import GateParameters
 from gatepool.layers.gated_pool import GatedPoolNd
-from gatepool.layers.softmax_paths import softmax_path
+from gatepool.layers.softmax_paths import input_dtype, softmax_path
 from gatepool.layers.windows import (
     as_dtype,
     channel_view,
@@ -131,9 +132,10 @@ class AdaptiveGatedPoolNd(GateParameters):
             )
         size = tuple(n if o is None else o for n, o in zip(xb.shape[2:], self.output_size))
         path = softmax_path(xb, scored=row.scored, windows="adaptive", tiles=_tiles(xb.shape[2:], size))
-        if path.fused:  # torch's windows tile the input: a windowed pool's, k = s = n / o, in the kernel
+        if path.name != "gather":  # the windows tile the input: a windowed pool's, k = s = n / o, its path
             k = tuple(n // o for n, o in zip(xb.shape[2:], size))
-            out = getattr(GatedPoolNd, row.function)(self, xb, pool_geometry(xb, d, k, k))[0]
+            x = as_dtype(xb, input_dtype(xb))  # the kernel's float16 / bfloat16 as they are
+            out = getattr(GatedPoolNd, row.function)(self, x, pool_geometry(x, d, k, k))[0]
             out = as_dtype(like_input_format(out, xb), input.dtype)  # (attention's half output is float32)
             return out if batched else out.squeeze(0)
         x = xb.to(compute_dtype(xb.dtype))
