@@ -53,11 +53,12 @@ def close(pred: cr.Field, draws: torch.Tensor, *, rel=0.03, corr=0.02, lags=(1, 
     ``rel`` of its value, the correlation at ``lags`` within ``corr``."""
     mc = cr.measure_field(draws)
     d = draws.detach().double()
+    n = d.shape[0]  # the draws' own count sets their standard errors
     pv, mv = float(pred.var.mean()), float(mc.var.mean())
     assert abs(pv - mv) <= rel * mv, (pv, mv)
-    se_mean = d.std(0) / B**0.5
+    se_mean = d.std(0) / n**0.5
     assert bool(((pred.mean - mc.mean).abs() <= 5 * se_mean + rel * mc.mean.abs() + 1e-12).all())
-    se_var = (d - d.mean(0)).pow(2).std(0) / B**0.5
+    se_var = (d - d.mean(0)).pow(2).std(0) / n**0.5
     err = (pred.var - mc.var).abs() / (5 * se_var + rel * mc.var + 1e-12)
     assert float(err.max()) <= 1.0, float(err.max())
     for lag in lags:
