@@ -11,7 +11,8 @@ ReLU      per position the rectified normal; per lag Mehler's series, a = m/s,
           gradient's own dependence, in closed form (:mod:`relu_dependence`).
           Of a skewed field (``Field.skew``, ``kurt``: after a depthwise conv) E[ReLU], E[ReLU²] and the
           gate's E[1[x > 0] g²] under the Gram–Charlier density, in closed form (:mod:`relu_shape`);
-          the correlations the normal's. Its output carries the rectified normal's γ₁, γ₂.
+          the correlations the normal's (plus the joint cumulants' terms, ``Field.joint``, :mod:`joint`).
+          Its output carries the rectified normal's γ₁, γ₂.
           Of b + ReLU(y) (``Field.parts``): the skewed sum's own mean and variance, from the law of
           ReLU(y) as atoms (``ReLU.law``: exact block after block of a residual stream, where a normal
           fitted to the stream would lose 6% of its variance a block), its correlations a normal's of
@@ -35,6 +36,7 @@ import torch.nn as nn
 
 from gatepool.analysis.probe.correlated.add import add_grads
 from gatepool.analysis.probe.correlated.field import Field, _at_lag, _field_from_sums, _ratio, _valid, xcorr
+from gatepool.analysis.probe.correlated.joint import joint_lag_sums
 from gatepool.analysis.probe.correlated.law import _icdf, hermite_steps, latent_corr
 from gatepool.analysis.probe.correlated.normal import (
     Law,
@@ -177,6 +179,8 @@ class ReLU:
         mu_s, e2_s, _, skew, kurt = relu_shape(x.mean, x.var, x.skew, x.kurt)
         if x.skew is not None or x.kurt is not None:  # its own mean and variance (the correlation: normal's)
             out = replace(out, mean=mu_s, var=(e2_s - mu_s * mu_s).clamp_min(0))
+        if x.joint is not None:  # neighbours sharing skewed inputs (a depthwise conv's): h_n = c_n
+            out = _field_from_sums(out.mean, out.var, out.lag_sums() + joint_lag_sums(x.joint, *self.c[:3]))
         return replace(out, skew=skew, kurt=kurt)
 
     def _forward_law(self, x: Field) -> Field:
