@@ -26,6 +26,9 @@ The rules, each from the module's actual weights, one file each (its equations i
     adaptive.py  an adaptive average pool of uneven, overlapping or repeated windows (a map up to 7 × 7)
     relu.py     ReLU (and of the residual sum b + ReLU(y))
     relu_dependence.py  the gradient's dependence on the value through a ReLU (closed form)
+    relu_shape.py  ReLU of a skewed field (Gram–Charlier, closed form); its output's skewness, kurtosis
+    joint.py    the joint cumulants of a depthwise conv's neighbouring outputs, and what they add to the
+                lags of the activation after its norm
     pointwise.py  any other activation (ReLU6, SiLU, GELU, Hardswish, Hardsigmoid, sigmoid, tanh)
     maxpool.py  max pool (window draws, Clark's recursion)
     law.py      the law of a field that is not normal (atoms per position, a Gaussian copula): a sparse

@@ -9,7 +9,9 @@ conv      mean  m_out = conv(m, W) + b
           back  v_g,in = Σ_Δ convᵀ(Q_Δ, W(u) W(u − sΔ)), the lags the same sum over tap pairs (A(−d))
           shape κ₃,out = conv(κ₃, W³), κ₄,out = conv(κ₄, W⁴) (κ₃ = γ₁ v^{3/2}, κ₄ = γ₂ v²: the cumulants
                 of a weighted sum of independent taps), where the input carries them; the taps'
-                joint cumulants are left out (a depthwise conv's inputs at init: nearly independent)
+                joint cumulants are left out (a depthwise conv's inputs at init: nearly independent);
+                a depthwise conv's neighbouring outputs share inputs: their joint cumulants
+                (``Field.joint``, :mod:`joint`)
           dependence (depthwise, where the gradient carries ``Field.dependence``: an activation after
                 its norm, g_out = f'(z) G) one input x_p moves each output z_q it reaches by w_j x_p,
                 t_j = w_j √v_p / √v_q in standardized units, so (Mehler) E[f'(z_q) | ξ_p] ∝ 1 + r₁ t_j ξ_p
@@ -38,9 +40,11 @@ from gatepool.analysis.probe.correlated.field import (
     _at_lag,
     _field_from_sums,
     _rho_strided,
+    _shifted,
     lags_of,
     spectra,
 )
+from gatepool.analysis.probe.correlated.joint import depthwise_joint
 from gatepool.analysis.probe.correlated.pad import Pad
 from gatepool.analysis.probe.correlated.registry import pair, register_correlated_rule, register_named_rule
 from gatepool.analysis.probe.correlated.steps import Steps
@@ -48,17 +52,6 @@ from gatepool.analysis.probe.correlated.steps import Steps
 
 def _lags(kh: int, kw: int):
     return [(dh, dw) for dh in range(-(kh - 1), kh) for dw in range(-(kw - 1), kw)]
-
-
-def _shifted(f: torch.Tensor, dh: int, dw: int) -> torch.Tensor:
-    """g(q) = f(q + d), zero outside."""
-    H, W = f.shape[-2:]
-    out = torch.zeros_like(f)
-    h0, h1 = max(0, -dh), min(H, H - dh)
-    w0, w1 = max(0, -dw), min(W, W - dw)
-    if h0 < h1 and w0 < w1:
-        out[..., h0:h1, w0:w1] = f[..., h0 + dh : h1 + dh, w0 + dw : w1 + dw]
-    return out
 
 
 def _shift_prod(W: torch.Tensor, dh: int, dw: int) -> torch.Tensor:
@@ -179,7 +172,20 @@ class Conv:
             if gamma is not None:
                 kappa = F.conv2d((gamma * v ** (k / 2))[None], self.W**k, None, self.stride, self.padding)[0]
                 shape[key] = torch.where(ok, kappa / den ** (k / 2), 0.0)
+        src = self._source()
+        if src is not None and x.components is None:  # depthwise: neighbouring outputs share skewed inputs
+            k3, k4 = (None if g is None else self._taps((g * v ** (k / 2))[src], out.shape[1:])
+                      for g, k in ((x.skew, 3), (x.kurt, 4)))  # fmt: skip
+            w = self.W[torch.arange(len(src)), src]
+            shape["joint"] = depthwise_joint(w, self._tap_offsets(), self.stride, k3, k4, out.var)
         return replace(out, **shape)
+
+    def _source(self) -> torch.Tensor | None:
+        """The input channel each output channel reads (Co,), where each reads one (depthwise); None else."""
+        reads = self.W.flatten(2).abs().sum(2) > 0  # (Co, Ci)
+        if not bool((reads.sum(1) == 1).all()):
+            return None
+        return reads.to(torch.int8).argmax(1)
 
     def backward(self, g: Field) -> Field:
         x, (Co, Ci, kh, kw), (sh, sw), (ph, pw) = self.x, self.W.shape, self.stride, self.padding
@@ -266,10 +272,9 @@ class Conv:
         """(β₁, β₂, None, None) of the input's gradient from the output's ``g.dependence`` (see the module
         docstring), for a conv whose every output channel reads one input channel (depthwise); None else."""
         Co, Ci = self.W.shape[:2]
-        reads = self.W.flatten(2).abs().sum(2) > 0  # (Co, Ci)
-        if self.x.components is not None or not bool((reads.sum(1) == 1).all()):
+        src = self._source()  # (Co,) the input channel of each output channel
+        if self.x.components is not None or src is None:
             return None
-        src = reads.to(torch.int8).argmax(1)  # (Co,) the input channel of each output channel
         w = self.W[torch.arange(Co), src]  # (Co, kh, kw)
         (sh, sw), (ph, pw) = self.stride, self.padding
         H, W = self.x.shape[1:]

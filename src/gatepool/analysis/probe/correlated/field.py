@@ -49,6 +49,9 @@ class Field:
     and the pointwise rules read them (the Gram–Charlier density, :mod:`pointwise`); every other rule
     drops them. A depthwise conv sums nine rectified inputs with one channel's weights: its output is
     skewed (γ₁ ≈ ±0.5), and the activation after its norm is not that of a Gaussian.
+    ``joint`` (values only, optional): {lag e: (k21, k22, k31)} maps (C, H, W), the standardized joint
+    cumulants of the pair (P, P + e) where a depthwise conv's outputs share skewed inputs; a norm's
+    affine map keeps them, the activation after it reads them (:mod:`joint`); every other rule drops them.
     ``law`` (optional): the law per position where it is not normal (:class:`normal.Law` atoms
     (C, H, W, K)), the positions joined by a Gaussian copula of this stencil (:mod:`law`).
     ``dependence`` (gradients only, optional): (β₁, β₂, r₁, r₂), maps (C, H, W), how the gradient
@@ -72,6 +75,7 @@ class Field:
     kurt: torch.Tensor | None = field(default=None, repr=False)
     law: object | None = field(default=None, repr=False)
     dependence: tuple | None = field(default=None, repr=False)
+    joint: dict | None = field(default=None, repr=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -189,6 +193,17 @@ def _valid(f: torch.Tensor, dh: int, dw: int):
     a = f[..., max(0, -dh) : H - max(0, dh), max(0, -dw) : W - max(0, dw)]
     b = f[..., max(0, dh) : H - max(0, -dh), max(0, dw) : W - max(0, -dw)]
     return a, b
+
+
+def _shifted(f: torch.Tensor, dh: int, dw: int) -> torch.Tensor:
+    """g(q) = f(q + d), zero outside."""
+    H, W = f.shape[-2:]
+    out = torch.zeros_like(f)
+    h0, h1 = max(0, -dh), min(H, H - dh)
+    w0, w1 = max(0, -dw), min(W, W - dw)
+    if h0 < h1 and w0 < w1:
+        out[..., h0:h1, w0:w1] = f[..., h0 + dh : h1 + dh, w0 + dw : w1 + dw]
+    return out
 
 
 def _rho_strided(corr, in_hw, out_hw, stride, ch, cw):

@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
+from gatepool.analysis.probe.correlated.joint import flipped
 from gatepool.analysis.probe.correlated.law import reshaped
 from gatepool.analysis.probe.correlated.registry import (
     register_correlated_rule,
@@ -45,7 +46,7 @@ def _carry_law(x: Field, out: Field) -> Field:
 
 def _shape(x: Field, scale: torch.Tensor) -> dict:
     """The skewness and excess kurtosis through y = a_c x + b (``Field.skew``'s sign is a_c's)."""
-    out = {"kurt": x.kurt}
+    out = {"kurt": x.kurt, "joint": None if x.joint is None else flipped(x.joint, torch.sign(scale))}
     if x.skew is not None:
         out["skew"] = x.skew * torch.sign(scale)[:, None, None]
     return out

@@ -18,6 +18,8 @@ skewed input  where x carries γ₁, γ₂ (``Field.skew``, ``kurt``: after a de
               joint law of two positions Gaussian). Every output carries its own γ₁, γ₂, from E[f³],
               E[f⁴] under the normal of x's mean and variance (the Gram–Charlier density is negative in
               a far tail, where a rarely active f's standardized cumulants would blow up)
+joint         where x's neighbours share skewed inputs (``Field.joint``: a depthwise conv's, through its
+              norm), the lag sums gain the bivariate Edgeworth series' first terms (:mod:`joint`)
 backward      g independent of x: Cov(g_p f'(x_p), g_q f'(x_q)) = Cov(g_p, g_q) E[f'(x_p) f'(x_q)], the same
               series of f' (its mean b_0 = E[f'] included); for a norm before it (``Field.yy``)
               E[g_p g_q x_p x_q f'(x_p) f'(x_q)], the series of u(x) = x f'(x).
@@ -50,6 +52,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
+from gatepool.analysis.probe.correlated.joint import joint_lag_sums
 from gatepool.analysis.probe.correlated.registry import register_correlated_rule
 
 _ORDER = 24  # Mehler's series to ρ²⁴, then the Parseval remainder
@@ -361,6 +364,9 @@ class Pointwise:
         if x.skew is not None or x.kurt is not None:  # its own mean and variance (the correlation: normal's)
             m, var, _, _ = _shape(self.mom)
             out = replace(out, mean=m, var=var)
+        if x.joint is not None:  # neighbours sharing skewed inputs (a depthwise conv's): h_n = √n! a_n
+            h = [coef[n - 1] * math.factorial(n) ** 0.5 for n in (1, 2, 3)]
+            out = _field_from_sums(out.mean, out.var, out.lag_sums() + joint_lag_sums(x.joint, *h))
         self._keep_for_backward()
         return replace(out, skew=skew, kurt=kurt)
 

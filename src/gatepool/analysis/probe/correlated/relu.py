@@ -9,6 +9,10 @@ ReLU      per position the rectified normal; per lag Mehler's series, a = m/s,
           P by the same series (k_n = φ(a)He_{n−1}(−a)) or the same integral; where the gradient
           depends on y (``Field.dependence``: a depthwise conv after it) E[1[x > 0] g²] and the input
           gradient's own dependence, in closed form (:mod:`relu_dependence`).
+          Of a skewed field (``Field.skew``, ``kurt``: after a depthwise conv) E[ReLU], E[ReLU²] and the
+          gate's E[1[x > 0] g²] under the Gram–Charlier density, in closed form (:mod:`relu_shape`);
+          the correlations the normal's (plus the joint cumulants' terms, ``Field.joint``, :mod:`joint`).
+          Its output carries the rectified normal's γ₁, γ₂.
           Of b + ReLU(y) (``Field.parts``): the skewed sum's own mean and variance, from the law of
           ReLU(y) as atoms (``ReLU.law``: exact block after block of a residual stream, where a normal
           fitted to the stream would lose 6% of its variance a block), its correlations a normal's of
@@ -32,6 +36,7 @@ import torch.nn as nn
 
 from gatepool.analysis.probe.correlated.add import add_grads
 from gatepool.analysis.probe.correlated.field import Field, _at_lag, _field_from_sums, _ratio, _valid, xcorr
+from gatepool.analysis.probe.correlated.joint import joint_lag_sums
 from gatepool.analysis.probe.correlated.law import _icdf, hermite_steps, latent_corr
 from gatepool.analysis.probe.correlated.normal import (
     Law,
@@ -45,6 +50,7 @@ from gatepool.analysis.probe.correlated.normal import (
 )
 from gatepool.analysis.probe.correlated.registry import register_correlated_rule
 from gatepool.analysis.probe.correlated.relu_dependence import relu_dependence
+from gatepool.analysis.probe.correlated.relu_shape import relu_shape
 
 _SERIES_ORDER = 12  # Mehler's series to ρ¹²: at |ρ| ≤ 0.5 its remainder is < 1e-6 of σ_p σ_q
 _SERIES_RHO = 0.5  # above this |ρ| (within ``exact_lags``) the bivariate integral instead
@@ -168,7 +174,14 @@ class ReLU:
             self.stream_gate = torch.where(
                 pos * p_y > 0, both / (pos * p_y).clamp_min(1e-300), torch.ones_like(pos)
             )
-        return _field_from_sums(mu, var, T)
+            return _field_from_sums(mu, var, T)
+        out = _field_from_sums(mu, var, T)
+        mu_s, e2_s, _, skew, kurt = relu_shape(x.mean, x.var, x.skew, x.kurt)
+        if x.skew is not None or x.kurt is not None:  # its own mean and variance (the correlation: normal's)
+            out = replace(out, mean=mu_s, var=(e2_s - mu_s * mu_s).clamp_min(0))
+        if x.joint is not None:  # neighbours sharing skewed inputs (a depthwise conv's): h_n = c_n
+            out = _field_from_sums(out.mean, out.var, out.lag_sums() + joint_lag_sums(x.joint, *self.c[:3]))
+        return replace(out, skew=skew, kurt=kurt)
 
     def _forward_law(self, x: Field) -> Field:
         """The ReLU of a field with a law (see the module): the series in ρ_z; the gates' joint
@@ -226,7 +239,7 @@ class ReLU:
         sg = g.var.clamp_min(0).sqrt()
         var, dependence = g.var * self.pos, None
         if self.x.law is None and self.x.parts is None:  # E[1[x > 0] g²], g depending on y (relu_dependence)
-            ek, dependence = relu_dependence(self.x.mean, self.x.var, g.dependence)
+            ek, dependence = relu_dependence(self.x.mean, self.x.var, g.dependence, self.x.skew, self.x.kurt)
             var = g.var * ek
         # Cov(g_p, g_q) P(x_p > 0, x_q > 0) and Cov(g_p, g_q) E[ReLU(x_p) ReLU(x_q)], by the series
         rc, rk = self.rest

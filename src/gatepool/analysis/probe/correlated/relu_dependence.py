@@ -19,19 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from gatepool.analysis.probe.correlated.normal import _cdf, _pdf
 from gatepool.analysis.probe.correlated.pointwise import dependence_weights
-
-_A_MAX = 38.0  # |m/s| beyond this φ(a) is 0 in float64 (a position of s = 0 gets ±this)
-
-
-def _truncated(a: torch.Tensor) -> list[torch.Tensor]:
-    """[M₀ … M₄]: E[z^j 1[z > −a]] of z ~ N(0, 1)."""
-    phi = _pdf(a)
-    M = [_cdf(a), phi]
-    for j in range(2, 5):
-        M.append((j - 1) * M[j - 2] + (-a) ** (j - 1) * phi)
-    return M
+from gatepool.analysis.probe.correlated.relu_shape import gated, standardized, truncated
 
 
 def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
@@ -39,24 +28,24 @@ def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), 0.0)
 
 
-def relu_dependence(mean: torch.Tensor, var: torch.Tensor, dependence: tuple | None
+def relu_dependence(mean: torch.Tensor, var: torch.Tensor, dependence: tuple | None,
+                    skew: torch.Tensor | None = None, kurt: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, tuple]:  # fmt: skip
     """For x ~ N(mean, var) per position and the output gradient's ``dependence`` (β₁, β₂, …: None, g
     independent of y): E[1[x > 0] (a₀ + a₁ x + a₂ x²)], the factor of E[g²] at the input (P(x > 0)
     without a dependence), and the input gradient's (β₁, β₂, r₁, r₂) (see the module docstring)."""
-    s = var.clamp_min(0).sqrt()
-    alive = s > 0
-    dead = torch.where(mean > 0, _A_MAX, -_A_MAX)  # x = m exactly: its gate 1[m > 0] (ReLU's slope 0 at 0)
-    t = torch.where(alive, mean / torch.where(alive, s, torch.ones_like(s)), dead)
-    M = _truncated(t.clamp(-_A_MAX, _A_MAX))
+    s, t = standardized(mean, var)
+    M = truncated(t, 6)
     if dependence is None:
         a0, a1, a2 = torch.ones_like(mean), torch.zeros_like(mean), torch.zeros_like(mean)
-    else:  # y = ReLU(x): E[y] = m M₀ + s M₁, E[y²] = m² M₀ + 2 m s M₁ + s² M₂
-        mean_y, e2_y = mean * M[0] + s * M[1], mean * mean * M[0] + 2 * mean * s * M[1] + var * M[2]
+    else:  # y = ReLU(x): E[y] = E[1[z > −a] (m + s z)], E[y²] = E[1[z > −a] (m + s z)²]
+        mean_y = gated([mean, s], M, skew, kurt)
+        e2_y = gated([mean * mean, 2 * mean * s, var.clamp_min(0)], M, skew, kurt)
         a0, a1, a2 = dependence_weights(dependence, mean_y, e2_y)
     k0, k1, k2 = a0 + a1 * mean + a2 * mean * mean, (a1 + 2 * a2 * mean) * s, a2 * s * s
-    ek = k0 * M[0] + k1 * M[1] + k2 * M[2]
+    ek = gated([k0, k1, k2], M, skew, kurt)  # under x's Gram–Charlier density where it is skewed
+    en = gated([k0, k1, k2], M, None, None)  # the dependence's own shape: the normal's (as the pointwise's)
     ek1 = k0 * M[1] + k1 * M[2] + k2 * M[3]  # E[K He₁]
     ek2 = k0 * (M[2] - M[0]) + k1 * (M[3] - M[1]) + k2 * (M[4] - M[2])  # E[K He₂]
-    dep = (_ratio(ek1, ek), _ratio(ek2, 2 * ek), _ratio(M[1], M[0]), _ratio(M[2] - M[0], 2 * M[0]))
+    dep = (_ratio(ek1, en), _ratio(ek2, 2 * en), _ratio(M[1], M[0]), _ratio(M[2] - M[0], 2 * M[0]))
     return ek, dep
