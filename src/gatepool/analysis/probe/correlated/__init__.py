@@ -101,6 +101,7 @@ from gatepool.analysis.probe.correlated.shuffle import ChannelShuffle
 from gatepool.analysis.probe.correlated.space_to_depth import SpaceToDepth
 from gatepool.analysis.probe.correlated.split import ChannelSlice
 from gatepool.analysis.probe.correlated.split_attn import SplitAttn
+from gatepool.analysis.probe.correlated.stencil import Stencil, pool_stencil
 from gatepool.analysis.probe.correlated.steps import Identity, Steps
 from gatepool.analysis.probe.correlated.stochastic_depth import StochasticDepth
 from gatepool.analysis.probe.correlated.token_linear import TokenLinear
@@ -139,6 +140,7 @@ __all__ = [
     "Shift",
     "SpaceToDepth",
     "SplitAttn",
+    "Stencil",
     "Steps",
     "StochasticDepth",
     "TokenCat",
@@ -156,6 +158,7 @@ __all__ = [
     "measure_fields",
     "measure_input",
     "neighbour_corr",
+    "pool_stencil",
     "relu_moments_map",
     "relu_of_sum_map",
     "relu_of_sum_law",
