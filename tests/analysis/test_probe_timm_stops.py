@@ -140,3 +140,19 @@ def test_squeeze_excitation_as_one_step_matches_monte_carlo():
     with torch.no_grad():
         se.fc1.weight.mul_(3.0)  # a gate that varies: the product's second moment E[s²] ≠ E[s]²
     _map_against_monte_carlo(cr.SqueezeExcite(se), se, 9)
+
+
+def test_fastvit_repmixer_fold_matches_monte_carlo():
+    """FastViT's RepMixer ``x + γ (mixer(x) − norm(x))``: a depthwise branch and the identity's BatchNorm
+    less another identity BatchNorm, scaled per channel by γ (0.5 here: at init 1e-5), plus x."""
+    torch.manual_seed(0)
+    mixer, norm = _RepBlock(groups=2).double(), nn.BatchNorm2d(2).double()
+    nn.init.uniform_(norm.weight, 0.5, 1.5)
+    gamma = torch.tensor([0.5, -0.7], dtype=DT)
+    branches = _branches(mixer) + [(None, norm)]
+    rule = cr.Reparam(branches, [1.0] * 4 + [-1.0], scale=gamma, residual=True)
+
+    def fn(x):
+        return x + gamma[:, None, None] * (mixer.forward(x, act=False) - norm(x))
+
+    _map_against_monte_carlo(rule, fn, 9)

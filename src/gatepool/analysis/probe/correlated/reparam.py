@@ -11,10 +11,14 @@ fold      BN_b(conv_b(x)) = a_b conv_b(x) + c_b, a_b = γ_b/σ_b, c_b = β_b −
 forward   the folded conv's rule (:class:`conv.Conv`), then the squeeze-and-excitation's
           (:mod:`squeeze_excite`) and the activation's
 backward  the same steps back (the BatchNorms' divisors as constants: their fluctuation over B·H·W
-          values and the gradient's projections on their means left out)
+          values and the gradient's projections on their means and on x̂ left out)
 
 FastViT's ``RepMixer`` ``x + γ (mixer(x) − norm(x))`` (two such blocks without activation and a layer
-scale γ) is the fold of δ + γ (mixer's − norm's) kernels.
+scale γ) is the fold of δ + γ (mixer's − norm's) kernels: registered (its branch scaled by γ = 1e-5 at
+init, the projections left out are of that). A block whose activation gates on the sum (MobileOne,
+RepVGG) is not: the ReLU makes the gradient correlated with each branch's x̂, whose projection the
+walk's own BatchNorm rule carries (``yy``) and the fold does not (MobileOne-S0's first stage 1.4–1.5×
+high backward); traced, such blocks keep it (:func:`reparam_rule` builds the fold).
 """
 
 from __future__ import annotations
@@ -156,10 +160,11 @@ def _branches(m: nn.Module) -> list:
     return out
 
 
-@register_named_rule("timm.models.byobnet.MobileOneBlock", "timm.models.byobnet.RepVggBlock",
-                     "timm.models.fastvit.MobileOneBlock")  # fmt: skip
 def reparam_rule(m: nn.Module) -> Reparam:
-    """timm's MobileOne, RepVGG and FastViT blocks at training time: their branches folded into one conv."""
+    """timm's MobileOne, RepVGG and FastViT blocks at training time: their branches folded into one conv.
+    Not registered: the fold's backward takes the BatchNorms' divisors as constants and so misses their
+    projection of the gradient on x̂ (E[g x̂] ≠ 0 where the ReLU after the sum gates on the identity
+    branch), which the walk's own BatchNorm rule carries (``yy``); traced, the blocks keep it."""
     return Reparam(_branches(m), act=_act(m))
 
 
