@@ -67,8 +67,8 @@ class _Difference:
     b, not two independent terms. Its gradient goes to b through (A − I)ᵀ; a (whose own step is then
     not walked back) gets the output's gradient as its row's."""
 
-    def __init__(self, matrix: torch.Tensor, out_hw, pooled: int) -> None:
-        self.map, self.pooled = cr.PositionMap(matrix, out_hw), pooled  # pooled: a's index among the two
+    def __init__(self, step, pooled: int) -> None:
+        self.map, self.pooled = step, pooled  # step: (A − I) or (I − A) of b; pooled: a's index of the two
 
     def forward(self, x: cr.Field) -> cr.Field:
         return self.map.forward(x)
@@ -737,12 +737,17 @@ class _Walk(Walk):
         elif n.target in _SUBS and len(args) == 2 and len(n.args) == 2:  # pool(x) − x
             i = next((i for i in (0, 1) if inputs.get(n.args[i]) == [n.args[1 - i]]), None)
             a, b = (None, None) if i is None else (n.args[i], n.args[1 - i])  # a = A b
-            A = None if a is None else _positions_matrix(steps.get(a), value[b])
-            if A is None or len(a.users) != 1 or A.shape[0] != A.shape[1]:
-                raise NotImplementedError("a difference of two tensors: x − A x or A x − x, A a "
-                                          "fixed map of x's positions (a pool), only")  # fmt: skip
-            eye = torch.eye(len(A), dtype=A.dtype)
-            step = _Difference(A - eye if i == 0 else eye - A, value[b].shape[1:], i)
+            pool = None if a is None else steps.get(a)
+            if isinstance(pool, AvgPool2dStep) and pool.s == (1, 1) and len(a.users) == 1:  # a stencil
+                diff = pool.stencil(value[b], minus_identity=True)
+                step = _Difference(diff if i == 0 else Steps(diff, cr.Scale(-1.0)), i)
+            else:
+                A = None if a is None else _positions_matrix(pool, value[b])
+                if A is None or len(a.users) != 1 or A.shape[0] != A.shape[1]:
+                    raise NotImplementedError("a difference of two tensors: x − A x or A x − x, A a "
+                                              "fixed map of x's positions (a pool), only")  # fmt: skip
+                eye = torch.eye(len(A), dtype=A.dtype)
+                step = _Difference(cr.PositionMap(A - eye if i == 0 else eye - A, value[b].shape[1:]), i)
             out, steps[n] = step.forward(value[b]), step
             inputs[a] = []  # its gradient is the output's; x's goes through A − I here
         elif n.target in _SUBS and len(args) == 1 and len(n.args) == 2:  # x − c, c − x

@@ -97,6 +97,7 @@ from gatepool.analysis.probe.correlated.pointwise import Pointwise, hermite_coef
 from gatepool.analysis.probe.correlated.product import Product
 from gatepool.analysis.probe.correlated.registry import register_correlated_rule, rule_for
 from gatepool.analysis.probe.correlated.relu import ReLU, relu_series_maps
+from gatepool.analysis.probe.correlated.reparam import Reparam
 from gatepool.analysis.probe.correlated.resample import Interpolate, PositionMap
 from gatepool.analysis.probe.correlated.scale import Scale
 from gatepool.analysis.probe.correlated.shift import Shift
@@ -104,6 +105,8 @@ from gatepool.analysis.probe.correlated.shuffle import ChannelShuffle
 from gatepool.analysis.probe.correlated.space_to_depth import SpaceToDepth
 from gatepool.analysis.probe.correlated.split import ChannelSlice
 from gatepool.analysis.probe.correlated.split_attn import SplitAttn
+from gatepool.analysis.probe.correlated.squeeze_excite import SqueezeExcite
+from gatepool.analysis.probe.correlated.stencil import Stencil, pool_stencil
 from gatepool.analysis.probe.correlated.steps import Identity, Steps
 from gatepool.analysis.probe.correlated.stochastic_depth import StochasticDepth
 from gatepool.analysis.probe.correlated.token_linear import TokenLinear
@@ -137,11 +140,14 @@ __all__ = [
     "PositionMap",
     "Product",
     "ReLU",
+    "Reparam",
     "Scale",
     "SelectToken",
     "Shift",
     "SpaceToDepth",
     "SplitAttn",
+    "SqueezeExcite",
+    "Stencil",
     "Steps",
     "StochasticDepth",
     "TokenCat",
@@ -159,6 +165,7 @@ __all__ = [
     "measure_fields",
     "measure_input",
     "neighbour_corr",
+    "pool_stencil",
     "relu_moments_map",
     "relu_of_sum_map",
     "relu_of_sum_law",

@@ -10,7 +10,7 @@ backward  g_in = Aᵀ g: Cov = Aᵀ Cov_g A, the same sums
 
 Even windows (n a multiple of o) are a strided box filter: :func:`conv.box_conv` (any map size). An
 ``AvgPool2d`` in ceil mode or without ``count_include_pad`` is the same linear map of its own windows
-(:class:`AvgPoolWindows`).
+(:class:`AvgPoolWindows`); at stride 1 a stencil of border-dependent weights (:mod:`stencil`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch.nn as nn
 from gatepool.analysis.probe.correlated.conv import box_conv
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums
 from gatepool.analysis.probe.correlated.registry import pair, register_correlated_rule
+from gatepool.analysis.probe.correlated.stencil import Stencil, pool_stencil
 
 _MAX_POSITIONS = 1024  # the input's and the output's H·W at most: (C, H·W, H·W) covariances in float64
 
@@ -139,7 +140,8 @@ class AdaptiveAvgPool2dStep:
 
 @register_correlated_rule(nn.AvgPool2d)
 class AvgPool2dStep:
-    """AvgPool2d: a box filter; in ceil mode or without count_include_pad its window matrix."""
+    """AvgPool2d: a box filter; in ceil mode or without count_include_pad its window matrix, at stride 1
+    a stencil with border-dependent weights (:mod:`stencil`)."""
 
     def __init__(self, m: nn.AvgPool2d) -> None:
         if m.divisor_override:
@@ -152,9 +154,17 @@ class AvgPool2dStep:
     def forward(self, x):
         if self.modes == (False, True):
             self.conv = box_conv(x.shape[0], self.k, self.s, self.p)
+        elif self.s == (1, 1):  # border windows divided by their own taps: a stencil, any map size
+            self.conv = self.stencil(x)
         else:
             self.conv = AvgPoolWindows(self.k, self.s, self.p, *self.modes)
         return self.conv.forward(x)
+
+    def stencil(self, x, minus_identity: bool = False) -> Stencil:
+        """The stride-1 pool of ``x`` (or ``pool(x) − x``) as a :class:`stencil.Stencil`."""
+        C, H, W = x.shape
+        A = (avg_windows(n, k, 1, p, *self.modes) for n, k, p in zip((H, W), self.k, self.p))
+        return pool_stencil(C, *A, self.k, self.p, minus_identity)
 
     def backward(self, g):
         return self.conv.backward(g)
