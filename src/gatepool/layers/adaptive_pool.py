@@ -25,8 +25,9 @@ i is [i·k, (i + 1)·k) with k = n / o, a windowed pool's of kernel and stride k
 takes :class:`gatepool.layers.gated_pool.GatedPoolNd`'s path there (the C kernel, float16 / bfloat16 read
 as they are, float32 inside; without it the tiled or plain path, as
 :func:`gatepool.layers.softmax_paths.softmax_path` names). Otherwise it gathers every window, padded to
-the largest with masked taps (gate 0), into ``(N, C, *out, K)`` and takes the softmax there (max pooling's limits for non-finite
-inputs, as every gate here), in float32 (float64 stays float64); the output has the input's dtype.
+the largest with masked taps (gate 0), into ``(N, C, *out, K)`` and takes the softmax there (max
+pooling's limits for non-finite inputs, as every gate here), in float32 (float64 stays float64); the
+output has the input's dtype.
 """
 
 from __future__ import annotations
