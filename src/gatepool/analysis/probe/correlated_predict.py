@@ -35,7 +35,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from gatepool.analysis.probe import correlated as cr
-from gatepool.analysis.probe.correlated import registry
+from gatepool.analysis.probe.correlated import regime, registry
 from gatepool.analysis.probe.correlated.adaptive import AdaptiveAvgPool2dStep, AvgPool2dStep
 from gatepool.analysis.probe.correlated.conv import conv_rule
 from gatepool.analysis.probe.correlated.maxpool import maxpool_rule
@@ -720,6 +720,7 @@ class _Walk(Walk):
                 out = step.forward(value[args[0]])
             if isinstance(step, cr.Conv) and value[args[0]].law is not None:  # a sparse input's law
                 out.law = cr.conv_law(value[args[0]], step, out)
+            out.regime = regime.through(step, value[args[0]], out) if out.regime is None else out.regime
             steps[n] = step
         elif n.op != "call_module" and (make := registry.RULES.lookup(n.target)) is not None:
             if len(args) != 1:
@@ -768,6 +769,9 @@ class _Walk(Walk):
                 out = dataclasses.replace(out, parts=(value[args[1 - r]], stream))
             else:  # a field with a law (a pool's, a norm's) and a normal: the sum's law
                 out = dataclasses.replace(out, law=cr.sum_law(*(value[a] for a in args)))
+            out.regime = regime.add(*(value[a].regime for a in args))
+            if out.regime is not None:  # the two terms in the same regime: the mixture's law
+                out = dataclasses.replace(out, law=regime.mixture_law(out.mean, out.var, out.regime))
             steps[n] = _Add(r)
         elif n.target in _CATS and layout == ("W", "C"):  # along the tokens, constants too
             dim = n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else 0)

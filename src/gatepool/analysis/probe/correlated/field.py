@@ -54,6 +54,9 @@ class Field:
     affine map keeps them, the activation after it reads them (:mod:`joint`); every other rule drops them.
     ``law`` (optional): the law per position where it is not normal (:class:`normal.Law` atoms
     (C, H, W, K)), the positions joined by a Gaussian copula of this stencil (:mod:`law`).
+    ``regime`` (values only, optional): per sample of the input whether each position's receptive field
+    holds a stroke, and the tensor's value where it holds none (:class:`regime.Regime`): a sparse
+    input's background or strokes, shared by all channels (:mod:`regime`).
     ``dependence`` (gradients only, optional): (β₁, β₂, r₁, r₂), maps (C, H, W), how the gradient
     depends on the tensor's own value x at its position, ξ = (x − m)/√v:
     E[g² | x] = E[g²] (1 + β₁ He₁(ξ) + β₂ He₂(ξ)); and where g = f'(x) G (a pointwise rule's input, G
@@ -76,6 +79,7 @@ class Field:
     law: object | None = field(default=None, repr=False)
     dependence: tuple | None = field(default=None, repr=False)
     joint: dict | None = field(default=None, repr=False)
+    regime: object | None = field(default=None, repr=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:

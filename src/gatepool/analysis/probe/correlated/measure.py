@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import torch
 
+from gatepool.analysis.probe.correlated import regime
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
 from gatepool.analysis.probe.correlated.law import quantile_law
 
@@ -46,7 +47,8 @@ def measure_input(batch: torch.Tensor, law: bool | None = None) -> Field:
     ``law``: also its own marginal per position (``Field.law``: atoms of the batch's sorted values
     there, :func:`law.quantile_law`; a sparse image's spike at the background and tail of strokes),
     which the prediction then carries through the first conv, the max pools, norms and adds into the
-    ReLUs (:mod:`law`). None (the default): where the batch is sparse, its smallest value (the
+    ReLUs (:mod:`law`), and its regime per sample (``Field.regime``: where it is above its background,
+    :mod:`regime`). None (the default): where the batch is sparse, its smallest value (the
     background) at least :data:`SPARSE` of its values (the 60×60 canvases: 0.96; MNIST: 0.81, where
     the normal per position holds).
 
@@ -62,7 +64,7 @@ def measure_input(batch: torch.Tensor, law: bool | None = None) -> Field:
     if law is None:
         law = batch.numel() > 0 and float((batch == batch.min()).float().mean()) >= SPARSE
     f = measure_field(batch)
-    f = _with_law(f, batch) if law else f
+    f = replace(_with_law(f, batch), regime=regime.of_input(batch)) if law and batch.dim() == 4 else f
     if batch.dim() != 4 or batch.shape[1] < 2:
         return f
     x = batch.detach().to("cpu", _DT)

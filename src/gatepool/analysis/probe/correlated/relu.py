@@ -23,6 +23,9 @@ ReLU      per position the rectified normal; per lag Mehler's series, a = m/s,
           step function's coefficients, c_n = a_n of ReLU(Q_p(Φ(z))) and k_n those of the gate
           1[z > Φ⁻¹(P(x ≤ 0))] (a normal's: k_n = φ(a)He_{n−1}(−a), a = Φ⁻¹(P(x > 0))), plus
           Parseval's rest ρ_z^{N+1} r_p r_q (r² = Var − Σ c_n²/n!); back the same in k
+          Of a field with a regime and no law (``Field.regime``, :mod:`regime`): per position the
+          mixture (1 − π) δ_bg + π N(m_s, v_s)'s moments and P(x > 0), the lags' correlation the
+          normal's; back, the gate P(x > 0) the mixture's
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dataclasses import replace
 import torch
 import torch.nn as nn
 
+from gatepool.analysis.probe.correlated import regime
 from gatepool.analysis.probe.correlated.add import add_grads
 from gatepool.analysis.probe.correlated.field import Field, _at_lag, _field_from_sums, _ratio, _valid, xcorr
 from gatepool.analysis.probe.correlated.joint import joint_lag_sums
@@ -137,6 +141,17 @@ class ReLU:
         ]
 
     def forward(self, x: Field) -> Field:
+        out = self._forward(x)
+        self.mixed = x.regime is not None and x.law is None
+        if self.mixed:  # a regime (no law): the mixture's moments and gate, the lags' correlation kept
+            mu, e2, self.pos = regime.relu_mixture(x.mean, x.var, x.regime)
+            var = (e2 - mu * mu).clamp_min(0)
+            out = _field_from_sums(mu, var, out.corr * xcorr(var.sqrt(), var.sqrt()))
+        if x.regime is not None:
+            out.regime = regime.relu(x.regime)
+        return out
+
+    def _forward(self, x: Field) -> Field:
         self.x, self.stream_gate, self.rho, self.rest = x, None, x.corr, (None, None)
         if x.law is not None and x.parts is None:
             return self._forward_law(x)
@@ -238,7 +253,7 @@ class ReLU:
         H, W = g.shape[1:]
         sg = g.var.clamp_min(0).sqrt()
         var, dependence = g.var * self.pos, None
-        if self.x.law is None and self.x.parts is None:  # E[1[x > 0] g²], g depending on y (relu_dependence)
+        if self.x.law is None and self.x.parts is None and not self.mixed:  # E[1[x > 0] g²], g depending on y
             ek, dependence = relu_dependence(self.x.mean, self.x.var, g.dependence, self.x.skew, self.x.kurt)
             var = g.var * ek
         # Cov(g_p, g_q) P(x_p > 0, x_q > 0) and Cov(g_p, g_q) E[ReLU(x_p) ReLU(x_q)], by the series
