@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from gatepool.analysis.probe.correlated import Conv, Field, ReLU, measure_field
 from gatepool.analysis.probe.correlated import regime as rg
+from gatepool.analysis.probe.correlated_predict import _regime_through
 
 H, B = 16, 1200
 
@@ -99,14 +100,14 @@ def test_relu_of_mixture_against_monte_carlo():
 
 
 def test_conv_step_regime_matches_module():
-    """The walk's dispatch (:func:`regime.through`) for a conv step: its bg is the conv of bg."""
+    """The walk's dispatch (``correlated_predict._regime_through``) for a conv: its bg is the conv of bg."""
     x = _input()[:8]
     (W1, b1), _ = _net()
     step = Conv(W1, b1, (1, 1), (1, 1))
     f = measure_field(x)
     f.regime = rg.of_input(x)
     out = step.forward(f)
-    r = rg.through(step, f, out)
+    r = _regime_through(step, f, out)
     assert torch.allclose(r.bg, F.conv2d(torch.zeros(1, 1, H, H, dtype=torch.float64), W1, b1, padding=1)[0])
 
 

@@ -47,6 +47,27 @@ from gatepool.analysis.probe.graph import NoPrediction, Walk, trace
 __all__ = ["CorrelatedPrediction", "CorrelatedRow", "predict_correlated", "register_correlated_rule"]
 
 
+def _regime_through(step, x: cr.Field, out: cr.Field):
+    """The :class:`regime.Regime` of ``out`` = ``step``'s output of field ``x`` (a conv, a max pool, a norm;
+    None for any other step, or where ``x`` has none): the walk's dispatch to :mod:`regime`'s moves."""
+    r = x.regime
+    if r is None or r.bg.shape != x.shape:
+        return None
+    if isinstance(step, cr.Conv):
+        return regime.conv(r, step.W, step.b, step.stride, step.padding)
+    if isinstance(step, cr.MaxPool):
+        return regime.max_pool(r, step.k, step.s, step.p, step.ceil_mode)
+    if isinstance(step, cr.BatchNorm) and step.norm is not None:
+        step = step.norm
+    if isinstance(step, cr.GroupNorm):
+        gam = torch.ones(x.shape[0], dtype=torch.float64) if step.gamma is None else step.gamma
+        scale = (gam / step.sigma2.repeat_interleave(x.shape[0] // step.G).sqrt())[:, None, None]
+        return regime.affine(r, scale, out.mean - scale * x.mean)
+    if isinstance(step, cr.BatchNorm):
+        return regime.affine(r, step.a, out.mean - step.a * x.mean)
+    return None
+
+
 class _Add:
     """x + y: the two independent; ``relu`` the index of the input that is a ReLU's output (or None)."""
 
@@ -720,7 +741,7 @@ class _Walk(Walk):
                 out = step.forward(value[args[0]])
             if isinstance(step, cr.Conv) and value[args[0]].law is not None:  # a sparse input's law
                 out.law = cr.conv_law(value[args[0]], step, out)
-            out.regime = regime.through(step, value[args[0]], out) if out.regime is None else out.regime
+            out.regime = _regime_through(step, value[args[0]], out) if out.regime is None else out.regime
             steps[n] = step
         elif n.op != "call_module" and (make := registry.RULES.lookup(n.target)) is not None:
             if len(args) != 1:

@@ -121,31 +121,6 @@ def relu_mixture(mean: torch.Tensor, var: torch.Tensor, r: Regime):
     return mu, e2, pos
 
 
-def through(step, x, out) -> Regime | None:
-    """The regime of ``out`` = ``step``'s output of field ``x`` (a conv, a max pool, a norm; None for
-    any other step, or where ``x`` has none)."""
-    from gatepool.analysis.probe.correlated.conv import Conv
-    from gatepool.analysis.probe.correlated.maxpool import MaxPool
-    from gatepool.analysis.probe.correlated.norms import BatchNorm, GroupNorm
-
-    r = x.regime
-    if r is None or r.bg.shape != x.shape:
-        return None
-    if isinstance(step, Conv):
-        return conv(r, step.W, step.b, step.stride, step.padding)
-    if isinstance(step, MaxPool):
-        return max_pool(r, step.k, step.s, step.p, step.ceil_mode)
-    if isinstance(step, BatchNorm) and step.norm is not None:
-        step = step.norm
-    if isinstance(step, GroupNorm):
-        gam = torch.ones(x.shape[0], dtype=_DT) if step.gamma is None else step.gamma
-        scale = (gam / step.sigma2.repeat_interleave(x.shape[0] // step.G).sqrt())[:, None, None]
-        return affine(r, scale, out.mean - scale * x.mean)
-    if isinstance(step, BatchNorm):
-        return affine(r, step.a, out.mean - step.a * x.mean)
-    return None
-
-
 def mixture_law(mean: torch.Tensor, var: torch.Tensor, r: Regime, atoms: int = 64):
     """The law per position (:class:`normal.Law`, ``atoms`` atoms on :func:`law.levels`' bins) of the
     mixture (1 − π) δ_bg + π N(m_s, v_s): a residual add's, whose two terms share the background (where
