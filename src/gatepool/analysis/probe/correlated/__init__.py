@@ -59,6 +59,10 @@ The rules, each from the module's actual weights, one file each (its equations i
     space_to_depth.py  each block of positions into channels (TResNet's stem)
     conv_mlp.py  timm's VGG head (pooled up to its kernel, two convs)
     split_attn.py  timm's SplitAttn (ResNeSt: a gate over two halves of a conv's channels) whole
+    stencil.py  a stride-1 map of border-dependent tap weights (an avg pool without count_include_pad,
+                pool(x) − x) at any map size
+    reparam.py  a re-parameterisable block's branches of one input folded into one conv (FastViT's RepMixer)
+    squeeze_excite.py  squeeze-and-excitation as one step (inside a block whose rule is the whole block)
 
 Each rule file also registers the modules it is the rule of (``conv.py`` nn.Conv2d and timm's standardised
 convs, ``norms.py`` the norms …: the adapter from a module's attributes to its step, beside the step);

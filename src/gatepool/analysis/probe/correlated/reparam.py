@@ -18,7 +18,8 @@ scale γ) is the fold of δ + γ (mixer's − norm's) kernels: registered (its b
 init, the projections left out are of that). A block whose activation gates on the sum (MobileOne,
 RepVGG) is not: the ReLU makes the gradient correlated with each branch's x̂, whose projection the
 walk's own BatchNorm rule carries (``yy``) and the fold does not (MobileOne-S0's first stage 1.4–1.5×
-high backward); traced, such blocks keep it (:func:`reparam_rule` builds the fold).
+high backward); traced, such blocks keep it (``Reparam(_branches(m), act=_act(m))`` is the fold, for a
+block where that projection is small).
 """
 
 from __future__ import annotations
@@ -158,14 +159,6 @@ def _branches(m: nn.Module) -> list:
         for p in part if isinstance(part, nn.ModuleList) else [part]:
             out.append((None, p) if isinstance(p, nn.BatchNorm2d) else (p.conv, p.bn))
     return out
-
-
-def reparam_rule(m: nn.Module) -> Reparam:
-    """timm's MobileOne, RepVGG and FastViT blocks at training time: their branches folded into one conv.
-    Not registered: the fold's backward takes the BatchNorms' divisors as constants and so misses their
-    projection of the gradient on x̂ (E[g x̂] ≠ 0 where the ReLU after the sum gates on the identity
-    branch), which the walk's own BatchNorm rule carries (``yy``); traced, the blocks keep it."""
-    return Reparam(_branches(m), act=_act(m))
 
 
 @register_named_rule("timm.models.fastvit.RepMixer")
