@@ -785,14 +785,14 @@ class _Walk(Walk):
             out = cr.add(value[args[0]], value[args[1]])
             relus = [_relu_step(a, steps, inputs) for a in args]
             r = next(i for i, s in enumerate(relus) if s) if sum(map(bool, relus)) == 1 else None
+            both = regime.add(*(value[a].regime for a in args))
             if r is not None:  # b + ReLU(out): a ReLU after it takes the skewed sum's moments
                 stream = relus[r].law
                 out = dataclasses.replace(out, parts=(value[args[1 - r]], stream))
-            else:  # a field with a law (a pool's, a norm's) and a normal: the sum's law
+            elif both is None:  # a field with a law (a pool's, a norm's) and a normal: the sum's law
                 out = dataclasses.replace(out, law=cr.sum_law(*(value[a] for a in args)))
-            out.regime = regime.add(*(value[a].regime for a in args))
-            if out.regime is not None:  # the two terms in the same regime: the mixture's law
-                out = dataclasses.replace(out, law=regime.mixture_law(out.mean, out.var, out.regime))
+            if both is not None:  # the two terms in the same regime: the mixture's law
+                out = dataclasses.replace(out, law=regime.mixture_law(out.mean, out.var, both), regime=both)
             steps[n] = _Add(r)
         elif n.target in _CATS and layout == ("W", "C"):  # along the tokens, constants too
             dim = n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else 0)

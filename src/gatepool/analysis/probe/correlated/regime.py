@@ -63,9 +63,9 @@ def of_input(batch: torch.Tensor) -> Regime:
     return Regime(masks, low[:, None, None].expand(x.shape[1:]).clone())
 
 
-def _windows(t: torch.Tensor, kernel, stride, padding) -> torch.Tensor:
+def _windows(t: torch.Tensor, kernel, stride, padding, ceil_mode: bool = False) -> torch.Tensor:
     """The max over each window (the padding never wins) of t (N, H, W)."""
-    return F.max_pool2d(t[:, None], kernel, stride, padding)[:, 0]
+    return F.max_pool2d(t[:, None], kernel, stride, padding, ceil_mode=ceil_mode)[:, 0]
 
 
 def conv(r: Regime, W: torch.Tensor, bias, stride, padding) -> Regime:
@@ -77,8 +77,8 @@ def conv(r: Regime, W: torch.Tensor, bias, stride, padding) -> Regime:
 
 def max_pool(r: Regime, kernel, stride, padding, ceil_mode: bool = False) -> Regime:
     """Through a max pool: both the max over each window."""
-    masks = F.max_pool2d(r.masks.to(_DT)[:, None], kernel, stride, padding, ceil_mode=ceil_mode)[:, 0] > 0
-    bg = F.max_pool2d(r.bg[None], kernel, stride, padding, ceil_mode=ceil_mode)[0]
+    masks = _windows(r.masks.to(_DT), kernel, stride, padding, ceil_mode) > 0
+    bg = _windows(r.bg, kernel, stride, padding, ceil_mode)
     return Regime(masks, bg)
 
 
