@@ -262,6 +262,45 @@ def test_half_precision_max_avg_stay_in_dtype_soft_family_computes_in_float32(dt
             assert torch.equal(g, g_want.to(dtype)), (gate, geo)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("gate", SOFT_FAMILY)
+def test_adaptive_windows_that_do_not_tile_compute_half_precision_in_float32_chunks(dtype, gate, monkeypatch):
+    """9 × 7 → 4 × 3 (uneven, overlapping windows: the gather): the float32 result on the same rounded
+    input, rounded once (values, ∂x and the gate's parameters'), a sample at a time as one chunk, and
+    nothing in float32 of the input's size saved for the backward."""
+    from gatepool.layers import AdaptiveGatedPool2d, adaptive_pool
+
+    torch.manual_seed(0)
+    pool = AdaptiveGatedPool2d((4, 3), gate=gate, channels=5)
+    with torch.no_grad():
+        for q in pool.parameters():
+            q.add_(0.3 * torch.randn_like(q))
+    x = (2 * torch.randn(3, 5, 9, 7)).to(dtype)
+    monkeypatch.setattr(adaptive_pool, "_HALF_CHUNK", 5 * 12 * 9)  # one sample's taps: three chunks
+    saved = []
+
+    def keep(t):
+        saved.append((t.dtype, t.numel()))
+        return t
+
+    results = []
+    for t in (x, x.float()):
+        t = t.detach().requires_grad_()
+        hook = keep if t.dtype == dtype else (lambda u: u)
+        with torch.autograd.graph.saved_tensors_hooks(hook, lambda u: u):
+            out = pool(t)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dtype).to(out.dtype)
+        results.append((out, *torch.autograd.grad(out, [t, *pool.parameters()], g)))
+    (out, gx, *gp), (want, gx_want, *gp_want) = results
+    assert out.dtype == gx.dtype == dtype
+    assert torch.equal(out, want.to(dtype)) and torch.equal(gx, gx_want.to(dtype))
+    for a, b in zip(gp, gp_want):  # the parameters' gradients: float32, summed over three chunks
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert not [s for s in saved if s[0] == torch.float32 and s[1] >= x.numel()], saved
+    with torch.no_grad():
+        assert torch.equal(pool(x), out)
+
+
 @pytest.mark.parametrize("geo", [(2, None, 0), (3, 2, 1)], ids=["tiled", "unfold"])
 def test_double_backward_soft_family(geo, pool_path):
     """gradgradcheck in float64 for soft (the fast tiled path included), learned τ and attention."""

@@ -27,7 +27,9 @@ as they are, float32 inside; without it the tiled or plain path, as
 :func:`gatepool.layers.softmax_paths.softmax_path` names). Otherwise it gathers every window, padded to
 the largest with masked taps (gate 0), into ``(N, C, *out, K)`` and takes the softmax there (max
 pooling's limits for non-finite inputs, as every gate here), in float32 (float64 stays float64); the
-output has the input's dtype.
+output has the input's dtype. A float16 / bfloat16 input is gathered in float32 a chunk of samples at a
+time (at most ``_HALF_CHUNK`` taps), and under autograd each chunk is checkpointed: nothing in float32 is
+saved for the backward (the input itself is), which recomputes the chunk's windows and gates.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from gatepool.layers import gate_table
 from gatepool.layers.gate_parameters import GateParameters
@@ -52,6 +55,7 @@ from gatepool.layers.windows import (
 )
 
 ADAPTIVE_GATES = gate_table.names(adaptive_form=True)  # ("max", "avg", "soft", "soft-learned", "attention")
+_HALF_CHUNK = 1 << 22  # float16 / bfloat16 windows: at most this many taps gathered in float32 at once
 
 __all__ = [
     "ADAPTIVE_GATES",
@@ -139,21 +143,37 @@ class AdaptiveGatedPoolNd(GateParameters):
             out = getattr(GatedPoolNd, row.function)(self, x, pool_geometry(x, d, k, k))[0]
             out = as_dtype(like_input_format(out, xb), input.dtype)  # (attention's half output is float32)
             return out if batched else out.squeeze(0)
+        windows, mask = _windows_of(tuple(xb.shape[2:]), size, xb.device)  # [(o_a, K_a)], (*out, K)
+        if compute_dtype(xb.dtype) == xb.dtype:
+            out = self._gathered(xb, windows, mask)
+        else:  # float16 / bfloat16: float32 inside, a chunk of samples at a time, nothing of it saved
+            taps = max(1, xb.shape[1] * mask.numel())  # C · ∏out · K: one sample's windows
+            chunks = xb.split(max(1, _HALF_CHUNK // taps))
+            if torch.is_grad_enabled():  # the backward recomputes a chunk's float32 windows and gates
+                outs = [checkpoint(self._gathered, c, windows, mask, use_reentrant=False) for c in chunks]
+            else:
+                outs = [self._gathered(c, windows, mask) for c in chunks]
+            out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return out if batched else out.squeeze(0)
+
+    def _gathered(self, xb: torch.Tensor, windows: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        """``(N, C, *spatial) -> (N, C, *out)`` in ``xb``'s dtype: every window gathered, in float32 for
+        float16 / bfloat16 (float64 stays), its gated sum."""
+        row = gate_table.row(self.gate)
         x = xb.to(compute_dtype(xb.dtype))
+        d = self.dim
         if row.scored:
             scores, tau = self.scores(x), self.fixed_temperature  # (N, 1, *spatial)
         else:
             scores, tau = x, self.temperature
             tau = channel_view(tau.to(x.dtype), d + 1) if isinstance(tau, torch.Tensor) else tau
-        windows, mask = _windows_of(tuple(xb.shape[2:]), size, x.device)  # [(o_a, K_a)], (*out, K)
         v = _gather(x, windows)  # (N, C, *out, K)
         s = v if scores is x else _gather(scores, windows)  # (N, 1 or C, *out, K)
         gates = window_softmax(scale_scores(s, tau), mask)
         out = weighted_sum(gates, v, mask)  # (N, C, *out)
         if row.scored:
             out = self.project(out)  # V · Σ_j g_j x_j = Σ_j g_j V x_j
-        out = out.to(input.dtype)
-        return out if batched else out.squeeze(0)
+        return out.to(xb.dtype)
 
 
 @functools.lru_cache(maxsize=256)
