@@ -22,17 +22,22 @@ def _white(C: int, H: int, mean: float = 0.0, var: float = 1.0, dc: float = 0.0)
     return cr.Field(torch.full((C, H, H), mean, dtype=DT), torch.full((C, H, H), var, dtype=DT), corr)
 
 
-def gate_gradient_ratios(dc: float, act: str = "silu") -> tuple[float, float]:
-    """E[(∂L/∂s)²] pooled over the channels, predicted over measured: with the coupling, without it."""
-    C, P, E, H, B, s = 32, 16, 96, 8, 2048, 0.5
+def gate_gradient_ratios(dc: float, act: str = "silu", depthwise: bool = False, B: int = 2048
+                         ) -> tuple[float, float]:  # fmt: skip
+    """E[(∂L/∂s)²] pooled over the channels, predicted over measured: with the coupling, without it.
+    ``depthwise``: a depthwise 3 × 3 conv → BN → f after the block (MobileNetV3's, EfficientNet's)."""
+    C, P, E, H, s = 32, 16, 96, 8, 0.5
     gen = torch.Generator().manual_seed(0)
     Wp = torch.randn(P, C, 1, 1, dtype=DT, generator=gen) / C**0.5
     We = torch.randn(E, P, 1, 1, dtype=DT, generator=gen) / P**0.5
     f = {"silu": F.silu, "hardswish": F.hardswish, "relu": F.relu}[act]
+    Wd = torch.randn(E, 1, 3, 3, dtype=DT, generator=gen) / 3
     x = f(torch.randn(B, C, H, H, dtype=DT, generator=gen))
     y = (x * s).requires_grad_(True)
     h = F.batch_norm(F.conv2d(F.batch_norm(F.conv2d(y, Wp), None, None, training=True), We), None, None,
                      training=True)  # fmt: skip
+    if depthwise:
+        h = F.batch_norm(F.conv2d(f(h), Wd, padding=1, groups=E), None, None, training=True)
     seed = (1 - dc) ** 0.5 * torch.randn(h.shape, dtype=DT, generator=gen)
     seed = seed + dc**0.5 * torch.randn((B, E, 1, 1), dtype=DT, generator=gen)
     (f(h) * seed).sum().backward()
@@ -45,6 +50,8 @@ def gate_gradient_ratios(dc: float, act: str = "silu") -> tuple[float, float]:
         return cr.ReLU() if act == "relu" else cr.Pointwise(act)
 
     rules = [cr.Conv(Wp, None, (1, 1), (0, 0)), bn(), cr.Conv(We, None, (1, 1), (0, 0)), bn(), act_rule()]
+    if depthwise:
+        rules += [cr.Conv(Wd, None, (1, 1), (1, 1), E), bn(), act_rule()]
     xf = act_rule().forward(_white(C, H))
     gate = cr.Gate()
     one = torch.ones((C, 1, 1), dtype=DT)
@@ -67,3 +74,18 @@ def test_gate_gradient_through_dense_convs(dc, act):
     with_c, without = gate_gradient_ratios(dc, act)
     assert abs(with_c - 1) < 0.04, (with_c, without)
     assert without < 0.95 and abs(without - 1) > 2 * abs(with_c - 1), (with_c, without)
+
+
+_DEPTHWISE = (
+    "0.66 (0.57 without the coupling): a depthwise conv drops the coupling, and the activation after it "
+    "reads x as much as the expand's does (EfficientNet-B0's features[:3]: its gate's Σ_p g x 1.51 and "
+    "1.53 times the independent sum with either one's slope made constant, 2.28 with both)"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=_DEPTHWISE)
+def test_gate_gradient_through_a_depthwise_stage():
+    """The same block with a depthwise 3 × 3 conv → BN → SiLU after it, 1024 draws: the coupling through the
+    depthwise conv is not carried (a known failure, see ``_DEPTHWISE``)."""
+    with_c, without = gate_gradient_ratios(1.0, "silu", depthwise=True, B=1024)
+    assert abs(with_c - 1) < 0.04, (with_c, without)
