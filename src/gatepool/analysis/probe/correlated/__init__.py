@@ -50,6 +50,7 @@ The rules, each from the module's actual weights, one file each (its equations i
     layernorm.py  LayerNorm over the channels at each position (channels-last, LayerNorm2d, tokens)
     stochastic_depth.py  stochastic depth (a sample's whole branch dropped; train and eval)
     gate.py     x · s with s a per-sample, per-channel gate (squeeze-and-excitation)
+    coupling.py  the gradient's first-order response to the value through 1 × 1 convs (the gate's Σ_p g x)
     shift.py    a sum with a constant (a position embedding)
     tokens.py   positions flattened into tokens, a constant token set beside them, one token taken out
     attention.py  softmax self-attention over tokens (a first model: mixing weights near uniform)

@@ -34,6 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gatepool.analysis.probe.correlated.coupling import pointwise_conv_coupling
 from gatepool.analysis.probe.correlated.field import (
     _DT,
     Field,
@@ -266,6 +267,8 @@ class Conv:
         out = _field_from_sums(torch.zeros_like(var), var, T)
         if g.dependence is not None:
             out.dependence = self._dependence(g, var)
+        if (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0) and x.components is None:
+            out.coupling = pointwise_conv_coupling(g.coupling, self.W[:, :, 0, 0])
         return out
 
     def _dependence(self, g: Field, var_in: torch.Tensor) -> tuple | None:

@@ -64,6 +64,10 @@ class Field:
     A pointwise rule sets it, a norm's affine map keeps it (β₁, r₁'s sign γ's), a depthwise conv turns
     its output's into its input's (one input moves its few outputs' gates), the pointwise rule whose
     output this is reads it; every other rule drops it (:mod:`pointwise`, :mod:`conv`).
+    ``coupling`` (gradients only, optional): the gradient's first-order response to the tensor's own value,
+    g = g⁰ + Λ (x − m), through dense 1 × 1 convs (:class:`coupling.Coupling`): an activation sets it, norms,
+    1 × 1 convs, stochastic depth and the sum of two gradients carry it, squeeze-and-excitation's gate reads
+    it for Σ_p g_p x_p (:mod:`coupling`); every other rule drops it.
     """
 
     mean: torch.Tensor
@@ -80,6 +84,7 @@ class Field:
     dependence: tuple | None = field(default=None, repr=False)
     joint: dict | None = field(default=None, repr=False)
     regime: object | None = field(default=None, repr=False)
+    coupling: object | None = field(default=None, repr=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:

@@ -1,6 +1,7 @@
 """A product of the signal with a gate computed from it: y = x · s, s a (C, 1, 1) value per sample and
 channel (squeeze-and-excitation's σ(fc(mean_p x)): EfficientNet, MobileNetV3), taken independent of x
-(s sees x only through its mean over all positions and, through the fc layers, over all channels).
+(s sees x only through its mean over all positions and, through the fc layers, over all channels); the
+gradient g at y is not: see ∂L/∂s below.
 
 forward   E[y_p] = E[s] m_p;  E[y_p y_q] = E[s²] E[x_p x_q]:
           Var y_p = E[s²](v_p + m_p²) − E[s]² m_p²,   T_y(e) = E[s²](T(e) + M(e)) − E[s]² M(e),
@@ -8,13 +9,16 @@ forward   E[y_p] = E[s] m_p;  E[y_p y_q] = E[s²] E[x_p x_q]:
 backward  ∂L/∂x = s g:  E[s²] Cov(g_p, g_q);
           ∂L/∂s = Σ_p g_p x_p:  E[(∂L/∂s)²] = Σ_{p,q} Cov(g_p, g_q) E[x_p x_q]
                  = Σ_e ρ_g(e) [ρ_x(e) Σ_p (s_g √v)_p (s_g √v)_{p+e} + Σ_p (s_g m)_p (s_g m)_{p+e}],
-          s_g = √E[g²]
+          s_g = √E[g²];  where the activations after the gate read x through 1 × 1 convs, g responds to x
+          (``Field.coupling``): plus 2 E[s] Σ Cov(g⁰_p, Λ_q) m_p v_q + E[s²] Σ Cov(Λ_p, Λ_q) v_p v_q
+          (:mod:`coupling`)
 """
 
 from __future__ import annotations
 
 import torch
 
+from gatepool.analysis.probe.correlated.coupling import gate_coupling_term
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
 
 
@@ -42,6 +46,7 @@ class Gate:
         gx = _field_from_sums(torch.zeros_like(g.var), s2 * g.var, s2 * g.lag_sums())
         sg, sx = g.var.clamp_min(0).sqrt(), x.var.clamp_min(0).sqrt()
         E = g.corr * (x.corr * xcorr(sg * sx, sg * sx) + xcorr(sg * x.mean, sg * x.mean))
-        v = E.sum((1, 2))[:, None, None].clamp_min(0)
+        s1 = s.mean
+        v = (E.sum((1, 2)) + gate_coupling_term(g, x, s1, s2))[:, None, None].clamp_min(0)
         gs = Field(torch.zeros_like(v), v, torch.ones_like(v, dtype=_DT))
         return [gs, gx] if self.g_at == 0 else [gx, gs]

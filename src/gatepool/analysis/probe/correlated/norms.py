@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from gatepool.analysis.probe.correlated.coupling import affine_coupling
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
 from gatepool.analysis.probe.correlated.joint import flipped
 from gatepool.analysis.probe.correlated.law import reshaped
@@ -160,7 +161,10 @@ class GroupNorm:
         )
         T = (Tg - N * em2 - X * et2) / s2
         T[:, H - 1, W - 1] = var.sum((1, 2))
-        return _dependence(g, _field_from_sums(torch.zeros_like(var), var, T), self.gamma)
+        out = _dependence(g, _field_from_sums(torch.zeros_like(var), var, T), self.gamma)
+        if self.G == C:  # one channel a group (BatchNorm): the affine map γ/σ per channel
+            out.coupling = affine_coupling(g.coupling, gam / self.sigma2.sqrt())
+        return out
 
 
 class BatchNorm:
@@ -209,7 +213,9 @@ class BatchNorm:
     def backward(self, g: Field) -> Field:
         if self.norm is not None:
             return self.norm.backward(g)
-        return _dependence(g, Field(torch.zeros_like(g.var), self.a**2 * g.var, g.corr), self.a[:, 0, 0])
+        out = _dependence(g, Field(torch.zeros_like(g.var), self.a**2 * g.var, g.corr), self.a[:, 0, 0])
+        out.coupling = affine_coupling(g.coupling, self.a[:, 0, 0])
+        return out
 
 
 @register_correlated_rule(nn.GroupNorm)

@@ -51,6 +51,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gatepool.analysis.probe.correlated.coupling import activation_coupling
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
 from gatepool.analysis.probe.correlated.joint import joint_lag_sums
 from gatepool.analysis.probe.correlated.registry import register_correlated_rule
@@ -399,6 +400,7 @@ class Pointwise:
         var = g.var * ek.clamp_min(0)
         out = _field_from_sums(torch.zeros_like(var), var, T, yy=YY.sum((1, 2)))
         out.dependence = self._dependence(a)
+        out.coupling = activation_coupling(g, self.h["df"][0], self.h["df"][2][0], self.x.var)
         return out
 
     def _weights(self, dependence: tuple | None) -> tuple:

@@ -39,6 +39,7 @@ import torch.nn as nn
 
 from gatepool.analysis.probe.correlated import regime
 from gatepool.analysis.probe.correlated.add import add_grads
+from gatepool.analysis.probe.correlated.coupling import activation_coupling
 from gatepool.analysis.probe.correlated.field import Field, _at_lag, _field_from_sums, _ratio, _valid, xcorr
 from gatepool.analysis.probe.correlated.joint import joint_lag_sums
 from gatepool.analysis.probe.correlated.law import _icdf, hermite_steps, latent_corr
@@ -253,9 +254,13 @@ class ReLU:
         H, W = g.shape[1:]
         sg = g.var.clamp_min(0).sqrt()
         var, dependence = g.var * self.pos, None
+        coupling = None
         if self.x.law is None and self.x.parts is None and not self.mixed:  # E[1[x > 0] g²], g depending on y
             ek, dependence = relu_dependence(self.x.mean, self.x.var, g.dependence, self.x.skew, self.x.kurt)
             var = g.var * ek
+            z = self.x.mean / self.x.var.clamp_min(1e-300).sqrt()
+            phi = torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)  # E[1[x > 0] z]
+            coupling = activation_coupling(g, self.pos, phi, self.x.var)
         # Cov(g_p, g_q) P(x_p > 0, x_q > 0) and Cov(g_p, g_q) E[ReLU(x_p) ReLU(x_q)], by the series
         rc, rk = self.rest
         T = g.corr * (xcorr(sg * self.pos, sg * self.pos) + _series_lag_sums(self.rho, self.k, sg, rk))
@@ -269,7 +274,7 @@ class ReLU:
                 if e is not None:  # a law's E[ReLU ReLU] stays the series'
                     YY[idx, H - 1 + sgn * dh, W - 1 + sgn * dw] = (cg * e).sum((1, 2))
         out = _field_from_sums(torch.zeros_like(var), var, T, yy=YY.sum((1, 2)))
-        out.dependence = dependence
+        out.dependence, out.coupling = dependence, coupling
         return out
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from gatepool.analysis.probe.correlated.coupling import scaled_coupling
 from gatepool.analysis.probe.correlated.field import Field, _field_from_sums, xcorr
 from gatepool.analysis.probe.correlated.registry import register_named_rule
 
@@ -39,8 +40,11 @@ class StochasticDepth:
     def backward(self, g: Field) -> Field:
         if not self.active:
             return g
-        k = self.q * self.s * self.s
-        return _field_from_sums(torch.zeros_like(g.var), k * g.var, k * g.lag_sums(), g.yy)  # g_x x = g y
+        q, s = self.q, self.s
+        k = q * s * s
+        out = _field_from_sums(torch.zeros_like(g.var), k * g.var, k * g.lag_sums(), g.yy)  # g_x x = g y
+        out.coupling = scaled_coupling(g.coupling, q * s**4, q * s**3)
+        return out
 
 
 @register_named_rule("torchvision.ops.stochastic_depth.StochasticDepth", "timm.layers.drop.DropPath")
