@@ -49,11 +49,15 @@ def _stationary(mean: torch.Tensor, var: torch.Tensor, cov: torch.Tensor, T: int
     return Field(mean, var, corr)
 
 
-def in_projections(in_weight: torch.Tensor, in_bias) -> tuple[Conv, Conv, Conv]:
-    """The query, key and value projections of a fused (3D, D) in-projection, as 1×1 convs."""
+def projections(in_weight, in_bias, out_weight, out_bias, num_heads: int) -> tuple[Conv, Conv, Conv, Conv]:
+    """The query, key and value projections of a fused (3D, D) in-projection and the (D, D) out-projection,
+    as 1×1 convs; ``num_heads`` must divide D."""
+    D = out_weight.shape[0]
+    if num_heads < 1 or D % num_heads or in_weight.shape != (3 * D, D):
+        raise ValueError(f"num_heads must divide the embedding's {D} channels, got {num_heads}")
     b = [None] * 3 if in_bias is None else in_bias.detach().chunk(3)
-    w = in_weight.detach().chunk(3)
-    return tuple(Conv(wi[:, :, None, None], bi, (1, 1), (0, 0)) for wi, bi in zip(w, b))
+    w = [*in_weight.detach().chunk(3), out_weight.detach()]
+    return tuple(Conv(wi[:, :, None, None], bi, (1, 1), (0, 0)) for wi, bi in zip(w, [*b, out_bias]))
 
 
 def per_head(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -72,12 +76,8 @@ class Attention:
     """``nn.MultiheadAttention``'s self-attention from its in- and out-projections and head count."""
 
     def __init__(self, in_weight, in_bias, out_weight, out_bias, num_heads: int) -> None:
-        D = out_weight.shape[0]
-        if num_heads < 1 or D % num_heads or in_weight.shape != (3 * D, D):
-            raise ValueError(f"num_heads must divide the embedding's {D} channels, got {num_heads}")
-        self.q, self.k, self.v = in_projections(in_weight, in_bias)
-        self.out = Conv(out_weight.detach()[:, :, None, None], out_bias, (1, 1), (0, 0))
-        self.h, self.d = num_heads, D // num_heads
+        self.q, self.k, self.v, self.out = projections(in_weight, in_bias, out_weight, out_bias, num_heads)
+        self.h, self.d = num_heads, out_weight.shape[0] // num_heads
 
     def _per_head(self, t: torch.Tensor) -> torch.Tensor:
         return per_head(t, self.h)

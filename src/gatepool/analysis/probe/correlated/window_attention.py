@@ -30,7 +30,7 @@ import torch
 
 from gatepool.analysis.probe.correlated.adaptive import _MAX_POSITIONS, covariance, from_covariance
 from gatepool.analysis.probe.correlated.add import add_grads
-from gatepool.analysis.probe.correlated.attention import in_projections, kappa, per_head
+from gatepool.analysis.probe.correlated.attention import kappa, per_head, projections
 from gatepool.analysis.probe.correlated.conv import Conv
 from gatepool.analysis.probe.correlated.field import _DT, Field
 from gatepool.analysis.probe.correlated.registry import register_named_rule
@@ -53,12 +53,8 @@ class WindowAttention:
 
     def __init__(self, qkv_weight, qkv_bias, proj_weight, proj_bias, bias, window, heads: int,
                  shift=(0, 0)) -> None:  # fmt: skip
-        D = proj_weight.shape[0]
-        if heads < 1 or D % heads or qkv_weight.shape != (3 * D, D):
-            raise ValueError(f"heads must divide the embedding's {D} channels, got {heads}")
-        self.q, self.k, self.v = in_projections(qkv_weight, qkv_bias)
-        self.proj = Conv(proj_weight.detach()[:, :, None, None], proj_bias, (1, 1), (0, 0))
-        self.h, self.d = heads, D // heads
+        self.q, self.k, self.v, self.proj = projections(qkv_weight, qkv_bias, proj_weight, proj_bias, heads)
+        self.h, self.d = heads, proj_weight.shape[0] // heads
         self.window, self.shift = tuple(window), tuple(shift)
         n = self.window[0] * self.window[1]
         self.bias = None if bias is None else bias.detach().to("cpu", _DT).reshape(heads, n, n)
