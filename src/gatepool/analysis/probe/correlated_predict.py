@@ -743,7 +743,7 @@ class _Walk(Walk):
                 out.law = cr.conv_law(value[args[0]], step, out)
             out.regime = _regime_through(step, value[args[0]], out) if out.regime is None else out.regime
             steps[n] = step
-        elif n.op != "call_module" and (make := registry.RULES.lookup(n.target)) is not None:
+        elif n.op != "call_module" and (make := registry.function_rule(n.target)) is not None:
             if len(args) != 1:
                 raise NotImplementedError(f"a registered rule maps one tensor, not {len(args)}")
             given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, value.get(a)))

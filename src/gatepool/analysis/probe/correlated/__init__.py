@@ -64,6 +64,7 @@ The rules, each from the module's actual weights, one file each (its equations i
                 pool(x) − x) at any map size
     reparam.py  a re-parameterisable block's branches of one input folded into one conv (FastViT's RepMixer)
     squeeze_excite.py  squeeze-and-excitation as one step (inside a block whose rule is the whole block)
+    window_attention.py  softmax attention within (shifted) windows of a map (Swin's)
 
 Each rule file also registers the modules it is the rule of (``conv.py`` nn.Conv2d and timm's standardised
 convs, ``norms.py`` the norms …: the adapter from a module's attributes to its step, beside the step);
@@ -109,7 +110,7 @@ from gatepool.analysis.probe.correlated.resample import Interpolate, PositionMap
 from gatepool.analysis.probe.correlated.scale import Scale
 from gatepool.analysis.probe.correlated.shift import Shift
 from gatepool.analysis.probe.correlated.shuffle import ChannelShuffle
-from gatepool.analysis.probe.correlated.space_to_depth import SpaceToDepth
+from gatepool.analysis.probe.correlated.space_to_depth import PatchMerging, SpaceToDepth
 from gatepool.analysis.probe.correlated.split import ChannelSlice
 from gatepool.analysis.probe.correlated.split_attn import SplitAttn
 from gatepool.analysis.probe.correlated.squeeze_excite import SqueezeExcite
@@ -118,6 +119,7 @@ from gatepool.analysis.probe.correlated.steps import Identity, Steps
 from gatepool.analysis.probe.correlated.stochastic_depth import StochasticDepth
 from gatepool.analysis.probe.correlated.token_linear import TokenLinear
 from gatepool.analysis.probe.correlated.tokens import FlattenPositions, SelectToken, TokenCat
+from gatepool.analysis.probe.correlated.window_attention import WindowAttention
 
 __all__ = [
     "AdaptiveAvgPool",
@@ -143,6 +145,7 @@ __all__ = [
     "ModePad",
     "PAD_MODES",
     "Pad",
+    "PatchMerging",
     "Pointwise",
     "PositionMap",
     "Product",
@@ -159,6 +162,7 @@ __all__ = [
     "StochasticDepth",
     "TokenCat",
     "TokenLinear",
+    "WindowAttention",
     "add",
     "add_grads",
     "autocorr",

@@ -49,22 +49,38 @@ def _stationary(mean: torch.Tensor, var: torch.Tensor, cov: torch.Tensor, T: int
     return Field(mean, var, corr)
 
 
+def projections(in_weight, in_bias, out_weight, out_bias, num_heads: int) -> tuple[Conv, Conv, Conv, Conv]:
+    """The query, key and value projections of a fused (3D, D) in-projection and the (D, D) out-projection,
+    as 1×1 convs; ``num_heads`` must divide D."""
+    D = out_weight.shape[0]
+    if num_heads < 1 or D % num_heads or in_weight.shape != (3 * D, D):
+        raise ValueError(f"num_heads must divide the embedding's {D} channels, got {num_heads}")
+    b = [None] * 3 if in_bias is None else in_bias.detach().chunk(3)
+    w = [*in_weight.detach().chunk(3), out_weight.detach()]
+    return tuple(Conv(wi[:, :, None, None], bi, (1, 1), (0, 0)) for wi, bi in zip(w, [*b, out_bias]))
+
+
+def per_head(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(D, ...) → (D, ...): at each channel, the sum over its head's D/heads channels."""
+    d = t.shape[0] // heads
+    return t.reshape(heads, d, *t.shape[1:]).sum(1).repeat_interleave(d, 0)
+
+
+def kappa(s2: torch.Tensor, T) -> torch.Tensor:
+    """κ = e^{s²} − 1 of the scores' spread s²; Σ_j A_ij² = (1 + κ)/T ≤ 1 (one key taking all the weight)
+    bounds it by T − 1."""
+    return torch.minimum(torch.expm1(s2.clamp(max=30)), torch.as_tensor(T, dtype=s2.dtype) - 1)
+
+
 class Attention:
     """``nn.MultiheadAttention``'s self-attention from its in- and out-projections and head count."""
 
     def __init__(self, in_weight, in_bias, out_weight, out_bias, num_heads: int) -> None:
-        D = out_weight.shape[0]
-        if num_heads < 1 or D % num_heads or in_weight.shape != (3 * D, D):
-            raise ValueError(f"num_heads must divide the embedding's {D} channels, got {num_heads}")
-        w = in_weight.detach()
-        b = [None] * 3 if in_bias is None else in_bias.detach().chunk(3)
-        self.q, self.k, self.v = (Conv(wi[:, :, None, None], bi, (1, 1), (0, 0))
-                                  for wi, bi in zip(w.chunk(3), b))
-        self.out = Conv(out_weight.detach()[:, :, None, None], out_bias, (1, 1), (0, 0))
-        self.h, self.d = num_heads, D // num_heads
+        self.q, self.k, self.v, self.out = projections(in_weight, in_bias, out_weight, out_bias, num_heads)
+        self.h, self.d = num_heads, out_weight.shape[0] // num_heads
 
-    def _per_head(self, t: torch.Tensor) -> torch.Tensor:  # (D, ...) -> per channel, its head's sum
-        return t.reshape(self.h, self.d, *t.shape[1:]).sum(1).repeat_interleave(self.d, 0)
+    def _per_head(self, t: torch.Tensor) -> torch.Tensor:
+        return per_head(t, self.h)
 
     def forward(self, x: Field) -> Field:
         D, H, T = x.shape
@@ -75,11 +91,8 @@ class Attention:
         self.kt, self.vt = _token_var(fk), _token_var(fv)
         eq2 = (fq.var + fq.mean**2).mean((1, 2))
         eqbar2 = fq.mean.mean((1, 2)) ** 2 + fq.lag_sums().sum((1, 2)) / T**2
-        s2 = self._per_head(eq2 * self.kt) / self.d
-        sc2 = self._per_head(eqbar2 * self.kt) / self.d
-        # Σ_j A_ij² = (1 + κ)/T ≤ 1: one key taking all the weight bounds it
-        self.kappa = torch.expm1(s2.clamp(max=30)).clamp(max=T - 1)
-        self.kappa_c = torch.minimum(torch.expm1(sc2.clamp(max=30)), self.kappa)
+        self.kappa = kappa(self._per_head(eq2 * self.kt) / self.d, T)
+        self.kappa_c = torch.minimum(kappa(self._per_head(eqbar2 * self.kt) / self.d, T), self.kappa)
         S0 = (fv.var + fv.mean**2).sum((1, 2))
         S = fv.lag_sums().sum((1, 2)) + fv.mean.sum((1, 2)) ** 2
         mbar = fv.mean.mean((1, 2))

@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from gatepool.analysis.probe.registry import Registry
 
-__all__ = ["pair", "register_correlated_rule", "register_named_rule", "rule_for"]
+__all__ = ["function_rule", "pair", "register_correlated_rule", "register_named_rule", "rule_for"]
 
 RULES = Registry("target", modules=True, functions=True)
 _FOR_SUBCLASSES: set = set()  # module classes whose rule holds for a subclass with its own forward too
@@ -54,8 +54,8 @@ def register_correlated_rule(target, rule=None, *, subclasses: bool = False):
 
 
 def register_named_rule(*qualnames: str):
-    """A decorator: the rule of the classes of these qualified names (``"timm.layers.drop.DropPath"``),
-    a library's modules that this package does not import."""
+    """A decorator: the rule of the classes or functions of these qualified names
+    (``"timm.layers.drop.DropPath"``), a library's modules and functions that this package does not import."""
 
     def register(rule: Callable) -> Callable:
         for name in qualnames:
@@ -63,6 +63,15 @@ def register_named_rule(*qualnames: str):
         return rule
 
     return register
+
+
+def function_rule(target):
+    """The rule of a call's target (a function or a method's name): registered as itself, or by its
+    qualified name (a library's function that this package does not import, :func:`register_named_rule`)."""
+    rule = RULES.lookup(target)
+    if rule is None and callable(target) and not isinstance(target, type):
+        rule = _NAMED_RULES.get(f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', '')}")
+    return rule
 
 
 def rule_for(m: nn.Module):

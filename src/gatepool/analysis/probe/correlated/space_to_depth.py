@@ -5,8 +5,10 @@ x_c(bs P_h + i, bs P_w + j) (timm's view, permute (0, 3, 5, 1, 2, 4), view).
 forward   the mean and variance maps rearranged; channel (i, j, c) at lag Δ: ρ_c(bs Δ) (the same input
           channel at bs Δ), exact. Two new channels of one input channel, (i, j) and (i', j'), are
           correlated by ρ_c(bs Δ + (i' − i, j' − j)), which the state (channels uncorrelated) cannot hold:
-          the rule holds where the input's correlation at those lags is nil, the N(0, 1) images of the
-          check (their measured |ρ| ~ 1/√(B H W)); above ``tol`` it has no answer (NotImplementedError).
+          the rule holds where the covariance it drops is nil against the variance it keeps: the lag
+          sums |T(bs Δ + (i' − i, j' − j))| ≤ ``tol`` T(0) (T(e) ≈ ρ(e) · its pairs' count · v: a long lag
+          of few pairs, whose ρ a few images measure with noise, weighs its pairs), the N(0, 1) images of
+          the check; above ``tol`` it has no answer (NotImplementedError).
           The input's own components (``Field.components``: x − m = mix (z − m_z)) are rearranged with
           it, mix block-diagonal over the bs² positions of a block.
 backward  the inverse rearrangement of the gradient's maps; ρ at an input lag bs Δ is the gradient's ρ(Δ)
@@ -19,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums
+from gatepool.analysis.probe.correlated.pad import Pad
 from gatepool.analysis.probe.correlated.registry import register_named_rule
 
 _TOL = 0.05  # the largest |ρ| within a block (at lags the rearrangement turns into two channels) it drops
@@ -62,11 +65,13 @@ class SpaceToDepth:
         bs = self.bs
         if H % bs or W % bs:
             raise ValueError(f"the map's {H}×{W} must be multiples of block_size {bs}")
-        within = max((float(_strided_corr(x.corr, bs, a, b).abs().max()) for a in range(1 - bs, bs)
+        T = x.lag_sums()
+        T0 = T[:, H - 1, W - 1, None, None].clamp_min(1e-300)  # Σ_p v_p per channel
+        within = max((float((_strided_corr(T, bs, a, b) / T0).abs().max()) for a in range(1 - bs, bs)
                       for b in range(1 - bs, bs) if (a, b) != (0, 0)), default=0.0)  # fmt: skip
         if within > _TOL:
-            raise NotImplementedError(f"space to depth of a map correlated within a block (|ρ| up to "
-                                      f"{within:.2f} > {_TOL}): its new channels would be correlated")
+            raise NotImplementedError(f"space to depth of a map correlated within a block (|T(e)|/T(0) up "
+                                      f"to {within:.2f} > {_TOL}): its new channels would be correlated")
         self.shape = x.shape
         corr = _strided_corr(x.corr, bs).repeat(bs * bs, 1, 1)
         out = Field(_to_depth(x.mean, bs), _to_depth(x.var, bs), corr)
@@ -93,3 +98,32 @@ class SpaceToDepth:
 
 
 register_named_rule("timm.layers.space_to_depth.SpaceToDepth")(lambda m: SpaceToDepth(m.bs))
+
+
+class PatchMerging(SpaceToDepth):
+    """torchvision's Swin ``_patch_merging_pad`` of a channels-last map: a zero row and column after an odd
+    side, then each 2 × 2 block into 4 C channels in the order x(0, 0), x(1, 0), x(0, 1), x(1, 1) (timm's
+    with the middle two swapped)."""
+
+    _ORDER = (0, 2, 1, 3)  # torchvision's block k is timm's block _ORDER[k]
+
+    def __init__(self) -> None:
+        super().__init__(2)
+
+    def _blocks(self, t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(4, -1, *t.shape[1:])[list(self._ORDER)].reshape(t.shape)
+
+    def forward(self, x: Field) -> Field:
+        C, H, W = x.shape
+        self.pad = Pad(0, W % 2, 0, H % 2)
+        out = super().forward(self.pad.forward(x))
+        if out.components is not None:
+            raise NotImplementedError("patch merging of an input with its own components")
+        return Field(self._blocks(out.mean), self._blocks(out.var), self._blocks(out.corr))
+
+    def backward(self, g: Field) -> Field:
+        return self.pad.backward(super().backward(Field(self._blocks(g.mean), self._blocks(g.var),
+                                                        self._blocks(g.corr))))
+
+
+register_named_rule("torchvision.models.swin_transformer._patch_merging_pad")(lambda x: PatchMerging())
