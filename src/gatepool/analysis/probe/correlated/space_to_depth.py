@@ -24,7 +24,7 @@ from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sum
 from gatepool.analysis.probe.correlated.pad import Pad
 from gatepool.analysis.probe.correlated.registry import register_named_rule
 
-_TOL = 0.05  # the largest |ρ| within a block (at lags the rearrangement turns into two channels) it drops
+_TOL = 0.05  # the largest |T(e)|/T(0) it drops (lags the rearrangement turns into two channels)
 
 
 def _to_depth(t: torch.Tensor, bs: int) -> torch.Tensor:
