@@ -87,6 +87,18 @@ def quantile_law(samples: torch.Tensor, atoms: int = ATOMS) -> Law:
     return rebin(s, torch.full_like(s, 1 / s.shape[-1]), atoms)
 
 
+def normal_law(mean: torch.Tensor, var: torch.Tensor, atoms: int = ATOMS) -> Law:
+    """N(mean, var) per position as ``atoms`` atoms on the bins of :func:`levels`: atom k the normal's
+    mean over its bin (u_k, u_{k+1}], m + s (φ(z_k) − φ(z_{k+1}))/(u_{k+1} − u_k), z = Φ⁻¹(u)."""
+    u = levels(atoms)
+    z = _icdf(u.clamp(1e-300, 1 - 1e-16))
+    d = _pdf(z)
+    d[0] = d[-1] = 0.0
+    mass = u.diff()
+    x = mean[..., None] + var.clamp_min(0).sqrt()[..., None] * ((d[:-1] - d[1:]) / mass)
+    return Law(x, mass.expand_as(x).contiguous())
+
+
 def reshaped(law: Law, mean: torch.Tensor, var: torch.Tensor) -> Law:
     """``law``'s shape at the mean and variance given (per position): the affine image of its atoms."""
     m, v = moments(law)
