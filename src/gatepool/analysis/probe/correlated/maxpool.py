@@ -90,8 +90,9 @@ def _draw_windows(mu: torch.Tensor, sd: torch.Tensor, R: torch.Tensor, base: tor
     mu_f, sd_f = mu.float(), sd.float()
     chunks = []
     for c in range(C):
-        # the channel's correlated draws (blocks, d, samples), window i's in row (i − c·per) mod blocks
-        Z = torch.roll(L[c] @ base, -(c * per % blocks), 0)
+        # the channel's correlated draws (min(per, blocks), d, samples), window i's in row
+        # (i − c·per) mod blocks: block i mod blocks (only the blocks its windows use)
+        Z = L[c] @ base[(c * per + torch.arange(min(per, blocks))) % blocks]
         B = None if law is None else bins(Z, law.shape[-1])  # each draw's bin in the laws' tables
         i, end = c * per, (c + 1) * per
         while i < end:
