@@ -41,14 +41,20 @@ class _DenseStem(nn.Module):
         return self.head(self.relu(self.norm(torch.cat([x0, self.layer(x0)], 1))))
 
 
-@pytest.fixture(scope="module")
-def dense_stem_report():
+def measured(model_class, *shape):
+    """``measure(..., correlated=True)`` of ``model_class()`` (seed 0's init, float64) on N(0, 1) images
+    of ``shape`` (B, C, H, W) from seed 1."""
     from gatepool.analysis.probe.measure import measure
 
     torch.manual_seed(0)
-    model = _DenseStem().double()
-    x = torch.randn(512, 3, 12, 12, dtype=DT, generator=torch.Generator().manual_seed(1))
+    model = model_class().double()
+    x = torch.randn(*shape, dtype=DT, generator=torch.Generator().manual_seed(1))
     return measure(model, x, correlated=True, prediction=False, samples=0)
+
+
+@pytest.fixture(scope="module")
+def dense_stem_report():
+    return measured(_DenseStem, 512, 3, 12, 12)
 
 
 def test_relu_after_a_norm_of_a_max_pool_reads_the_pools_law(dense_stem_report):
