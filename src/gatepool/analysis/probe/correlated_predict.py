@@ -14,6 +14,9 @@ forward node by node, each tensor node's :class:`correlated.Field`; backward in 
 has anything computed from it; ``notes`` says which. Two shapes are carried past a Gaussian: a max pool
 whose input is a ReLU's output draws the ReLU's input (``MaxPool.forward(x, pre=...)``), and an add of
 a ReLU's output and another tensor marks the sum b + ReLU(y) (``Field.parts``) for the ReLU after it.
+A cat of ReLU outputs splits each user's gradient on its own where one of them (a max pool) brings the
+gradient at the ReLUs' inputs: each ReLU takes its parts through its gate one by one, as a ReLU with
+several users does, not their sum through one independent gate.
 A parameter or buffer (a ``get_attr`` node), and whatever is computed from such constants alone
 (``gamma.view(-1, 1, 1)``), is evaluated: a product with it is a :class:`correlated.Scale`. The size of
 a map (``x.size()``, ``x.shape``) is known (its batch taken as 1), so ShuffleNet's channel shuffle
@@ -933,10 +936,26 @@ class _Walk(Walk):
 
     add = staticmethod(cr.add_grads)
 
+    def _cat_of_relus(self, n: fx.Node, step: cr.Cat, g: cr.Field, parts: list) -> list[cr.Field]:
+        """A cat of ReLU outputs whose users' gradients are not all independent of the gates (a max pool
+        of it brings the gradient at the ReLUs' inputs, ``pre_relu``: its winners are where x > 0): each
+        user's gradient split on its own, and each ReLU input given ``pre_relu``, the ReLU's backward of
+        those parts (each through the gate on its own, as a ReLU with several users takes them), not of
+        their sum, whose gate would be independent of the pool's."""
+        per = [step.backward(p) for p in parts]  # each user's gradient, split to the cat's inputs
+        out = step.backward(g)
+        for i, a in enumerate(self.inputs[n]):
+            relu = self.steps.get(a)
+            if isinstance(relu, cr.ReLU):
+                out[i] = dataclasses.replace(out[i], pre_relu=relu.backward([q[i] for q in per]))
+        return out
+
     def pull(self, n: fx.Node, g: cr.Field | None, parts: list) -> list[cr.Field | None]:
         step, k = self.steps.get(n), len(self.inputs[n])
         if g is None or step is None:
             return [None] * k
+        if isinstance(step, cr.Cat) and any(p.pre_relu is not None for p in parts):
+            return self._cat_of_relus(n, step, g, parts)
         if isinstance(step, _PER_INPUT):  # each input its own
             return step.backward(g)
         if isinstance(step, _Add):

@@ -1,7 +1,9 @@
 """Concatenation along channels (``torch.cat(xs, dim=1)``: DenseNet, Inception, ShuffleNet).
 
 forward   the fields' channels stacked: each channel keeps its mean map, variance map and correlation
-          (channels are uncorrelated in the state, so nothing is added between them)
+          (channels are uncorrelated in the state, so nothing is added between them); where one of
+          them carries its law (``Field.law``: a max pool's output), the cat carries the laws of all,
+          the others' as normals of their moments (:func:`law.normal_law`)
 backward  ∂L/∂x_i = g[channels of x_i]: the output gradient's channels split back in the same order
           (``Field.yy``, per channel, split with them; ``pre_relu``, the gradient at the ReLUs' inputs
           where every x_i is a ReLU's output and the step after knew it, a max pool: split the same)
@@ -12,6 +14,19 @@ from __future__ import annotations
 import torch
 
 from gatepool.analysis.probe.correlated.field import Field
+from gatepool.analysis.probe.correlated.law import ATOMS, levels, normal_law, rebin
+from gatepool.analysis.probe.correlated.normal import Law
+
+
+def _on_bins(x: Field) -> Law:
+    """``x``'s law as :data:`law.ATOMS` atoms on the bins of :func:`law.levels` (a normal's where it has
+    none): one atom count for the channels of every input."""
+    if x.law is None:
+        return normal_law(x.mean, x.var)
+    mass = levels(ATOMS).diff().to(x.law.w.dtype)
+    if x.law.x.shape[-1] == ATOMS and torch.allclose(x.law.w, mass.expand_as(x.law.w), rtol=0, atol=1e-12):
+        return x.law
+    return rebin(x.law.x, x.law.w, ATOMS)
 
 
 class Cat:
@@ -24,7 +39,11 @@ class Cat:
         if len(hw) != 1:
             raise ValueError(f"xs must share one map size (H, W), got {sorted(hw)}")
         self.sizes = [x.shape[0] for x in xs]
-        return Field(*(torch.cat([getattr(x, k) for x in xs]) for k in ("mean", "var", "corr")))
+        out = Field(*(torch.cat([getattr(x, k) for x in xs]) for k in ("mean", "var", "corr")))
+        if any(x.law is not None for x in xs):
+            laws = [_on_bins(x) for x in xs]
+            out.law = Law(torch.cat([a.x for a in laws]), torch.cat([a.w for a in laws]))
+        return out
 
     def backward(self, g: Field) -> list[Field]:
         """One gradient field per input, in the inputs' order."""

@@ -82,9 +82,30 @@ def rebin(x: torch.Tensor, w: torch.Tensor, atoms: int = ATOMS) -> Law:
 
 def quantile_law(samples: torch.Tensor, atoms: int = ATOMS) -> Law:
     """``atoms`` atoms (..., atoms) from ``samples`` (..., S), each the mean of its bin's sorted samples
-    (:func:`rebin`)."""
-    s = samples.to(_DT)
-    return rebin(s, torch.full_like(s, 1 / s.shape[-1]), atoms)
+    (:func:`rebin` of equal masses, in closed form): with s sorted and G(t) = Σ_{i<⌊t⌋} s_i + (t − ⌊t⌋)
+    s_⌊t⌋ the sum of the first t of them, atom k = (G(S u_{k+1}) − G(S u_k)) / (S (u_{k+1} − u_k)). The
+    samples sorted in their own dtype, the sums in float64."""
+    S = samples.shape[-1]
+    s = samples.sort(-1).values
+    cs = torch.cat([torch.zeros_like(s[..., :1], dtype=_DT), s.cumsum(-1, dtype=_DT)], -1)  # (..., S + 1)
+    edges = levels(atoms)
+    t = edges * S
+    i = t.floor().long().clamp(0, S - 1)
+    G = cs[..., i] + (t - i) * s[..., i].to(_DT)  # the sum of the first t sorted samples
+    mass = edges.diff()
+    return Law((G[..., 1:] - G[..., :-1]) / (S * mass), mass.expand(*s.shape[:-1], atoms).contiguous())
+
+
+def normal_law(mean: torch.Tensor, var: torch.Tensor, atoms: int = ATOMS) -> Law:
+    """N(mean, var) per position as ``atoms`` atoms on the bins of :func:`levels`: atom k the normal's
+    mean over its bin (u_k, u_{k+1}], m + s (φ(z_k) − φ(z_{k+1}))/(u_{k+1} − u_k), z = Φ⁻¹(u)."""
+    u = levels(atoms)
+    z = _icdf(u.clamp(1e-300, 1 - 1e-16))
+    d = _pdf(z)
+    d[0] = d[-1] = 0.0
+    mass = u.diff()
+    x = mean[..., None] + var.clamp_min(0).sqrt()[..., None] * ((d[:-1] - d[1:]) / mass)
+    return Law(x, mass.expand_as(x).contiguous())
 
 
 def reshaped(law: Law, mean: torch.Tensor, var: torch.Tensor) -> Law:
@@ -201,8 +222,14 @@ def on_levels(law: Law) -> torch.Tensor:
 
 def bins(z: torch.Tensor, atoms: int) -> torch.Tensor:
     """The bin of :func:`levels` (``atoms`` bins) holding Φ(z), for draws z of any shape: atom ``bins(z)``
-    of a table from :func:`on_levels` is Q(Φ(z)), the same index at every position."""
-    return torch.bucketize(_cdf(z), levels(atoms)[1:-1].to(z.dtype))
+    of a table from :func:`on_levels` is Q(Φ(z)), the same index at every position. In closed form, the
+    interior edges below Φ(z) counted on each of the two grids: k/n_u < Φ(z) for k = 1 … n_u − 1, and
+    −4 + 8j/(n_z − 1) < z for j = 0 … n_z − 1 (n_u = atoms − ⌊atoms/2⌋, n_z = ⌊atoms/2⌋); a search over
+    the sorted edges (``torch.bucketize``) gives the same bins and costs ten times as much."""
+    nu, nz = atoms - atoms // 2, atoms // 2
+    below_u = (_cdf(z) * nu).ceil_().sub_(1).clamp_(0, nu - 1)
+    below_z = ((z + 4) * ((nz - 1) / 8)).ceil_().clamp_(0, nz)
+    return below_u.add_(below_z).long()
 
 
 def tap_corr(corr: torch.Tensor, offs: list[tuple[int, int]]) -> torch.Tensor:

@@ -5,9 +5,11 @@ max pool  per window the max of its correlated Gaussian taps (padded taps never 
           a fixed seed), or by Clark's (1961) recursion (``method="clark"``); between windows
           Cov(M_A, M_B) = Σ w_Aj w_Bl Cov(x_j, x_l) (Stein: exact for a max and one Gaussian, first
           order for two), neighbouring windows drawn jointly. Of a ReLU's output: the draws are of
-          its input, the max rectified (max ReLU = ReLU max). Back: v_g,in(q) = Σ_P w_P(q) v_g(P)
-          + 2 P(q wins P and P') Cov(g_P, g_P') for overlapping windows; winners of windows that
-          are not neighbours independent of each other
+          its input, the max rectified (max ReLU = ReLU max). The max is not normal (a long right
+          tail; of rectified taps a mass near 0): its law per position, the draws' quantiles as
+          atoms (``Field.law``), goes on to the norm and the ReLU after it.
+          Back: v_g,in(q) = Σ_P w_P(q) v_g(P) + 2 P(q wins P and P') Cov(g_P, g_P') for overlapping
+          windows; winners of windows that are not neighbours independent of each other
 """
 
 from __future__ import annotations
@@ -88,8 +90,9 @@ def _draw_windows(mu: torch.Tensor, sd: torch.Tensor, R: torch.Tensor, base: tor
     mu_f, sd_f = mu.float(), sd.float()
     chunks = []
     for c in range(C):
-        # the channel's correlated draws (blocks, d, samples), window i's in row (i − c·per) mod blocks
-        Z = torch.roll(L[c] @ base, -(c * per % blocks), 0)
+        # the channel's correlated draws (min(per, blocks), d, samples), window i's in row
+        # (i − c·per) mod blocks: block i mod blocks (only the blocks its windows use)
+        Z = L[c] @ base[(c * per + torch.arange(min(per, blocks))) % blocks]
         B = None if law is None else bins(Z, law.shape[-1])  # each draw's bin in the laws' tables
         i, end = c * per, (c + 1) * per
         while i < end:
@@ -248,10 +251,10 @@ class MaxPool:
         ]
 
     def _monte_carlo(self, m, sd, R, rect: bool, law=None):
-        """Per window (mean, Var, [P(tap j wins)], [w̃_j], the max's law or None) from draws of
-        N(m, D R D); m, sd (n, C, …) the taps' means and sds, R (C, n, n) their correlation; ``rect``:
-        the max is rectified (see the class); ``law``: the taps' quantile tables [(C, …, K)] (n of them),
-        drawn by the copula of latent correlation R, and the max's law returned."""
+        """Per window (mean, Var, [P(tap j wins)], [w̃_j], the max's law: its draws' quantiles) from
+        draws of N(m, D R D); m, sd (n, C, …) the taps' means and sds, R (C, n, n) their correlation;
+        ``rect``: the max is rectified (see the class); ``law``: the taps' quantile tables [(C, …, K)]
+        (n of them), drawn by the copula of latent correlation R instead."""
         n, shape = len(m), m[0].shape
         mu = torch.stack(m).reshape(n, -1).T  # (windows, n)
         sds = torch.stack(sd).reshape(n, -1).T
@@ -263,16 +266,13 @@ class MaxPool:
             w, wt = _wins(top, last, _first_tap(mus) if rect else None, n)
             out = top.clamp_min(0) if rect else top
             e1, e2 = out.mean(1, dtype=_DT), (out * out).mean(1, dtype=_DT)  # float64 sums
-            atoms = quantile_law(out).x if law is not None else e1[:, None]
-            return e1, e2, _counts(w, n), _counts(wt, n + 1)[:, :n], atoms
+            return e1, e2, _counts(w, n), _counts(wt, n + 1)[:, :n], quantile_law(out).x
 
         base = _base_draws(self.samples, n, self.seed)
         mean, e2, w, wt, atoms = _draw_windows(mu, sds, R, base, [(0, n)], stats, law)
         var = (e2 - mean * mean).clamp_min(0)
-        out_law = None
-        if law is not None:
-            atoms = atoms.reshape(*shape, -1)
-            out_law = Law(atoms, levels(atoms.shape[-1]).diff().expand_as(atoms).contiguous())
+        atoms = atoms.reshape(*shape, -1)
+        out_law = Law(atoms, levels(atoms.shape[-1]).diff().expand_as(atoms).contiguous())
         return (
             mean.reshape(shape),
             var.reshape(shape),
