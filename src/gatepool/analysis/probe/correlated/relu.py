@@ -148,7 +148,7 @@ class ReLU:
             var = (e2 - mu * mu).clamp_min(0)
             out = _field_from_sums(mu, var, out.corr * xcorr(var.sqrt(), var.sqrt()))
         if x.regime is not None:
-            out.regime = regime.relu(x.regime)
+            out.regime = regime.relu(x.regime, x.mean, x.var)
         return out
 
     def _forward(self, x: Field) -> Field:
