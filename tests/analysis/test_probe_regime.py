@@ -132,17 +132,17 @@ def test_mixture_law_of_a_residual_sum():
     assert abs(normal - mc) > 0.03
 
 
-def _inked(seed: int = 0) -> torch.Tensor:
-    """(B, 1, H, H): as :func:`_input`, but each sample with its own ink (a factor 0.2–3.2) and its own
+def _inked(seed: int = 0, n: int = 600) -> torch.Tensor:
+    """(n, 1, H, H): as :func:`_input`, but each sample with its own ink (a factor 0.2–3.2) and its own
     threshold (the stroke share from about 0.01 to 0.5): the deviation's scale varies from sample to
     sample and from the strokes' core to their edge, which two regimes cannot carry."""
     g = torch.Generator().manual_seed(seed)
     k = torch.exp(-0.5 * (torch.arange(-3, 4, dtype=torch.float64) / 1.5) ** 2)
-    noise = torch.randn(B, 1, H + 6, H + 6, generator=g, dtype=torch.float64)
+    noise = torch.randn(n, 1, H + 6, H + 6, generator=g, dtype=torch.float64)
     z = F.conv2d(noise, (k[:, None] * k[None, :])[None, None])
     z = z / z.std()
-    ink = torch.rand(B, 1, 1, 1, generator=g, dtype=torch.float64) * 3 + 0.2
-    t = 1.175 + 0.8 * torch.randn(B, 1, 1, 1, generator=g, dtype=torch.float64).clamp(-1.2, 1.2)
+    ink = torch.rand(n, 1, 1, 1, generator=g, dtype=torch.float64) * 3 + 0.2
+    t = 1.175 + 0.8 * torch.randn(n, 1, 1, 1, generator=g, dtype=torch.float64).clamp(-1.2, 1.2)
     return torch.where(z > t, ink * (1 + z - t), torch.zeros_like(z))
 
 

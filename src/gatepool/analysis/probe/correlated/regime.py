@@ -119,16 +119,10 @@ def affine(r: Regime, scale: torch.Tensor, shift: torch.Tensor) -> Regime:
 
 def relu(r: Regime, mean: torch.Tensor | None = None, var: torch.Tensor | None = None) -> Regime:
     """Through a ReLU: bg rectified; with the input's mean and variance (C, H, W), each sample's energy
-    its stroke component's E[(ReLU x − ReLU bg)²] averaged over the channels (:func:`components`),
-    else none."""
-    b = r.bg.clamp_min(0)
+    its component's E[(ReLU x − ReLU bg)²] averaged over the channels (:func:`relu_of`), else none."""
     if mean is None or r.energy is None:
-        return Regime(r.masks, b)
-    energy = torch.zeros_like(r.energy)
-    for i, (m, v) in _chunks(mean, var, r):
-        mu, e2, _ = relu_moments_map(m, v)
-        energy[i] = (e2 - 2 * b * mu + b * b).mean(1).clamp_min(0) * r.masks[i]
-    return Regime(r.masks, b, energy)
+        return Regime(r.masks, r.bg.clamp_min(0))
+    return relu_of(mean, var, r)[3]
 
 
 def add(a: Regime | None, b: Regime | None) -> Regime | None:
@@ -152,12 +146,14 @@ def level(r: Regime, mean: torch.Tensor, var: torch.Tensor) -> Regime:
     return Regime(r.masks, r.bg, e * factor)
 
 
-def split(mean: torch.Tensor, var: torch.Tensor, r: Regime, rho: torch.Tensor | None = None):
-    """(μ', σ'²) (C, H, W): per position x − bg = ρ_s (μ' + σ' z) in sample s (z standard normal),
+def split(mean: torch.Tensor, var: torch.Tensor, r: Regime, rho=None, w=None):
+    """(μ', σ'²) (C, H, W): per position x − bg = ρ (μ' + σ' z) in each component (z standard normal),
     from the field's mean and variance: μ' = (mean − bg) / E[ρ], σ'² = E[(x − bg)²] / E[ρ²] − μ'²
-    (μ' shrunk to keep σ'² ≥ 0). ``rho`` (G, H, W): the scales, :meth:`Regime.scales` by default."""
-    rho = r.scales() if rho is None else rho
-    e1, e2 = rho.mean(0), (rho * rho).mean(0)
+    (μ' shrunk to keep σ'² ≥ 0). ``rho``, ``w`` (K, H, W): the components' scales and weights,
+    :func:`components` by default."""
+    if rho is None:
+        rho, w = components(r)
+    e1, e2 = (w * rho).sum(0), (w * rho * rho).sum(0)
     some = e2 > _MIN_SHARE
     d = mean - r.bg
     m2 = var + d * d
@@ -167,26 +163,46 @@ def split(mean: torch.Tensor, var: torch.Tensor, r: Regime, rho: torch.Tensor | 
     return mp, (m2p - mp * mp).clamp_min(0)
 
 
-def _chunks(mean, var, r: Regime, size: int = 16):
-    """(the samples' indices, (mean, var) (n, C, H, W) of each one's component N(bg + ρμ', ρ²σ'²))."""
+def components(r: Regime):
+    """(ρ, weights) (K, H, W): the mixture's components per position, one a sample (ρ_s, 1/S) with an
+    energy; without one, the point mass and the strokes' one scale (0 and 1/√π, weights 1 − π and π)."""
+    if r.energy is None:
+        pi = r.share
+        one = torch.where(pi > 0, pi.clamp_min(1e-300).rsqrt(), torch.zeros_like(pi))
+        return torch.stack([torch.zeros_like(pi), one]), torch.stack([1 - pi, pi])
     rho = r.scales()
-    mp, vp = split(mean, var, r, rho)
+    return rho, torch.full_like(rho, 1 / len(rho))
+
+
+def _chunks(mean, var, r: Regime, size: int = 32):
+    """(the components' indices, (mean, var) (n, C, H, W) of each one's N(bg + ρμ', ρ²σ'²), weights
+    (n, 1, H, W))."""
+    rho, w = components(r)
+    mp, vp = split(mean, var, r, rho, w)
     for i in torch.arange(len(rho)).split(size):
         q = rho[i][:, None]
-        yield i, (r.bg + q * mp, q * q * vp)
+        yield i, (r.bg + q * mp, q * q * vp), w[i][:, None]
 
 
 def relu_mixture(mean: torch.Tensor, var: torch.Tensor, r: Regime):
-    """(E[ReLU x], E[ReLU(x)²], P(x > 0)) per position of the mixture over the samples of
-    N(bg + ρ_s μ', ρ_s² σ'²) (ρ_s = 0: the point mass at bg)."""
-    mu = torch.zeros_like(mean)
-    e2 = torch.zeros_like(mean)
-    pos = torch.zeros_like(mean)
-    for _, (m, v) in _chunks(mean, var, r):
-        a, b, c = relu_moments_map(m, v)
-        mu, e2, pos = mu + a.sum(0), e2 + b.sum(0), pos + c.sum(0)
-    n = len(r.masks)
-    return mu / n, e2 / n, pos / n
+    """(E[ReLU x], E[ReLU(x)²], P(x > 0)) per position of the mixture over the components
+    N(bg + ρ μ', ρ² σ'²) (ρ = 0: the point mass at bg)."""
+    return relu_of(mean, var, r)[:3]
+
+
+def relu_of(mean: torch.Tensor, var: torch.Tensor, r: Regime):
+    """(E[ReLU x], E[ReLU(x)²], P(x > 0), the output's regime) in one pass over the components: the
+    mixture's moments and gate per position, and with an energy each sample's
+    E[(ReLU x − ReLU bg)²] averaged over the channels, its output energy."""
+    b = r.bg.clamp_min(0)
+    mu, e2, pos = torch.zeros_like(mean), torch.zeros_like(mean), torch.zeros_like(mean)
+    energy = None if r.energy is None else torch.zeros_like(r.energy)
+    for i, (m, v), w in _chunks(mean, var, r):
+        a, e, c = relu_moments_map(m, v)
+        mu, e2, pos = mu + (w * a).sum(0), e2 + (w * e).sum(0), pos + (w * c).sum(0)
+        if energy is not None:
+            energy[i] = (e - 2 * b * a + b * b).mean(1).clamp_min(0) * r.masks[i]
+    return mu, e2, pos, Regime(r.masks, b, energy)
 
 
 def mixture_law(mean: torch.Tensor, var: torch.Tensor, r: Regime, atoms: int = 64, groups: int = 8):
@@ -200,7 +216,7 @@ def mixture_law(mean: torch.Tensor, var: torch.Tensor, r: Regime, atoms: int = 6
 
     rho = r.scales().sort(0).values
     rho = torch.stack([g.pow(2).mean(0).sqrt() for g in rho.tensor_split(groups, 0)])  # (G, H, W)
-    mp, vp = split(mean, var, r, rho)
+    mp, vp = split(mean, var, r, rho, torch.full_like(rho, 1 / len(rho)))
     k = 16
     u = torch.linspace(0, 1, k + 1, dtype=_DT)
     z = (2**0.5) * torch.erfinv((2 * u - 1).clamp(-1 + 1e-15, 1 - 1e-15))
