@@ -23,7 +23,8 @@ the state's E[(x − bg)²] averaged over the channels, :func:`level`):
     conv      masks: any stroke among the taps (a max over the window); bg: the conv of bg (padding 0);
               energy Σ_t K_t e(p + t), K_t = mean_o Σ_i W_{o,i,t}²
     max pool  masks, bg and energy: the max over the window (the padding never wins)
-    norm      masks kept; bg through the norm's affine map at its predicted statistics; energy kept
+    norm      masks kept; bg through the norm's affine map at its predicted statistics; energy times
+              the channels' mean scale²
     ReLU      masks kept; bg rectified; energy per sample E[(ReLU x − ReLU bg)²] of its component
     add       masks: either term's; bg: the sum (the two terms in the same regime at each position);
               energy the sum
