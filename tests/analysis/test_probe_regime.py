@@ -130,3 +130,108 @@ def test_mixture_law_of_a_residual_sum():
     assert abs(float((law.w * (law.x > 0)).sum(-1).mean()) - mc) < 0.02
     normal = float(torch.special.ndtr(f.mean / f.var.sqrt()).mean())
     assert abs(normal - mc) > 0.03
+
+
+def _inked(seed: int = 0, n: int = 600) -> torch.Tensor:
+    """(n, 1, H, H): as :func:`_input`, but each sample with its own ink (a factor 0.2–3.2) and its own
+    threshold (the stroke share from about 0.01 to 0.5): the deviation's scale varies from sample to
+    sample and from the strokes' core to their edge, which two regimes cannot carry."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.exp(-0.5 * (torch.arange(-3, 4, dtype=torch.float64) / 1.5) ** 2)
+    noise = torch.randn(n, 1, H + 6, H + 6, generator=g, dtype=torch.float64)
+    z = F.conv2d(noise, (k[:, None] * k[None, :])[None, None])
+    z = z / z.std()
+    ink = torch.rand(n, 1, 1, 1, generator=g, dtype=torch.float64) * 3 + 0.2
+    t = 1.175 + 0.8 * torch.randn(n, 1, 1, 1, generator=g, dtype=torch.float64).clamp(-1.2, 1.2)
+    return torch.where(z > t, ink * (1 + z - t), torch.zeros_like(z))
+
+
+@functools.lru_cache(maxsize=1)
+def _inked_sample():
+    """The inked input through conv (1 → 16), ReLU, conv (16 → 16), each tensor with its regime moved
+    by :mod:`regime` (the energy levelled to each tensor's measured moments, as the walk does to its
+    predicted ones) and the measured per-sample energy, the channels' mean of (x − bg)²."""
+    x = _inked()
+    g = torch.Generator().manual_seed(1)
+    W1 = torch.randn(16, 1, 3, 3, generator=g, dtype=torch.float64) / 3
+    b1 = torch.randn(16, generator=g, dtype=torch.float64) * 0.3
+    W2 = torch.randn(16, 16, 3, 3, generator=g, dtype=torch.float64) * (2 / 144) ** 0.5
+    b2 = torch.randn(16, generator=g, dtype=torch.float64) * 0.5
+    W3 = torch.randn(16, 16, 3, 3, generator=g, dtype=torch.float64) * (2 / 144) ** 0.5
+    y1 = F.conv2d(x, W1, b1, padding=1)
+    f1 = measure_field(y1)
+    r1 = rg.level(rg.conv(rg.of_input(x), W1, b1, (1, 1), (1, 1)), f1.mean, f1.var)
+    r1r = rg.relu(r1, f1.mean, f1.var)
+    y2 = F.conv2d(F.relu(y1), W2, b2, padding=1)
+    f2 = measure_field(y2)
+    r2 = rg.level(rg.conv(r1r, W2, b2, (1, 1), (1, 1)), f2.mean, f2.var)
+    s = y2 + F.conv2d(F.relu(y2), W3, padding=1)  # a residual sum: a stream and its branch
+    fs = measure_field(s)
+    rb = rg.conv(rg.relu(r2, f2.mean, f2.var), W3, None, (1, 1), (1, 1))
+    rs = rg.level(rg.add(r2, rg.level(rb, *_moments(s - y2))), fs.mean, fs.var)
+    return (y1, r1), (y2, f2, r2), (s, fs, rs)
+
+
+def _moments(t):
+    f = measure_field(t)
+    return f.mean, f.var
+
+
+def _measured_energy(t, r):
+    return ((t - r.bg[None]) ** 2).mean(1)
+
+
+def _corr(a, b):
+    return float(torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1])
+
+
+def test_energy_moves_with_the_samples():
+    """The energy moved through a conv, a ReLU, a conv, a max pool and an affine map follows the measured
+    per-sample energy (correlation over samples and positions above 0.85); the masks' two values (a
+    stroke component of one scale) follow it far less (below 0.6)."""
+    (y1, r1), (y2, f2, r2), _ = _inked_sample()
+    for t, r in ((y1, r1), (y2, r2)):
+        assert _corr(r.energy, _measured_energy(t, r)) > 0.85
+        assert _corr(r.masks.double(), _measured_energy(t, r)) < 0.6
+    p = rg.affine(rg.max_pool(r2, (2, 2), (2, 2), (0, 0)), 2 * torch.ones(16, 1, 1, dtype=torch.float64), 0.5)
+    yp = 2 * F.max_pool2d(y2, 2) + 0.5
+    assert _corr(p.energy, _measured_energy(yp, p)) > 0.85
+
+
+def test_relu_of_scale_mixture_against_monte_carlo():
+    """A ReLU of the mixture over the samples' scales: P(x > 0) pooled within 0.01 of Monte Carlo and the
+    output's variance within 5%, where the mixture of one stroke scale (the masks only) is 8% off
+    in the variance; back, E[1[x > 0] g²] with g independent unit noise within 0.01."""
+    _, (y2, f2, r2), _ = _inked_sample()
+    mc_pos = float((y2 > 0).double().mean())
+    mc_var = float(F.relu(y2).var(0, unbiased=False).mean())
+    step, out = _relu_of(Field(f2.mean, f2.var, f2.corr, regime=r2))
+    assert abs(float(step.pos.mean()) - mc_pos) < 0.01
+    assert abs(float(out.var.mean()) / mc_var - 1) < 0.05
+    g = Field(torch.zeros(16, H, H, dtype=torch.float64), torch.ones(16, H, H, dtype=torch.float64),
+              measure_field(torch.randn(64, 16, H, H, dtype=torch.float64)).corr)  # fmt: skip
+    assert abs(float(step.backward(g).var.mean()) - mc_pos) < 0.01
+    _, one = _relu_of(Field(f2.mean, f2.var, f2.corr, regime=rg.Regime(r2.masks, r2.bg)))
+    assert abs(float(one.var.mean()) / mc_var - 1) > 0.08
+
+
+def test_scale_mixture_law_of_a_residual_sum():
+    """The law of the residual sum from the scale mixture keeps the mean and the variance (within 5%)
+    per position; P(s > 0) and the tail P(s > bg + sd) pooled within 0.01 of Monte Carlo, where the law
+    of one stroke scale is more than 0.02 off in both."""
+    _, _, (s, fs, rs) = _inked_sample()
+    thr = rs.bg + fs.var.sqrt()
+    mc = float((s > 0).double().mean()), float((s > thr[None]).double().mean())
+
+    def pooled(r):
+        law = rg.mixture_law(fs.mean, fs.var, r)
+        above = [float((law.w * (law.x > t)).sum(-1).mean()) for t in (0, thr[..., None])]
+        return law, above
+
+    law, got = pooled(rs)
+    m = (law.w * law.x).sum(-1)
+    v = (law.w * (law.x - m[..., None]) ** 2).sum(-1)
+    assert torch.allclose(m, fs.mean, atol=1e-6) and float((v / fs.var - 1).abs().max()) < 0.05
+    assert all(abs(a - b) < 0.01 for a, b in zip(got, mc))
+    _, one = pooled(rg.Regime(rs.masks, rs.bg))
+    assert all(abs(a - b) > 0.02 for a, b in zip(one, mc))

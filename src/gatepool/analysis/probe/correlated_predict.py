@@ -52,7 +52,13 @@ __all__ = ["CorrelatedPrediction", "CorrelatedRow", "predict_correlated", "regis
 
 def _regime_through(step, x: cr.Field, out: cr.Field):
     """The :class:`regime.Regime` of ``out`` = ``step``'s output of field ``x`` (a conv, a max pool, a norm;
-    None for any other step, or where ``x`` has none): the walk's dispatch to :mod:`regime`'s moves."""
+    None for any other step, or where ``x`` has none): the walk's dispatch to :mod:`regime`'s moves, the
+    energy levelled to ``out``'s predicted moments."""
+    r = _moved(step, x, out)
+    return None if r is None else regime.level(r, out.mean, out.var)
+
+
+def _moved(step, x: cr.Field, out: cr.Field):
     r = x.regime
     if r is None or r.bg.shape != x.shape:
         return None
@@ -795,6 +801,7 @@ class _Walk(Walk):
             elif both is None:  # a field with a law (a pool's, a norm's) and a normal: the sum's law
                 out = dataclasses.replace(out, law=cr.sum_law(*(value[a] for a in args)))
             if both is not None:  # the two terms in the same regime: the mixture's law
+                both = regime.level(both, out.mean, out.var)
                 out = dataclasses.replace(out, law=regime.mixture_law(out.mean, out.var, both), regime=both)
             steps[n] = _Add(r)
         elif n.target in _CATS and layout == ("W", "C"):  # along the tokens, constants too

@@ -7,24 +7,34 @@ or something else, and that holds for all channels at once. ``Field.regime`` car
     masks  (S, H, W)  per sample of the input, whether the receptive field of p holds a stroke
                       (the input's own support: x > its background, measured once, :func:`measure_input`)
     bg     (C, H, W)  the tensor's value where it holds none: the modules applied to the background
+    energy (S, H, W)  per sample the channels' mean of (x − bg)² at p (0 where the mask is off)
 
-so that per position x = bg with probability 1 − π (π = the masks' mean: a point mass, the same in
-every sample where the receptive field is empty) and else a stroke component whose moments follow
-from the state's own, m = (1 − π) bg + π m_s, E[x²] = (1 − π) bg² + π (v_s + m_s²) (:func:`split`).
+so that per position and sample x − bg = ρ_s (μ' + σ' z), z a standard normal per channel,
+ρ_s = sqrt(e_s / E_s[e]) the sample's scale (0: the point mass at bg, where the receptive field is
+empty), μ' and σ' from the state's own mean and variance: E[x] − bg = μ' E[ρ],
+E[(x − bg)²] = (μ'² + σ'²) E[ρ²] (:func:`split`). A scale mixture: a receptive field at the strokes'
+edge or in a sample with little ink gets a small scale, one inside the strokes a large one (the
+stream's heavy tail, which one stroke normal has none of).
 
-The rules move it exactly (a module maps an empty receptive field to the same value in every sample):
+The rules move it (a module maps an empty receptive field to the same value in every sample; the
+energy as the expectation over the weights of the deviation's square, then levelled per position to
+the state's E[(x − bg)²] averaged over the channels, :func:`level`):
 
-    conv      masks: any stroke among the taps (a max over the window); bg: the conv of bg (padding 0)
-    max pool  masks and bg: the max over the window (the padding never wins)
-    norm      masks kept; bg through the norm's affine map at its predicted statistics
-    ReLU      masks kept; bg rectified
-    add       masks: either term's; bg: the sum (the two terms in the same regime at each position)
+    conv      masks: any stroke among the taps (a max over the window); bg: the conv of bg (padding 0);
+              energy Σ_t K_t e(p + t), K_t = mean_o Σ_i W_{o,i,t}²
+    max pool  masks, bg and energy: the max over the window (the padding never wins)
+    norm      masks kept; bg through the norm's affine map at its predicted statistics; energy times
+              the channels' mean scale²
+    ReLU      masks kept; bg rectified; energy per sample E[(ReLU x − ReLU bg)²] of its component
+    add       masks: either term's; bg: the sum (the two terms in the same regime at each position);
+              energy the sum
 
-and a residual add with a regime takes the mixture's law (:func:`mixture_law`: the point mass at bg
-and the stroke component as a normal), which the max pool and the norm after it carry as any law; a
-ReLU of a field with a regime and no law (a conv over more than ``law.FAN_IN`` inputs dropped it) takes
-its moments and its gate from the mixture (:func:`relu_mixture`): the point mass at bg passes or not
-as a whole, the stroke component as a normal of its moments. Every other rule drops the regime.
+and a residual add with a regime takes the scale mixture's law (:func:`mixture_law`), which the max
+pool and the norm after it carry as any law; a ReLU of a field with a regime and no law (a conv over
+more than ``law.FAN_IN`` inputs dropped it) takes its moments and its gate from the mixture
+(:func:`relu_mixture`): each sample's component a normal of its scale. Every other rule drops the
+regime. Without an energy (``Regime(masks, bg)``) every stroke sample has the same scale: the
+mixture (1 − π) δ_bg + π N(m_s, v_s).
 """
 
 from __future__ import annotations
@@ -43,24 +53,36 @@ _MIN_SHARE = 1e-3  # a stroke share below this: the position is all background
 @dataclass
 class Regime:
     """Per sample whether each position's receptive field holds a stroke (``masks``, (S, H, W) bool),
-    and the tensor's value where it does not (``bg``, (C, H, W))."""
+    the tensor's value where it does not (``bg``, (C, H, W)), and per sample the channels' mean squared
+    deviation from bg at each position (``energy``, (S, H, W), 0 where the mask is off; None: the masks'
+    two values, a stroke component of one scale)."""
 
     masks: torch.Tensor
     bg: torch.Tensor
+    energy: torch.Tensor | None = None
 
     @property
     def share(self) -> torch.Tensor:
         """π (H, W): the share of the samples whose receptive field at p holds a stroke."""
         return self.masks.to(_DT).mean(0)
 
+    def scales(self) -> torch.Tensor:
+        """ρ (S, H, W): each sample's deviation scale at p relative to the samples' root mean square there,
+        sqrt(e_s / mean_s e) (0 where the mask is off; E_s[ρ²] = 1 wherever a sample has a stroke)."""
+        e = self.masks.to(_DT) if self.energy is None else self.energy.clamp_min(0) * self.masks
+        mean = e.mean(0)
+        return (e / torch.where(mean > 0, mean, torch.ones_like(mean))).sqrt()
+
 
 def of_input(batch: torch.Tensor) -> Regime:
     """The regime of a sparse input (B, C, H, W): a stroke where any channel is above its smallest
-    value (the background), the background that value."""
+    value (the background), the background that value, the energy the channels' mean squared deviation
+    from it."""
     x = batch.detach().to("cpu", _DT)
     low = x.amin((0, 2, 3))  # (C,)
-    masks = (x > low[None, :, None, None]).any(1)
-    return Regime(masks, low[:, None, None].expand(x.shape[1:]).clone())
+    dev = x - low[None, :, None, None]
+    masks = (dev > 0).any(1)
+    return Regime(masks, low[:, None, None].expand(x.shape[1:]).clone(), (dev * dev).mean(1))
 
 
 def _windows(t: torch.Tensor, kernel, stride, padding, ceil_mode: bool = False) -> torch.Tensor:
@@ -69,72 +91,140 @@ def _windows(t: torch.Tensor, kernel, stride, padding, ceil_mode: bool = False) 
 
 
 def conv(r: Regime, W: torch.Tensor, bias, stride, padding) -> Regime:
-    """Through a conv of weights W (Co, Ci, kh, kw) (dense), ``bias`` (Co,) or None."""
+    """Through a conv of weights W (Co, Ci, kh, kw) (dense), ``bias`` (Co,) or None. The energy: the
+    expectation over the output channels of the deviation's square, Σ_t K_t e(p + t) with
+    K_t = (1/Co) Σ_{o,i} W_{o,i,t}² (each input channel's squared deviation taken as their mean, e)."""
     masks = _windows(r.masks.to(_DT), W.shape[-2:], stride, padding) > 0
     bg = F.conv2d(r.bg[None], W, bias, stride, padding)[0]
-    return Regime(masks, bg)
+    energy = None
+    if r.energy is not None:
+        K = (W.to(_DT) ** 2).sum(1).mean(0)  # (kh, kw)
+        energy = F.conv2d(r.energy[:, None], K[None, None], None, stride, padding)[:, 0] * masks
+    return Regime(masks, bg, energy)
 
 
 def max_pool(r: Regime, kernel, stride, padding, ceil_mode: bool = False) -> Regime:
-    """Through a max pool: both the max over each window."""
+    """Through a max pool: masks and bg the max over each window; the energy the window's largest."""
     masks = _windows(r.masks.to(_DT), kernel, stride, padding, ceil_mode) > 0
     bg = _windows(r.bg, kernel, stride, padding, ceil_mode)
-    return Regime(masks, bg)
+    energy = None if r.energy is None else _windows(r.energy, kernel, stride, padding, ceil_mode)
+    return Regime(masks, bg, energy)
 
 
 def affine(r: Regime, scale: torch.Tensor, shift: torch.Tensor) -> Regime:
-    """Through y = scale · x + shift (a norm at its predicted statistics; maps broadcasting to bg)."""
-    return Regime(r.masks, scale * r.bg + shift)
+    """Through y = scale · x + shift (a norm at its predicted statistics; maps broadcasting to bg); the
+    energy times the channels' mean scale²."""
+    energy = None if r.energy is None else r.energy * float((scale * scale).mean())
+    return Regime(r.masks, scale * r.bg + shift, energy)
 
 
-def relu(r: Regime) -> Regime:
-    return Regime(r.masks, r.bg.clamp_min(0))
+def relu(r: Regime, mean: torch.Tensor | None = None, var: torch.Tensor | None = None) -> Regime:
+    """Through a ReLU: bg rectified; with the input's mean and variance (C, H, W), each sample's energy
+    its component's E[(ReLU x − ReLU bg)²] averaged over the channels (:func:`relu_of`), else none."""
+    if mean is None or r.energy is None:
+        return Regime(r.masks, r.bg.clamp_min(0))
+    return relu_of(mean, var, r)[3]
 
 
 def add(a: Regime | None, b: Regime | None) -> Regime | None:
-    """Of a sum: a stroke where either has one, the backgrounds added; None unless both have one."""
+    """Of a sum: a stroke where either has one, the backgrounds added, the energies added (the two
+    deviations uncorrelated); None unless both have one."""
     if a is None or b is None or a.masks.shape != b.masks.shape:
         return None
-    return Regime(a.masks | b.masks, a.bg + b.bg)
+    energy = None if a.energy is None or b.energy is None else a.energy + b.energy
+    return Regime(a.masks | b.masks, a.bg + b.bg, energy)
 
 
-def split(mean: torch.Tensor, var: torch.Tensor, r: Regime):
-    """(π, m_s, v_s): the stroke share (H, W) and the stroke component's mean and variance (C, H, W),
-    from the field's mean and variance and the point mass at bg of weight 1 − π."""
-    pi = r.share.expand_as(mean)
-    some = pi > _MIN_SHARE
-    p = torch.where(some, pi, torch.ones_like(pi))
-    e2 = var + mean * mean
-    ms = torch.where(some, (mean - (1 - pi) * r.bg) / p, mean)
-    vs = torch.where(some, (e2 - (1 - pi) * r.bg**2) / p - ms * ms, var).clamp_min(0)
-    return pi, ms, vs
+def level(r: Regime, mean: torch.Tensor, var: torch.Tensor) -> Regime:
+    """The energy rescaled per position so that its mean over the samples is the field's own
+    E[(x − bg)²] averaged over the channels (the moves give each sample's share, the state its level)."""
+    if r.energy is None:
+        return r
+    m2 = (var + (mean - r.bg) ** 2).mean(0)
+    e = r.energy * r.masks
+    have = e.mean(0)
+    factor = torch.where(have > 0, m2 / have.clamp_min(1e-300), torch.zeros_like(have))
+    return Regime(r.masks, r.bg, e * factor)
+
+
+def split(mean: torch.Tensor, var: torch.Tensor, r: Regime, rho=None, w=None):
+    """(μ', σ'²) (C, H, W): per position x − bg = ρ (μ' + σ' z) in each component (z standard normal),
+    from the field's mean and variance: μ' = (mean − bg) / E[ρ], σ'² = E[(x − bg)²] / E[ρ²] − μ'²
+    (μ' shrunk to keep σ'² ≥ 0). ``rho``, ``w`` (K, H, W): the components' scales and weights,
+    :func:`components` by default."""
+    if rho is None:
+        rho, w = components(r)
+    e1, e2 = (w * rho).sum(0), (w * rho * rho).sum(0)
+    some = e2 > _MIN_SHARE
+    d = mean - r.bg
+    m2 = var + d * d
+    mp = torch.where(some, d / torch.where(some, e1, torch.ones_like(e1)), d)
+    m2p = torch.where(some, m2 / torch.where(some, e2, torch.ones_like(e2)), m2)
+    mp = mp.clamp(-m2p.sqrt(), m2p.sqrt())
+    return mp, (m2p - mp * mp).clamp_min(0)
+
+
+def components(r: Regime):
+    """(ρ, weights) (K, H, W): the mixture's components per position, one a sample (ρ_s, 1/S) with an
+    energy; without one, the point mass and the strokes' one scale (0 and 1/√π, weights 1 − π and π)."""
+    if r.energy is None:
+        pi = r.share
+        one = torch.where(pi > 0, pi.clamp_min(1e-300).rsqrt(), torch.zeros_like(pi))
+        return torch.stack([torch.zeros_like(pi), one]), torch.stack([1 - pi, pi])
+    rho = r.scales()
+    return rho, torch.full_like(rho, 1 / len(rho))
+
+
+def _chunks(mean, var, r: Regime, size: int = 32):
+    """(the components' indices, (mean, var) (n, C, H, W) of each one's N(bg + ρμ', ρ²σ'²), weights
+    (n, 1, H, W))."""
+    rho, w = components(r)
+    mp, vp = split(mean, var, r, rho, w)
+    for i in torch.arange(len(rho)).split(size):
+        q = rho[i][:, None]
+        yield i, (r.bg + q * mp, q * q * vp), w[i][:, None]
 
 
 def relu_mixture(mean: torch.Tensor, var: torch.Tensor, r: Regime):
-    """(E[ReLU x], E[ReLU(x)²], P(x > 0)) per position of the mixture (1 − π) δ_bg + π N(m_s, v_s)."""
-    pi, ms, vs = split(mean, var, r)
-    mu_s, e2_s, pos_s = relu_moments_map(ms, vs)
+    """(E[ReLU x], E[ReLU(x)²], P(x > 0)) per position of the mixture over the components
+    N(bg + ρ μ', ρ² σ'²) (ρ = 0: the point mass at bg)."""
+    return relu_of(mean, var, r)[:3]
+
+
+def relu_of(mean: torch.Tensor, var: torch.Tensor, r: Regime):
+    """(E[ReLU x], E[ReLU(x)²], P(x > 0), the output's regime) in one pass over the components: the
+    mixture's moments and gate per position, and with an energy each sample's
+    E[(ReLU x − ReLU bg)²] averaged over the channels, its output energy."""
     b = r.bg.clamp_min(0)
-    mu = (1 - pi) * b + pi * mu_s
-    e2 = (1 - pi) * b * b + pi * e2_s
-    pos = (1 - pi) * (r.bg > 0).to(_DT) + pi * pos_s
-    return mu, e2, pos
+    mu, e2, pos = torch.zeros_like(mean), torch.zeros_like(mean), torch.zeros_like(mean)
+    energy = None if r.energy is None else torch.zeros_like(r.energy)
+    for i, (m, v), w in _chunks(mean, var, r):
+        a, e, c = relu_moments_map(m, v)
+        mu, e2, pos = mu + (w * a).sum(0), e2 + (w * e).sum(0), pos + (w * c).sum(0)
+        if energy is not None:
+            energy[i] = (e - 2 * b * a + b * b).mean(1).clamp_min(0) * r.masks[i]
+    return mu, e2, pos, Regime(r.masks, b, energy)
 
 
-def mixture_law(mean: torch.Tensor, var: torch.Tensor, r: Regime, atoms: int = 64):
+def mixture_law(mean: torch.Tensor, var: torch.Tensor, r: Regime, atoms: int = 64, groups: int = 8):
     """The law per position (:class:`normal.Law`, ``atoms`` atoms on :func:`law.levels`' bins) of the
-    mixture (1 − π) δ_bg + π N(m_s, v_s): a residual add's, whose two terms share the background (where
-    a law of the sum of independent terms would smear the background's spike with the branch's variance).
-    The normal as ``atoms`` equal masses, each its mean over its bin."""
+    mixture over the samples of N(bg + ρ_s μ', ρ_s² σ'²): a residual add's, whose two terms share the
+    background (where a law of the sum of independent terms would smear the background's spike with
+    the branch's variance). The samples' scales sorted per position into ``groups`` equal groups, each
+    its root mean square; each group's normal as 16 equal masses, each its mean over its bin."""
     from gatepool.analysis.probe.correlated.law import rebin
     from gatepool.analysis.probe.correlated.normal import _pdf
 
-    pi, ms, vs = split(mean, var, r)
-    u = torch.linspace(0, 1, atoms + 1, dtype=_DT)
+    rho = r.scales().sort(0).values
+    rho = torch.stack([g.pow(2).mean(0).sqrt() for g in rho.tensor_split(groups, 0)])  # (G, H, W)
+    mp, vp = split(mean, var, r, rho, torch.full_like(rho, 1 / len(rho)))
+    k = 16
+    u = torch.linspace(0, 1, k + 1, dtype=_DT)
     z = (2**0.5) * torch.erfinv((2 * u - 1).clamp(-1 + 1e-15, 1 - 1e-15))
     dens = _pdf(z)
     dens[0] = dens[-1] = 0.0
-    cond = atoms * (dens[:-1] - dens[1:])  # E[z | z in bin k] of a standard normal
-    x = torch.cat([r.bg[..., None], ms[..., None] + vs.sqrt()[..., None] * cond], -1)
-    w = torch.cat([(1 - pi)[..., None], (pi / atoms)[..., None].expand(*pi.shape, atoms)], -1)
-    return rebin(x, w, atoms)
+    cond = k * (dens[:-1] - dens[1:])  # E[z | z in bin j] of a standard normal
+    q = rho.permute(1, 2, 0)[None, ..., None]  # (1, H, W, G, 1)
+    x = r.bg[..., None, None] + q * (mp[..., None, None] + vp.sqrt()[..., None, None] * cond)
+    x = x.flatten(-2)
+    return rebin(x, torch.full_like(x, 1 / x.shape[-1]), atoms)

@@ -144,12 +144,13 @@ class ReLU:
     def forward(self, x: Field) -> Field:
         out = self._forward(x)
         self.mixed = x.regime is not None and x.law is None
+        if x.regime is None:
+            return out
+        mu, e2, pos, moved = regime.relu_of(x.mean, x.var, x.regime)
         if self.mixed:  # a regime (no law): the mixture's moments and gate, the lags' correlation kept
-            mu, e2, self.pos = regime.relu_mixture(x.mean, x.var, x.regime)
-            var = (e2 - mu * mu).clamp_min(0)
+            self.pos, var = pos, (e2 - mu * mu).clamp_min(0)
             out = _field_from_sums(mu, var, out.corr * xcorr(var.sqrt(), var.sqrt()))
-        if x.regime is not None:
-            out.regime = regime.relu(x.regime)
+        out.regime = moved
         return out
 
     def _forward(self, x: Field) -> Field:
