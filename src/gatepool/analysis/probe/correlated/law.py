@@ -39,7 +39,7 @@ from gatepool.analysis.probe.correlated.field import _DT, Field, _at_lag
 from gatepool.analysis.probe.correlated.normal import Law, _cdf, _pdf
 
 ATOMS = 64  # atoms of a law carried by the state
-FAN_IN = 64  # a conv that sums more inputs than this makes a normal output (no law carried)
+FAN_IN = 64  # a conv that sums this many inputs or more makes a normal output (no law carried)
 _ORDER = 24  # Hermite terms of the copula's correlation map (then Parseval's rest)
 
 
@@ -253,10 +253,12 @@ def conv_law(x: Field, conv, out: Field, samples: int = 1024, seed: int = 0, ato
     the mean and variance of ``out`` (the conv's output state: exact, a linear map of the input's). The
     input's channels independent, as the state has them; where the input has components
     (:func:`measure_input`), x − m = mix (z − m_z) and z's channels are drawn. None where the conv sums
-    more than :data:`FAN_IN` inputs (such a sum is near normal again) or ``x`` has no law."""
+    :data:`FAN_IN` inputs or more (such a sum is near normal again: a ResNet's 1 × 1 conv of its stem pool's
+    64 channels, whose law in the residual add cost more than the rest of ResNet-50's prediction) or ``x``
+    has no law."""
     W, stride, padding = conv.W, conv.stride, conv.padding
     src = x if x.components is None else x.components[1]
-    if src.law is None or src.shape[0] * W.shape[2] * W.shape[3] > FAN_IN:
+    if src.law is None or src.shape[0] * W.shape[2] * W.shape[3] >= FAN_IN:
         return None
     if x.components is not None:  # the weights W·mix on z
         W = torch.einsum("oiuv,ir->oruv", W, x.components[0])

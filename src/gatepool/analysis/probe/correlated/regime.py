@@ -31,7 +31,7 @@ the state's E[(x − bg)²] averaged over the channels, :func:`level`):
 
 and a residual add with a regime takes the scale mixture's law (:func:`mixture_law`), which the max
 pool and the norm after it carry as any law; a ReLU of a field with a regime and no law (a conv over
-more than ``law.FAN_IN`` inputs dropped it) takes its moments and its gate from the mixture
+``law.FAN_IN`` inputs or more dropped it) takes its moments and its gate from the mixture
 (:func:`relu_mixture`): each sample's component a normal of its scale. Every other rule drops the
 regime. Without an energy (``Regime(masks, bg)``) every stroke sample has the same scale: the
 mixture (1 − π) δ_bg + π N(m_s, v_s).
