@@ -148,11 +148,10 @@ class AdaptiveGatedPoolNd(GateParameters):
             out = self._gathered(xb, windows, mask)
         else:  # float16 / bfloat16: float32 inside, a chunk of samples at a time, nothing of it saved
             taps = max(1, xb.shape[1] * mask.numel())  # C · ∏out · K: one sample's windows
-            chunks = xb.split(max(1, _HALF_CHUNK // taps))
-            if torch.is_grad_enabled():  # the backward recomputes a chunk's float32 windows and gates
-                outs = [checkpoint(self._gathered, c, windows, mask, use_reentrant=False) for c in chunks]
-            else:
-                outs = [self._gathered(c, windows, mask) for c in chunks]
+            pool = self._gathered  # under autograd checkpointed: the backward recomputes a chunk's windows
+            if torch.is_grad_enabled():
+                pool = functools.partial(checkpoint, self._gathered, use_reentrant=False)
+            outs = [pool(c, windows, mask) for c in xb.split(max(1, _HALF_CHUNK // taps))]
             out = outs[0] if len(outs) == 1 else torch.cat(outs)
         return out if batched else out.squeeze(0)
 
