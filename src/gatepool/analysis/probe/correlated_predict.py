@@ -14,6 +14,7 @@ forward node by node, each tensor node's :class:`correlated.Field`; backward in 
 has anything computed from it; ``notes`` says which. Two shapes are carried past a Gaussian: a max pool
 whose input is a ReLU's output draws the ReLU's input (``MaxPool.forward(x, pre=...)``), and an add of
 a ReLU's output and another tensor marks the sum b + ReLU(y) (``Field.parts``) for the ReLU after it.
+A ReLU's output is also that of a module whose steps end in a ReLU (timm's ``BatchNormAct2d``).
 A cat of ReLU outputs splits each user's gradient on its own where one of them (a max pool) brings the
 gradient at the ReLUs' inputs: each ReLU takes its parts through its gate one by one, as a ReLU with
 several users does, not their sum through one independent gate.
@@ -117,13 +118,21 @@ def _relu_input(node: fx.Node, steps: dict, inputs: dict) -> cr.Field | None:
     """The Gaussian input of the ReLU whose output ``node`` is, for a max pool after it (max ReLU = ReLU
     max); of a cat of ReLU outputs (SqueezeNet's Fire, Inception's branches), the cat of their inputs.
     None for anything else."""
-    before = steps.get(node)
-    if isinstance(before, cr.ReLU):
+    before = _relu_of(steps.get(node))
+    if before is not None:
         return before.x
-    parts = [steps.get(a) for a in inputs.get(node, [])]
-    if isinstance(before, cr.Cat) and parts and all(isinstance(p, cr.ReLU) for p in parts):
+    parts = [_relu_of(steps.get(a)) for a in inputs.get(node, [])]
+    if isinstance(steps.get(node), cr.Cat) and parts and all(p is not None for p in parts):
         return cr.Cat().forward([p.x for p in parts])
     return None
+
+
+def _relu_of(step) -> cr.ReLU | None:
+    """The ReLU whose output a step's is: the step itself, or the last of its steps (timm's
+    norm-and-activation, ``BatchNormAct2d``: its ReLU's input is the normed field); else None."""
+    if isinstance(step, Steps):
+        return step.relu
+    return step if isinstance(step, cr.ReLU) else None
 
 
 def _relu_step(node: fx.Node, steps: dict, inputs: dict) -> cr.ReLU | None:
@@ -131,8 +140,7 @@ def _relu_step(node: fx.Node, steps: dict, inputs: dict) -> cr.ReLU | None:
     None for anything else."""
     while isinstance(steps.get(node), Identity) and len(inputs.get(node, [])) == 1:
         node = inputs[node][0]
-    step = steps.get(node)
-    return step if isinstance(step, cr.ReLU) else None
+    return _relu_of(steps.get(node))
 
 
 def _positions_matrix(step, x: cr.Field) -> torch.Tensor | None:
@@ -952,8 +960,8 @@ class _Walk(Walk):
         per = [step.backward(p) for p in parts]  # each user's gradient, split to the cat's inputs
         out = step.backward(g)
         for i, a in enumerate(self.inputs[n]):
-            relu = self.steps.get(a)
-            if isinstance(relu, cr.ReLU):
+            relu = _relu_of(self.steps.get(a))
+            if relu is not None:
                 out[i] = dataclasses.replace(out[i], pre_relu=relu.backward([q[i] for q in per]))
         return out
 
@@ -967,7 +975,8 @@ class _Walk(Walk):
             return step.backward(g)
         if isinstance(step, _Add):
             return [step.backward_to(g, i) for i in range(k)]
-        return [step.backward(parts) if isinstance(step, cr.ReLU) else step.backward(g)] * k  # ReLU: by parts
+        by_parts = _relu_of(step) is not None  # a ReLU (or steps ending in one) takes its users' one by one
+        return [step.backward(parts) if by_parts else step.backward(g)] * k
 
 
 def predict_correlated(
