@@ -16,6 +16,7 @@ from gatepool.analysis.probe import correlated as cr
 from gatepool.analysis.probe import register_correlated_rule
 from gatepool.analysis.probe.correlated.adaptive import avg_windows
 from gatepool.analysis.probe.correlated.reparam import _act as _after
+from gatepool.analysis.probe.correlated.reparam import repvggdw_rule
 
 
 def _pool(H, k, p, include, minus):
@@ -156,3 +157,29 @@ def test_fastvit_repmixer_fold_matches_monte_carlo():
         return x + gamma[:, None, None] * (mixer.forward(x, act=False) - norm(x))
 
     _map_against_monte_carlo(rule, fn, 9)
+
+
+class _RepVggDw(nn.Module):
+    """RepViT's token mixer ``bn(conv(x) + conv1(x) + x)``: a depthwise 3 × 3 conv and its BatchNorm, a
+    1 × 1 depthwise conv with a bias, the identity, then a BatchNorm (timm's, not ``legacy``)."""
+
+    def __init__(self, c: int = 2) -> None:
+        super().__init__()
+        self.conv = nn.Sequential()
+        self.conv.add_module("c", nn.Conv2d(c, c, 3, 1, 1, groups=c, bias=False))
+        self.conv.add_module("bn", nn.BatchNorm2d(c))
+        self.conv1, self.bn = nn.Conv2d(c, c, 1, groups=c), nn.BatchNorm2d(c)
+        nn.init.uniform_(self.conv.bn.weight, 0.5, 1.5)
+
+    def forward(self, x):
+        return self.bn(self.conv(x) + self.conv1(x) + x)
+
+
+def test_repvit_token_mixer_fold_matches_monte_carlo():
+    """The three terms of one x folded into one depthwise conv, then the BatchNorm of their sum: forward and
+    the input's gradient against Monte Carlo. Taken as independent terms, the sum's variance misses
+    2 Cov(conv1(x), x) and the conv's centre tap's covariances with both, so the BatchNorm after it divides
+    by the wrong σ."""
+    torch.manual_seed(0)
+    mixer = _RepVggDw().double()
+    _map_against_monte_carlo(repvggdw_rule(mixer), mixer, 9)

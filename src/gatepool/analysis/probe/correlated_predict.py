@@ -23,6 +23,8 @@ A parameter or buffer (a ``get_attr`` node), and whatever is computed from such 
 a map (``x.size()``, ``x.shape``) is known (its batch taken as 1), so ShuffleNet's channel shuffle
 ``x.view(N, g, C/g, H, W).transpose(1, 2).reshape(N, C, H, W)`` is recognised whole, and carried as the
 permutation it is (:class:`correlated.ChannelShuffle`).
+A module that hands back its input tensor itself (an ``nn.Identity``, a dropout at p = 0) has that
+tensor's gradient as its row's, every user's summed (MobileNetV4's ``dw_start`` before a shortcut).
 """
 
 from __future__ import annotations
@@ -153,6 +155,26 @@ def _positions_matrix(step, x: cr.Field) -> torch.Tensor | None:
     if isinstance(step, AdaptiveAvgPool2dStep) and isinstance(step.conv, cr.AdaptiveAvgPool):
         return step.conv.A
     return step.A if isinstance(step, cr.AdaptiveAvgPool) else None
+
+
+def _returns_its_input(m: nn.Module) -> bool:
+    """Does ``m`` hand back its input tensor itself (``m(x) is x``): an ``nn.Identity``, torch's dropout
+    at p = 0 or in eval mode. Its output's gradient is then that tensor's, every user's summed (a hook
+    on it sees the shortcut's too), not the gradient through its own users alone."""
+    if type(m) is nn.Identity:
+        return True
+    return type(m) in (nn.Dropout, nn.Dropout2d) and (m.p == 0 or not m.training)
+
+
+def _tensor_grad(node: fx.Node, gm: fx.GraphModule, grad: dict) -> cr.Field | None:
+    """The gradient of ``node``'s tensor: through modules that return their input, the gradient of the
+    node whose tensor it is (``node``'s own where that one has none)."""
+    own = node
+    while (node.op == "call_module" and len(node.args) == 1 and isinstance(node.args[0], fx.Node)
+           and _returns_its_input(gm.get_submodule(str(node.target)))):  # fmt: skip
+        node = node.args[0]
+    g = grad.get(node)
+    return g if g is not None else grad.get(own)
 
 
 def _is_leaf(m: nn.Module) -> bool:
@@ -1019,7 +1041,7 @@ def predict_correlated(
     rows["(input)"] = CorrelatedRow("(input)", "input", input_stats, grad.get(walk.input))
     for name, node in calls:
         if name in rows:  # a module called again: pooled with its first call
-            rows[name].more.append((value.get(node), grad.get(node)))
+            rows[name].more.append((value.get(node), _tensor_grad(node, gm, grad)))
             if value.get(node) is None and not rows[name].note:
                 rows[name].note = why.get(node, "no prediction")
             continue
@@ -1028,7 +1050,7 @@ def predict_correlated(
             name,
             kind,
             value.get(node),
-            grad.get(node),
+            _tensor_grad(node, gm, grad),
             note="" if value.get(node) is not None else why.get(node, "no prediction"),
         )
     rows["(output)"] = CorrelatedRow(

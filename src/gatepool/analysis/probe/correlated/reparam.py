@@ -20,6 +20,12 @@ RepVGG) is not: the ReLU makes the gradient correlated with each branch's x̂, w
 walk's own BatchNorm rule carries (``yy``) and the fold does not (MobileOne-S0's first stage 1.4–1.5×
 high backward); traced, such blocks keep it (``Reparam(_branches(m), act=_act(m))`` is the fold, for a
 block where that projection is small).
+
+RepViT's token mixer ``bn(conv(x) + conv1(x) + x)`` (a depthwise conv and its BatchNorm, a 1 × 1 depthwise
+conv with a bias and no norm, the identity) is the fold of its three terms, then the BatchNorm of their sum
+(the walk's rule, over the batch's statistics): registered. Taken as independent terms, the sum's variance
+misses the terms' covariances (1 × 1 and identity are the same map of x up to a scale), so the BatchNorm
+after it divides by the wrong σ, per channel.
 """
 
 from __future__ import annotations
@@ -68,8 +74,9 @@ def _affine(bn: nn.BatchNorm2d, f: Field) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Reparam:
-    """Σ_b BN_b(conv_b(x)) (+ BN(x)), each branch a (conv, bn) or (None, bn), times ``scale`` per channel
-    and plus ``x`` where ``residual`` (FastViT's RepMixer), as one conv, then ``act`` (a step or None)."""
+    """Σ_b BN_b(conv_b(x)) (+ BN(x)), each branch a (conv, bn), (conv, None) or (None, bn), times
+    ``scale`` per channel and plus ``x`` where ``residual`` (FastViT's RepMixer), as one conv, then
+    ``act`` (a step or None)."""
 
     def __init__(self, branches: list, signs: list[float] | None = None, scale=None, residual: bool = False,
                  act=None) -> None:  # fmt: skip
@@ -102,8 +109,11 @@ class Reparam:
                 w = w0.detach().to(_DT)
                 f = Conv(w0, b0, s, p, g).forward(x)
                 if b0 is not None:
-                    bias += sign * _affine(_bn_of(bn), f)[0] * b0.detach().to(_DT)
-            a, c = _affine(_bn_of(bn), f)
+                    bias += sign * (1.0 if bn is None else _affine(_bn_of(bn), f)[0]) * b0.detach().to(_DT)
+            if bn is None:  # a conv without a norm (RepViT's 1×1): its own weights
+                a, c = torch.ones(Co, dtype=_DT), torch.zeros(Co, dtype=_DT)
+            else:
+                a, c = _affine(_bn_of(bn), f)
             kh, kw = w.shape[-2:]
             oh, ow = (k - kh) // 2, (k - kw) // 2
             W[:, :, oh : oh + kh, ow : ow + kw] += sign * a[:, None, None, None] * w
@@ -175,3 +185,16 @@ def repmixer_rule(m: nn.Module) -> Reparam:
         raise NotImplementedError("a RepMixer without its layer scale's gamma")
     signs = [1.0] * len(mixer) + [-1.0] * len(norm)
     return Reparam(mixer + norm, signs, scale=gamma, residual=True)
+
+
+@register_named_rule("timm.models.repvit.RepVggDw")
+def repvggdw_rule(m: nn.Module):
+    """RepViT's token mixer ``bn(conv(x) + conv1(x) + x)``: a depthwise conv and its BatchNorm, a 1 × 1
+    depthwise conv (with its own BatchNorm where ``legacy``) and the identity, folded into one depthwise
+    conv, then the BatchNorm after their sum (the walk's, over the batch's statistics)."""
+    conv1 = (m.conv1.c, m.conv1.bn) if isinstance(m.conv1, nn.Sequential) else (m.conv1, None)
+    fold = Reparam([(m.conv.c, m.conv.bn), conv1], residual=True)
+    make = rule_for(m.bn)
+    if make is None:
+        raise NotImplementedError(f"RepVggDw: no correlated rule for {type(m.bn).__name__}")
+    return Steps(fold, make(m.bn))
