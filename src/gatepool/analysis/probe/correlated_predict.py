@@ -77,6 +77,22 @@ def _moved(step, x: cr.Field, out: cr.Field):
     return None
 
 
+def _weight_back(step, g: cr.Field | None, out: cr.Field | None):
+    """``out`` (the gradient at ``step``'s input) with the per-sample weights moved back from ``g``'s
+    (``Field.weight``, :mod:`regime`'s gradient side): a conv and a max pool move them, a norm keeps them,
+    a ReLU sets its own; any other step drops them."""
+    if g is None or out is None or g.weight is None or out.weight is not None:
+        return out
+    w, hw = None, out.shape[1:]
+    if isinstance(step, cr.Conv) and step.Wd is None:
+        w = regime.conv_back(g.weight, g.var, step.W, step.stride, step.padding, hw)
+    elif isinstance(step, cr.MaxPool):
+        w = regime.pool_back(g.weight, g.var, step.k, step.s, step.p, hw)
+    elif isinstance(step, (cr.GroupNorm, cr.BatchNorm)) and hw == g.shape[1:]:
+        w = g.weight
+    return dataclasses.replace(out, weight=w) if w is not None else out
+
+
 class _Add:
     """x + y: the two independent; ``relu`` the index of the input that is a ReLU's output (or None)."""
 
@@ -967,7 +983,9 @@ class _Walk(Walk):
             return step.backward(g)
         if isinstance(step, _Add):
             return [step.backward_to(g, i) for i in range(k)]
-        return [step.backward(parts) if isinstance(step, cr.ReLU) else step.backward(g)] * k  # ReLU: by parts
+        if isinstance(step, cr.ReLU):  # by parts
+            return [step.backward(parts)] * k
+        return [_weight_back(step, g, step.backward(g))] * k
 
 
 def predict_correlated(
