@@ -170,7 +170,9 @@ def test_relu_of_a_law_correlations(data):
     """ReLU(x − 0.5) of the sparse field: variance, P(x > 0), lag-1 and lag-2 covariance by the copula's
     series (a normal of the same moments and correlation is off), and the backward's gate E[g²]."""
     stats, truth = data
-    shifted = replace(stats, mean=stats.mean - 0.5, law=stats.law.__class__(stats.law.x - 0.5, stats.law.w))
+    law = stats.law.__class__(stats.law.x - 0.5, stats.law.w)
+    moved = replace(stats.regime, bg=stats.regime.bg - 0.5)  # its background shifted with the field
+    shifted = replace(stats, mean=stats.mean - 0.5, law=law, regime=moved)
     r = (truth - 0.5).clamp_min(0)
     mc = measure_field(r)
     relu = ReLU()

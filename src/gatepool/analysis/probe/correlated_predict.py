@@ -80,6 +80,22 @@ def _moved(step, x: cr.Field, out: cr.Field):
     return None
 
 
+def _weight_back(step, g: cr.Field | None, out: cr.Field | None):
+    """``out`` (the gradient at ``step``'s input) with the per-sample weights moved back from ``g``'s
+    (``Field.weight``, :mod:`regime`'s gradient side): a conv and a max pool move them, a norm keeps them,
+    a ReLU sets its own; any other step drops them."""
+    if g is None or out is None or g.weight is None or out.weight is not None:
+        return out
+    w, hw = None, out.shape[1:]
+    if isinstance(step, cr.Conv) and step.Wd is None:
+        w = regime.conv_back(g.weight, g.var, step.W, step.stride, step.padding, hw)
+    elif isinstance(step, cr.MaxPool):
+        w = regime.pool_back(g.weight, g.var, step.k, step.s, step.p, hw)
+    elif isinstance(step, (cr.GroupNorm, cr.BatchNorm)) and hw == g.shape[1:]:
+        w = g.weight
+    return dataclasses.replace(out, weight=w) if w is not None else out
+
+
 class _Add:
     """x + y: the two independent; ``relu`` the index of the input that is a ReLU's output (or None)."""
 
@@ -997,8 +1013,9 @@ class _Walk(Walk):
             return step.backward(g)
         if isinstance(step, _Add):
             return [step.backward_to(g, i) for i in range(k)]
-        by_parts = _relu_of(step) is not None  # a ReLU (or steps ending in one) takes its users' one by one
-        return [step.backward(parts) if by_parts else step.backward(g)] * k
+        if _relu_of(step) is not None:  # a ReLU (or steps ending in one) takes its users' one by one
+            return [step.backward(parts)] * k
+        return [_weight_back(step, g, step.backward(g))] * k
 
 
 def predict_correlated(

@@ -34,7 +34,8 @@ The rules, each from the module's actual weights, one file each (its equations i
     law.py      the law of a field that is not normal (atoms per position, a Gaussian copula): a sparse
                 input's, through the first conv, the max pools, the norms, the adds, into the ReLUs
     regime.py   the regime per position that the channels share (a sparse input's background or
-                strokes): moved exactly, a mixture at the adds and at the ReLUs where the law is dropped
+                strokes): moved exactly, a mixture at the adds and at the ReLUs where the law is dropped;
+                back, the gradient's per-sample weights, each ReLU's gate read against them
     norms.py    GroupNorm, BatchNorm
     add.py      residual adds, the sum of two gradients
     linear.py   linear on (C, 1, 1) features

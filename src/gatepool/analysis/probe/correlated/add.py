@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from gatepool.analysis.probe.correlated import regime
 from gatepool.analysis.probe.correlated.coupling import added_coupling
 from gatepool.analysis.probe.correlated.field import Field, _field_from_sums
 
@@ -19,8 +20,9 @@ def add(a: Field, b: Field) -> Field:
 
 def add_grads(a: Field, b: Field) -> Field:
     """Two gradients of one tensor, independent: variances, lag sums and ``yy`` add (``yy`` is kept
-    only where both have it)."""
+    only where both have it), the per-sample weights joined (:func:`regime.join`)."""
     yy = None if a.yy is None or b.yy is None else a.yy + b.yy
     out = _field_from_sums(torch.zeros_like(a.var), a.var + b.var, a.lag_sums() + b.lag_sums(), yy)
     out.coupling = added_coupling(a.coupling, b.coupling)
+    out.weight = regime.join(a.weight, a.var, b.weight, b.var)
     return out

@@ -68,6 +68,11 @@ class Field:
     g = g⁰ + Λ (x − m), through dense 1 × 1 convs (:class:`coupling.Coupling`): an activation sets it, norms,
     1 × 1 convs, stochastic depth and the sum of two gradients carry it, squeeze-and-excitation's gate reads
     it for Σ_p g_p x_p (:mod:`coupling`); every other rule drops it.
+    ``weight`` (gradients only, optional): (S, H, W) per sample of the input (of a field with a regime,
+    :mod:`regime`) the gradient's share of its channels' mean E[g²] at each position (mean over the samples
+    1; None: uniform): a ReLU with a regime reads it for its gate (a gradient larger where the gate is
+    open) and sets it, convs, max pools, norms, adds and the sum of two gradients carry it; every other
+    rule drops it.
     """
 
     mean: torch.Tensor
@@ -85,6 +90,7 @@ class Field:
     joint: dict | None = field(default=None, repr=False)
     regime: object | None = field(default=None, repr=False)
     coupling: object | None = field(default=None, repr=False)
+    weight: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:

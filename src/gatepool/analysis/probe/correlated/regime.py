@@ -228,3 +228,72 @@ def mixture_law(mean: torch.Tensor, var: torch.Tensor, r: Regime, atoms: int = 6
     x = r.bg[..., None, None] + q * (mp[..., None, None] + vp.sqrt()[..., None, None] * cond)
     x = x.flatten(-2)
     return rebin(x, torch.full_like(x, 1 / x.shape[-1]), atoms)
+
+
+# The gradient's side. A gradient Field's ``weight`` (S, H, W): per sample of the input its share of the
+# channels' mean E[g²] at each position (the mean over the samples 1, 0 where every sample's is 0). It
+# starts uniform (None) at the head's pool and moves back as the value's energy moves forward, each
+# step the expectation over the weights (its E[g²] per position the state's own):
+#
+#     ReLU      E[g² 1[x > 0]] = E[g²] mean_s(w_s P_s) per channel and position, P_s = P(x > 0) in
+#               sample s's component (:func:`gate_weights`: the weights and the gate from the same
+#               components, the law's P(x > 0) not read); the input's weights w_s mean_c P_s
+#     conv      Σ_t K_t G(q − t), K_t = mean_i Σ_o W_{o,i,t}², G = w times the output's E[g²]
+#     max pool  each window's G shared evenly by its taps
+#     norm, add kept; the sum of two gradients of one tensor: the E[g²]-weighted mean (:func:`join`)
+
+
+def _unit(G: torch.Tensor) -> torch.Tensor:
+    """G (S, H, W) ≥ 0 over its mean over the samples per position (0 where that is 0)."""
+    m = G.mean(0)
+    return G / torch.where(m > 0, m, torch.ones_like(m))
+
+
+def gate_weights(mean: torch.Tensor, var: torch.Tensor, r: Regime, w: torch.Tensor | None):
+    """(the gate (C, H, W), the input's weights (S, H, W)) of a ReLU whose input (mean, var, regime ``r``
+    with an energy) gets a gradient of per-sample weights ``w`` (None: uniform): E[g² 1[x > 0]] =
+    E[g²] mean_s(w_s P_s) / mean_s(w_s), P_s (C, H, W) the gate of sample s's component
+    N(bg + ρ_s μ', ρ_s² σ'²) (:func:`split`; 1[bg > 0] where ρ_s = 0); the gradient at the input is
+    g 1[x > 0], its weights w_s mean_c P_s. Uniform weights give the mixture's P(x > 0)."""
+    S = len(r.masks)
+    w = torch.ones(r.masks.shape, dtype=_DT) if w is None else w
+    num, pos = torch.zeros_like(mean), torch.zeros_like(mean)
+    out = torch.zeros(r.masks.shape, dtype=_DT)
+    for i, (m, v), _ in _chunks(mean, var, r):
+        c = relu_moments_map(m, v)[2]  # (n, C, H, W): each component's gate
+        num, pos = num + (w[i][:, None] * c).sum(0) / S, pos + c.sum(0) / S
+        out[i] = w[i] * c.mean(1)
+    wm = w.mean(0)
+    gate = torch.where(wm > 0, num / torch.where(wm > 0, wm, torch.ones_like(wm)), pos)  # no weight: P
+    return gate, _unit(out)
+
+
+def conv_back(w: torch.Tensor, g_var: torch.Tensor, W: torch.Tensor, stride, padding, in_hw) -> torch.Tensor:
+    """The weights at a conv's input (size ``in_hw``) from its output's ``w`` (S, Ho, Wo) and E[g²]
+    ``g_var`` (Co, Ho, Wo): Σ_t K_t G(q − t), G = w mean_o g_var, K_t = mean_i Σ_o W_{o,i,t}²."""
+    K = (W.to(_DT) ** 2).sum(0).mean(0)
+    G = w * g_var.mean(0)
+    k = K.shape
+    pad = [n - ((o - 1) * s - 2 * p + kk) for n, o, s, p, kk in zip(in_hw, G.shape[1:], stride, padding, k)]
+    out = F.conv_transpose2d(G[:, None], K[None, None], None, stride, padding, output_padding=pad)[:, 0]
+    return _unit(out)
+
+
+def pool_back(w: torch.Tensor, g_var: torch.Tensor, kernel, stride, padding, in_hw) -> torch.Tensor:
+    """The weights at a max pool's input from its output's: each window's G = w mean_c g_var shared
+    evenly by its taps (which tap wins is the pool's own gradient rule; the share is the samples')."""
+    G = w * g_var.mean(0)
+    K = torch.ones(kernel, dtype=_DT) / (kernel[0] * kernel[1])
+    out = torch.zeros((len(w), *in_hw), dtype=_DT)
+    full = F.conv_transpose2d(G[:, None], K[None, None], None, stride, padding)[:, 0]
+    h, wd = min(in_hw[0], full.shape[1]), min(in_hw[1], full.shape[2])
+    out[:, :h, :wd] = full[:, :h, :wd]
+    return _unit(out)
+
+
+def join(wa, va: torch.Tensor, wb, vb: torch.Tensor):
+    """The weights of the sum of two gradients of one tensor (independent: their E[g²] add), each
+    weighted by its channels' mean E[g²] per position; None where either has none."""
+    if wa is None or wb is None or wa.shape != wb.shape:
+        return None
+    return _unit(wa * va.mean(0) + wb * vb.mean(0))

@@ -25,7 +25,10 @@ ReLU      per position the rectified normal; per lag Mehler's series, a = m/s,
           Parseval's rest ρ_z^{N+1} r_p r_q (r² = Var − Σ c_n²/n!); back the same in k
           Of a field with a regime and no law (``Field.regime``, :mod:`regime`): per position the
           mixture (1 − π) δ_bg + π N(m_s, v_s)'s moments and P(x > 0), the lags' correlation the
-          normal's; back, the gate P(x > 0) the mixture's
+          normal's; back, the gate P(x > 0) the mixture's. With a regime (an energy, with or without a
+          law) the gate is read against the gradient's per-sample weights (``Field.weight``):
+          E[g² 1[x > 0]] = E[g²] mean_s(w_s P_s) / mean_s(w_s), P_s sample s's component's gate
+          (:func:`regime.gate_weights`: a gradient larger where the gate is open)
 """
 
 from __future__ import annotations
@@ -240,9 +243,23 @@ class ReLU:
         result carries ``stream_gate`` (see :class:`Field`): E[g_y²] = E[g_z²] P(y > 0 | z > 0),
         z = b + ReLU(y), by the skewed sum's quadrature, where independent gates give E[g_z²] P(y > 0)."""
         gs = g if isinstance(g, list) else [g]
-        out = functools.reduce(add_grads, [self._backward(p) for p in gs])
+        out = functools.reduce(add_grads, [self._weighted(p, self._backward(p)) for p in gs])
         if self.stream_gate is not None:
             out = replace(out, stream_gate=self.stream_gate)
+        return out
+
+    def _weighted(self, g: Field, out: Field) -> Field:
+        """With a regime (an energy): the gate read against the gradient's per-sample weights,
+        E[g² 1[x > 0]] = E[g²] mean_s(w_s P_s) / mean_s(w_s) (:func:`regime.gate_weights`), the gate and the
+        weights from the regime's components (a law's P(x > 0) not read), and the input's weights."""
+        r = self.x.regime
+        joint = g.pre_relu is not None or g.stream_gate is not None  # a gate read jointly elsewhere
+        if r is None or r.energy is None or joint:
+            return out
+        gate, w = regime.gate_weights(self.x.mean, self.x.var, r, g.weight)
+        var = g.var * gate
+        out = _field_from_sums(out.mean, var, out.corr * xcorr(var.sqrt(), var.sqrt()), out.yy)
+        out.weight = w
         return out
 
     def _backward(self, g: Field) -> Field:
