@@ -129,6 +129,7 @@ def _first_tap(mu: torch.Tensor) -> torch.Tensor:
     return (mu > _PAD / 2).to(torch.int8).argmax(-1)
 
 
+_COPULA_DRAWS = 128  # the draws of a pair of windows that its joint law is counted from (:mod:`copula`)
 _PAD = -1e30  # the mean of a padded tap (variance 0): it never wins, as torch pads a max pool with −∞
 
 
@@ -315,11 +316,12 @@ class MaxPool:
         shape = mu.shape[:3]
 
         base = _base_draws(self.samples // 4, 2 * n, self.seed + 1)
-        counter = Counter(shape[0], shape[1] * shape[2], base.shape[-1], self.seed)
+        every = max(1, base.shape[-1] // _COPULA_DRAWS)  # the ranks of every few draws: the sorts' cost
+        counter = Counter(shape[0], shape[1] * shape[2], len(range(0, base.shape[-1], every)), self.seed)
 
         def stats(found, mus):
             (ma, last_a), (mb, last_b) = found
-            counter.add(ma, mb)  # the pair's joint law (of the unrectified max: ReLU keeps the ranks)
+            counter.add(ma[:, ::every], mb[:, ::every])  # the pair's joint law (the unrectified max's ranks)
             wa, wta = _wins(ma, last_a, _first_tap(mus[:, :n]) if rect else None, n)
             wb, wtb = _wins(mb, last_b, _first_tap(mus[:, n:]) if rect else None, n)
             if rect:
