@@ -3,7 +3,8 @@
 forward   the fields' channels stacked: each channel keeps its mean map, variance map and correlation
           (channels are uncorrelated in the state, so nothing is added between them); where one of
           them carries its law (``Field.law``: a max pool's output), the cat carries the laws of all,
-          the others' as normals of their moments (:func:`law.normal_law`)
+          the others' as normals of their moments (:func:`law.normal_law`), and the max pools' joint
+          laws of neighbouring positions (``Field.copula``: :func:`copula.stacked`)
 backward  ∂L/∂x_i = g[channels of x_i]: the output gradient's channels split back in the same order
           (``Field.yy``, per channel, split with them; ``pre_relu``, the gradient at the ReLUs' inputs
           where every x_i is a ReLU's output and the step after knew it, a max pool: split the same)
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from gatepool.analysis.probe.correlated.copula import stacked
 from gatepool.analysis.probe.correlated.field import Field
 from gatepool.analysis.probe.correlated.law import ATOMS, levels, normal_law, rebin
 from gatepool.analysis.probe.correlated.normal import Law
@@ -43,6 +45,7 @@ class Cat:
         if any(x.law is not None for x in xs):
             laws = [_on_bins(x) for x in xs]
             out.law = Law(torch.cat([a.x for a in laws]), torch.cat([a.w for a in laws]))
+            out.copula = stacked([x.copula for x in xs], self.sizes)
         return out
 
     def backward(self, g: Field) -> list[Field]:

@@ -54,6 +54,9 @@ class Field:
     affine map keeps them, the activation after it reads them (:mod:`joint`); every other rule drops them.
     ``law`` (optional): the law per position where it is not normal (:class:`normal.Law` atoms
     (C, H, W, K)), the positions joined by a Gaussian copula of this stencil (:mod:`law`).
+    ``copula`` (values only, optional): the joint law of the pairs (P, P + Δ) at a max pool's neighbour
+    lags (:class:`copula.Copula`, beside ``law``): a norm's affine map keeps it, a cat stacks it, the ReLU
+    after reads it (:mod:`copula`); every other rule drops it.
     ``regime`` (values only, optional): per sample of the input whether each position's receptive field
     holds a stroke, and the tensor's value where it holds none (:class:`regime.Regime`): a sparse
     input's background or strokes, shared by all channels (:mod:`regime`).
@@ -89,6 +92,7 @@ class Field:
     dependence: tuple | None = field(default=None, repr=False)
     joint: dict | None = field(default=None, repr=False)
     regime: object | None = field(default=None, repr=False)
+    copula: object | None = field(default=None, repr=False)
     coupling: object | None = field(default=None, repr=False)
     weight: torch.Tensor | None = field(default=None, repr=False)
 

@@ -7,7 +7,8 @@ max pool  per window the max of its correlated Gaussian taps (padded taps never 
           order for two), neighbouring windows drawn jointly. Of a ReLU's output: the draws are of
           its input, the max rectified (max ReLU = ReLU max). The max is not normal (a long right
           tail; of rectified taps a mass near 0): its law per position, the draws' quantiles as
-          atoms (``Field.law``), goes on to the norm and the ReLU after it.
+          atoms (``Field.law``), goes on to the norm and the ReLU after it, and so does the
+          neighbouring windows' joint law (their draws' ranks, ``Field.copula``, :mod:`copula`).
           Back: v_g,in(q) = Σ_P w_P(q) v_g(P) + 2 P(q wins P and P') Cov(g_P, g_P') for overlapping
           windows; winners of windows that are not neighbours independent of each other
 """
@@ -21,6 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gatepool.analysis.probe.correlated.copula import Copula, Counter
 from gatepool.analysis.probe.correlated.field import (
     _DT,
     Field,
@@ -127,6 +129,7 @@ def _first_tap(mu: torch.Tensor) -> torch.Tensor:
     return (mu > _PAD / 2).to(torch.int8).argmax(-1)
 
 
+_COPULA_DRAWS = 128  # the draws of a pair of windows that its joint law is counted from (:mod:`copula`)
 _PAD = -1e30  # the mean of a padded tap (variance 0): it never wins, as torch pads a max pool with −∞
 
 
@@ -284,9 +287,9 @@ class MaxPool:
     def _joint(self, mp, sp, corr, dh: int, dw: int, Ho: int, Wo: int, rect: bool, law=None):
         """Windows P and P + Δ drawn together: (Σ_P Cov(M_P, M_{P+Δ}) (C,), J and J̃ (n, n, C, h, w): the
         probability that tap j wins P and tap l wins P + Δ, as torch picks them and through the
-        pre-activation, :func:`_wins`) over the valid P; ``mp``, ``sp`` the padded mean and sd maps
-        (:meth:`_padded`), ``corr`` the input's stencil (the copula's latent one with ``law``, the padded
-        law :meth:`_padded_law`)."""
+        pre-activation, :func:`_wins`, and the pairs' joint law, :class:`copula.Counter`) over the valid
+        P; ``mp``, ``sp`` the padded mean and sd maps (:meth:`_padded`), ``corr`` the input's stencil (the
+        copula's latent one with ``law``, the padded law :meth:`_padded_law`)."""
         (kh, kw), (sh, sw) = self.k, self.s
         offs = [(a, b) for a in range(kh) for b in range(kw)]
         n = len(offs)
@@ -312,8 +315,13 @@ class MaxPool:
         )  # (C, 2n, 2n)
         shape = mu.shape[:3]
 
+        base = _base_draws(self.samples // 4, 2 * n, self.seed + 1)
+        every = max(1, base.shape[-1] // _COPULA_DRAWS)  # the ranks of every few draws: the sorts' cost
+        counter = Counter(shape[0], shape[1] * shape[2], len(range(0, base.shape[-1], every)), self.seed)
+
         def stats(found, mus):
             (ma, last_a), (mb, last_b) = found
+            counter.add(ma[:, ::every], mb[:, ::every])  # the pair's joint law (the unrectified max's ranks)
             wa, wta = _wins(ma, last_a, _first_tap(mus[:, :n]) if rect else None, n)
             wb, wtb = _wins(mb, last_b, _first_tap(mus[:, n:]) if rect else None, n)
             if rect:
@@ -322,14 +330,13 @@ class MaxPool:
             Jt = _counts(wta * (n + 1) + wtb, (n + 1) ** 2).reshape(-1, n + 1, n + 1)[:, :n, :n]
             return (ma * mb).mean(1, dtype=_DT), ma.mean(1, dtype=_DT), mb.mean(1, dtype=_DT), J, Jt
 
-        base = _base_draws(self.samples // 4, 2 * n, self.seed + 1)
         groups = [(0, n), (n, 2 * n)]
         ab, a, b, J, Jt = _draw_windows(
             mu.reshape(-1, 2 * n), sds.reshape(-1, 2 * n), rho, base, groups, stats, law
         )
         cov = (ab - a * b).reshape(shape).sum((1, 2))
         J, Jt = (t.reshape(*shape, n, n).permute(3, 4, 0, 1, 2) for t in (J, Jt))
-        return cov, J, Jt
+        return cov, J, Jt, counter
 
     def forward(self, x: Field, pre: Field | None = None) -> Field:
         """The pool of ``x``; ``pre``: x = ReLU(pre) elementwise, the pool then draws pre (see the class)."""
@@ -384,16 +391,18 @@ class MaxPool:
                     rho[off] = _rho_strided(src.corr, (H, W), (Ho, Wo), self.s, *off)
                 V += (0.5 if l == j else 1.0) * rho[off] * X[j, l]
         T = V + V.flip((-2, -1))
-        self.joint, self.joint_t = {}, {}
+        self.joint, self.joint_t, tables = {}, {}, {}
         if self.method == "mc":  # the neighbouring windows drawn jointly: their covariance, joint wins
             for dh, dw in self.neighbours(Ho, Wo):
-                cov_ab, J, Jt = self._joint(mp, sp, rz, dh, dw, Ho, Wo, rect, law)
+                cov_ab, J, Jt, counter = self._joint(mp, sp, rz, dh, dw, Ho, Wo, rect, law)
                 self.joint[(dh, dw)], self.joint_t[(dh, dw)] = J, Jt
+                tables[(dh, dw)], edges = counter.table(), counter.u
                 T[:, Ho - 1 + dh, Wo - 1 + dw] = cov_ab
                 T[:, Ho - 1 - dh, Wo - 1 - dw] = cov_ab
         T[:, Ho - 1, Wo - 1] = var.sum((1, 2))
         out_law = None if out_law is None else reshaped(out_law, mu, var)  # the bins' spread given back
-        return replace(_field_from_sums(mu, var, T), law=out_law)
+        copula = None if out_law is None or not tables else Copula(edges, tables)  # the pairs' joint law
+        return replace(_field_from_sums(mu, var, T), law=out_law, copula=copula)
 
     def backward(self, g: Field) -> Field:
         out = self._grad(g, self.w, self.joint)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from gatepool.analysis.probe.correlated.copula import moved
 from gatepool.analysis.probe.correlated.coupling import affine_coupling
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
 from gatepool.analysis.probe.correlated.joint import flipped
@@ -37,11 +38,13 @@ from gatepool.analysis.probe.correlated.registry import (
 from gatepool.analysis.probe.correlated.steps import Steps
 
 
-def _carry_law(x: Field, out: Field) -> Field:
-    """``out`` with ``x``'s law (if any) moved to its mean and variance (the norm's affine map)."""
+def _carry_law(x: Field, out: Field, scale: torch.Tensor) -> Field:
+    """``out`` with ``x``'s law (if any) moved to its mean and variance and its pairs' joint law
+    (``Field.copula``) through the norm's affine map of ``scale`` (C,)."""
     if x.law is None:
         return out
     out.law = reshaped(x.law, out.mean, out.var)
+    out.copula = moved(x.copula, scale)
     return out
 
 
@@ -128,7 +131,7 @@ class GroupNorm:
             self.xhat.corr,
             **_shape(x, gam),
         )
-        return _carry_law(x, out)
+        return _carry_law(x, out, gam)
 
     def backward(self, g: Field) -> Field:
         C, H, W = g.shape
@@ -207,7 +210,7 @@ class BatchNorm:
         b = (torch.zeros(C, dtype=_DT) if self.beta is None else self.beta) - a * mu
         self.a = a[:, None, None]  # (C, 1, 1)
         return _carry_law(
-            x, Field(self.a * x.mean + b[:, None, None], self.a**2 * x.var, x.corr, **_shape(x, a))
+            x, Field(self.a * x.mean + b[:, None, None], self.a**2 * x.var, x.corr, **_shape(x, a)), a
         )
 
     def backward(self, g: Field) -> Field:

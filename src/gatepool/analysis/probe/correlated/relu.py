@@ -22,7 +22,9 @@ ReLU      per position the rectified normal; per lag Mehler's series, a = m/s,
           :mod:`law`): the moments and P(x > 0) from the atoms; per lag the same series in ρ_z with the
           step function's coefficients, c_n = a_n of ReLU(Q_p(Φ(z))) and k_n those of the gate
           1[z > Φ⁻¹(P(x ≤ 0))] (a normal's: k_n = φ(a)He_{n−1}(−a), a = Φ⁻¹(P(x > 0))), plus
-          Parseval's rest ρ_z^{N+1} r_p r_q (r² = Var − Σ c_n²/n!); back the same in k
+          Parseval's rest ρ_z^{N+1} r_p r_q (r² = Var − Σ c_n²/n!); back the same in k; at a max pool's
+          neighbour lags (``Field.copula``) E[ReLU ReLU] and P(both > 0) from the pairs' joint law
+          instead (:mod:`copula`)
           Of a field with a regime and no law (``Field.regime``, :mod:`regime`): per position the
           mixture (1 − π) δ_bg + π N(m_s, v_s)'s moments and P(x > 0), the lags' correlation the
           normal's; back, the gate P(x > 0) the mixture's. With a regime (an energy, with or without a
@@ -42,6 +44,7 @@ import torch.nn as nn
 
 from gatepool.analysis.probe.correlated import regime
 from gatepool.analysis.probe.correlated.add import add_grads
+from gatepool.analysis.probe.correlated.copula import relu_pairs
 from gatepool.analysis.probe.correlated.coupling import activation_coupling
 from gatepool.analysis.probe.correlated.field import Field, _at_lag, _field_from_sums, _ratio, _valid, xcorr
 from gatepool.analysis.probe.correlated.joint import joint_lag_sums
@@ -168,7 +171,7 @@ class ReLU:
         self.c, self.k = relu_series_maps(x.mean, s)
         T = _series_lag_sums(x.corr, self.c)
         # the lags where the series is slow: the bivariate integral, on the channels that need it
-        self.pairs = {}  # lag: (channels, E[ReLU ReLU], P(both > 0)) over the valid pairs
+        self.pairs = []  # (lag, channels, E[ReLU ReLU], P(both > 0)) over the valid pairs, applied in order
         for dh, dw in self._half_lags(H, W):
             rho = _at_lag(x.corr, dh, dw)
             if dh == 0 and dw == 0:
@@ -179,7 +182,7 @@ class ReLU:
                     continue
                 (m1, m2), (s1, s2) = _valid(x.mean[idx], dh, dw), _valid(s[idx], dh, dw)
                 e, p = bivariate_relu(m1, s1, m2, s2, rho[idx][:, None, None].expand_as(m1))
-            self.pairs[(dh, dw)] = (idx, e, p)
+            self.pairs.append(((dh, dw), idx, e, p))
             u1, u2 = _valid(mu[idx], dh, dw)
             t = (e - u1 * u2).sum((1, 2))
             T[idx, H - 1 + dh, W - 1 + dw] = t
@@ -208,7 +211,7 @@ class ReLU:
         P(x_p > 0, x_q > 0) = P(z_p > −a_p, z_q > −a_q) exact (the bivariate normal's, a = Φ⁻¹(P(x > 0)))
         where the series is slow."""
         mu, e2, pos, self.c, self.k, rc, rk = _law_series(x.law)
-        self.mu, self.pos, self.s, self.pairs = mu, pos, x.var.clamp_min(0).sqrt(), {}
+        self.mu, self.pos, self.s, self.pairs = mu, pos, x.var.clamp_min(0).sqrt(), []
         self.rho, self.rest = latent_corr(x.law, x.corr), (rc, rk)
         a = _icdf(pos.clamp(1e-15, 1 - 1e-15))
         C, H, W = x.shape
@@ -218,8 +221,13 @@ class ReLU:
             if (dh, dw) != (0, 0) and len(idx):
                 (a1, a2), one = _valid(a[idx], dh, dw), torch.ones_like(_valid(a[idx], dh, dw)[0])
                 _, p = bivariate_relu(a1, one, a2, one, rho[idx][:, None, None].expand_as(a1))
-                self.pairs[(dh, dw)] = (idx, None, p)
+                self.pairs.append(((dh, dw), idx, None, p))
         T = _series_lag_sums(self.rho, self.c, rest=rc)
+        if x.copula is not None:  # a max pool's neighbours: their joint law, not the Gaussian copula's
+            for (dh, dw), idx, e, p in relu_pairs(x.copula, x.law):
+                self.pairs.append(((dh, dw), idx, e, p))
+                u1, u2 = _valid(mu[idx], dh, dw)
+                T[idx, H - 1 + dh, W - 1 + dw] = T[idx, H - 1 - dh, W - 1 - dw] = (e - u1 * u2).sum((1, 2))
         return _field_from_sums(mu, (e2 - mu * mu).clamp_min(0), T)
 
     @functools.cached_property
@@ -283,13 +291,13 @@ class ReLU:
         rc, rk = self.rest
         T = g.corr * (xcorr(sg * self.pos, sg * self.pos) + _series_lag_sums(self.rho, self.k, sg, rk))
         YY = g.corr * (xcorr(sg * self.mu, sg * self.mu) + _series_lag_sums(self.rho, self.c, sg, rc))
-        for (dh, dw), (idx, e, p) in self.pairs.items():
+        for (dh, dw), idx, e, p in self.pairs:
             a, b = _valid(sg[idx], dh, dw)
             cg = a * b * _at_lag(g.corr, dh, dw)[idx, None, None]
             t = (cg * p).sum((1, 2))
             for sgn in (1, -1):
                 T[idx, H - 1 + sgn * dh, W - 1 + sgn * dw] = t
-                if e is not None:  # a law's E[ReLU ReLU] stays the series'
+                if e is not None:  # a law's E[ReLU ReLU] stays the series' (but from a copula)
                     YY[idx, H - 1 + sgn * dh, W - 1 + sgn * dw] = (cg * e).sum((1, 2))
         out = _field_from_sums(torch.zeros_like(var), var, T, yy=YY.sum((1, 2)))
         out.dependence, out.coupling = dependence, coupling
