@@ -313,20 +313,19 @@ def series_lag_sums(corr: torch.Tensor, mean: torch.Tensor, e2: torch.Tensor, co
 
     The series stops where the terms left hold under :data:`_TAIL` of the variance at every position (a
     smooth f decays fast, :func:`_terms`): the remainder term then carries them, at a power of ρ lower by
-    as many. The lag sums of all its terms are one batch of FFTs."""
+    as many. Each term's lag sums are FFTs of their own (C, H, W) map, added as they come: all terms
+    at once would hold (N + 1, C, 2H−1, 2W−1) lag maps and their spectra (2.7 GB at MaxViT-T's stem
+    GELU, 64 channels on 112 × 112, 25 terms)."""
     w = torch.ones_like(mean) if weight is None else weight
     var = (e2 - mean * mean).clamp_min(0)
     coef = _terms(var, coef, corr)
-    keep = len(coef)
     rest = (var - sum((c * c for c in coef), torch.zeros_like(var))).clamp_min(0).sqrt()
-    maps = torch.stack([w * c for c in coef] + [w * rest])  # (N + 1, C, H, W)
-    X = xcorr(maps, maps)  # (N + 1, C, 2H−1, 2W−1)
     T = torch.zeros_like(corr)
     rn = torch.ones_like(corr)
-    for n in range(keep):
+    for c in coef:
         rn = rn * corr
-        T += rn * X[n]
-    return T + rn * corr * X[keep]
+        T += rn * xcorr(w * c, w * c)
+    return T + rn * corr * xcorr(w * rest, w * rest)
 
 
 def dependence_weights(dependence: tuple, mean_y: torch.Tensor, e2_y: torch.Tensor) -> tuple:
