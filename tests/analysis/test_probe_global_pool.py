@@ -15,14 +15,17 @@ DT = torch.float64
 
 
 def _field(C: int, H: int, W: int, seed: int = 0) -> tuple[cr.Field, torch.Tensor]:
-    """A field x = m + s·(a z + b z_shift) (neighbours correlated, uneven variance and mean per position)
-    and 10⁵ draws of it."""
+    """A field x = m + s·(0.8 z + 0.6 z shifted by one row) (ρ = 0.48 at lag (±1, 0), 0 at every other
+    lag; uneven variance and mean per position), and 10⁵ draws of it."""
     gen = torch.Generator().manual_seed(seed)
     m = torch.randn((C, H, W), dtype=DT, generator=gen)
     s = 0.5 + torch.rand((C, H, W), dtype=DT, generator=gen)
     z = torch.randn((100_000, C, H + 1, W), dtype=DT, generator=gen)
-    x = m + s * (0.8 * z[:, :, 1:] + 0.6 * z[:, :, :-1])  # ρ = 0.48 at lag (1, 0), 0 elsewhere
-    return cr.measure_field(x), x
+    x = m + s * (0.8 * z[:, :, 1:] + 0.6 * z[:, :, :-1])
+    corr = torch.zeros((C, 2 * H - 1, 2 * W - 1), dtype=DT)
+    corr[:, H - 1, W - 1] = 1.0
+    corr[:, H - 2, W - 1] = corr[:, H, W - 1] = 0.48
+    return cr.Field(m, s * s, corr), x
 
 
 def test_forward_and_backward_against_monte_carlo():
