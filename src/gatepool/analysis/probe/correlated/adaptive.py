@@ -20,6 +20,7 @@ import torch.nn as nn
 
 from gatepool.analysis.probe.correlated.conv import box_conv
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums
+from gatepool.analysis.probe.correlated.global_pool import GlobalAvgPool
 from gatepool.analysis.probe.correlated.registry import pair, register_correlated_rule
 from gatepool.analysis.probe.correlated.stencil import Stencil, pool_stencil
 
@@ -118,7 +119,8 @@ class AvgPoolWindows(AdaptiveAvgPool):
 
 @register_correlated_rule(nn.AdaptiveAvgPool2d)
 class AdaptiveAvgPool2dStep:
-    """AdaptiveAvgPool2d: the box filter of the window an output averages; uneven, overlapping or
+    """AdaptiveAvgPool2d: the box filter of the window an output averages (the whole map: its closed form,
+    :mod:`global_pool`); uneven, overlapping or
     repeated windows (a map smaller than the output) by their window matrix (:class:`AdaptiveAvgPool`)."""
 
     def __init__(self, m: nn.AdaptiveAvgPool2d) -> None:
@@ -129,6 +131,9 @@ class AdaptiveAvgPool2dStep:
         out = tuple(o if o is not None else n for o, n in zip(self.out, (H, W)))
         if H % out[0] or W % out[1]:
             self.conv = AdaptiveAvgPool(out)
+            return self.conv.forward(x)
+        if out == (1, 1):
+            self.conv = GlobalAvgPool()
             return self.conv.forward(x)
         k = (H // out[0], W // out[1])
         self.conv = box_conv(C, k, k, (0, 0))
