@@ -360,40 +360,30 @@ class Pointwise:
         # density turns negative (at γ₁ = −1 beyond z ≈ 2.5), and a ReLU active there only has a
         # variance near 0 and its standardized cumulants blow up; the next conv sums them anyway
         _, _, skew, kurt = _shape(law_moments(self.h, None, None))
+        self.mom = law_moments(self.h, x.skew, x.kurt)
         if x.skew is not None or x.kurt is not None:  # its own mean and variance (the correlation: normal's)
-            m, var, _, _ = _shape(law_moments(self.h, x.skew, x.kurt))
+            m, var, _, _ = _shape(self.mom)
             out = replace(out, mean=m, var=var)
         if x.joint is not None:  # neighbours sharing skewed inputs (a depthwise conv's): h_n = √n! a_n
             h = [coef[n - 1] * math.factorial(n) ** 0.5 for n in (1, 2, 3)]
             out = _field_from_sums(out.mean, out.var, out.lag_sums() + joint_lag_sums(x.joint, *h))
-        self.source = (x.mean, x.var, x.skew, x.kurt, x.corr, order)  # the input's own tensors, no copy
-        self.h = self.mom = None
+        self._keep_for_backward()
         return replace(out, skew=skew, kurt=kurt)
 
-    def _for_backward(self) -> None:
-        """What the backward reads of :func:`hermite_coefficients`' table (f', u, the powers of f'²) and
-        of the law's moments, computed again from the input's tensors as the forward did (the same
-        numbers): kept from the forward to the end of the walk they were 1.0 GB at MaxViT-T's first
-        MBConv's GELU (256 channels on 56 × 56), its series' terms a map each."""
-        mean_x, var_x, skew, kurt, corr, order = self.source
-        h = hermite_coefficients(self.f, self.kinks, mean_x, var_x.clamp_min(0).sqrt(), order)
+    def _keep_for_backward(self) -> None:
+        """Of :func:`hermite_coefficients`' table only what the backward reads (f', u, the powers of f'²),
+        each map its own tensor: the table is one (width, positions) tensor, and a view of one of its rows
+        would keep all of it alive to the end of the walk (0.5 GB at a ViT-B's GELU)."""
 
         def series(key: str) -> tuple:
-            mean, e2, coef = h[key]
-            kept = _terms((e2 - mean * mean).clamp_min(0), coef, corr)
-            return mean, e2, coef[: max(len(kept), 2)]
+            mean, e2, coef = self.h[key]
+            kept = _terms((e2 - mean * mean).clamp_min(0), coef, self.x.corr)
+            return mean.clone(), e2.clone(), [c.clone() for c in coef[: max(len(kept), 2)]]
 
-        self.h = {"df": series("df"), "u": series("u"), "powers": h["powers"][3:6]}
-        self.mom = law_moments(h, skew, kurt)
+        self.h = {"df": series("df"), "u": series("u"), "powers": self.h["powers"][3:6].clone()}
+        self.mom = {k: self.mom[k].clone() for k in ("e1", "e2", "df2", "df2f", "df2f2")}
 
     def backward(self, g: Field) -> Field:
-        self._for_backward()
-        try:
-            return self._backward(g)
-        finally:
-            self.h = self.mom = None
-
-    def _backward(self, g: Field) -> Field:
         sg = g.var.clamp_min(0).sqrt()
         corr = self.x.corr
 
