@@ -297,7 +297,7 @@ class ReLU:
             t = (cg * p).sum((1, 2))
             for sgn in (1, -1):
                 T[idx, H - 1 + sgn * dh, W - 1 + sgn * dw] = t
-                if e is not None:  # a law's E[ReLU ReLU] stays the series' (but from a copula)
+                if e is not None:  # a joint table's E[ReLU ReLU] (the latent copula's: the series')
                     YY[idx, H - 1 + sgn * dh, W - 1 + sgn * dw] = (cg * e).sum((1, 2))
         out = _field_from_sums(torch.zeros_like(var), var, T, yy=YY.sum((1, 2)))
         out.dependence, out.coupling = dependence, coupling
