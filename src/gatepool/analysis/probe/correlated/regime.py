@@ -70,8 +70,7 @@ class Regime:
         """ρ (S, H, W): each sample's deviation scale at p relative to the samples' root mean square there,
         sqrt(e_s / mean_s e) (0 where the mask is off; E_s[ρ²] = 1 wherever a sample has a stroke)."""
         e = self.masks.to(_DT) if self.energy is None else self.energy.clamp_min(0) * self.masks
-        mean = e.mean(0)
-        return (e / torch.where(mean > 0, mean, torch.ones_like(mean))).sqrt()
+        return _unit(e).sqrt()
 
 
 def of_input(batch: torch.Tensor) -> Regime:

@@ -41,10 +41,7 @@ class Steps:
         gs = g if isinstance(g, list) else [g]
         g = gs if self.relu is not None else functools.reduce(add_grads, gs)
         for step in reversed(self.steps):
-            if isinstance(step, ReLU):
-                g = step.backward(g if isinstance(g, list) else [g])
-            else:
-                g = step.backward(g)
+            g = step.backward(g)  # a ReLU takes one gradient or the list of its parts
         return g
 
 
