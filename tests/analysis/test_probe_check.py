@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from gatepool.analysis.probe import measure
-from gatepool.analysis.probe.check import Check, check_model, family_pick, summarize, table
+from gatepool.analysis.probe.check import Check, check_model, family_pick, meets, summarize, table
 from gatepool.cli import main
 
 
@@ -68,8 +68,20 @@ def test_family_pick_and_table():
     assert family_pick(["regnet_y_16gf", "regnet_x_400mf", "regnet_x_8gf"]) == "regnet_x_400mf"
     lines = table([Check("tv:a", 64, 10, 9, 8, 7, "x forward", 1.31, "y (Z): no rule", 1.25),
                    Check("tv:b", error="runs at none of [64]")]).splitlines()  # fmt: skip
-    assert lines[2] == "| tv:a | 64 | 10 | 9 | 8 | 7 | x forward (1.31) | y (Z): no rule | 1.2 |"
+    assert lines[2] == (
+        "| tv:a | 64 | 10 | 9 | 8 | 7 | x forward (1.31) | y (Z): no rule | **not met** | 1.2 |"
+    )
     assert lines[3].startswith("| tv:b | – | – |") and "runs at none of [64]" in lines[3]
+    assert lines[-1] == "0 of 2 models meet the target."
+
+
+def test_the_target_is_ninety_percent_of_the_rows_each_way():
+    assert meets(Check("a", 64, 10, 10, 9, 9))
+    assert not meets(Check("a", 64, 10, 10, 10, 8))  # the backward short
+    assert not meets(Check("a", 64, 10, 10, 8, 10))  # the forward short
+    assert not meets(Check("a", 64, 0, 0, 0, 0))  # nothing measured
+    assert not meets(Check("a", 64, 10, 10, 10, 10, error="ValueError: x"))
+    assert table([Check("a", 64, 20, 20, 18, 19)]).splitlines()[-1] == "1 of 1 models meet the target."
 
 
 def test_probe_check_without_the_zoos_says_how_to_get_them(monkeypatch, capsys):

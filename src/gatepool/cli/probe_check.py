@@ -8,10 +8,11 @@
 Each model (random weights, nothing downloaded, seed ``--seed``; BatchNorm in train mode) at the smallest
 side from ``--size`` (default 64) up that it runs at, on ``--batch`` N(0, 1) images: per model the
 rows, those with a correlated prediction, forward within 10%, backward within 15%, the worst row and its
-ratio, the first row without a rule and why, the seconds (:mod:`gatepool.analysis.probe.check`).
-Prints the Markdown table under a line with the command, machine and versions (the docs' table is this
-output); ``--json`` writes the results after every model, and a rerun with the same file skips the models
-it holds (``--budget`` seconds stops a run before its next model: a long sweep in chunks). Exit 1 when
+ratio, the first row without a rule and why, whether it meets the issue's target (90% of the rows within
+each bound), the seconds (:mod:`gatepool.analysis.probe.check`). Prints the Markdown table under a line
+with the command, machine and versions (the docs' table is this output); ``--json`` writes the results
+after every model, and a rerun with the same file skips the models it holds (``--budget`` seconds stops a
+run before its next model: a long sweep in chunks). Exit 1 when
 the probe failed on a model (its line says why), 2 without torchvision / timm (``make test-vision``
 builds .venv-vision with both).
 ``--data NAME`` (a set of :func:`gatepool.data.dataset_names`) instead of N(0, 1) images: ``--batch``

@@ -19,6 +19,8 @@ them):
     worst        the row and ratio farthest from 1 (|log ratio|), forward or backward
     no rule      the first row without a prediction, with the walk's reason (the node and its op, or
                  the row's module not reached by the walk): named, never guessed
+    target       the issue's: at least 90% of the rows within the forward bound and 90% within the
+                 backward bound (:func:`meets`)
 
 BatchNorm in train mode (the model as built), N(0, 1) inputs: the setting of the issue's targets.
 """
@@ -36,11 +38,12 @@ import torch.nn as nn
 from gatepool.analysis.probe.measure import measure
 from gatepool.analysis.probe.report import ProbeReport
 
-__all__ = ["BACKWARD_WITHIN", "FORWARD_WITHIN", "TIMM_FAMILIES", "Check", "check_model", "check_named",
-           "family_pick", "summarize", "sweep", "table", "zoo_models"]  # fmt: skip
+__all__ = ["BACKWARD_WITHIN", "FORWARD_WITHIN", "TARGET", "TIMM_FAMILIES", "Check", "check_model",
+           "check_named", "family_pick", "meets", "summarize", "sweep", "table", "zoo_models"]  # fmt: skip
 
 FORWARD_WITHIN = 0.10
 BACKWARD_WITHIN = 0.15
+TARGET = 0.90  # the share of a model's rows that must be within each bound
 SIZES = (64, 96, 128, 224, 256)  # the input sides tried, from --size up: a model's smallest that runs
 # one model a timm family, the smallest member of each (pretrained=False: random weights), convnets first
 TIMM_FAMILIES = (
@@ -118,6 +121,12 @@ def summarize(report: ProbeReport, name: str = "", forward_within: float = FORWA
             if off > worst:
                 worst, c.worst, c.worst_ratio = off, f"{r.name} {kind}", ratio
     return c
+
+
+def meets(c: Check) -> bool:
+    """Does the model meet the issue's target: ``TARGET`` of its rows within the forward bound and
+    ``TARGET`` within the backward bound (a model the probe failed on does not)?"""
+    return not c.error and c.modules > 0 and min(c.forward, c.backward) >= TARGET * c.modules
 
 
 def _inside(name: str, whole: set[str]) -> bool:
@@ -257,18 +266,20 @@ def sweep(names: list[str], *, size: int = 64, batch: int = 32, seed: int = 0, p
 
 
 def table(checks: list[Check], forward_within: float = FORWARD_WITHIN) -> str:
-    """The Markdown table of ``checks``."""
+    """The Markdown table of ``checks``, and under it how many meet the target."""
     head = (f"| model | size | modules | with a rule | fwd within {forward_within:.0%} | bwd within 15% | "
-            "worst (ratio) | first without a rule | s |")  # fmt: skip
-    lines = [head, "|" + "---|" * 9]
+            f"worst (ratio) | first without a rule | target (≥ {TARGET:.0%} both) | s |")  # fmt: skip
+    lines = [head, "|" + "---|" * 10]
     for c in checks:
+        target = "holds" if meets(c) else "**not met**"
         if c.error and not c.modules:
-            lines.append(f"| {c.model} | {c.size or '–'} | – | – | – | – | – | {c.error[:160]} | "
+            lines.append(f"| {c.model} | {c.size or '–'} | – | – | – | – | – | {c.error[:160]} | {target} | "
                          f"{c.seconds:.1f} |")  # fmt: skip
             continue
         worst = f"{c.worst} ({c.worst_ratio:.3g})" if c.worst_ratio is not None else "–"
         lines.append(
             f"| {c.model} | {c.size} | {c.modules} | {c.with_rule} | {c.forward} | {c.backward} | {worst} | "
-            f"{(c.error or c.no_rule or '—')[:160].replace('|', '/')} | {c.seconds:.1f} |"
+            f"{(c.error or c.no_rule or '—')[:160].replace('|', '/')} | {target} | {c.seconds:.1f} |"
         )
+    lines += ["", f"{sum(map(meets, checks))} of {len(checks)} models meet the target."]
     return "\n".join(lines)
