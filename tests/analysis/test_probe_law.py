@@ -241,6 +241,25 @@ def test_sum_law_of_a_law_and_a_normal(data):
     assert torch.allclose(add_normal(stats.law, b.mean[0], b.var[0]).x, law.x)
 
 
+def test_sum_law_with_a_constant_is_the_law_shifted(data):
+    """x + b with b constant (a zero-initialised BatchNorm's branch beside a pooled stream): the sum's
+    atoms stay in order (an interval of the quantile grid without mass keeps its atom inside it), and
+    ReLU(x + b)'s variance and lag-1 covariance are Monte Carlo's."""
+    stats, truth = data
+    full = torch.ones((1, H, H), dtype=torch.float64)
+    law = sum_law(Field(-0.5 * full, 0 * full, stats.corr), stats)
+    assert bool((law.x.diff(dim=-1) >= 0).all())
+    s = truth - 0.5
+    assert float((law.w * (law.x > 0)).sum(-1).mean()) == pytest.approx(
+        float((s > 0).double().mean()), abs=0.01
+    )
+    new = ReLU().forward(replace(stats, mean=stats.mean - 0.5, law=law, regime=None))
+    mc = measure_field(s.clamp_min(0))
+    assert float(new.var.mean()) == pytest.approx(float(mc.var.mean()), rel=0.03)
+    c = H - 1
+    assert float(new.lag_sums()[0, c, c + 1]) == pytest.approx(float(mc.lag_sums()[0, c, c + 1]), rel=0.05)
+
+
 def test_measure_input_carries_a_law_where_the_input_is_sparse():
     """By default the law is measured where the background holds ≥ 90% of the values, never for noise."""
     g = torch.Generator().manual_seed(0)

@@ -146,7 +146,10 @@ def add_normal(law: Law, mean: torch.Tensor, var: torch.Tensor, atoms: int = ATO
         cdf = torch.cat([torch.zeros_like(total), cdf, torch.ones_like(total)], -1)
         pe = torch.cat([torch.zeros_like(total), pe, total], -1)
         mass = (cdf[:, 1:] - cdf[:, :-1]).clamp_min(0)
-        xs.append((pe[:, 1:] - pe[:, :-1]) / mass.clamp_min(1e-300))
+        edges = torch.cat([lo, qk, hi], -1)  # an interval without mass: its atom at its middle (weight 0)
+        mean_in = torch.where(mass > 0, (pe[:, 1:] - pe[:, :-1]) / mass.clamp_min(1e-300),
+                              (edges[:, 1:] + edges[:, :-1]) / 2)  # fmt: skip
+        xs.append(torch.minimum(torch.maximum(mean_in, edges[:, :-1]), edges[:, 1:]))
         ws.append(mass / mass.sum(-1, keepdim=True))
     return Law(torch.cat(xs).reshape(*shape, atoms), torch.cat(ws).reshape(*shape, atoms))
 
