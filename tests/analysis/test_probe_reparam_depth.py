@@ -5,7 +5,7 @@ over batches of 32 N(0, 1) images, BatchNorm in train mode, unit noise at the lo
 One block is predicted within the probe's tolerances (the test). Stacked, the per-sample energy of the
 blocks' sums spreads with depth where the identity branch is there (a scale mixture over the samples,
 shared by the channels, that the walk's state does not carry) and not without it: :func:`table` prints
-the rows, ``docs/probe.md`` (RepVGG-A0 and MobileOne-S0) has them.
+the rows, ``docs/probe.md`` (RepVGG-A0's backward drift) has them.
 """
 
 from __future__ import annotations
