@@ -338,9 +338,9 @@ def _size(n: fx.Node, value: dict, dims: dict) -> torch.Size | int | None:
     if not (is_size or (n.target is getattr and n.args[1:] == ("shape",))):
         return None
     f = value.get(n.args[0]) if isinstance(n.args[0], fx.Node) else None
-    if f is None or f.shape[1:] == (1, 1):
-        return None
     layout = dims.get(n.args[0], _CHW)
+    if f is None or (f.shape[1:] == (1, 1) and layout != ("W", "C")):  # one token (a class token): its size
+        return None
     if layout == _FLATTENED:
         size = torch.Size((1, f.mean.numel()))
     else:
@@ -469,6 +469,21 @@ def _flattens_positions(n: fx.Node, f: cr.Field, const: dict) -> bool:
     return ok and want[2] in (H * W, -1)
 
 
+def _unflattens_tokens(n: fx.Node, f: cr.Field, const: dict) -> tuple[int, int] | None:
+    """(H, W) where ``n`` is ``x.reshape(N, C, H, W)`` (or ``view``) of a (C, 1, H·W) sequence whose
+    tensor is (N, C, T) (tokens transposed back, PiT's), else None."""
+    C, one, T = f.shape
+    want = _shape_args(n, const) if n.target in _RESHAPES else None
+    if one != 1 or want is None or len(want) != 4 or want[0] not in (1, -1) or want[1] not in (C, -1):
+        return None
+    H, W = want[2:]
+    if H == -1 and W > 0 and T % W == 0:
+        H = T // W
+    elif W == -1 and H > 0 and T % H == 0:
+        W = T // H
+    return (H, W) if H > 0 and W > 0 and H * W == T else None
+
+
 def _in_layout(m: nn.Module, step, f: cr.Field, layout: tuple):
     """A module's step on a tensor of this layout: a Linear on a map mixes the channels at each
     position (a 1×1 conv), a LayerNorm needs its dim to be the channels, the rest channels first."""
@@ -534,10 +549,17 @@ def _name(n: fx.Node) -> str:
     return n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
 
 
-def _channel_slice(n: fx.Node, channels: int, layout: tuple) -> cr.ChannelSlice | None:
+def _index(n: fx.Node, const: dict):
+    """The index of ``x[idx]``, a size computed in the trace (PiT's ``x[:, :cls_tokens.shape[1]]``) as its
+    number."""
+    return fx.node.map_arg(n.args[1], lambda a: const.get(a, a))
+
+
+def _channel_slice(n: fx.Node, channels: int, layout: tuple, const: dict) -> cr.ChannelSlice | None:
     """``x[:, a:b]`` (``x[:, a:b, :, :]``, ``x[..., a:b]`` of tokens): the slice of the channels that it
     is, else None (another index)."""
-    idx = n.args[1] if isinstance(n.args[1], tuple) else (n.args[1],)
+    idx = _index(n, const)
+    idx = idx if isinstance(idx, tuple) else (idx,)
     if idx and idx[-1] is Ellipsis and layout[-1] != "C":
         idx = idx[:-1]
     full = ("N", *layout)
@@ -556,10 +578,10 @@ def _channel_slice(n: fx.Node, channels: int, layout: tuple) -> cr.ChannelSlice 
     return cr.ChannelSlice(start, max(start, stop))
 
 
-def _token_slice(n: fx.Node, f: cr.Field, layout: tuple) -> cr.PositionMap | None:
+def _token_slice(n: fx.Node, f: cr.Field, layout: tuple, const: dict) -> cr.PositionMap | None:
     """``x[:, a:b]`` of (N, T, C) tokens (the patches after the class token: Beit's average head): a map
     of the positions that keeps tokens a … b − 1; None for another index."""
-    idx = n.args[1]
+    idx = _index(n, const)
     if layout != ("W", "C") or not (isinstance(idx, tuple) and len(idx) == 2 and idx[0] == slice(None)):
         return None
     sl, T = idx[1], f.shape[2]
@@ -581,9 +603,9 @@ def _means_tokens(n: fx.Node) -> bool:
     return dim in (1, -2, (1,), [1]) and keep is False
 
 
-def _select(n: fx.Node, layout: tuple) -> cr.SelectToken:
+def _select(n: fx.Node, layout: tuple, const: dict) -> cr.SelectToken:
     """``x[:, i]`` of tokens (a class token)."""
-    idx = n.args[1]
+    idx = _index(n, const)
     if layout != ("W", "C") or not (
         isinstance(idx, tuple) and len(idx) == 2 and idx[0] == slice(None) and isinstance(idx[1], int)
     ):
@@ -760,13 +782,13 @@ class _Walk(Walk):
             step = cr.ChannelSlice(*pieces[args[0]][n.args[1]])
             out, steps[n] = step.forward(value[args[0]]), step
         elif n.target is operator.getitem and (
-            step := _channel_slice(n, value[args[0]].shape[0], layout)
+            step := _channel_slice(n, value[args[0]].shape[0], layout, const)
         ) is not None:
             out, steps[n] = step.forward(value[args[0]]), step
-        elif n.target is operator.getitem and (step := _token_slice(n, value[args[0]], layout)):
+        elif n.target is operator.getitem and (step := _token_slice(n, value[args[0]], layout, const)):
             out, steps[n] = step.forward(value[args[0]]), step
         elif n.target is operator.getitem:
-            step = _select(n, layout)
+            step = _select(n, layout, const)
             out, steps[n], dims[n] = step.forward(value[args[0]]), step, ("C",)
         elif n.op == "call_module":
             m = self.gm.get_submodule(str(n.target))
@@ -887,6 +909,9 @@ class _Walk(Walk):
         elif layout == _CHW and _flattens_positions(n, value[args[0]], const):  # into tokens
             step = cr.FlattenPositions()
             out, steps[n], dims[n] = step.forward(value[args[0]]), step, ("C", "W")
+        elif layout == ("C", "W") and (hw := _unflattens_tokens(n, value[args[0]], const)) is not None:
+            step = cr.UnflattenPositions(*hw)  # tokens back into a map
+            out, steps[n], dims[n] = step.forward(value[args[0]]), step, _CHW
         elif n.target in _FLAT or (n.op == "call_method" and n.target in ("flatten", "view")):
             f = value[args[0]]
             if f.shape[1:] == (1, 1):

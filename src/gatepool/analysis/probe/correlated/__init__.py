@@ -53,7 +53,8 @@ The rules, each from the module's actual weights, one file each (its equations i
     gate.py     x · s with s a per-sample, per-channel gate (squeeze-and-excitation)
     coupling.py  the gradient's first-order response to the value through 1 × 1 convs (the gate's Σ_p g x)
     shift.py    a sum with a constant (a position embedding)
-    tokens.py   positions flattened into tokens, a constant token set beside them, one token taken out
+    tokens.py   positions flattened into tokens and back into a map, a constant token set beside them, one
+                token taken out
     attention.py  softmax self-attention over tokens (a first model: mixing weights near uniform)
     product.py  a · b of two independent maps (StarNet's star, MambaOut's gated product)
     token_linear.py  a Linear over the tokens (MLP-Mixer's token MLP, ResMLP)
@@ -119,7 +120,12 @@ from gatepool.analysis.probe.correlated.stencil import Stencil, pool_stencil
 from gatepool.analysis.probe.correlated.steps import Identity, Steps
 from gatepool.analysis.probe.correlated.stochastic_depth import StochasticDepth
 from gatepool.analysis.probe.correlated.token_linear import TokenLinear
-from gatepool.analysis.probe.correlated.tokens import FlattenPositions, SelectToken, TokenCat
+from gatepool.analysis.probe.correlated.tokens import (
+    FlattenPositions,
+    SelectToken,
+    TokenCat,
+    UnflattenPositions,
+)
 from gatepool.analysis.probe.correlated.window_attention import WindowAttention
 
 __all__ = [
@@ -163,6 +169,7 @@ __all__ = [
     "StochasticDepth",
     "TokenCat",
     "TokenLinear",
+    "UnflattenPositions",
     "WindowAttention",
     "add",
     "add_grads",

@@ -14,9 +14,16 @@ forward   per value channel, S = Σ_{j,j'} E[v_j v_j'] (all the tokens' second m
           between the token covariance average (κ = 0: every output the tokens' mean) and v's variance
 backward  ∂L/∂v_j = Σ_i A_ij G_i: the forward's sums with the queries' and keys' roles swapped;
           ∂L/∂q_i = (1/√d) Σ_j A_ij (G_i·(v_j − o_i)) k_j:
-              E = Var_tok(k_a)/(dT) Σ_b Var_tok(v_b) E[G_ib G_i'b];
+              E = Σ_b Var_tok(k_a) Var_tok(v_b) n_ab/(dT) E[G_ib G_i'b] (the tokens' own spread; n_ab =
+              Σ_e ρ_ka(e) ρ_vb(e) (T − |e|)/T, the keys that move together) plus the part
+              every token shares, v and k being maps of the same x: Σ_j (v_jb − v̄_b) k_ja/T → the
+              tokens' covariance C_ba = Cov_tok(v_b, k_a) = (W_v Σ_x W_kᵀ)_ba (Σ_x the channels' covariance
+              over the tokens: each channel's own spread, the mean map's across channels), so
+              ∂L/∂q_ia ⊃ (1/√d) Σ_b C_ba G_ib: E = (1/d) Σ_b C_ba² E[G_ib G_i'b] (a class token whose
+              gradient is the head's, over T ≫ d tokens: T/d times the first);
           ∂L/∂k_j = (1/√d) Σ_i A_ij (G_i·(v_j − o_i)) q_i:
-              E = 1/(dT²) Σ_{i,i'} Σ_b Var_tok(v_b) E[G_ib G_i'b] E[q_ia q_i'a], the weighted gradient
+              E = 1/(dT²) Σ_{i,i'} (1 + κ, or κ_c for i ≠ i') Σ_b Var_tok(v_b) E[G_ib G_i'b] E[q_ia q_i'a],
+              the weighted gradient
               Z_i = Σ_b Var_tok(v_b) E[G_ib²] and its correlation one for the head's channels (a class
               token's query, unlike the others', counts where the gradient is); the keys' uncorrelated;
           the three paths into x through the in-projections, independent
@@ -82,6 +89,24 @@ class Attention:
     def _per_head(self, t: torch.Tensor) -> torch.Tensor:
         return per_head(t, self.h)
 
+    def _query_map(self, x: Field, fk: Field, fv: Field) -> torch.Tensor:
+        """(D, D): E[∂q_ia ∂q_i'a] = Σ_b M_ab E[G_ib G_i'b],
+        M_ab = C_ba²/d + Var_tok(k_a) Var_tok(v_b) n_ab/(dT)
+        within each head (0 across), C_ba = Cov_tok(v_b, k_a) = (W_v Σ_x W_kᵀ)_ba (Σ_x: each channel's
+        spread over the tokens beyond its mean map's, the mean map's across channels) and
+        n_ab = Σ_e ρ_ka(e) ρ_vb(e) (T − |e|)/T the pairs of keys that move together."""
+        T = x.shape[-1]
+        m = x.mean.flatten(1)
+        mc = m - m.mean(1, keepdim=True)
+        own = _token_var(x) - (mc**2).mean(1)
+        sigma = torch.diag(own.clamp_min(0)) + mc @ mc.T / T
+        C = self.v.W[:, :, 0, 0] @ sigma @ self.k.W[:, :, 0, 0].T  # (b, a)
+        w = (T - torch.arange(-(T - 1), T).abs()).to(x.var.dtype) / T
+        n = torch.einsum("ae,be->ab", fk.corr[:, 0] * w, fv.corr[:, 0])
+        M = C.T**2 / self.d + self.kt[:, None] * self.vt[None, :] * n / (self.d * T)
+        head = torch.arange(len(M)) // self.d
+        return M * (head[:, None] == head[None, :])
+
     def forward(self, x: Field) -> Field:
         D, H, T = x.shape
         if H != 1 or T < 2:
@@ -89,6 +114,7 @@ class Attention:
         fq, fk, fv = self.q.forward(x), self.k.forward(x), self.v.forward(x)
         self.fq, self.T = fq, T
         self.kt, self.vt = _token_var(fk), _token_var(fv)
+        self.Mq = self._query_map(x, fk, fv)
         eq2 = (fq.var + fq.mean**2).mean((1, 2))
         eqbar2 = fq.mean.mean((1, 2)) ** 2 + fq.lag_sums().sum((1, 2)) / T**2
         self.kappa = kappa(self._per_head(eq2 * self.kt) / self.d, T)
@@ -113,13 +139,15 @@ class Attention:
                          ((1 - k / (T - 1)) * Gd + (1 - kc / (T - 1)) * (Gall - Gd)) / T**2, T)
         Z = self._per_head(self.vt[:, None, None] * G.var)  # Σ_b Var_tok(v_b) E[G_ib²] (D, 1, T)
         ZT = self._per_head(self.vt[:, None, None] * TG)  # its lag sums
-        a = (self.kt / (d * T))[:, None, None]
-        gq = _field_from_sums(torch.zeros_like(Z), a * Z, a * ZT)
+        var, sums = (torch.einsum("ab,bhw->ahw", self.Mq, t) for t in (G.var, TG))
+        gq = _field_from_sums(torch.zeros_like(Z), var, sums)
         fq, sz = self.fq, Z.clamp_min(0).sqrt()
         rho = _field_from_sums(torch.zeros_like(Z), Z, ZT).corr  # the weighted gradients' correlation
         sq = fq.var.clamp_min(0).sqrt()
         QZ = fq.corr * xcorr(sz * sq, sz * sq) + xcorr(sz * fq.mean, sz * fq.mean)  # Σ_i √Z_i √Z_i+e E[q q']
-        vk = (rho * QZ).sum((1, 2)) / (d * T**2)
+        pairs = rho * QZ
+        same = pairs[:, 0, T - 1]  # i = i': E[A_ij²] = (1 + κ)/T², two queries' E[A_ij A_i'j] = (1 + κ_c)/T²
+        vk = ((1 + k) * same + (1 + kc) * (pairs.sum((1, 2)) - same)) / (d * T**2)
         gk = _stationary(torch.zeros_like(vk), vk, torch.zeros_like(vk), T)
         return add_grads(add_grads(self.q.backward(gq), self.k.backward(gk)), self.v.backward(gv))
 

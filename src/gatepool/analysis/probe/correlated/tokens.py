@@ -5,6 +5,10 @@ flatten   (C, H, W) → (C, 1, H·W) in row-major order: the means and variances
           (p, q) at map lag (d_h, d_w) is at sequence lag k = d_h W + d_w, so exactly
           T₁(k) = Σ_{d_h W + d_w = k} T(d_h, d_w)
           back: ρ(d_h, d_w) = ρ₁(d_h W + d_w) (the gradient's stationary correlation along the sequence)
+unflatten (C, 1, H·W) → (C, H, W) (``x.transpose(1, 2).reshape(N, C, H, W)``: PiT's patches back into a
+          map): the means and variances as they are, ρ(d_h, d_w) = ρ₁(d_h W + d_w), the sequence's
+          correlation at the lag that pair has in it (exact for a sequence stationary along it, where
+          the attention leaves it); back: flatten's forward, the sequence's lag sums exact from the map's
 cat       fields and constants (C, 1, n) along the tokens: means and variances set side by side (a
           constant: its value, variance 0); the lag sums add (the pieces independent); back: each field
           its tokens, ρ as it is
@@ -42,6 +46,26 @@ class FlattenPositions:
         corr = g.corr[:, 0][:, _seq_lag(H, W)]
         s = var.clamp_min(0).sqrt()
         return _field_from_sums(torch.zeros_like(var), var, corr * xcorr(s, s))
+
+
+class UnflattenPositions:
+    """``x.transpose(1, 2).reshape(N, C, H, W)`` of a (C, 1, H·W) sequence: a (C, H, W) map, row-major."""
+
+    def __init__(self, H: int, W: int) -> None:
+        self.hw = (H, W)
+
+    def forward(self, x: Field) -> Field:
+        C, one, T = x.shape
+        H, W = self.hw
+        if one != 1 or T != H * W:
+            raise ValueError(f"x must be a (C, 1, {H * W}) sequence, got {x.shape}")
+        self.flat = FlattenPositions()
+        self.flat.hw = self.hw
+        back = self.flat.backward(x)  # the sequence's correlation read at each map lag
+        return Field(x.mean.reshape(C, H, W), back.var, back.corr)
+
+    def backward(self, g: Field) -> Field:
+        return self.flat.forward(g)
 
 
 class TokenCat:
