@@ -59,6 +59,32 @@ def test_vgg_head_is_predicted_whole():
     _walk_holds(net, x, ["features.2", "pre_logits"])
 
 
+def test_vgg_head_conv_over_the_whole_map_is_the_conv_rule():
+    """ConvMlp's fc1 (its kernel the pooled map's size: one output position) as a Linear over the
+    flattened map: the conv rule's numbers, forward and backward, at a fraction of its cost."""
+    from timm.models.vgg import ConvMlp
+
+    from gatepool.analysis.probe.correlated.conv_mlp import WholeMap
+
+    torch.manual_seed(0)
+    fc1 = ConvMlp(6, 20, kernel_size=5).fc1.double()
+    field = cr.measure_input(torch.randn(400, 6, 5, 5, generator=torch.Generator().manual_seed(1)).cumsum(3))
+    field.components = None  # the channels as they are (both rules fold them alike)
+    conv, whole = cr.rule_for(fc1)(fc1), WholeMap(fc1, cr.rule_for(fc1)(fc1))
+    a, b = conv.forward(field), whole.forward(field)
+    assert isinstance(whole.step, cr.FlatLinear)
+    assert torch.allclose(a.mean, b.mean) and torch.allclose(a.var, b.var, rtol=1e-9)
+    dt = torch.float64
+    g = cr.Field(torch.zeros(20, 1, 1, dtype=dt), torch.linspace(0.5, 2.0, 20, dtype=dt)[:, None, None],
+                 torch.ones(20, 1, 1, dtype=dt))  # fmt: skip
+    ga, gb = conv.backward(g), whole.backward(g)
+    assert torch.allclose(ga.var, gb.var, rtol=1e-9)
+    assert torch.allclose(ga.lag_sums(), gb.lag_sums(), rtol=1e-9, atol=1e-12)
+    larger = cr.measure_input(torch.randn(50, 6, 7, 7, generator=torch.Generator().manual_seed(2)))
+    whole.forward(larger)  # a 7 × 7 map: three output positions a side, the conv's own rule
+    assert whole.step is whole.conv
+
+
 class _TResNetStem(torch.nn.Module):
     def __init__(self) -> None:
         from timm.layers import BatchNormAct2d, BlurPool2d, SpaceToDepth
