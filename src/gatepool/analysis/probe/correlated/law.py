@@ -120,7 +120,9 @@ def add_normal(law: Law, mean: torch.Tensor, var: torch.Tensor, atoms: int = ATO
     """The law of x + b, x ~ ``law``, b ~ N(mean, var) independent: the normal mixture
     F(q) = Σ_j w_j Φ((q − c_j)/s), c_j = x_j + m, smooth. Its quantiles q_k at :func:`levels` (F on a
     grid of ``grid`` values, inverted linearly), and atom k the mixture's exact mean between q_k and q_{k+1}
-    (the partial expectations Σ_j w_j (c_j Φ(a_j) − s φ(a_j))) with that interval's exact mass."""
+    (the partial expectations Σ_j w_j (c_j Φ(a_j) − s φ(a_j))) with that interval's exact mass; an interval
+    without mass (b constant: the grid's quantiles meet at an atom of x) keeps its atom inside it, weight 0,
+    so that the atoms stay in order."""
     shape, n = law.x.shape[:-1], law.x.shape[-1]
     c_all = (law.x + mean[..., None]).reshape(-1, n)
     w_all = law.w.reshape(-1, n)
