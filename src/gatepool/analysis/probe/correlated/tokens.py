@@ -29,23 +29,34 @@ def _seq_lag(H: int, W: int) -> torch.Tensor:
     return dh * W + dw + H * W - 1
 
 
+def _to_sequence(x: Field) -> Field:
+    """A (C, H, W) map as its (C, 1, H·W) row-major sequence: the lag sums of the map's lags that land on
+    each sequence lag, added."""
+    C, H, W = x.shape
+    T = torch.zeros((C, 2 * H * W - 1), dtype=_DT)
+    T.index_add_(1, _seq_lag(H, W).flatten(), x.lag_sums().flatten(1))
+    return _field_from_sums(x.mean.reshape(C, 1, -1), x.var.reshape(C, 1, -1), T[:, None])
+
+
+def _to_map(x: Field, H: int, W: int, mean: torch.Tensor) -> Field:
+    """A (C, 1, H·W) sequence as the (C, H, W) map with ``mean``: ρ(d_h, d_w) = ρ₁(d_h W + d_w)."""
+    C = x.shape[0]
+    var = x.var.reshape(C, H, W)
+    corr = x.corr[:, 0][:, _seq_lag(H, W)]
+    s = var.clamp_min(0).sqrt()
+    return _field_from_sums(mean, var, corr * xcorr(s, s))
+
+
 class FlattenPositions:
     """``x.flatten(2)`` / ``x.reshape(N, C, H·W)`` of a (C, H, W) field: a (C, 1, H·W) sequence."""
 
     def forward(self, x: Field) -> Field:
-        C, H, W = x.shape
-        self.hw = (H, W)
-        T = torch.zeros((C, 2 * H * W - 1), dtype=_DT)
-        T.index_add_(1, _seq_lag(H, W).flatten(), x.lag_sums().flatten(1))
-        return _field_from_sums(x.mean.reshape(C, 1, -1), x.var.reshape(C, 1, -1), T[:, None])
+        self.hw = x.shape[1:]
+        return _to_sequence(x)
 
     def backward(self, g: Field) -> Field:
-        C = g.shape[0]
         H, W = self.hw
-        var = g.var.reshape(C, H, W)
-        corr = g.corr[:, 0][:, _seq_lag(H, W)]
-        s = var.clamp_min(0).sqrt()
-        return _field_from_sums(torch.zeros_like(var), var, corr * xcorr(s, s))
+        return _to_map(g, H, W, torch.zeros((g.shape[0], H, W), dtype=g.var.dtype))
 
 
 class UnflattenPositions:
@@ -59,13 +70,10 @@ class UnflattenPositions:
         H, W = self.hw
         if one != 1 or T != H * W:
             raise ValueError(f"x must be a (C, 1, {H * W}) sequence, got {x.shape}")
-        self.flat = FlattenPositions()
-        self.flat.hw = self.hw
-        back = self.flat.backward(x)  # the sequence's correlation read at each map lag
-        return Field(x.mean.reshape(C, H, W), back.var, back.corr)
+        return _to_map(x, H, W, x.mean.reshape(C, H, W))
 
     def backward(self, g: Field) -> Field:
-        return self.flat.forward(g)
+        return _to_sequence(g)
 
 
 class TokenCat:
