@@ -205,6 +205,7 @@ _MULS = (operator.mul, torch.mul, operator.imul, "mul", "mul_")
 _IN_PLACE = (operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
              operator.ifloordiv, operator.ipow, operator.imod, operator.iand, operator.ior, operator.ixor)
 _RESHAPES = (torch.reshape, "view", "reshape")
+_COPIES = ("contiguous", "clone", torch.clone)
 _TRANSPOSES = (torch.transpose, "transpose", "swapaxes", torch.swapaxes)
 _DIVS = (operator.truediv, torch.div, torch.true_divide, operator.itruediv, "div", "div_", "true_divide")
 _FLAT = (torch.flatten,)
@@ -457,23 +458,32 @@ def _to_field(v, layout: tuple):
     return t.reshape([t.shape[axes.index(a)] if a in axes else 1 for a in _CHW])
 
 
-def _flattens_positions(n: fx.Node, f: cr.Field, const: dict) -> bool:
-    """Whether ``n`` is ``x.flatten(2)`` or ``x.reshape(N, C, H·W)`` of a (C, H, W) map: its tokens."""
+def _flattens_positions(n: fx.Node, f: cr.Field, const: dict, layout: tuple = _CHW) -> bool:
+    """Whether ``n`` is ``x.flatten(2)`` or ``x.reshape(N, C, H·W)`` of a (C, H, W) map, or
+    ``x.flatten(1, 2)`` or ``x.reshape(N, H·W, C)`` of a channels-last one: its tokens."""
     C, H, W = f.shape
+    last = layout == ("H", "W", "C")
     if n.target in ("flatten", torch.flatten):
         start = n.kwargs.get("start_dim", n.args[1] if len(n.args) > 1 else 0)
         end = n.kwargs.get("end_dim", n.args[2] if len(n.args) > 2 else -1)
-        return start in (2, -2) and end in (3, -1)
+        return (start, end) in ((1, 2), (-3, -2)) if last else start in (2, -2) and end in (3, -1)
     want = _shape_args(n, const) if n.target in _RESHAPES else None
-    ok = want is not None and len(want) == 3 and want[0] in (1, -1) and want[1] == C
-    return ok and want[2] in (H * W, -1)
+    if want is None or len(want) != 3 or want[0] not in (1, -1):
+        return False
+    tokens, channels = (want[1], want[2]) if last else (want[2], want[1])
+    return channels == C and tokens in (H * W, -1)
 
 
-def _unflattens_tokens(n: fx.Node, f: cr.Field, const: dict) -> tuple[int, int] | None:
+def _unflattens_tokens(
+    n: fx.Node, f: cr.Field, const: dict, layout: tuple = ("C", "W")
+) -> tuple[int, int] | None:
     """(H, W) where ``n`` is ``x.reshape(N, C, H, W)`` (or ``view``) of a (C, 1, H·W) sequence whose
-    tensor is (N, C, T) (tokens transposed back, PiT's), else None."""
+    tensor is (N, C, T) (tokens transposed back, PiT's), or ``x.reshape(N, H, W, C)`` of (N, T, C)
+    tokens (a channels-last map, PVT v2's), else None."""
     C, one, T = f.shape
     want = _shape_args(n, const) if n.target in _RESHAPES else None
+    if want is not None and len(want) == 4 and layout == ("W", "C"):
+        want = [want[0], want[3], want[1], want[2]]  # as (N, C, H, W)
     if one != 1 or want is None or len(want) != 4 or want[0] not in (1, -1) or want[1] not in (C, -1):
         return None
     H, W = want[2:]
@@ -811,6 +821,12 @@ class _Walk(Walk):
                 if len(set(args)) != 1 or layout != ("W", "C"):
                     raise NotImplementedError("attention but batch-first self-attention on tokens")
                 inputs[n] = args[:1]
+            if hasattr(step, "bind"):  # the call's other arguments, constants (PVT's feat_size)
+                given, left = fx.node.map_arg((n.args[1:], n.kwargs), lambda a: const.get(a, a)), []
+                fx.node.map_arg(given, left.append)
+                if left:
+                    raise NotImplementedError(f"{type(m).__name__} called with a tensor beside its input")
+                step.bind(*given[0], **given[1])
             pre = _relu_input(args[0], steps, inputs) if isinstance(step, cr.MaxPool) else None
             if pre is not None:  # max ReLU = ReLU max
                 out = step.forward(value[args[0]], pre=pre)
@@ -909,6 +925,12 @@ class _Walk(Walk):
         elif layout == _CHW and _flattens_positions(n, value[args[0]], const):  # into tokens
             step = cr.FlattenPositions()
             out, steps[n], dims[n] = step.forward(value[args[0]]), step, ("C", "W")
+        elif layout == ("H", "W", "C") and _flattens_positions(n, value[args[0]], const, layout):
+            step = cr.FlattenPositions()  # a channels-last map into (N, H·W, C) tokens (PVT v2's)
+            out, steps[n], dims[n] = step.forward(value[args[0]]), step, ("W", "C")
+        elif layout == ("W", "C") and (hw := _unflattens_tokens(n, value[args[0]], const, layout)):
+            step = cr.UnflattenPositions(*hw)  # (N, T, C) tokens into a channels-last map
+            out, steps[n], dims[n] = step.forward(value[args[0]]), step, ("H", "W", "C")
         elif layout == ("C", "W") and (hw := _unflattens_tokens(n, value[args[0]], const)) is not None:
             step = cr.UnflattenPositions(*hw)  # tokens back into a map
             out, steps[n], dims[n] = step.forward(value[args[0]]), step, _CHW
@@ -999,6 +1021,8 @@ class _Walk(Walk):
             step = cr.Dropout(float(p), training)
             out = step.forward(value[args[0]])
             steps[n] = step
+        elif n.target in _COPIES and len(args) == 1:  # the same values (a contiguous copy)
+            out, steps[n] = value[args[0]], Identity()
         elif n.target in _POINTWISE or n.target is _F.gelu:
             name = _POINTWISE.get(n.target)
             step = cr.Pointwise(name) if name else gelu_rule(n.kwargs.get("approximate", "none"))

@@ -67,6 +67,8 @@ The rules, each from the module's actual weights, one file each (its equations i
     reparam.py  a re-parameterisable block's branches of one input folded into one conv (FastViT's RepMixer)
     squeeze_excite.py  squeeze-and-excitation as one step (inside a block whose rule is the whole block)
     window_attention.py  softmax attention within (shifted) windows of a map (Swin's)
+    spatial_reduction.py  attention whose keys and values come from the tokens' map reduced by a strided
+                conv (PVT v2's)
 
 Each rule file also registers the modules it is the rule of (``conv.py`` nn.Conv2d and timm's standardised
 convs, ``norms.py`` the norms …: the adapter from a module's attributes to its step, beside the step);
@@ -113,6 +115,7 @@ from gatepool.analysis.probe.correlated.scale import Scale
 from gatepool.analysis.probe.correlated.shift import Shift
 from gatepool.analysis.probe.correlated.shuffle import ChannelShuffle
 from gatepool.analysis.probe.correlated.space_to_depth import PatchMerging, SpaceToDepth
+from gatepool.analysis.probe.correlated.spatial_reduction import SpatialReductionAttention
 from gatepool.analysis.probe.correlated.split import ChannelSlice
 from gatepool.analysis.probe.correlated.split_attn import SplitAttn
 from gatepool.analysis.probe.correlated.squeeze_excite import SqueezeExcite
@@ -162,6 +165,7 @@ __all__ = [
     "SelectToken",
     "Shift",
     "SpaceToDepth",
+    "SpatialReductionAttention",
     "SplitAttn",
     "SqueezeExcite",
     "Stencil",

@@ -9,8 +9,8 @@ spread    over the keys j of one query the scores vary by s² = (1/d) Σ_a E[q_a
           shares (the token mean of q) by s_c² = (1/d) Σ_a E[q̄_a²] Var_tok(k_a). Log-normal weights:
           A_ij = (1 + ε_ij)/T, E[ε_ij²] = κ = e^{s²} − 1, E[ε_ij ε_i'j] = κ_c = e^{s_c²} − 1 (i ≠ i'),
           Σ_j ε_ij = 0 (so −κ/(T − 1) between two keys of one query), ε independent of v
-forward   per value channel, S = Σ_{j,j'} E[v_j v_j'] (all the tokens' second moments), S₀ = Σ_j E[v_j²]:
-          E[o_i²] = ((1 − κ/(T−1)) S + κ T/(T−1) S₀)/T²,  E[o_i o_i'] the same with κ_c, E[o] = v̄'s mean:
+forward   per value channel, V = Σ_{j,j'} E[v_j v_j'] (all the tokens' second moments), V₀ = Σ_j E[v_j²]:
+          E[o_i²] = ((1 − κ/(T−1)) V + κ T/(T−1) V₀)/T²,  E[o_i o_i'] the same with κ_c, E[o] = v̄'s mean:
           between the token covariance average (κ = 0: every output the tokens' mean) and v's variance
 backward  ∂L/∂v_j = Σ_i A_ij G_i: the forward's sums with the queries' and keys' roles swapped;
           ∂L/∂q_i = (1/√d) Σ_j A_ij (G_i·(v_j − o_i)) k_j:
@@ -27,6 +27,9 @@ backward  ∂L/∂v_j = Σ_i A_ij G_i: the forward's sums with the queries' and 
               Z_i = Σ_b Var_tok(v_b) E[G_ib²] and its correlation one for the head's channels (a class
               token's query, unlike the others', counts where the gradient is); the keys' uncorrelated;
           the three paths into x through the in-projections, independent
+keys      from x's own tokens, or from y = R(x), S tokens a fixed step makes of x (PVT's spatial
+          reduction: the tokens' map, a strided conv, a LayerNorm): the sums over keys j run over y's S
+          tokens and A_ij = (1 + ε_ij)/S; the keys' and values' gradient goes back through R to x
 """
 
 from __future__ import annotations
@@ -82,9 +85,10 @@ def kappa(s2: torch.Tensor, T) -> torch.Tensor:
 class Attention:
     """``nn.MultiheadAttention``'s self-attention from its in- and out-projections and head count."""
 
-    def __init__(self, in_weight, in_bias, out_weight, out_bias, num_heads: int) -> None:
+    def __init__(self, in_weight, in_bias, out_weight, out_bias, num_heads: int, kv=None) -> None:
         self.q, self.k, self.v, self.out = projections(in_weight, in_bias, out_weight, out_bias, num_heads)
         self.h, self.d = num_heads, out_weight.shape[0] // num_heads
+        self.kv = kv  # a step from x to the keys' and values' tokens (None: x's own)
 
     def _per_head(self, t: torch.Tensor) -> torch.Tensor:
         return per_head(t, self.h)
@@ -95,7 +99,7 @@ class Attention:
         within each head (0 across), C_ba = Cov_tok(v_b, k_a) = (W_v Σ_x W_kᵀ)_ba (Σ_x: each channel's
         spread over the tokens beyond its mean map's, the mean map's across channels) and
         n_ab = Σ_e ρ_ka(e) ρ_vb(e) (T − |e|)/T the pairs of keys that move together."""
-        T = x.shape[-1]
+        T = x.shape[-1]  # the keys'
         m = x.mean.flatten(1)
         mc = m - m.mean(1, keepdim=True)
         own = _token_var(x) - (mc**2).mean(1)
@@ -109,34 +113,36 @@ class Attention:
 
     def forward(self, x: Field) -> Field:
         D, H, T = x.shape
-        if H != 1 or T < 2:
-            raise ValueError(f"x must be a (D, 1, T) field of T ≥ 2 tokens, got {x.shape}")
-        fq, fk, fv = self.q.forward(x), self.k.forward(x), self.v.forward(x)
-        self.fq, self.T = fq, T
+        y = x if self.kv is None else self.kv.forward(x)  # (D, 1, S): the keys' and values' tokens
+        S = y.shape[-1]
+        if H != 1 or y.shape[1] != 1 or S < 2:
+            raise ValueError(f"x must be a (D, 1, T) field, its keys (D, 1, S ≥ 2), got {x.shape}, {y.shape}")
+        fq, fk, fv = self.q.forward(x), self.k.forward(y), self.v.forward(y)
+        self.fq, self.T, self.S = fq, T, S
         self.kt, self.vt = _token_var(fk), _token_var(fv)
-        self.Mq = self._query_map(x, fk, fv)
+        self.Mq = self._query_map(y, fk, fv)
         eq2 = (fq.var + fq.mean**2).mean((1, 2))
         eqbar2 = fq.mean.mean((1, 2)) ** 2 + fq.lag_sums().sum((1, 2)) / T**2
-        self.kappa = kappa(self._per_head(eq2 * self.kt) / self.d, T)
-        self.kappa_c = torch.minimum(kappa(self._per_head(eqbar2 * self.kt) / self.d, T), self.kappa)
-        S0 = (fv.var + fv.mean**2).sum((1, 2))
-        S = fv.lag_sums().sum((1, 2)) + fv.mean.sum((1, 2)) ** 2
+        self.kappa = kappa(self._per_head(eq2 * self.kt) / self.d, S)
+        self.kappa_c = torch.minimum(kappa(self._per_head(eqbar2 * self.kt) / self.d, S), self.kappa)
+        V0 = (fv.var + fv.mean**2).sum((1, 2))
+        V = fv.lag_sums().sum((1, 2)) + fv.mean.sum((1, 2)) ** 2
         mbar = fv.mean.mean((1, 2))
 
         def second(k):
-            return ((1 - k / (T - 1)) * S + k * T / (T - 1) * S0) / T**2
+            return ((1 - k / (S - 1)) * V + k * S / (S - 1) * V0) / S**2
 
         o = _stationary(mbar, second(self.kappa) - mbar**2, second(self.kappa_c) - mbar**2, T)
         return self.out.forward(o)
 
     def backward(self, g: Field) -> Field:
-        T, d = self.T, self.d
+        T, S, d = self.T, self.S, self.d
         G = self.out.backward(g)  # (D, 1, T) at the heads' outputs
         TG = G.lag_sums()
         Gd, Gall = G.var.sum((1, 2)), TG.sum((1, 2))
         k, kc = self.kappa, self.kappa_c
-        gv = _stationary(torch.zeros_like(Gd), ((1 + k) * Gd + (1 + kc) * (Gall - Gd)) / T**2,
-                         ((1 - k / (T - 1)) * Gd + (1 - kc / (T - 1)) * (Gall - Gd)) / T**2, T)
+        gv = _stationary(torch.zeros_like(Gd), ((1 + k) * Gd + (1 + kc) * (Gall - Gd)) / S**2,
+                         ((1 - k / (S - 1)) * Gd + (1 - kc / (S - 1)) * (Gall - Gd)) / S**2, S)
         Z = self._per_head(self.vt[:, None, None] * G.var)  # Σ_b Var_tok(v_b) E[G_ib²] (D, 1, T)
         ZT = self._per_head(self.vt[:, None, None] * TG)  # its lag sums
         var, sums = (torch.einsum("ab,bhw->ahw", self.Mq, t) for t in (G.var, TG))
@@ -146,10 +152,11 @@ class Attention:
         sq = fq.var.clamp_min(0).sqrt()
         QZ = fq.corr * xcorr(sz * sq, sz * sq) + xcorr(sz * fq.mean, sz * fq.mean)  # Σ_i √Z_i √Z_i+e E[q q']
         pairs = rho * QZ
-        same = pairs[:, 0, T - 1]  # i = i': E[A_ij²] = (1 + κ)/T², two queries' E[A_ij A_i'j] = (1 + κ_c)/T²
-        vk = ((1 + k) * same + (1 + kc) * (pairs.sum((1, 2)) - same)) / (d * T**2)
-        gk = _stationary(torch.zeros_like(vk), vk, torch.zeros_like(vk), T)
-        return add_grads(add_grads(self.q.backward(gq), self.k.backward(gk)), self.v.backward(gv))
+        same = pairs[:, 0, T - 1]  # i = i': E[A_ij²] = (1 + κ)/S², two queries' E[A_ij A_i'j] = (1 + κ_c)/S²
+        vk = ((1 + k) * same + (1 + kc) * (pairs.sum((1, 2)) - same)) / (d * S**2)
+        gk = _stationary(torch.zeros_like(vk), vk, torch.zeros_like(vk), S)
+        gy = add_grads(self.k.backward(gk), self.v.backward(gv))
+        return add_grads(self.q.backward(gq), gy if self.kv is None else self.kv.backward(gy))
 
 
 @register_correlated_rule(nn.MultiheadAttention)

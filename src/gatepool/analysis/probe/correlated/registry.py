@@ -41,8 +41,10 @@ def register_correlated_rule(target, rule=None, *, subclasses: bool = False):
     ``torch.fx.wrap`` keeps a function of yours one node): ``rule(*args, **kwargs)`` the call's
     arguments, its tensor input as its :class:`correlated.Field`, constants as they are. The step maps
     one input: ``step.forward(x: Field) -> Field`` (the output's mean map, variance map and correlation
-    stencil) and ``step.backward(g: Field) -> Field`` (the gradient's, at the input). A rule that has no
-    answer raises NotImplementedError: the row says why, and nothing after it is predicted.
+    stencil) and ``step.backward(g: Field) -> Field`` (the gradient's, at the input); a module's step
+    that needs the call's other arguments (constants: the map size PVT's attention is called with)
+    defines ``bind(*args, **kwargs)``, which the walk calls with them before ``forward``. A rule that has
+    no answer raises NotImplementedError: the row says why, and nothing after it is predicted.
     """
     if not isinstance(subclasses, bool):
         raise TypeError(f"subclasses must be a bool, got {type(subclasses).__name__}")

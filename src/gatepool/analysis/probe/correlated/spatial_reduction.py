@@ -1,0 +1,70 @@
+"""Spatial-reduction attention (PVT v2's, Twins' global sub-sampled attention): the queries from the
+H·W tokens, the keys and values from their map reduced by a strided conv, then a LayerNorm:
+
+    y = LayerNorm(flatten(conv_{r×r, stride r}(map_{H×W}(x))))       (H, W: the map's size, given
+                                                                      with x: PVT's feat_size)
+    o = proj(softmax(q(x) k(y)ᵀ/√d) v(y))
+
+the attention rule (:class:`attention.Attention`) with its keys from ``y``: a fixed step of x (the
+tokens' map exact, :class:`UnflattenPositions`; the conv's, the flatten's and the LayerNorm's rules) and
+its gradient back through it. Without a reduction (sr_ratio 1) the keys are x's own tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gatepool.analysis.probe.correlated.attention import Attention
+from gatepool.analysis.probe.correlated.conv import conv_rule
+from gatepool.analysis.probe.correlated.field import Field
+from gatepool.analysis.probe.correlated.layernorm import layernorm_rule
+from gatepool.analysis.probe.correlated.registry import register_named_rule
+from gatepool.analysis.probe.correlated.steps import Steps
+from gatepool.analysis.probe.correlated.tokens import FlattenPositions, UnflattenPositions
+
+
+class Reduction:
+    """x's (C, 1, H·W) tokens → their (C, H, W) map → ``conv`` → its tokens → ``norm``; (H, W) given
+    by the call (:meth:`bind`)."""
+
+    def __init__(self, conv, norm) -> None:
+        self.conv, self.norm, self.steps = conv, norm, None
+
+    def bind(self, feat_size) -> None:
+        H, W = (int(v) for v in feat_size)
+        self.steps = Steps(UnflattenPositions(H, W), self.conv, FlattenPositions(), self.norm)
+
+    def forward(self, x: Field) -> Field:
+        if self.steps is None:
+            raise NotImplementedError("spatial reduction: the tokens' map size (feat_size) not given")
+        return self.steps.forward(x)
+
+    def backward(self, g: Field) -> Field:
+        return self.steps.backward(g)
+
+
+class SpatialReductionAttention(Attention):
+    """:class:`Attention` whose keys and values are the tokens of a :class:`Reduction` of x; the walk
+    gives it the call's ``feat_size`` (:meth:`bind`)."""
+
+    def bind(self, feat_size) -> None:
+        if self.kv is not None:
+            self.kv.bind(feat_size)
+
+
+@register_named_rule("timm.models.pvt_v2.Attention", "timm.models.twins.GlobalSubSampleAttn")
+def spatial_reduction_rule(m) -> Attention:
+    """timm's PVT v2 ``Attention`` and Twins' ``GlobalSubSampleAttn``: the q and kv Linears as the fused
+    in-projection, proj out; with ``sr_ratio`` > 1 the keys and values from the tokens' map reduced
+    (``sr``, ``norm``). PVT v2's linear attention (an adaptive pool to 7 × 7 and a GELU before the keys)
+    has no rule."""
+    if getattr(m, "pool", None) is not None or getattr(m, "act", None) is not None:
+        raise NotImplementedError("PVT v2's linear attention (an adaptive pool and a GELU before the keys)")
+    if m.attn_drop.p or m.proj_drop.p:
+        raise NotImplementedError(f"{type(m).__name__} with dropout")
+    if abs(m.scale - (m.q.in_features // m.num_heads) ** -0.5) > 1e-12:
+        raise NotImplementedError(f"{type(m).__name__} with its own scale")
+    in_weight = torch.cat((m.q.weight, m.kv.weight))
+    in_bias = None if m.q.bias is None else torch.cat((m.q.bias, m.kv.bias))
+    kv = None if m.sr is None else Reduction(conv_rule(m.sr), layernorm_rule(m.norm))
+    return SpatialReductionAttention(in_weight, in_bias, m.proj.weight, m.proj.bias, m.num_heads, kv)
