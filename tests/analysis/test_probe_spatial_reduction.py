@@ -13,7 +13,6 @@ from test_probe_correlated import DT, _ramp, assert_walk_holds, gaussian_field
 from gatepool.analysis.probe import correlated as cr
 from gatepool.analysis.probe.correlated.conv import conv_rule
 from gatepool.analysis.probe.correlated.layernorm import layernorm_rule
-from gatepool.analysis.probe.correlated.spatial_reduction import Reduction
 
 
 class _SRAttention(nn.Module):
@@ -38,8 +37,8 @@ class _SRAttention(nn.Module):
 
 def _rule(m: _SRAttention) -> cr.SpatialReductionAttention:
     w, b = torch.cat((m.q.weight, m.kv.weight)), torch.cat((m.q.bias, m.kv.bias))
-    kv = Reduction(conv_rule(m.sr), layernorm_rule(m.norm))
-    return cr.SpatialReductionAttention(w, b, m.proj.weight, m.proj.bias, m.heads, kv)
+    reduce, norm = conv_rule(m.sr), layernorm_rule(m.norm)
+    return cr.SpatialReductionAttention(w, b, m.proj.weight, m.proj.bias, m.heads, reduce, norm)
 
 
 cr.register_correlated_rule(_SRAttention, _rule)
@@ -66,7 +65,7 @@ def test_spatial_reduction_attention_matches_monte_carlo(ell):
     (y * g[:, :, 0].mT).sum().backward()
     gx = rule.backward(gf)  # at the (D, 1, T) tokens
     assert abs(float(gx.var.mean()) / float(xr.grad.pow(2).mean()) - 1) < 0.15
-    with pytest.raises(NotImplementedError, match="feat_size"):  # the map's size not given
+    with pytest.raises(NotImplementedError, match="size not given"):
         _rule(m).forward(cr.FlattenPositions().forward(f))
 
 

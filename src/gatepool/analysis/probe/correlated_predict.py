@@ -499,6 +499,10 @@ def _in_layout(m: nn.Module, step, f: cr.Field, layout: tuple):
     position (a 1×1 conv), a LayerNorm needs its dim to be the channels, the rest channels first."""
     if f.shape[1:] == (1, 1) or isinstance(step, (*_ANY_LAYOUT, cr.Attention)):
         return step
+    if isinstance(step, cr.OnMap):  # a step of the tokens' map
+        if layout != ("W", "C"):
+            raise NotImplementedError(f"{type(m).__name__} of a {layout} tensor: (N, T, C) tokens only")
+        return step
     if isinstance(step, cr.Linear):
         return _linear(m.weight, m.bias, f, layout)
     if isinstance(step, cr.LayerNorm) and not step.channels_first:

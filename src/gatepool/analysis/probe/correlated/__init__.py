@@ -69,6 +69,8 @@ The rules, each from the module's actual weights, one file each (its equations i
     window_attention.py  softmax attention within (shifted) windows of a map (Swin's)
     spatial_reduction.py  attention whose keys and values come from the tokens' map reduced by a strided
                 conv (PVT v2's)
+    talking_heads.py  attention whose heads' scores and weights are mixed by Linears (CaiT's)
+    class_attention.py  attention queried by the class token alone (CaiT's class attention)
 
 Each rule file also registers the modules it is the rule of (``conv.py`` nn.Conv2d and timm's standardised
 convs, ``norms.py`` the norms …: the adapter from a module's attributes to its step, beside the step);
@@ -82,6 +84,7 @@ from gatepool.analysis.probe.correlated.adaptive import AdaptiveAvgPool, AvgPool
 from gatepool.analysis.probe.correlated.add import add, add_grads
 from gatepool.analysis.probe.correlated.attention import Attention
 from gatepool.analysis.probe.correlated.cat import Cat
+from gatepool.analysis.probe.correlated.class_attention import class_attention_rule
 from gatepool.analysis.probe.correlated.conv import Conv, autocorr, box_conv
 from gatepool.analysis.probe.correlated.conv_mlp import AtLeast
 from gatepool.analysis.probe.correlated.dropout import Dropout
@@ -122,9 +125,11 @@ from gatepool.analysis.probe.correlated.squeeze_excite import SqueezeExcite
 from gatepool.analysis.probe.correlated.stencil import Stencil, pool_stencil
 from gatepool.analysis.probe.correlated.steps import Identity, Steps
 from gatepool.analysis.probe.correlated.stochastic_depth import StochasticDepth
+from gatepool.analysis.probe.correlated.talking_heads import TalkingHeads
 from gatepool.analysis.probe.correlated.token_linear import TokenLinear
 from gatepool.analysis.probe.correlated.tokens import (
     FlattenPositions,
+    OnMap,
     SelectToken,
     TokenCat,
     UnflattenPositions,
@@ -152,6 +157,7 @@ __all__ = [
     "LayerNorm",
     "Linear",
     "MaxPool",
+    "OnMap",
     "ModePad",
     "PAD_MODES",
     "Pad",
@@ -171,6 +177,7 @@ __all__ = [
     "Stencil",
     "Steps",
     "StochasticDepth",
+    "TalkingHeads",
     "TokenCat",
     "TokenLinear",
     "UnflattenPositions",
@@ -179,6 +186,7 @@ __all__ = [
     "add_grads",
     "autocorr",
     "bivariate_relu",
+    "class_attention_rule",
     "box_conv",
     "clark_max",
     "conv_law",

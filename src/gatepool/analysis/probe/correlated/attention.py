@@ -85,18 +85,41 @@ def kappa(s2: torch.Tensor, T) -> torch.Tensor:
 class Attention:
     """``nn.MultiheadAttention``'s self-attention from its in- and out-projections and head count."""
 
-    def __init__(self, in_weight, in_bias, out_weight, out_bias, num_heads: int, kv=None) -> None:
+    def __init__(
+        self, in_weight, in_bias, out_weight, out_bias, num_heads: int, kv=None, queries=None
+    ) -> None:
         self.q, self.k, self.v, self.out = projections(in_weight, in_bias, out_weight, out_bias, num_heads)
         self.h, self.d = num_heads, out_weight.shape[0] // num_heads
         self.kv = kv  # a step from x to the keys' and values' tokens (None: x's own)
+        self.queries = queries  # a step from x to the queries' tokens (None: x's own)
 
     def _per_head(self, t: torch.Tensor) -> torch.Tensor:
         return per_head(t, self.h)
 
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        """(D, ...) constant within each head → (heads, ...)."""
+        return t.reshape(self.h, self.d, *t.shape[1:])[:, 0]
+
+    def _channels(self, t: torch.Tensor) -> torch.Tensor:
+        """(heads, ...) → (D, ...): each head's value at its channels."""
+        return t.repeat_interleave(self.d, 0)
+
+    def weights(self, s2: torch.Tensor, s2c: torch.Tensor, S: int):
+        """The mixing weights' statistics per head from the scores' spread ``s2`` and shared part ``s2c``
+        (heads,): the mean weight m, K = S² E[δ_ij²] and K_c = S² E[δ_ij δ_i'j] of its fluctuation δ
+        about m, and how the heads' gradients reach each head's scores, P_q (the queries') and P, P_c
+        (the keys': one query's, two queries') as (heads, heads) matrices: m = 1/S, K = κ, K_c = κ_c,
+        P_q = I, P = diag(1 + κ), P_c = diag(1 + κ_c)."""
+        k = kappa(s2, S)
+        kc = torch.minimum(kappa(s2c, S), k)
+        m = torch.full_like(k, 1.0 / S)
+        return m, k, kc, torch.eye(self.h, dtype=k.dtype), torch.diag(1 + k), torch.diag(1 + kc)
+
     def _query_map(self, x: Field, fk: Field, fv: Field) -> torch.Tensor:
         """(D, D): E[∂q_ia ∂q_i'a] = Σ_b M_ab E[G_ib G_i'b],
-        M_ab = C_ba²/d + Var_tok(k_a) Var_tok(v_b) n_ab/(dT)
-        within each head (0 across), C_ba = Cov_tok(v_b, k_a) = (W_v Σ_x W_kᵀ)_ba (Σ_x: each channel's
+        M_ab = P_q(a, b) (C_ba²/d + Var_tok(k_a) Var_tok(v_b) n_ab/(dT))
+        (P_q(a, b): how much of b's head's gradient reaches a's head's scores, 1 within a head and 0
+        across but where heads talk), C_ba = Cov_tok(v_b, k_a) = (W_v Σ_x W_kᵀ)_ba (Σ_x: each channel's
         spread over the tokens beyond its mean map's, the mean map's across channels) and
         n_ab = Σ_e ρ_ka(e) ρ_vb(e) (T − |e|)/T the pairs of keys that move together."""
         T = x.shape[-1]  # the keys'
@@ -109,54 +132,66 @@ class Attention:
         n = torch.einsum("ae,be->ab", fk.corr[:, 0] * w, fv.corr[:, 0])
         M = C.T**2 / self.d + self.kt[:, None] * self.vt[None, :] * n / (self.d * T)
         head = torch.arange(len(M)) // self.d
-        return M * (head[:, None] == head[None, :])
+        return M * self.Pq[head[:, None], head[None, :]]
 
     def forward(self, x: Field) -> Field:
-        D, H, T = x.shape
+        D, H, _ = x.shape
         y = x if self.kv is None else self.kv.forward(x)  # (D, 1, S): the keys' and values' tokens
-        S = y.shape[-1]
+        xq = x if self.queries is None else self.queries.forward(x)  # (D, 1, T): the queries'
+        T, S = xq.shape[-1], y.shape[-1]
         if H != 1 or y.shape[1] != 1 or S < 2:
             raise ValueError(f"x must be a (D, 1, T) field, its keys (D, 1, S ≥ 2), got {x.shape}, {y.shape}")
-        fq, fk, fv = self.q.forward(x), self.k.forward(y), self.v.forward(y)
+        fq, fk, fv = self.q.forward(xq), self.k.forward(y), self.v.forward(y)
         self.fq, self.T, self.S = fq, T, S
         self.kt, self.vt = _token_var(fk), _token_var(fv)
-        self.Mq = self._query_map(y, fk, fv)
         eq2 = (fq.var + fq.mean**2).mean((1, 2))
         eqbar2 = fq.mean.mean((1, 2)) ** 2 + fq.lag_sums().sum((1, 2)) / T**2
-        self.kappa = kappa(self._per_head(eq2 * self.kt) / self.d, S)
-        self.kappa_c = torch.minimum(kappa(self._per_head(eqbar2 * self.kt) / self.d, S), self.kappa)
+        s2, s2c = (self._heads(self._per_head(t * self.kt)) / self.d for t in (eq2, eqbar2))
+        m, K, Kc, self.Pq, self.P, self.Pc = self.weights(s2, s2c, S)
+        self.m, self.K, self.Kc = (self._channels(t) for t in (m, K, Kc))
+        self.Mq = self._query_map(y, fk, fv)
         V0 = (fv.var + fv.mean**2).sum((1, 2))
         V = fv.lag_sums().sum((1, 2)) + fv.mean.sum((1, 2)) ** 2
-        mbar = fv.mean.mean((1, 2))
+        mean = self.m * fv.mean.sum((1, 2))
 
-        def second(k):
-            return ((1 - k / (S - 1)) * V + k * S / (S - 1) * V0) / S**2
+        def second(k):  # E[o_i o_i'] = m² V + K (S V₀ − V)/((S − 1) S²)
+            return self.m**2 * V + k * (S * V0 - V) / ((S - 1) * S**2)
 
-        o = _stationary(mbar, second(self.kappa) - mbar**2, second(self.kappa_c) - mbar**2, T)
+        o = _stationary(mean, second(self.K) - mean**2, second(self.Kc) - mean**2, T)
         return self.out.forward(o)
+
+    def _mix(self, P: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """(D, ...) constant within each head → Σ_h P[f, h] t_h at each head f's channels."""
+        return self._channels(torch.einsum("fh,h...->f...", P, self._heads(t)))
 
     def backward(self, g: Field) -> Field:
         T, S, d = self.T, self.S, self.d
         G = self.out.backward(g)  # (D, 1, T) at the heads' outputs
         TG = G.lag_sums()
         Gd, Gall = G.var.sum((1, 2)), TG.sum((1, 2))
-        k, kc = self.kappa, self.kappa_c
-        gv = _stationary(torch.zeros_like(Gd), ((1 + k) * Gd + (1 + kc) * (Gall - Gd)) / S**2,
-                         ((1 - k / (S - 1)) * Gd + (1 - kc / (S - 1)) * (Gall - Gd)) / S**2, S)
+        m2, K, Kc = self.m**2, self.K / S**2, self.Kc / S**2
+        gv = _stationary(torch.zeros_like(Gd), (m2 + K) * Gd + (m2 + Kc) * (Gall - Gd),
+                         (m2 - K / (S - 1)) * Gd + (m2 - Kc / (S - 1)) * (Gall - Gd), S)
+        var, sums = (torch.einsum("ab,bhw->ahw", self.Mq, t) for t in (G.var, TG))
+        gq = _field_from_sums(torch.zeros_like(var), var, sums)
         Z = self._per_head(self.vt[:, None, None] * G.var)  # Σ_b Var_tok(v_b) E[G_ib²] (D, 1, T)
         ZT = self._per_head(self.vt[:, None, None] * TG)  # its lag sums
-        var, sums = (torch.einsum("ab,bhw->ahw", self.Mq, t) for t in (G.var, TG))
-        gq = _field_from_sums(torch.zeros_like(Z), var, sums)
-        fq, sz = self.fq, Z.clamp_min(0).sqrt()
-        rho = _field_from_sums(torch.zeros_like(Z), Z, ZT).corr  # the weighted gradients' correlation
-        sq = fq.var.clamp_min(0).sqrt()
-        QZ = fq.corr * xcorr(sz * sq, sz * sq) + xcorr(sz * fq.mean, sz * fq.mean)  # Σ_i √Z_i √Z_i+e E[q q']
-        pairs = rho * QZ
-        same = pairs[:, 0, T - 1]  # i = i': E[A_ij²] = (1 + κ)/S², two queries' E[A_ij A_i'j] = (1 + κ_c)/S²
-        vk = ((1 + k) * same + (1 + kc) * (pairs.sum((1, 2)) - same)) / (d * S**2)
+        fq, sq = self.fq, self.fq.var.clamp_min(0).sqrt()
+
+        def pairs(P):  # Σ_i Σ_i' √Z_i √Z_i' ρ_Z E[q_i q_i'] (D, 1, 2T − 1) of Z mixed by P
+            z, zt = self._mix(P, Z), self._mix(P, ZT)
+            rho = _field_from_sums(torch.zeros_like(z), z, zt).corr  # the weighted gradients' correlation
+            sz = z.clamp_min(0).sqrt()
+            return rho * (fq.corr * xcorr(sz * sq, sz * sq) + xcorr(sz * fq.mean, sz * fq.mean))
+
+        own, both = pairs(self.P), pairs(self.Pc)  # i = i' (E[A_ij²] in P), i ≠ i' (E[A_ij A_i'j] in P_c)
+        same = own[:, 0, T - 1]
+        vk = (same + both.sum((1, 2)) - both[:, 0, T - 1]) / (d * S**2)
         gk = _stationary(torch.zeros_like(vk), vk, torch.zeros_like(vk), S)
         gy = add_grads(self.k.backward(gk), self.v.backward(gv))
-        return add_grads(self.q.backward(gq), gy if self.kv is None else self.kv.backward(gy))
+        gx = self.q.backward(gq)
+        gx = gx if self.queries is None else self.queries.backward(gx)
+        return add_grads(gx, gy if self.kv is None else self.kv.backward(gy))
 
 
 @register_correlated_rule(nn.MultiheadAttention)

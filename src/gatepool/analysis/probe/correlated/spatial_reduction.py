@@ -16,40 +16,25 @@ import torch
 
 from gatepool.analysis.probe.correlated.attention import Attention
 from gatepool.analysis.probe.correlated.conv import conv_rule
-from gatepool.analysis.probe.correlated.field import Field
 from gatepool.analysis.probe.correlated.layernorm import layernorm_rule
 from gatepool.analysis.probe.correlated.registry import register_named_rule
 from gatepool.analysis.probe.correlated.steps import Steps
-from gatepool.analysis.probe.correlated.tokens import FlattenPositions, UnflattenPositions
-
-
-class Reduction:
-    """x's (C, 1, H·W) tokens → their (C, H, W) map → ``conv`` → its tokens → ``norm``; (H, W) given
-    by the call (:meth:`bind`)."""
-
-    def __init__(self, conv, norm) -> None:
-        self.conv, self.norm, self.steps = conv, norm, None
-
-    def bind(self, feat_size) -> None:
-        H, W = (int(v) for v in feat_size)
-        self.steps = Steps(UnflattenPositions(H, W), self.conv, FlattenPositions(), self.norm)
-
-    def forward(self, x: Field) -> Field:
-        if self.steps is None:
-            raise NotImplementedError("spatial reduction: the tokens' map size (feat_size) not given")
-        return self.steps.forward(x)
-
-    def backward(self, g: Field) -> Field:
-        return self.steps.backward(g)
+from gatepool.analysis.probe.correlated.tokens import OnMap
 
 
 class SpatialReductionAttention(Attention):
-    """:class:`Attention` whose keys and values are the tokens of a :class:`Reduction` of x; the walk
-    gives it the call's ``feat_size`` (:meth:`bind`)."""
+    """:class:`Attention` whose keys and values are ``norm`` of the tokens of ``reduce`` (a step of x's
+    map, :class:`OnMap`); the walk gives it the map's size (:meth:`bind`). Without ``reduce`` the keys
+    are x's own tokens."""
 
-    def bind(self, feat_size) -> None:
-        if self.kv is not None:
-            self.kv.bind(feat_size)
+    def __init__(self, in_weight, in_bias, out_weight, out_bias, num_heads: int, reduce=None, norm=None):
+        self.reduce = None if reduce is None else OnMap(reduce)
+        kv = None if reduce is None else Steps(self.reduce, norm)
+        super().__init__(in_weight, in_bias, out_weight, out_bias, num_heads, kv)
+
+    def bind(self, size) -> None:
+        if self.reduce is not None:
+            self.reduce.bind(size)
 
 
 @register_named_rule("timm.models.pvt_v2.Attention", "timm.models.twins.GlobalSubSampleAttn")
@@ -66,5 +51,6 @@ def spatial_reduction_rule(m) -> Attention:
         raise NotImplementedError(f"{type(m).__name__} with its own scale")
     in_weight = torch.cat((m.q.weight, m.kv.weight))
     in_bias = None if m.q.bias is None else torch.cat((m.q.bias, m.kv.bias))
-    kv = None if m.sr is None else Reduction(conv_rule(m.sr), layernorm_rule(m.norm))
-    return SpatialReductionAttention(in_weight, in_bias, m.proj.weight, m.proj.bias, m.num_heads, kv)
+    reduce, norm = (None, None) if m.sr is None else (conv_rule(m.sr), layernorm_rule(m.norm))
+    heads = m.num_heads
+    return SpatialReductionAttention(in_weight, in_bias, m.proj.weight, m.proj.bias, heads, reduce, norm)

@@ -13,6 +13,8 @@ cat       fields and constants (C, 1, n) along the tokens: means and variances s
           constant: its value, variance 0); the lag sums add (the pieces independent); back: each field
           its tokens, ρ as it is
 select    token i of a (C, 1, T) field: (C, 1, 1); back: the gradient at token i, zero elsewhere
+on a map  a step of a (C, H, W) map on (C, 1, H·W) tokens: unflatten, the step, flatten (a module called
+          with its tokens and their map's size: PVT's and Twins' attentions)
 """
 
 from __future__ import annotations
@@ -74,6 +76,27 @@ class UnflattenPositions:
 
     def backward(self, g: Field) -> Field:
         return _to_sequence(g)
+
+
+class OnMap:
+    """``step``, a step of a (C, H, W) map, on a (C, 1, H·W) sequence of its tokens; (H, W) given by the
+    module's call (:meth:`bind`: ``attn(x, (H, W))``), the output's tokens as many as ``step``'s map has
+    positions."""
+
+    def __init__(self, step) -> None:
+        self.step, self.hw = step, None
+
+    def bind(self, size) -> None:
+        self.hw = tuple(int(v) for v in size)
+
+    def forward(self, x: Field) -> Field:
+        if self.hw is None:
+            raise NotImplementedError("a step on the tokens' map: its size not given")
+        self.unflatten, self.flatten = UnflattenPositions(*self.hw), FlattenPositions()
+        return self.flatten.forward(self.step.forward(self.unflatten.forward(x)))
+
+    def backward(self, g: Field) -> Field:
+        return self.unflatten.backward(self.step.backward(self.flatten.backward(g)))
 
 
 class TokenCat:

@@ -34,6 +34,7 @@ from gatepool.analysis.probe.correlated.attention import kappa, per_head, projec
 from gatepool.analysis.probe.correlated.conv import Conv
 from gatepool.analysis.probe.correlated.field import _DT, Field
 from gatepool.analysis.probe.correlated.registry import register_named_rule
+from gatepool.analysis.probe.correlated.tokens import OnMap
 
 
 def _intervals(n: int, w: int, s: int) -> torch.Tensor:
@@ -162,3 +163,15 @@ def shifted_window_attention_rule(
         raise NotImplementedError("window attention with dropout")
     return WindowAttention(qkv_weight, qkv_bias, proj_weight, proj_bias, relative_position_bias,
                            window_size, num_heads, shift_size)  # fmt: skip
+
+
+@register_named_rule("timm.models.twins.LocallyGroupedAttn")
+def locally_grouped_attention_rule(m) -> OnMap:
+    """timm's Twins ``LocallyGroupedAttn``: the tokens' map padded at its bottom and right to whole windows
+    of ``ws`` × ``ws``, attention within each, no shift and no position bias, cropped, proj; called with
+    the map's size (:class:`OnMap`)."""
+    dim, heads = m.qkv.in_features, m.num_heads
+    if abs(m.scale - (dim // heads) ** -0.5) > 1e-12 or m.attn_drop.p or m.proj_drop.p:
+        raise NotImplementedError("LocallyGroupedAttn with its own scale or dropout")
+    ws = (m.ws, m.ws)
+    return OnMap(WindowAttention(m.qkv.weight, m.qkv.bias, m.proj.weight, m.proj.bias, None, ws, heads))

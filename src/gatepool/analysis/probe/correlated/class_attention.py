@@ -1,0 +1,33 @@
+"""Class attention (CaiT's ``ClassAttn``): the class token alone queries every token,
+
+    o_0 = proj(softmax_j(q(x_0) · k(x_j)/√d) v(x_j))          (one token out)
+
+the attention rule (:class:`attention.Attention`) with its queries the class token's
+(:class:`tokens.SelectToken`): the weights over the T keys, its gradient back to token 0 through the
+query and to every token through the keys and values.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gatepool.analysis.probe.correlated.attention import Attention
+from gatepool.analysis.probe.correlated.registry import register_named_rule
+from gatepool.analysis.probe.correlated.tokens import SelectToken
+
+
+@register_named_rule("timm.models.cait.ClassAttn")
+def class_attention_rule(m) -> Attention:
+    """timm's ``ClassAttn``: its q, k and v Linears as the fused in-projection (q read at token 0), proj
+    out."""
+    dim, heads = m.q.in_features, m.num_heads
+    if abs(m.scale - (dim // heads) ** -0.5) > 1e-12 or m.attn_drop.p or m.proj_drop.p:
+        raise NotImplementedError("ClassAttn with its own scale or dropout")
+    in_weight = torch.cat((m.q.weight, m.k.weight, m.v.weight))
+    biases = (m.q.bias, m.k.bias, m.v.bias)
+    in_bias = (
+        None
+        if all(b is None for b in biases)
+        else torch.cat([torch.zeros(dim, dtype=in_weight.dtype) if b is None else b for b in biases])
+    )
+    return Attention(in_weight, in_bias, m.proj.weight, m.proj.bias, heads, queries=SelectToken(0))
