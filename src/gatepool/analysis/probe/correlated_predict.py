@@ -6,7 +6,7 @@
 
 ``predict_correlated(model, input_stats)`` traces ``model`` with the probe's :func:`graph.trace` (its
 :class:`graph.Untraceable` when torch cannot), the modules with a correlated rule (:mod:`correlated`) as
-leaves, everything else traced through; it never runs the model
+leaves, everything else traced through (control flow on a size at the input's); it never runs the model
 on data and puts no hook on it. :class:`graph.Walk` walks it, the loop the ideal's walk uses too:
 forward node by node, each tensor node's :class:`correlated.Field`; backward in reverse from
 ∂L/∂logits ~ N(0, 1) (the lecture's unit-noise seed), a node used twice getting the sum of its two
@@ -1099,7 +1099,7 @@ def predict_correlated(
         raise ValueError(f"backward must be 'unit-noise' or None, got {backward!r}")
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
         raise ValueError(f"batch must be None or an int >= 1, got {batch!r}")
-    gm, calls = trace(model, _is_leaf)
+    gm, calls = trace(model, _is_leaf, input_stats.shape)
     walk = _Walk(gm, exact_lags, batch)
     with torch.no_grad():
         out = walk.forward(input_stats)

@@ -17,6 +17,9 @@ nodes follow :mod:`functions`; ``get_attr`` tensors (a parameter used in the for
 mean and Var. A node without a rule has no prediction, and neither has anything computed from it;
 ``reason`` says which node it was. A module that cannot be traced (data-dependent control flow, several
 inputs) raises :class:`Untraceable` with torch's reason: the caller falls back to module-by-module rules.
+A forward with Python control flow on a size (an ``if`` on ``x.shape``, ``range(C)``, ``len(x)``) is
+traced again at the input's size (``trace(..., sample=(C, H, W))``, :class:`_ConcreteTracer`): the graph
+then holds for that size, the one the probe runs at.
 
     ASSUMPTIONS: every tensor node's elements are independent and (for the nonlinear rules) normal with
     the propagated mean and Var; the inputs of an add are independent (residual add: Var = Var_a + Var_b).
@@ -26,12 +29,14 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 import torch.fx as fx
 import torch.nn as nn
+from torch.fx._symbolic_trace import _maybe_revert_all_patches
 
 from gatepool.analysis.probe.functions import Call, TensorIn, as_op, function_rule_for
 from gatepool.analysis.probe.rules import GradMoments, Moments, NoRule, rule_for
@@ -75,20 +80,155 @@ class _Tracer(fx.Tracer):
         return out
 
 
+class _Sized(fx.Proxy):
+    """A proxy whose ``len`` / ``int`` / ``__index__`` its tracer answers (the ``if`` and ``for`` go
+    through :meth:`fx.Tracer.to_bool` and :meth:`fx.Tracer.iter` already); an attribute that is a device,
+    a dtype or a string is its value, a constant of the run (``torch.autocast(x.device.type)``)."""
+
+    def __len__(self) -> int:
+        return len(self.tracer.concrete(self, sized=True))
+
+    def __index__(self) -> int:
+        return operator.index(self.tracer.concrete(self))
+
+    def __int__(self) -> int:
+        return int(self.tracer.concrete(self))
+
+    def __getattr__(self, k: str) -> Any:
+        v = getattr(self.tracer.values.get(self.node, _UNKNOWN), k, None)
+        return v if isinstance(v, (str, torch.device, torch.dtype)) else _SizedAttribute(self, k)
+
+
+class _SizedAttribute(fx.proxy.Attribute, _Sized):
+    """``x.shape``, ``x.device``: an attribute proxy that answers as :class:`_Sized` does."""
+
+
+_UNKNOWN = object()  # a node whose value the example could not give
+
+
+class _ConcreteTracer(_Tracer):
+    """:class:`_Tracer` with every node's value on an example input beside its proxy, so that Python
+    control flow on a size (``if x.shape[-1] > k``, ``range(x.shape[1])``, ``len(x)``) takes the
+    example's value: the graph is the forward specialised to the example's size, the one size the probe
+    runs at. A tensor's values are data: control flow on them (``if x.sum() > 0``) still fails, as does
+    control flow on a value the example could not give (its computation raised).
+
+    The example is zeros of the input's size at batch 1: the batch every reader of the graph assumes (the
+    shape pass runs at batch 1 and puts the batch back; the correlated walk takes a map's size at batch
+    1), so a batch the forward turns into a number (``len(x)``, ``int(B)``) is baked in as the 1 they
+    expect. The model keeps its mode (an ``if self.training`` is traced as the probe runs it), but for a
+    leaf module that batch 1 cannot run in train mode (a BatchNorm over one value per channel, a 1 × 1
+    map): its value is its eval-mode output, the same shape (a leaf is not traced through: its mode bakes
+    nothing in). A value the example cannot give otherwise is unknown, and only control flow on it fails.
+    :func:`trace` runs it without gradients, on a forked RNG, and puts the buffers back (a BatchNorm run in
+    train mode moves its running statistics).
+    """
+
+    proxy_buffer_attributes = True  # a buffer a proxy too: its sizes answer, ``buf.expand(B, ...)`` traces
+
+    def __init__(self, leaf: Callable[[nn.Module], bool], example: torch.Tensor) -> None:
+        super().__init__(leaf)
+        self.example = example
+        self.values: dict[fx.Node, Any] = {}
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _Sized(node, self)
+
+    def create_node(self, kind, target, args, kwargs, name=None, type_expr=None) -> fx.Node:
+        node = super().create_node(kind, target, args, kwargs, name, type_expr)
+        if kind != "output":
+            try:
+                with _maybe_revert_all_patches():  # torch's own module call and getattr, not the tracer's
+                    self.values[node] = self._value(node)
+            except Exception:  # noqa: BLE001 - the op refuses the example: only control flow on it fails
+                self.values[node] = _UNKNOWN
+        return node
+
+    def _value(self, n: fx.Node) -> Any:
+        if n.op == "placeholder":  # the first is the input; another its default
+            return self.example if not self.values else (n.args[0] if n.args else _UNKNOWN)
+        if n.op == "get_attr":
+            return functools.reduce(getattr, str(n.target).split("."), self.root)
+        if any(self.values.get(a, _UNKNOWN) is _UNKNOWN for a in n.all_input_nodes):
+            return _UNKNOWN
+        args, kwargs = fx.node.map_arg((n.args, n.kwargs), self.values.__getitem__)
+        if n.op == "call_function":
+            return n.target(*args, **kwargs)
+        if n.op == "call_method":
+            return getattr(args[0], str(n.target))(*args[1:], **kwargs)
+        m = self.root.get_submodule(str(n.target))  # a leaf module: run it
+        try:
+            return m(*args, **kwargs)
+        except ValueError:  # a BatchNorm in train mode over one value per channel: its eval-mode output
+            modes = {s: s.training for s in m.modules()}
+            try:
+                return m.eval()(*args, **kwargs)
+            finally:
+                for s, t in modes.items():
+                    s.training = t
+
+    def concrete(self, p: fx.Proxy, sized: bool = False) -> Any:
+        """``p``'s value on the example: a size, a flag (a tensor's values only for its length)."""
+        v = self.values.get(p.node, _UNKNOWN)
+        if v is _UNKNOWN or (isinstance(v, torch.Tensor) and not sized):
+            what = "a value the example could not give" if v is _UNKNOWN else "a tensor's values"
+            raise fx.proxy.TraceError(f"control flow on {what} ({p.node.name})")
+        return v
+
+    def to_bool(self, obj: fx.Proxy) -> bool:
+        return bool(self.concrete(obj))
+
+    def iter(self, obj: fx.Proxy):
+        return (obj[i] for i in range(len(self.concrete(obj, sized=True))))
+
+
 def trace(
-    module: nn.Module, leaf: Callable[[nn.Module], bool] = _is_rule_leaf
+    module: nn.Module,
+    leaf: Callable[[nn.Module], bool] = _is_rule_leaf,
+    sample: tuple[int, ...] | None = None,
 ) -> tuple[fx.GraphModule, list[tuple[str, fx.Node]]]:
     """(graph module, [(module name, output node)]) of ``module``; :class:`Untraceable` if torch fails.
 
     ``leaf(m)``: whether a module is kept whole, one node (default: it has a rule of :mod:`rules`; the
-    correlated walk passes its own rules' test), every other module traced through.
+    correlated walk passes its own rules' test), every other module traced through. ``sample``: one input's
+    shape without its batch (C, H, W); where plain tracing fails (control flow on a size), the module is
+    traced again with :class:`_ConcreteTracer` on an example of that shape: its graph holds for that size.
     """
     tracer = _Tracer(leaf)
     try:
         graph = tracer.trace(module)
     except Exception as e:  # TraceError, control flow on a Proxy, anything the forward raises
-        raise Untraceable(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        if sample is None:
+            raise Untraceable(_why(e)) from None
+        tracer = _ConcreteTracer(leaf, _zeros(module, (1, *sample)))
+        graph = _trace_quietly(tracer, module)
     return fx.GraphModule(module, graph), tracer.calls
+
+
+def _trace_quietly(tracer: _ConcreteTracer, module: nn.Module) -> fx.Graph:
+    """``tracer.trace(module)`` without gradients, on a forked RNG, the buffers put back as they were."""
+    buffers = [(m, k, b, b.clone()) for m in module.modules() for k, b in m._buffers.items() if b is not None]
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            return tracer.trace(module)
+    except Exception as e:  # as in trace: the reason is kept
+        raise Untraceable(_why(e)) from None
+    finally:
+        with torch.no_grad():
+            for m, k, b, saved in buffers:
+                m._buffers[k] = b
+                b.copy_(saved)
+
+
+def _why(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def _zeros(module: nn.Module, shape: tuple[int, ...]) -> torch.Tensor:
+    """Zeros of ``shape`` in the module's dtype and on its device."""
+    param = next(module.parameters(), None)
+    dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
+    return torch.zeros(shape, dtype=dtype, device=param.device if param is not None else torch.device("cpu"))
 
 
 class NoPrediction(Exception):
@@ -191,7 +331,7 @@ class GraphWalk(Walk):
         border: str,
         make_step: Callable[[str, nn.Module, tuple | None], Step],
     ) -> None:
-        gm, self.calls = trace(module)
+        gm, self.calls = trace(module, sample=None if input_shape is None else tuple(input_shape[1:]))
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         required = [n for n in placeholders if not n.args]  # a placeholder with a default is optional
         if len(required) != 1:
@@ -215,15 +355,12 @@ class GraphWalk(Walk):
     def _shape_pass(self, module, input_shape, placeholders) -> dict:
         if input_shape is None:
             return {}
-        param = next(module.parameters(), None)
-        dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
-        device = param.device if param is not None else torch.device("cpu")
         modes = {m: m.training for m in module.modules()}
         sp = _ShapePass(self.gm, input_shape[0])
         try:
             module.eval()
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
-                x = torch.zeros((1, *input_shape[1:]), dtype=dtype, device=device)
+                x = _zeros(module, (1, *input_shape[1:]))
                 sp.run(x, *[p.args[0] for p in placeholders if p is not self.input])
         except Exception:  # shapes seen so far; rules that need the others say so
             pass
