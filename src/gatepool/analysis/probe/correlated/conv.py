@@ -230,27 +230,35 @@ class Conv:
         for c1, X in enumerate(self._pair_xcorr(torch.stack([sg * c for c in classes]), size)):
             Y = (g.corr[None] * X).reshape(len(X), Co, n)  # ρ_g Σ_P S_c1 S_c2, c2 ≥ c1
             for c2 in range(c1, len(classes)):
-                pairs = [(j, l) for j in members[c1] for l in members[c2] if c2 > c1 or l >= j]
-                jj, ll = torch.tensor(pairs).T
-                half = torch.where(jj == ll, 0.5, 1.0).to(_DT) if c2 == c1 else torch.ones(len(jj), dtype=_DT)
-                lags = []  # per pair: the output lag Δ of its var term (None: the two taps never meet)
-                for j, l in pairs:
-                    dh, dw = taps[j][0] - taps[l][0], taps[j][1] - taps[l][1]
-                    meet = dh % sh == 0 and dw % sw == 0 and abs(dh // sh) < Ho and abs(dw // sw) < Wo
-                    lags.append((dh // sh, dw // sw) if meet else None)
-                used = list(dict.fromkeys(d for d in lags if d is not None))
-                cols = torch.cat([Y[c2 - c1]] + [cov(*d) for d in used], 1)
-                if self.src is not None:  # depthwise: each output's pair lands on its own input channel
-                    wd = (self.Wd[:, jj] * self.Wd[:, ll]).T * half[:, None]  # (J, Co)
-                    out = torch.zeros((len(pairs), Ci, cols.shape[1]), dtype=_DT)
-                    out.index_add_(1, self.src, wd[:, :, None] * cols[None])  # (J, Ci, n + |used|·m)
-                else:
-                    ww = Wk.index_select(0, jj) * Wk.index_select(0, ll) * half[:, None, None]  # (J, Ci, Co)
-                    out = (ww.reshape(-1, Co) @ cols).reshape(len(pairs), Ci, -1)  # (J, Ci, n + |used|·m)
-                acc_t.index_add_(0, oi[jj, ll], out[:, :, :n])
-                for u, d in enumerate(used):
-                    sel = torch.tensor([i for i, e in enumerate(lags) if e == d])
-                    acc_v.index_add_(0, jj[sel], out[sel, :, n + u * m : n + (u + 1) * m])
+                every = [(j, l) for j in members[c1] for l in members[c2] if c2 > c1 or l >= j]
+                for start in range(0, len(every), _PAIRS_AT_ONCE):  # a 16 × 16 patch embedding: 32,896
+                    pairs = every[start : start + _PAIRS_AT_ONCE]  # pairs of (n + 9 m) sums, 7 GB at once
+                    jj, ll = torch.tensor(pairs).T
+                    half = (
+                        torch.where(jj == ll, 0.5, 1.0).to(_DT)
+                        if c2 == c1
+                        else torch.ones(len(jj), dtype=_DT)
+                    )
+                    lags = []  # per pair: the output lag Δ of its var term (None: the two taps never meet)
+                    for j, l in pairs:
+                        dh, dw = taps[j][0] - taps[l][0], taps[j][1] - taps[l][1]
+                        meet = dh % sh == 0 and dw % sw == 0 and abs(dh // sh) < Ho and abs(dw // sw) < Wo
+                        lags.append((dh // sh, dw // sw) if meet else None)
+                    used = list(dict.fromkeys(d for d in lags if d is not None))
+                    cols = torch.cat([Y[c2 - c1]] + [cov(*d) for d in used], 1)
+                    if self.src is not None:  # depthwise: each output's pair lands on its own input channel
+                        wd = (self.Wd[:, jj] * self.Wd[:, ll]).T * half[:, None]  # (J, Co)
+                        out = torch.zeros((len(pairs), Ci, cols.shape[1]), dtype=_DT)
+                        out.index_add_(1, self.src, wd[:, :, None] * cols[None])  # (J, Ci, n + |used|·m)
+                    else:
+                        ww = (
+                            Wk.index_select(0, jj) * Wk.index_select(0, ll) * half[:, None, None]
+                        )  # (J, Ci, Co)
+                        out = (ww.reshape(-1, Co) @ cols).reshape(len(pairs), Ci, -1)  # (J, Ci, n + |used|·m)
+                    acc_t.index_add_(0, oi[jj, ll], out[:, :, :n])
+                    for u, d in enumerate(used):
+                        sel = torch.tensor([i for i, e in enumerate(lags) if e == d])
+                        acc_v.index_add_(0, jj[sel], out[sel, :, n + u * m : n + (u + 1) * m])
         big = torch.zeros((Ci, 2 * H - 1 + 2 * kk, 2 * W - 1 + 2 * kk), dtype=_DT)
         for (da, db), t in zip(offs, acc_t):
             h0, w0 = H - 1 + kk - sh * (Ho - 1) + da, W - 1 + kk - sw * (Wo - 1) + db
@@ -313,6 +321,9 @@ class Conv:
         ok = var_in > 1e-300
         den = torch.where(ok, var_in, torch.ones_like(var_in))
         return tuple(torch.where(ok, to_input(h) / den, 0.0) for h in (he1, he2)) + (None, None)
+
+
+_PAIRS_AT_ONCE = 2048  # the backward's tap pairs summed per chunk: its memory, not its numbers
 
 
 def _offsets(taps):

@@ -11,7 +11,11 @@ unflatten (C, 1, H·W) → (C, H, W) (``x.transpose(1, 2).reshape(N, C, H, W)``:
           the attention leaves it); back: flatten's forward, the sequence's lag sums exact from the map's
 cat       fields and constants (C, 1, n) along the tokens: means and variances set side by side (a
           constant: its value, variance 0); the lag sums add (the pieces independent); back: each field
-          its tokens, ρ as it is
+          its tokens' variances and ρ(e) = T(e) / Σ_p √(v'_p v'_{p+e}) of the gradient's lag sums, v' its
+          variance with a lone token's (a piece of one: a class token) capped at the longer pieces'
+          mean: a class token carries the head's gradient, its own (hundreds of times a patch's,
+          uncorrelated with them), which the envelope √(v_p v_q) would give its pairs with the patches
+          out of the covariance they share
 select    token i of a (C, 1, T) field: (C, 1, 1); back: the gradient at token i, zero elsewhere
 on a map  a step of a (C, H, W) map on (C, 1, H·W) tokens: unflatten, the step, flatten (a module called
           with its tokens and their map's size: PVT's and Twins' attentions)
@@ -114,8 +118,9 @@ class TokenCat:
                 parts.append((c, torch.zeros_like(c), None))
         shapes = {m.shape[:2] for m, _, _ in parts}
         if len(shapes) != 1 or next(iter(shapes))[1] != 1:
-            raise ValueError(f"pieces must be (C, 1, n) of one C, got {[tuple(m.shape) for m, _, _ in parts]}"
-                             )
+            raise ValueError(
+                f"pieces must be (C, 1, n) of one C, got {[tuple(m.shape) for m, _, _ in parts]}"
+            )
         self.sizes = [m.shape[-1] for m, _, _ in parts]
         self.fields = [isinstance(p, Field) for p in pieces]
         n = sum(self.sizes)
@@ -127,12 +132,32 @@ class TokenCat:
         return _field_from_sums(mean, var, T)
 
     def backward(self, g: Field) -> list[Field]:
-        """One gradient field per field piece, in order."""
+        """One gradient field per field piece, in order: its tokens' variances, and the correlation of the
+        sequence's lag sums T(e) over pairs weighted √(v'_p v'_q), v' the variance with a lone token's (a
+        piece of one: a class token) capped at the longer pieces' mean (its gradient beyond a patch's is
+        the head's, its own)."""
         n, out, start = sum(self.sizes), [], 0
+        vp = g.var.clone()
+        lone = torch.zeros(n, dtype=torch.bool)
+        for k in self.sizes:
+            lone[start : start + k] = k == 1
+            start += k
+        if bool(lone.any()) and not bool(lone.all()):
+            cap = g.var[..., ~lone].mean(-1, keepdim=True)  # (C, 1, 1)
+            vp[..., lone] = torch.minimum(g.var[..., lone], cap)
+        s = vp.clamp_min(0).sqrt()
+        corr = (g.lag_sums() / xcorr(s, s).clamp_min(1e-300)).clamp(-1, 1)
+        corr[..., n - 1] = 1.0
+        start = 0
         for k, is_field in zip(self.sizes, self.fields):
             if is_field:
-                out.append(Field(g.mean[..., start : start + k], g.var[..., start : start + k],
-                                 g.corr[..., n - k : n + k - 1]))
+                out.append(
+                    Field(
+                        g.mean[..., start : start + k],
+                        g.var[..., start : start + k],
+                        corr[..., n - k : n + k - 1],
+                    )
+                )
             start += k
         return out
 
