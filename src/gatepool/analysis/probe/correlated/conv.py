@@ -74,26 +74,40 @@ class Conv:
     """A 2-D conv from its actual weights (dense over channel pairs; groups by zeros), zero padding."""
 
     def __init__(self, weight, bias, stride, padding, groups: int = 1) -> None:
-        W = weight.detach().to("cpu", _DT)
-        if groups > 1:  # block-diagonal dense weight
-            co, ci_g = W.shape[:2]
-            dense = torch.zeros((co, ci_g * groups, *W.shape[2:]), dtype=_DT)
-            per = co // groups
-            for g in range(groups):
-                dense[g * per : (g + 1) * per, g * ci_g : (g + 1) * ci_g] = W[g * per : (g + 1) * per]
-            W = dense
-        self.W = W
+        self.weight, self.groups = weight.detach().to("cpu", _DT), groups  # (Co, Ci/groups, kh, kw)
+        co, ci_g = self.weight.shape[:2]
+        self.wshape = (co, ci_g * groups, *self.weight.shape[2:])  # the dense weight's
         # depthwise (each output reads one input channel): its own weights (Co, k) and that channel,
         # so the pairs' products skip the dense form's Ci-fold zeros
-        depthwise = groups > 1 and weight.shape[1] == 1
-        self.src = torch.arange(W.shape[0]) // (W.shape[0] // groups) if depthwise else None
-        self.Wd = weight.detach().to("cpu", _DT).flatten(1) if depthwise else None
+        depthwise = groups > 1 and ci_g == 1
+        self.src = torch.arange(co) // (co // groups) if depthwise else None
+        self.Wd = self.weight.flatten(1) if depthwise else None
         self.b = None if bias is None else bias.detach().to("cpu", _DT)
         self.stride, self.padding = stride, padding
 
+    @property
+    def W(self) -> torch.Tensor:
+        """The dense weight (Co, Ci, kh, kw), the groups block-diagonal: built where asked, not kept (a
+        depthwise conv of 768 channels' is 0.23 GB; ConvMixer-768/32's walk holds 32 of them)."""
+        if self.groups == 1:
+            return self.weight
+        ci_g, per = self.weight.shape[1], self.wshape[0] // self.groups
+        dense = torch.zeros(self.wshape, dtype=_DT)
+        for g in range(self.groups):
+            dense[g * per : (g + 1) * per, g * ci_g : (g + 1) * ci_g] = self.weight[g * per : (g + 1) * per]
+        return dense
+
+    def _conv(self, f: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+        """conv2d of one map (C, H, W) with ``weight`` in the grouped form (Co, Ci/groups, kh, kw)."""
+        return F.conv2d(f[None], weight, bias, self.stride, self.padding, 1, self.groups)[0]
+
+    def _own(self, src: torch.Tensor) -> torch.Tensor:
+        """(Co, kh, kw): each output channel's kernel on the one input channel ``src`` it reads."""
+        return self.weight[:, 0] if self.src is not None else self.W[torch.arange(len(src)), src]
+
     def _taps(self, f: torch.Tensor, out_hw) -> list[torch.Tensor]:
         """f(s·P + u − p) on the output grid for every tap u (zero where it falls in the padding)."""
-        (kh, kw), (sh, sw), (ph, pw), (Ho, Wo) = self.W.shape[-2:], self.stride, self.padding, out_hw
+        (kh, kw), (sh, sw), (ph, pw), (Ho, Wo) = self.wshape[-2:], self.stride, self.padding, out_hw
         pad = F.pad(f, (pw, pw, ph, ph))
         return [
             pad[:, a : a + sh * (Ho - 1) + 1 : sh, b : b + sw * (Wo - 1) + 1 : sw]
@@ -102,7 +116,7 @@ class Conv:
         ]
 
     def _tap_offsets(self):
-        kh, kw = self.W.shape[-2:]
+        kh, kw = self.wshape[-2:]
         return [(a, b) for a in range(kh) for b in range(kw)]
 
     @staticmethod
@@ -122,10 +136,10 @@ class Conv:
             folded = Conv(torch.einsum("oiuv,ir->oruv", self.W, mix), None, self.stride, self.padding)
             out = folded.forward(z)
             self.out_var = out.var
-            return replace(out, mean=F.conv2d(x.mean[None], self.W, self.b, self.stride, self.padding)[0])
-        mean = F.conv2d(x.mean[None], self.W, self.b, self.stride, self.padding)[0]
+            return replace(out, mean=self._conv(x.mean, self.weight, self.b))
+        mean = self._conv(x.mean, self.weight, self.b)
         s = x.var.clamp_min(0).sqrt()
-        (Co, _, kh, kw), (sh, sw), (ph, pw) = self.W.shape, self.stride, self.padding
+        (Co, _, kh, kw), (sh, sw), (ph, pw) = self.wshape, self.stride, self.padding
         H, W = x.shape[1:]
         Ho, Wo = (H + 2 * ph - kh) // sh + 1, (W + 2 * pw - kw) // sw + 1
         size = (2 * Ho - 1, 2 * Wo - 1)
@@ -136,7 +150,7 @@ class Conv:
         #                 exactly: both taps inside the map)
         # the pair (l, j) is (j, l) at −Δ: the pairs l ≥ j (j = l halved), then v = 2·V, T = U(Δ) + U(−Δ);
         # per j one matrix product over (l, i) of W_j W_l with the lag sums and the products S_j S_l
-        Wt = self.W.flatten(2).transpose(1, 2)  # (Co, k, Ci)
+        Wt = None if self.src is not None else self.W.flatten(2).transpose(1, 2)  # (Co, k, Ci)
         S = torch.stack(self._taps(s, (Ho, Wo)))  # (k, Ci, Ho, Wo)
         offs, oi = _offsets(kh, kw)
         rho = torch.stack([_rho_strided(x.corr, (H, W), (Ho, Wo), self.stride, *o) for o in offs])
@@ -171,25 +185,27 @@ class Conv:
         shape = {}
         for key, gamma, k in (("skew", x.skew, 3), ("kurt", x.kurt, 4)):
             if gamma is not None:
-                kappa = F.conv2d((gamma * v ** (k / 2))[None], self.W**k, None, self.stride, self.padding)[0]
+                kappa = self._conv(gamma * v ** (k / 2), self.weight**k)
                 shape[key] = torch.where(ok, kappa / den ** (k / 2), 0.0)
         src = self._source()
         if src is not None and x.components is None:  # depthwise: neighbouring outputs share skewed inputs
             k3, k4 = (None if g is None else self._taps((g * v ** (k / 2))[src], out.shape[1:])
                       for g, k in ((x.skew, 3), (x.kurt, 4)))  # fmt: skip
-            w = self.W[torch.arange(len(src)), src]
+            w = self._own(src)
             shape["joint"] = depthwise_joint(w, self._tap_offsets(), self.stride, k3, k4, out.var)
         return replace(out, **shape)
 
     def _source(self) -> torch.Tensor | None:
         """The input channel each output channel reads (Co,), where each reads one (depthwise); None else."""
+        if self.src is not None:
+            return self.src if bool((self.Wd.abs().sum(1) > 0).all()) else None
         reads = self.W.flatten(2).abs().sum(2) > 0  # (Co, Ci)
         if not bool((reads.sum(1) == 1).all()):
             return None
         return reads.to(torch.int8).argmax(1)
 
     def backward(self, g: Field) -> Field:
-        x, (Co, Ci, kh, kw), (sh, sw), (ph, pw) = self.x, self.W.shape, self.stride, self.padding
+        x, (Co, Ci, kh, kw), (sh, sw), (ph, pw) = self.x, self.wshape, self.stride, self.padding
         H, W = x.shape[1:]
         Ho, Wo = g.shape[1:]
         size = (2 * Ho - 1, 2 * Wo - 1)
@@ -220,7 +236,7 @@ class Conv:
         taps = self._tap_offsets()
         at_lag = _input_lags(kh, kw, (sh, sw), (H, W), (Ho, Wo))  # (offsets, n): e = sΔ + d in U
         plan = _pair_plan(kh, kw, (sh, sw), (Ho, Wo), members)
-        Wk = self.W.flatten(2).permute(2, 1, 0).contiguous()  # (k, Ci, Co)
+        Wk = None if self.src is not None else self.W.flatten(2).permute(2, 1, 0).contiguous()  # (k, Ci, Co)
         U = torch.zeros(((2 * H - 1) * (2 * W - 1) + 1, Ci), dtype=_DT)  # the last row: e beyond the map
         acc_v = torch.zeros((len(taps), Ci, m), dtype=_DT)  # v's terms summed by tap j
         Q = {}  # Δ: Cov(g_P, g_{P+Δ}) (Co, Ho·Wo)
@@ -275,17 +291,17 @@ class Conv:
         """Σ_o B[r, i, o] cols[o, :] (r, Ci, ·); depthwise B (r, Co): each output on its own input channel."""
         if self.src is None:
             return (B.reshape(-1, B.shape[-1]) @ cols).reshape(len(B), B.shape[1], -1)
-        out = torch.zeros((len(B), self.W.shape[1], cols.shape[1]), dtype=_DT)
+        out = torch.zeros((len(B), self.wshape[1], cols.shape[1]), dtype=_DT)
         return out.index_add_(1, self.src, B[:, :, None] * cols[None])
 
     def _dependence(self, g: Field, var_in: torch.Tensor) -> tuple | None:
         """(β₁, β₂, None, None) of the input's gradient from the output's ``g.dependence`` (see the module
         docstring), for a conv whose every output channel reads one input channel (depthwise); None else."""
-        Co, Ci = self.W.shape[:2]
+        Co, Ci = self.wshape[:2]
         src = self._source()  # (Co,) the input channel of each output channel
         if self.x.components is not None or src is None:
             return None
-        w = self.W[torch.arange(Co), src]  # (Co, kh, kw)
+        w = self._own(src)  # (Co, kh, kw)
         (sh, sw), (ph, pw) = self.stride, self.padding
         H, W = self.x.shape[1:]
         Ho, Wo = g.shape[1:]
