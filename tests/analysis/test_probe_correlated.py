@@ -128,27 +128,6 @@ def test_conv_backward_matches_monte_carlo():
     close(rule.backward(gf), xr.grad)
 
 
-def test_conv_backward_in_chunks_of_tap_pairs(monkeypatch):
-    """The backward sums its pairs of taps in chunks (a 16 × 16 patch embedding's 32,896 at once took 7 GB):
-    a strided 4 × 4 conv's 136 pairs in chunks of 5 give the numbers of one chunk, and Monte Carlo's."""
-    from gatepool.analysis.probe.correlated import conv as conv_module
-
-    torch.manual_seed(0)
-    conv = nn.Conv2d(2, 3, 4, stride=2, padding=1, bias=False).double()
-    rule = cr.Conv(conv.weight, None, (2, 2), (1, 1))
-    rule.forward(gaussian_field(batch=1)[1])
-    g, gf = gaussian_field(C=3, H=5, W=5, ell=1.3, seed=1)
-    whole = rule.backward(gf)
-    monkeypatch.setattr(conv_module, "_PAIRS_AT_ONCE", 5)
-    chunked = rule.backward(gf)
-    assert torch.allclose(chunked.var, whole.var, rtol=1e-12) and torch.allclose(
-        chunked.corr, whole.corr, atol=1e-12
-    )
-    xr = torch.zeros((B, 2, 10, 10), dtype=DT, requires_grad=True)
-    (conv(xr) * g).sum().backward()
-    close(chunked, xr.grad)
-
-
 def test_strided_conv_and_avg_pool():
     torch.manual_seed(1)
     conv = nn.Conv2d(2, 2, 3, stride=2, padding=1, bias=False).double()

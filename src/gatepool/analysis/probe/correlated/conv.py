@@ -27,6 +27,7 @@ avg pool  a conv with the box filter (adaptive and global pools too: every posit
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -73,26 +74,40 @@ class Conv:
     """A 2-D conv from its actual weights (dense over channel pairs; groups by zeros), zero padding."""
 
     def __init__(self, weight, bias, stride, padding, groups: int = 1) -> None:
-        W = weight.detach().to("cpu", _DT)
-        if groups > 1:  # block-diagonal dense weight
-            co, ci_g = W.shape[:2]
-            dense = torch.zeros((co, ci_g * groups, *W.shape[2:]), dtype=_DT)
-            per = co // groups
-            for g in range(groups):
-                dense[g * per : (g + 1) * per, g * ci_g : (g + 1) * ci_g] = W[g * per : (g + 1) * per]
-            W = dense
-        self.W = W
+        self.weight, self.groups = weight.detach().to("cpu", _DT), groups  # (Co, Ci/groups, kh, kw)
+        co, ci_g = self.weight.shape[:2]
+        self.wshape = (co, ci_g * groups, *self.weight.shape[2:])  # the dense weight's
         # depthwise (each output reads one input channel): its own weights (Co, k) and that channel,
         # so the pairs' products skip the dense form's Ci-fold zeros
-        depthwise = groups > 1 and weight.shape[1] == 1
-        self.src = torch.arange(W.shape[0]) // (W.shape[0] // groups) if depthwise else None
-        self.Wd = weight.detach().to("cpu", _DT).flatten(1) if depthwise else None
+        depthwise = groups > 1 and ci_g == 1
+        self.src = torch.arange(co) // (co // groups) if depthwise else None
+        self.Wd = self.weight.flatten(1) if depthwise else None
         self.b = None if bias is None else bias.detach().to("cpu", _DT)
         self.stride, self.padding = stride, padding
 
+    @property
+    def W(self) -> torch.Tensor:
+        """The dense weight (Co, Ci, kh, kw), the groups block-diagonal: built where asked, not kept (a
+        depthwise conv of 768 channels' is 0.23 GB; ConvMixer-768/32's walk holds 32 of them)."""
+        if self.groups == 1:
+            return self.weight
+        ci_g, per = self.weight.shape[1], self.wshape[0] // self.groups
+        dense = torch.zeros(self.wshape, dtype=_DT)
+        for g in range(self.groups):
+            dense[g * per : (g + 1) * per, g * ci_g : (g + 1) * ci_g] = self.weight[g * per : (g + 1) * per]
+        return dense
+
+    def _conv(self, f: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+        """conv2d of one map (C, H, W) with ``weight`` in the grouped form (Co, Ci/groups, kh, kw)."""
+        return F.conv2d(f[None], weight, bias, self.stride, self.padding, 1, self.groups)[0]
+
+    def _own(self, src: torch.Tensor) -> torch.Tensor:
+        """(Co, kh, kw): each output channel's kernel on the one input channel ``src`` it reads."""
+        return self.weight[:, 0] if self.src is not None else self.W[torch.arange(len(src)), src]
+
     def _taps(self, f: torch.Tensor, out_hw) -> list[torch.Tensor]:
         """f(s·P + u − p) on the output grid for every tap u (zero where it falls in the padding)."""
-        (kh, kw), (sh, sw), (ph, pw), (Ho, Wo) = self.W.shape[-2:], self.stride, self.padding, out_hw
+        (kh, kw), (sh, sw), (ph, pw), (Ho, Wo) = self.wshape[-2:], self.stride, self.padding, out_hw
         pad = F.pad(f, (pw, pw, ph, ph))
         return [
             pad[:, a : a + sh * (Ho - 1) + 1 : sh, b : b + sw * (Wo - 1) + 1 : sw]
@@ -101,7 +116,7 @@ class Conv:
         ]
 
     def _tap_offsets(self):
-        kh, kw = self.W.shape[-2:]
+        kh, kw = self.wshape[-2:]
         return [(a, b) for a in range(kh) for b in range(kw)]
 
     @staticmethod
@@ -121,10 +136,10 @@ class Conv:
             folded = Conv(torch.einsum("oiuv,ir->oruv", self.W, mix), None, self.stride, self.padding)
             out = folded.forward(z)
             self.out_var = out.var
-            return replace(out, mean=F.conv2d(x.mean[None], self.W, self.b, self.stride, self.padding)[0])
-        mean = F.conv2d(x.mean[None], self.W, self.b, self.stride, self.padding)[0]
+            return replace(out, mean=self._conv(x.mean, self.weight, self.b))
+        mean = self._conv(x.mean, self.weight, self.b)
         s = x.var.clamp_min(0).sqrt()
-        (Co, _, kh, kw), (sh, sw), (ph, pw) = self.W.shape, self.stride, self.padding
+        (Co, _, kh, kw), (sh, sw), (ph, pw) = self.wshape, self.stride, self.padding
         H, W = x.shape[1:]
         Ho, Wo = (H + 2 * ph - kh) // sh + 1, (W + 2 * pw - kw) // sw + 1
         size = (2 * Ho - 1, 2 * Wo - 1)
@@ -135,10 +150,9 @@ class Conv:
         #                 exactly: both taps inside the map)
         # the pair (l, j) is (j, l) at −Δ: the pairs l ≥ j (j = l halved), then v = 2·V, T = U(Δ) + U(−Δ);
         # per j one matrix product over (l, i) of W_j W_l with the lag sums and the products S_j S_l
-        taps = self._tap_offsets()
-        Wt = self.W.flatten(2).transpose(1, 2)  # (Co, k, Ci)
+        Wt = None if self.src is not None else self.W.flatten(2).transpose(1, 2)  # (Co, k, Ci)
         S = torch.stack(self._taps(s, (Ho, Wo)))  # (k, Ci, Ho, Wo)
-        offs, oi = _offsets(taps)
+        offs, oi = _offsets(kh, kw)
         rho = torch.stack([_rho_strided(x.corr, (H, W), (Ho, Wo), self.stride, *o) for o in offs])
         U = torch.zeros((Co, n + m), dtype=_DT)
         for j, X in enumerate(self._pair_xcorr(S, size)):  # (k − j, Ci, 2Ho−1, 2Wo−1)
@@ -171,25 +185,27 @@ class Conv:
         shape = {}
         for key, gamma, k in (("skew", x.skew, 3), ("kurt", x.kurt, 4)):
             if gamma is not None:
-                kappa = F.conv2d((gamma * v ** (k / 2))[None], self.W**k, None, self.stride, self.padding)[0]
+                kappa = self._conv(gamma * v ** (k / 2), self.weight**k)
                 shape[key] = torch.where(ok, kappa / den ** (k / 2), 0.0)
         src = self._source()
         if src is not None and x.components is None:  # depthwise: neighbouring outputs share skewed inputs
             k3, k4 = (None if g is None else self._taps((g * v ** (k / 2))[src], out.shape[1:])
                       for g, k in ((x.skew, 3), (x.kurt, 4)))  # fmt: skip
-            w = self.W[torch.arange(len(src)), src]
+            w = self._own(src)
             shape["joint"] = depthwise_joint(w, self._tap_offsets(), self.stride, k3, k4, out.var)
         return replace(out, **shape)
 
     def _source(self) -> torch.Tensor | None:
         """The input channel each output channel reads (Co,), where each reads one (depthwise); None else."""
+        if self.src is not None:
+            return self.src if bool((self.Wd.abs().sum(1) > 0).all()) else None
         reads = self.W.flatten(2).abs().sum(2) > 0  # (Co, Ci)
         if not bool((reads.sum(1) == 1).all()):
             return None
         return reads.to(torch.int8).argmax(1)
 
     def backward(self, g: Field) -> Field:
-        x, (Co, Ci, kh, kw), (sh, sw), (ph, pw) = self.x, self.W.shape, self.stride, self.padding
+        x, (Co, Ci, kh, kw), (sh, sw), (ph, pw) = self.x, self.wshape, self.stride, self.padding
         H, W = x.shape[1:]
         Ho, Wo = g.shape[1:]
         size = (2 * Ho - 1, 2 * Wo - 1)
@@ -200,7 +216,11 @@ class Conv:
         #   T_in(i, e)  = Σ_o Σ_{j,l} W_j W_l ρ_g(Δ) Σ_P sg(P) sg(P+Δ) M_j(P) M_l(P+Δ), e = sΔ + u_l − u_j
         # Taps with the same M (all but the border ones) share the sum over P: one FFT product per pair of
         # mask classes. As forward: the pairs (j, l) of class pairs c1 ≤ c2 (within a class j ≤ l, j = l
-        # halved), then v = 2·V, T = U(e) + U(−e); per class pair one matrix product over o.
+        # halved), then v = 2·V, T = U(e) + U(−e). Within a class pair T's term depends on the pair through
+        # its tap offset d = u_l − u_j only: the weights W_j W_l summed per offset first (A(d), the filter's
+        # autocorrelation, where all taps are of one class), one matrix product over o per offset, not per
+        # pair (Mixer-S/32's 32 × 32 patch embedding: 524,800 pairs of one class, 3,969 offsets); v's
+        # term per pair whose taps meet, grouped by the output lag Δ.
         masks = self._taps(torch.ones((1, H, W), dtype=_DT), (Ho, Wo))
         classes: list[torch.Tensor] = []
         of = []  # each tap's class
@@ -211,65 +231,35 @@ class Conv:
                 c = len(classes) - 1
             of.append(c)
         live = [c for c, mask in enumerate(classes) if bool(mask.any())] or [0]  # a tap that only ever
-        members = [[j for j in range(len(of)) if of[j] == c] for c in live]  # reads the padding adds nothing
-        classes = [classes[c] for c in live]  # (ConvNeXt-T's 7 × 7 on 2 × 2: 40 taps, 820 pairs, 3.9 GB)
+        members = tuple(tuple(j for j in range(len(of)) if of[j] == c) for c in live)  # reads the padding
+        classes = [classes[c] for c in live]  # adds nothing (ConvNeXt-T's 7 × 7 on 2 × 2: 40 taps)
         taps = self._tap_offsets()
-        kk = max(kh, kw)
-        Wk = self.W.flatten(2).permute(2, 1, 0).contiguous()  # (k, Ci, Co)
-        offs, oi = _offsets(taps)
-        acc_t = torch.zeros((len(offs), Ci, n), dtype=_DT)  # T's terms summed by tap offset u_l − u_j
+        at_lag = _input_lags(kh, kw, (sh, sw), (H, W), (Ho, Wo))  # (offsets, n): e = sΔ + d in U
+        plan = _pair_plan(kh, kw, (sh, sw), (Ho, Wo), members)
+        Wk = None if self.src is not None else self.W.flatten(2).permute(2, 1, 0).contiguous()  # (k, Ci, Co)
+        U = torch.zeros(((2 * H - 1) * (2 * W - 1) + 1, Ci), dtype=_DT)  # the last row: e beyond the map
         acc_v = torch.zeros((len(taps), Ci, m), dtype=_DT)  # v's terms summed by tap j
         Q = {}  # Δ: Cov(g_P, g_{P+Δ}) (Co, Ho·Wo)
-
-        def cov(dh: int, dw: int) -> torch.Tensor:
-            if (dh, dw) not in Q:
-                q = sg * _shifted(sg, dh, dw) * _at_lag(g.corr, dh, dw)[:, None, None]
-                Q[dh, dw] = q.reshape(Co, m)
-            return Q[dh, dw]
-
         for c1, X in enumerate(self._pair_xcorr(torch.stack([sg * c for c in classes]), size)):
             Y = (g.corr[None] * X).reshape(len(X), Co, n)  # ρ_g Σ_P S_c1 S_c2, c2 ≥ c1
             for c2 in range(c1, len(classes)):
-                every = [(j, l) for j in members[c1] for l in members[c2] if c2 > c1 or l >= j]
-                for start in range(0, len(every), _PAIRS_AT_ONCE):  # a 16 × 16 patch embedding: 32,896
-                    pairs = every[start : start + _PAIRS_AT_ONCE]  # pairs of (n + 9 m) sums, 7 GB at once
-                    jj, ll = torch.tensor(pairs).T
-                    half = (
-                        torch.where(jj == ll, 0.5, 1.0).to(_DT)
-                        if c2 == c1
-                        else torch.ones(len(jj), dtype=_DT)
-                    )
-                    lags = []  # per pair: the output lag Δ of its var term (None: the two taps never meet)
-                    for j, l in pairs:
-                        dh, dw = taps[j][0] - taps[l][0], taps[j][1] - taps[l][1]
-                        meet = dh % sh == 0 and dw % sw == 0 and abs(dh // sh) < Ho and abs(dw // sw) < Wo
-                        lags.append((dh // sh, dw // sw) if meet else None)
-                    used = list(dict.fromkeys(d for d in lags if d is not None))
-                    cols = torch.cat([Y[c2 - c1]] + [cov(*d) for d in used], 1)
-                    if self.src is not None:  # depthwise: each output's pair lands on its own input channel
-                        wd = (self.Wd[:, jj] * self.Wd[:, ll]).T * half[:, None]  # (J, Co)
-                        out = torch.zeros((len(pairs), Ci, cols.shape[1]), dtype=_DT)
-                        out.index_add_(1, self.src, wd[:, :, None] * cols[None])  # (J, Ci, n + |used|·m)
+                (jj, ll, half, d, at), meet = plan[c1, c2]
+                B = self._pair_weights(Wk, jj, ll, half, at, len(d))  # (D, Ci, Co): per offset
+                t = self._through(B, Y[c2 - c1])  # (D, Ci, n)
+                U.index_add_(0, at_lag[d].flatten(), t.permute(0, 2, 1).reshape(-1, Ci))
+                for D, i in meet:  # the pairs i meeting at Δ (a row of B each where B is per pair)
+                    if D not in Q:
+                        Q[D] = (sg * _shifted(sg, *D) * _at_lag(g.corr, *D)[:, None, None]).reshape(Co, m)
+                    if at is not None:
+                        Bv = self._pair_weights(Wk, jj[i], ll[i], half[i], None, len(i))
                     else:
-                        ww = (
-                            Wk.index_select(0, jj) * Wk.index_select(0, ll) * half[:, None, None]
-                        )  # (J, Ci, Co)
-                        out = (ww.reshape(-1, Co) @ cols).reshape(len(pairs), Ci, -1)  # (J, Ci, n + |used|·m)
-                    acc_t.index_add_(0, oi[jj, ll], out[:, :, :n])
-                    for u, d in enumerate(used):
-                        sel = torch.tensor([i for i, e in enumerate(lags) if e == d])
-                        acc_v.index_add_(0, jj[sel], out[sel, :, n + u * m : n + (u + 1) * m])
-        big = torch.zeros((Ci, 2 * H - 1 + 2 * kk, 2 * W - 1 + 2 * kk), dtype=_DT)
-        for (da, db), t in zip(offs, acc_t):
-            h0, w0 = H - 1 + kk - sh * (Ho - 1) + da, W - 1 + kk - sw * (Wo - 1) + db
-            big[:, h0 : h0 + sh * (2 * Ho - 2) + 1 : sh, w0 : w0 + sw * (2 * Wo - 2) + 1 : sw] += t.reshape(
-                Ci, *size
-            )
+                        Bv = B if len(i) == len(B) else B[i]
+                    acc_v.index_add_(0, jj[i], self._through(Bv, Q[D]))
         vpad = torch.zeros((Ci, H + 2 * ph, W + 2 * pw), dtype=_DT)  # the input padded: tap j at sP + u_j
         for (a, b), v in zip(taps, acc_v):
             vpad[:, a : a + sh * (Ho - 1) + 1 : sh, b : b + sw * (Wo - 1) + 1 : sw] += v.reshape(Ci, Ho, Wo)
         var = (2 * vpad[:, ph : ph + H, pw : pw + W]).clamp_min(0)
-        U = big[:, kk : kk + 2 * H - 1, kk : kk + 2 * W - 1]
+        U = U[:-1].T.reshape(Ci, 2 * H - 1, 2 * W - 1)
         T = U + U.flip((-2, -1))
         T[:, H - 1, W - 1] = var.sum((1, 2))
         out = _field_from_sums(torch.zeros_like(var), var, T)
@@ -279,14 +269,39 @@ class Conv:
             out.coupling = pointwise_conv_coupling(g.coupling, self.W[:, :, 0, 0])
         return out
 
+    def _pair_weights(self, Wk, jj, ll, half, at, rows: int) -> torch.Tensor:
+        """Σ half · W_j W_l over the pairs (jj, ll) of each row ``at`` (None: a row per pair): (rows, Ci, Co)
+        from Wk (k, Ci, Co), depthwise (rows, Co); the pairs a chunk at a time (a matrix (pairs, Ci, Co) of
+        Mixer-S/32's 524,800 pairs: 6.4 GB)."""
+        if self.src is not None:
+            w = (self.Wd[:, jj] * self.Wd[:, ll] * half).T  # (J, Co)
+            return w if at is None else torch.zeros((rows, len(self.src)), dtype=_DT).index_add_(0, at, w)
+        step = max(1, 2**22 // (Wk.shape[1] * Wk.shape[2]))
+        if at is None and len(jj) <= step:
+            return Wk[jj] * Wk[ll] * half[:, None, None]
+        out = torch.zeros((rows, *Wk.shape[1:]), dtype=_DT)
+        for a in range(0, len(jj), step):
+            j, l, h = jj[a : a + step], ll[a : a + step], half[a : a + step, None, None]
+            out.index_add_(
+                0, torch.arange(a, a + len(j)) if at is None else at[a : a + step], Wk[j] * Wk[l] * h
+            )
+        return out
+
+    def _through(self, B: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Σ_o B[r, i, o] cols[o, :] (r, Ci, ·); depthwise B (r, Co): each output on its own input channel."""
+        if self.src is None:
+            return (B.reshape(-1, B.shape[-1]) @ cols).reshape(len(B), B.shape[1], -1)
+        out = torch.zeros((len(B), self.wshape[1], cols.shape[1]), dtype=_DT)
+        return out.index_add_(1, self.src, B[:, :, None] * cols[None])
+
     def _dependence(self, g: Field, var_in: torch.Tensor) -> tuple | None:
         """(β₁, β₂, None, None) of the input's gradient from the output's ``g.dependence`` (see the module
         docstring), for a conv whose every output channel reads one input channel (depthwise); None else."""
-        Co, Ci = self.W.shape[:2]
+        Co, Ci = self.wshape[:2]
         src = self._source()  # (Co,) the input channel of each output channel
         if self.x.components is not None or src is None:
             return None
-        w = self.W[torch.arange(Co), src]  # (Co, kh, kw)
+        w = self._own(src)  # (Co, kh, kw)
         (sh, sw), (ph, pw) = self.stride, self.padding
         H, W = self.x.shape[1:]
         Ho, Wo = g.shape[1:]
@@ -323,14 +338,51 @@ class Conv:
         return tuple(torch.where(ok, to_input(h) / den, 0.0) for h in (he1, he2)) + (None, None)
 
 
-_PAIRS_AT_ONCE = 2048  # the backward's tap pairs summed per chunk: its memory, not its numbers
+@functools.lru_cache(maxsize=16)
+def _offsets(kh: int, kw: int):
+    """The tap offsets u_l − u_j of a kh × kw kernel, and (k, k) the index of each pair's among them."""
+    offs = [(a, b) for a in range(-(kh - 1), kh) for b in range(-(kw - 1), kw)]
+    ah, aw = torch.arange(kh).repeat_interleave(kw), torch.arange(kw).repeat(kh)  # tap j's (a, b)
+    return offs, (kh - 1 + ah[None] - ah[:, None]) * (2 * kw - 1) + kw - 1 + aw[None] - aw[:, None]
 
 
-def _offsets(taps):
-    """The tap offsets u_l − u_j that occur, and (k, k) the index of each pair's among them."""
-    offs = sorted({(a2 - a1, b2 - b1) for a1, b1 in taps for a2, b2 in taps})
-    where = {o: i for i, o in enumerate(offs)}
-    return offs, torch.tensor([[where[a2 - a1, b2 - b1] for a2, b2 in taps] for a1, b1 in taps])
+@functools.lru_cache(maxsize=64)
+def _input_lags(kh: int, kw: int, stride, in_hw, out_hw) -> torch.Tensor:
+    """(offsets, (2Ho−1)(2Wo−1)): the input lag e = sΔ + d of each tap offset d (:func:`_offsets`) and
+    output lag Δ, as an index into the (2H−1)(2W−1) lags, centred; (2H−1)(2W−1) where e is beyond the map."""
+    (sh, sw), (H, W), (Ho, Wo) = stride, in_hw, out_hw
+    offs, _ = _offsets(kh, kw)
+    da, db = torch.tensor(offs).T
+    eh = sh * torch.arange(-(Ho - 1), Ho)[None, :, None] + da[:, None, None]  # (offsets, 2Ho−1, 1)
+    ew = sw * torch.arange(-(Wo - 1), Wo)[None, None, :] + db[:, None, None]  # (offsets, 1, 2Wo−1)
+    inside = (eh.abs() < H) & (ew.abs() < W)
+    return torch.where(inside, (H - 1 + eh) * (2 * W - 1) + W - 1 + ew, (2 * H - 1) * (2 * W - 1)).flatten(1)
+
+
+@functools.lru_cache(maxsize=64)
+def _pair_plan(kh: int, kw: int, stride, out_hw, members):
+    """The backward's pairs of taps, per pair of mask classes c1 ≤ c2 (``members``: each class's taps):
+    ((jj, ll) the pairs (within a class l ≥ j), their weight ½ (j = l) or 1, d the tap offsets u_l − u_j
+    that occur (indices in :func:`_offsets`), at each pair's among d (None: one pair per offset)), and
+    per output lag Δ at which two taps meet (u_j − u_l = sΔ) those pairs' indices."""
+    (sh, sw), (Ho, Wo) = stride, out_hw
+    _, oi = _offsets(kh, kw)
+    plan = {}
+    for c1, a in enumerate(members):
+        for c2 in range(c1, len(members)):
+            b = members[c2]
+            pairs = [(j, l) for j in a for l in b if c2 > c1 or l >= j]
+            jj, ll = torch.tensor(pairs).reshape(-1, 2).T
+            half = torch.where(jj == ll, 0.5, 1.0).to(_DT)
+            d, at = torch.unique(oi[jj, ll], return_inverse=True)
+            d, at = (oi[jj, ll], None) if len(d) == len(jj) else (d, at)  # one pair per offset: as they come
+            meet: dict = {}
+            for i, (j, l) in enumerate(pairs):
+                dh, dw = j // kw - l // kw, j % kw - l % kw
+                if dh % sh == 0 and dw % sw == 0 and abs(dh // sh) < Ho and abs(dw // sw) < Wo:
+                    meet.setdefault((dh // sh, dw // sw), []).append(i)
+            plan[c1, c2] = (jj, ll, half, d.tolist(), at), [(D, torch.tensor(i)) for D, i in meet.items()]
+    return plan
 
 
 def box_conv(channels: int, kernel, stride, padding) -> Conv:
