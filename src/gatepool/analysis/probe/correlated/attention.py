@@ -79,19 +79,42 @@ def kappa(s2: torch.Tensor, T) -> torch.Tensor:
     return torch.minimum(torch.expm1(s2.clamp(max=30)), torch.as_tensor(T, dtype=s2.dtype) - 1)
 
 
+def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(h·d, ...) → (h, ...): the sum over each head's d channels."""
+    return t.reshape(heads, -1, *t.shape[1:]).sum(1)
+
+
 class Attention:
-    """``nn.MultiheadAttention``'s self-attention from its in- and out-projections and head count."""
+    """``nn.MultiheadAttention``'s self-attention from its in- and out-projections and head count.
+
+    :meth:`of` builds it from four 1×1 convs instead: queries and keys of h·d_k channels, values of h·d_v
+    (head i its i-th d_k, d_v channels), the scores scaled by ``scale`` (1/√d_k unless given), the
+    projection reading the heads' outputs in the values' order."""
 
     def __init__(self, in_weight, in_bias, out_weight, out_bias, num_heads: int) -> None:
-        self.q, self.k, self.v, self.out = projections(in_weight, in_bias, out_weight, out_bias, num_heads)
-        self.h, self.d = num_heads, out_weight.shape[0] // num_heads
+        q, k, v, out = projections(in_weight, in_bias, out_weight, out_bias, num_heads)
+        self._set(q, k, v, out, num_heads, None)
 
-    def _per_head(self, t: torch.Tensor) -> torch.Tensor:
-        return per_head(t, self.h)
+    @classmethod
+    def of(
+        cls, q: Conv, k: Conv, v: Conv, out: Conv, num_heads: int, scale: float | None = None
+    ) -> Attention:
+        self = cls.__new__(cls)
+        self._set(q, k, v, out, num_heads, scale)
+        return self
+
+    def _set(self, q: Conv, k: Conv, v: Conv, out: Conv, heads: int, scale: float | None) -> None:
+        Dk, Dv = q.W.shape[0], v.W.shape[0]
+        if heads < 1 or Dk % heads or Dv % heads or k.W.shape[0] != Dk or out.W.shape[1] != Dv:
+            raise ValueError(f"num_heads must divide the {Dk} query and key and {Dv} value channels, "
+                             f"the projection read the values: got {heads}")  # fmt: skip
+        self.q, self.k, self.v, self.out, self.h = q, k, v, out, heads
+        self.dk, self.dv = Dk // heads, Dv // heads
+        self.s2 = self.dk**-1.0 if scale is None else float(scale) ** 2  # the scores' scale, squared
 
     def _query_map(self, x: Field, fk: Field, fv: Field) -> torch.Tensor:
-        """(D, D): E[∂q_ia ∂q_i'a] = Σ_b M_ab E[G_ib G_i'b],
-        M_ab = C_ba²/d + Var_tok(k_a) Var_tok(v_b) n_ab/(dT)
+        """(D_k, D_v): E[∂q_ia ∂q_i'a] = Σ_b M_ab E[G_ib G_i'b],
+        M_ab = c² (C_ba² + Var_tok(k_a) Var_tok(v_b) n_ab/T), c the scores' scale,
         within each head (0 across), C_ba = Cov_tok(v_b, k_a) = (W_v Σ_x W_kᵀ)_ba (Σ_x: each channel's
         spread over the tokens beyond its mean map's, the mean map's across channels) and
         n_ab = Σ_e ρ_ka(e) ρ_vb(e) (T − |e|)/T the pairs of keys that move together."""
@@ -103,9 +126,9 @@ class Attention:
         C = self.v.W[:, :, 0, 0] @ sigma @ self.k.W[:, :, 0, 0].T  # (b, a)
         w = (T - torch.arange(-(T - 1), T).abs()).to(x.var.dtype) / T
         n = torch.einsum("ae,be->ab", fk.corr[:, 0] * w, fv.corr[:, 0])
-        M = C.T**2 / self.d + self.kt[:, None] * self.vt[None, :] * n / (self.d * T)
-        head = torch.arange(len(M)) // self.d
-        return M * (head[:, None] == head[None, :])
+        M = self.s2 * (C.T**2 + self.kt[:, None] * self.vt[None, :] * n / T)
+        a, b = torch.arange(M.shape[0]) // self.dk, torch.arange(M.shape[1]) // self.dv
+        return M * (a[:, None] == b[None, :])
 
     def forward(self, x: Field) -> Field:
         D, H, T = x.shape
@@ -117,8 +140,9 @@ class Attention:
         self.Mq = self._query_map(x, fk, fv)
         eq2 = (fq.var + fq.mean**2).mean((1, 2))
         eqbar2 = fq.mean.mean((1, 2)) ** 2 + fq.lag_sums().sum((1, 2)) / T**2
-        self.kappa = kappa(self._per_head(eq2 * self.kt) / self.d, T)
-        self.kappa_c = torch.minimum(kappa(self._per_head(eqbar2 * self.kt) / self.d, T), self.kappa)
+        kap = kappa(_heads(eq2 * self.kt, self.h) * self.s2, T)  # (h,): per head
+        kap_c = torch.minimum(kappa(_heads(eqbar2 * self.kt, self.h) * self.s2, T), kap)
+        self.kappa, self.kappa_c = kap.repeat_interleave(self.dv), kap_c.repeat_interleave(self.dv)
         S0 = (fv.var + fv.mean**2).sum((1, 2))
         S = fv.lag_sums().sum((1, 2)) + fv.mean.sum((1, 2)) ** 2
         mbar = fv.mean.mean((1, 2))
@@ -130,15 +154,21 @@ class Attention:
         return self.out.forward(o)
 
     def backward(self, g: Field) -> Field:
-        T, d = self.T, self.d
-        G = self.out.backward(g)  # (D, 1, T) at the heads' outputs
+        T = self.T
+        G = self.out.backward(g)  # (D_v, 1, T) at the heads' outputs
         TG = G.lag_sums()
         Gd, Gall = G.var.sum((1, 2)), TG.sum((1, 2))
         k, kc = self.kappa, self.kappa_c
-        gv = _stationary(torch.zeros_like(Gd), ((1 + k) * Gd + (1 + kc) * (Gall - Gd)) / T**2,
-                         ((1 - k / (T - 1)) * Gd + (1 - kc / (T - 1)) * (Gall - Gd)) / T**2, T)
-        Z = self._per_head(self.vt[:, None, None] * G.var)  # Σ_b Var_tok(v_b) E[G_ib²] (D, 1, T)
-        ZT = self._per_head(self.vt[:, None, None] * TG)  # its lag sums
+        gv = _stationary(
+            torch.zeros_like(Gd),
+            ((1 + k) * Gd + (1 + kc) * (Gall - Gd)) / T**2,
+            ((1 - k / (T - 1)) * Gd + (1 - kc / (T - 1)) * (Gall - Gd)) / T**2,
+            T,
+        )
+        # Σ_b Var_tok(v_b) E[G_ib²] over the head's values (D_k, 1, T), and its lag sums
+        Z, ZT = (
+            _heads(self.vt[:, None, None] * t, self.h).repeat_interleave(self.dk, 0) for t in (G.var, TG)
+        )
         var, sums = (torch.einsum("ab,bhw->ahw", self.Mq, t) for t in (G.var, TG))
         gq = _field_from_sums(torch.zeros_like(Z), var, sums)
         fq, sz = self.fq, Z.clamp_min(0).sqrt()
@@ -147,7 +177,8 @@ class Attention:
         QZ = fq.corr * xcorr(sz * sq, sz * sq) + xcorr(sz * fq.mean, sz * fq.mean)  # Σ_i √Z_i √Z_i+e E[q q']
         pairs = rho * QZ
         same = pairs[:, 0, T - 1]  # i = i': E[A_ij²] = (1 + κ)/T², two queries' E[A_ij A_i'j] = (1 + κ_c)/T²
-        vk = ((1 + k) * same + (1 + kc) * (pairs.sum((1, 2)) - same)) / (d * T**2)
+        k, kc = (t[:: self.dv].repeat_interleave(self.dk) for t in (self.kappa, self.kappa_c))  # per key
+        vk = ((1 + k) * same + (1 + kc) * (pairs.sum((1, 2)) - same)) * self.s2 / T**2
         gk = _stationary(torch.zeros_like(vk), vk, torch.zeros_like(vk), T)
         return add_grads(add_grads(self.q.backward(gq), self.k.backward(gk)), self.v.backward(gv))
 
@@ -187,3 +218,24 @@ def beit_attention_rule(m: nn.Module) -> Attention:
         raise NotImplementedError("Beit Attention with dropout")
     bias = None if m.q_bias is None else torch.cat((m.q_bias, m.k_bias, m.v_bias))
     return Attention(m.qkv.weight, bias, m.proj.weight, m.proj.bias, heads)
+
+
+@register_named_rule("timm.models.efficientformer.Attention")
+def efficientformer_attention_rule(m: nn.Module) -> Attention:
+    """timm's EfficientFormer ``Attention`` (its last stage's ``MetaBlock1d``): one qkv Linear whose
+    output is, head by head, the head's key_dim queries, key_dim keys and val_dim values
+    (``reshape(B, N, heads, −1)`` then a split); the scores scaled by key_dim^−½ plus a relative position
+    bias (zeros at init: nothing added); the projection of the heads' values, head by head."""
+    if bool(m.attention_biases.detach().any()):
+        raise NotImplementedError("EfficientFormer Attention with a position bias that is not zero")
+    h, dk, dv = m.num_heads, m.key_dim, m.val_dim
+    D = m.qkv.in_features
+    w = m.qkv.weight.detach().reshape(h, 2 * dk + dv, D)
+    b = None if m.qkv.bias is None else m.qkv.bias.detach().reshape(h, 2 * dk + dv)
+    parts = ((0, dk), (dk, 2 * dk), (2 * dk, 2 * dk + dv))
+    q, k, v = (
+        Conv(w[:, lo:hi].reshape(-1, D, 1, 1), None if b is None else b[:, lo:hi].flatten(), (1, 1), (0, 0))
+        for lo, hi in parts
+    )
+    proj = Conv(m.proj.weight.detach()[:, :, None, None], m.proj.bias, (1, 1), (0, 0))
+    return Attention.of(q, k, v, proj, h, m.scale)
