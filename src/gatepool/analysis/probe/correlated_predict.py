@@ -45,6 +45,7 @@ from gatepool.analysis.probe.correlated import regime, registry
 from gatepool.analysis.probe.correlated.adaptive import AdaptiveAvgPool2dStep, AvgPool2dStep
 from gatepool.analysis.probe.correlated.conv import conv_rule
 from gatepool.analysis.probe.correlated.maxpool import maxpool_rule
+from gatepool.analysis.probe.correlated.pad import adds_nothing
 from gatepool.analysis.probe.correlated.pointwise import gelu_rule
 from gatepool.analysis.probe.correlated.registry import register_correlated_rule, rule_for
 from gatepool.analysis.probe.correlated.steps import Identity, Steps
@@ -938,10 +939,12 @@ class _Walk(Walk):
             given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
             pads, mode, fill = _call_args(lambda input, pad, mode="constant", value=None:
                                           (pad, mode, value), given)  # fmt: skip
-            if mode not in ("constant", *cr.PAD_MODES) or layout != _CHW or len(pads) not in (2, 4):
+            if adds_nothing(pads, mode):  # 0 on every side (Swin's pad to whole windows, already whole)
+                step = Identity()
+            elif mode not in ("constant", *cr.PAD_MODES) or layout != _CHW or len(pads) not in (2, 4):
                 raise NotImplementedError(f"pad in mode {mode!r} of {len(pads)} sides: a "
                                           "map's (left, right[, top, bottom])")
-            if mode == "constant":
+            elif mode == "constant":
                 step = cr.Pad(*pads, *(0, 0)[: 4 - len(pads)], value=fill or 0.0)
             else:  # copies of the map's own values: a fixed map of its positions
                 step = cr.ModePad(pads, mode)
