@@ -199,6 +199,8 @@ def _is_leaf(m: nn.Module) -> bool:
     return rule_for(m) is not None and type(m) is not nn.Sequential
 
 
+# what a gradient carries for the pull of the node that made it alone (:class:`correlated.Field`)
+_PULL_ONLY = ("yy", "pre_relu", "stream_gate", "dependence", "coupling", "weight")
 _ADDS = (operator.add, torch.add, operator.iadd)
 _SUBS = (operator.sub, torch.sub, "sub")
 _CATS = (torch.cat, torch.concat, torch.concatenate)
@@ -1016,6 +1018,13 @@ class _Walk(Walk):
         return out
 
     add = staticmethod(cr.add_grads)
+
+    def pulled(self, n: fx.Node) -> None:
+        """Its step let go, and of its gradient what only its own pull reads: the rows keep its mean,
+        variance and stencil (a 56 × 56 stage's steps and gradients otherwise hold gigabytes to the end)."""
+        super().pulled(n)
+        if self.grad.get(n) is not None:
+            self.grad[n] = dataclasses.replace(self.grad[n], **dict.fromkeys(_PULL_ONLY))
 
     def _cat_of_relus(self, n: fx.Node, step: cr.Cat, g: cr.Field, parts: list) -> list[cr.Field]:
         """A cat of ReLU outputs whose users' gradients are not all independent of the gates (a max pool
