@@ -264,3 +264,47 @@ def test_a_product_of_a_map_and_a_function_of_itself_has_no_rule():
     pred = predict_correlated(_Swish().double(), cr.measure_input(torch.randn(64, 3, 6, 6, dtype=DT)))
     assert pred["(output)"].var is None
     assert "not two independent maps" in pred["(output)"].note
+
+
+class _PadToWindows(torch.nn.Module):
+    """Swin's block before its window partition: a channels-last map padded at its bottom and right to
+    whole windows of ``window``, ``F.pad(x, (0, 0, 0, pad_w, 0, pad_h))`` (6 sides), the pads computed from
+    the map's size (0 where it is whole), then a LayerNorm and a Linear per position; ``window`` None: no
+    pad."""
+
+    def __init__(self, window: int | None = 4) -> None:
+        super().__init__()
+        self.window = window
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.norm = torch.nn.LayerNorm(16)
+        self.fc = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.stem(x).permute(0, 2, 3, 1)  # (B, H, W, C)
+        if self.window is not None:
+            _, H, W, _ = x.shape
+            w = self.window
+            x = F.pad(x, (0, 0, 0, (w - W % w) % w, 0, (w - H % w) % w))
+        x = self.fc(self.norm(x))
+        return self.head(x.mean((1, 2)))
+
+
+def test_a_pad_of_zero_on_every_side_is_the_tensor_itself():
+    """A map already whole in windows (8 × 8, windows of 4): the 6-sided pad adds nothing, the walk goes
+    on through it as through the identity (the same numbers as the net without it) and holds against the
+    measurement; where the pad adds a row (windows of 3) the walk still stops there, saying why."""
+    from gatepool.analysis.probe.correlated_predict import predict_correlated
+
+    _walk_holds(_PadToWindows, ["norm", "fc"])
+    torch.manual_seed(0)
+    net = _PadToWindows().double()
+    stats = cr.measure_input(torch.randn(64, 3, 8, 8, generator=torch.Generator().manual_seed(1), dtype=DT))
+    plain = _PadToWindows().double()
+    plain.load_state_dict(net.state_dict())
+    plain.window = None
+    a, b = predict_correlated(net, stats), predict_correlated(plain, stats)
+    assert a["fc"].var == b["fc"].var and a["(input)"].grad_e2 == b["(input)"].grad_e2
+    net.window = 3
+    row = predict_correlated(net, stats)["fc"]
+    assert row.var is None and "pad in mode 'constant' of 6 sides" in row.note

@@ -81,3 +81,21 @@ def test_walk_seeds_say_where_the_backward_starts():
     walk = _Unknown(_Dropped())
     walk.forward(1.0)
     assert walk.backward(1.0) is None
+
+
+def test_walk_lets_each_step_go_once_its_gradient_is_pulled():
+    """A pull reads its own step and its inputs' (the correlated walk's cat of ReLUs): both still there
+    when it comes, and none left after the walk (their memory released as it goes)."""
+
+    class _Stepped(_Sums):
+        def visit(self, n):
+            self.steps[n] = super().visit(n)
+            return self.steps[n]
+
+        def pull(self, n, g, parts):
+            assert all(a in self.steps for a in [n, *self.inputs[n]] if a is not self.input)
+            return super().pull(n, g, parts)
+
+    walk = _Stepped(_Twice())
+    walk.forward(1.5)
+    assert walk.backward(1.0) == 3.0 and len(walk.steps) == 0

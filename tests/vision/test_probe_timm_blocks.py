@@ -130,3 +130,38 @@ def test_resnest_split_attention_is_predicted_whole():
     net = _SplitAttnNet()
     x = torch.randn(256, 3, 8, 8, generator=torch.Generator().manual_seed(1))
     _walk_holds(net, x, ["stem.2", "attn"])
+
+
+class _EfficientFormerTail(torch.nn.Module):
+    """EfficientFormer's last stage from its ``Flat`` on: a 7 × 7 map of 32 channels (a patch conv) into
+    49 tokens, one ``MetaBlock1d`` (LayerNorm, timm's EfficientFormer ``Attention``: queries and keys of
+    32 channels a head, values of 128, 8 heads, interleaved in one qkv; layer scale; the MLP), the final
+    LayerNorm, the mean over the tokens and the two heads averaged. Its Linears at EfficientFormer's init
+    (normal of std 0.02, biases 0), the layer scales 1 (the model's 1e-5 would leave the block's rows a
+    constant's fraction of the stream)."""
+
+    def __init__(self) -> None:
+        from timm.layers import trunc_normal_
+        from timm.models.efficientformer import Flat, MetaBlock1d
+
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 32, 4, stride=4)
+        self.flat = Flat()
+        self.block = MetaBlock1d(32, layer_scale_init_value=1.0)
+        self.norm = torch.nn.LayerNorm(32)
+        self.head, self.head_dist = torch.nn.Linear(32, 256), torch.nn.Linear(32, 256)
+        for m in self.modules():
+            if isinstance(m, torch.nn.Linear):
+                trunc_normal_(m.weight, std=0.02)
+                torch.nn.init.zeros_(m.bias)
+
+    def forward(self, x):
+        x = self.norm(self.block(self.flat(self.stem(x)))).mean(1)
+        return (self.head(x) + self.head_dist(x)) / 2
+
+
+def test_efficientformer_attention_block_is_predicted():
+    torch.manual_seed(0)
+    net = _EfficientFormerTail()
+    x = torch.randn(256, 3, 28, 28, generator=torch.Generator().manual_seed(1))
+    _walk_holds(net, x, ["block.norm1", "block.token_mixer", "block.ls1", "block.mlp.fc2", "block"])

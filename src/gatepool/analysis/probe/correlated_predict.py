@@ -45,6 +45,7 @@ from gatepool.analysis.probe.correlated import regime, registry
 from gatepool.analysis.probe.correlated.adaptive import AdaptiveAvgPool2dStep, AvgPool2dStep
 from gatepool.analysis.probe.correlated.conv import conv_rule
 from gatepool.analysis.probe.correlated.maxpool import maxpool_rule
+from gatepool.analysis.probe.correlated.pad import adds_nothing
 from gatepool.analysis.probe.correlated.pointwise import gelu_rule
 from gatepool.analysis.probe.correlated.registry import register_correlated_rule, rule_for
 from gatepool.analysis.probe.correlated.steps import Identity, Steps
@@ -198,6 +199,8 @@ def _is_leaf(m: nn.Module) -> bool:
     return rule_for(m) is not None and type(m) is not nn.Sequential
 
 
+# what a gradient carries for the pull of the node that made it alone (:class:`correlated.Field`)
+_PULL_ONLY = ("yy", "pre_relu", "stream_gate", "dependence", "coupling", "weight")
 _ADDS = (operator.add, torch.add, operator.iadd)
 _SUBS = (operator.sub, torch.sub, "sub")
 _CATS = (torch.cat, torch.concat, torch.concatenate)
@@ -964,10 +967,12 @@ class _Walk(Walk):
             given = fx.node.map_arg((n.args, n.kwargs), lambda a: const.get(a, a))
             pads, mode, fill = _call_args(lambda input, pad, mode="constant", value=None:
                                           (pad, mode, value), given)  # fmt: skip
-            if mode not in ("constant", *cr.PAD_MODES) or layout != _CHW or len(pads) not in (2, 4):
+            if adds_nothing(pads, mode):  # 0 on every side (Swin's pad to whole windows, already whole)
+                step = Identity()
+            elif mode not in ("constant", *cr.PAD_MODES) or layout != _CHW or len(pads) not in (2, 4):
                 raise NotImplementedError(f"pad in mode {mode!r} of {len(pads)} sides: a "
                                           "map's (left, right[, top, bottom])")
-            if mode == "constant":
+            elif mode == "constant":
                 step = cr.Pad(*pads, *(0, 0)[: 4 - len(pads)], value=fill or 0.0)
             else:  # copies of the map's own values: a fixed map of its positions
                 step = cr.ModePad(pads, mode)
@@ -1041,6 +1046,13 @@ class _Walk(Walk):
         return out
 
     add = staticmethod(cr.add_grads)
+
+    def pulled(self, n: fx.Node) -> None:
+        """Its step let go, and of its gradient what only its own pull reads: the rows keep its mean,
+        variance and stencil (a 56 × 56 stage's steps and gradients otherwise hold gigabytes to the end)."""
+        super().pulled(n)
+        if self.grad.get(n) is not None:
+            self.grad[n] = dataclasses.replace(self.grad[n], **dict.fromkeys(_PULL_ONLY))
 
     def _cat_of_relus(self, n: fx.Node, step: cr.Cat, g: cr.Field, parts: list) -> list[cr.Field]:
         """A cat of ReLU outputs whose users' gradients are not all independent of the gates (a max pool

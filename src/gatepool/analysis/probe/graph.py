@@ -287,11 +287,17 @@ class Walk:
         for n in reversed(self.nodes):
             if n not in parts or n not in self.inputs:
                 continue
-            ps = parts[n]
+            ps = parts.pop(n)
             self.grad[n] = None if any(p is None for p in ps) else functools.reduce(self.add, ps)
             for a, ga in zip(self.inputs[n], self.pull(n, self.grad[n], ps)):
                 parts.setdefault(a, []).append(ga)
+            self.pulled(n)
         return self.grad.get(self.input)
+
+    def pulled(self, n: fx.Node) -> None:
+        """``n``'s gradient has gone to its inputs: its step is read no more (its users, which read it too,
+        come after it in the graph and were pulled before it), and is let go."""
+        self.steps.pop(n, None)
 
 
 class _ShapePass(fx.Interpreter):

@@ -82,27 +82,43 @@ def kappa(s2: torch.Tensor, T) -> torch.Tensor:
     return torch.minimum(torch.expm1(s2.clamp(max=30)), torch.as_tensor(T, dtype=s2.dtype) - 1)
 
 
+def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(h·d, ...) → (h, ...): the sum over each head's d channels."""
+    return t.reshape(heads, -1, *t.shape[1:]).sum(1)
+
+
 class Attention:
-    """``nn.MultiheadAttention``'s self-attention from its in- and out-projections and head count."""
+    """``nn.MultiheadAttention``'s self-attention from its in- and out-projections and head count.
+
+    :meth:`of` builds it from four 1×1 convs instead: queries and keys of h·d_k channels, values of h·d_v
+    (head i its i-th d_k, d_v channels), the scores scaled by ``scale`` (1/√d_k unless given), the
+    projection reading the heads' outputs in the values' order. ``kv``: a step from x to the keys' and
+    values' tokens, ``queries`` to the queries' (None: x's own tokens)."""
 
     def __init__(
         self, in_weight, in_bias, out_weight, out_bias, num_heads: int, kv=None, queries=None
     ) -> None:
-        self.q, self.k, self.v, self.out = projections(in_weight, in_bias, out_weight, out_bias, num_heads)
-        self.h, self.d = num_heads, out_weight.shape[0] // num_heads
-        self.kv = kv  # a step from x to the keys' and values' tokens (None: x's own)
-        self.queries = queries  # a step from x to the queries' tokens (None: x's own)
+        q, k, v, out = projections(in_weight, in_bias, out_weight, out_bias, num_heads)
+        self._set(q, k, v, out, num_heads, None, kv, queries)
 
-    def _per_head(self, t: torch.Tensor) -> torch.Tensor:
-        return per_head(t, self.h)
+    @classmethod
+    def of(
+        cls, q: Conv, k: Conv, v: Conv, out: Conv, num_heads: int, scale: float | None = None, kv=None,
+        queries=None,
+    ) -> Attention:  # fmt: skip
+        self = cls.__new__(cls)
+        self._set(q, k, v, out, num_heads, scale, kv, queries)
+        return self
 
-    def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        """(D, ...) constant within each head → (heads, ...)."""
-        return t.reshape(self.h, self.d, *t.shape[1:])[:, 0]
-
-    def _channels(self, t: torch.Tensor) -> torch.Tensor:
-        """(heads, ...) → (D, ...): each head's value at its channels."""
-        return t.repeat_interleave(self.d, 0)
+    def _set(self, q: Conv, k: Conv, v: Conv, out: Conv, heads: int, scale, kv, queries) -> None:
+        Dk, Dv = q.W.shape[0], v.W.shape[0]
+        if heads < 1 or Dk % heads or Dv % heads or k.W.shape[0] != Dk or out.W.shape[1] != Dv:
+            raise ValueError(f"num_heads must divide the {Dk} query and key and {Dv} value channels, "
+                             f"the projection read the values: got {heads}")  # fmt: skip
+        self.q, self.k, self.v, self.out, self.h = q, k, v, out, heads
+        self.dk, self.dv = Dk // heads, Dv // heads
+        self.s2 = self.dk**-1.0 if scale is None else float(scale) ** 2  # the scores' scale, squared
+        self.kv, self.queries = kv, queries
 
     def weights(self, s2: torch.Tensor, s2c: torch.Tensor, S: int):
         """The mixing weights' statistics per head from the scores' spread ``s2`` and shared part ``s2c``
@@ -116,8 +132,8 @@ class Attention:
         return m, k, kc, torch.eye(self.h, dtype=k.dtype), torch.diag(1 + k), torch.diag(1 + kc)
 
     def _query_map(self, x: Field, fk: Field, fv: Field) -> torch.Tensor:
-        """(D, D): E[∂q_ia ∂q_i'a] = Σ_b M_ab E[G_ib G_i'b],
-        M_ab = P_q(a, b) (C_ba²/d + Var_tok(k_a) Var_tok(v_b) n_ab/(dT))
+        """(D_k, D_v): E[∂q_ia ∂q_i'a] = Σ_b M_ab E[G_ib G_i'b],
+        M_ab = P_q(a, b) c² (C_ba² + Var_tok(k_a) Var_tok(v_b) n_ab/T), c the scores' scale
         (P_q(a, b): how much of b's head's gradient reaches a's head's scores, 1 within a head and 0
         across but where heads talk), C_ba = Cov_tok(v_b, k_a) = (W_v Σ_x W_kᵀ)_ba (Σ_x: each channel's
         spread over the tokens beyond its mean map's, the mean map's across channels) and
@@ -130,9 +146,9 @@ class Attention:
         C = self.v.W[:, :, 0, 0] @ sigma @ self.k.W[:, :, 0, 0].T  # (b, a)
         w = (T - torch.arange(-(T - 1), T).abs()).to(x.var.dtype) / T
         n = torch.einsum("ae,be->ab", fk.corr[:, 0] * w, fv.corr[:, 0])
-        M = C.T**2 / self.d + self.kt[:, None] * self.vt[None, :] * n / (self.d * T)
-        head = torch.arange(len(M)) // self.d
-        return M * self.Pq[head[:, None], head[None, :]]
+        M = self.s2 * (C.T**2 + self.kt[:, None] * self.vt[None, :] * n / T)
+        a, b = torch.arange(M.shape[0]) // self.dk, torch.arange(M.shape[1]) // self.dv
+        return M * self.Pq[a[:, None], b[None, :]]
 
     def forward(self, x: Field) -> Field:
         D, H, _ = x.shape
@@ -146,9 +162,9 @@ class Attention:
         self.kt, self.vt = _token_var(fk), _token_var(fv)
         eq2 = (fq.var + fq.mean**2).mean((1, 2))
         eqbar2 = fq.mean.mean((1, 2)) ** 2 + fq.lag_sums().sum((1, 2)) / T**2
-        s2, s2c = (self._heads(self._per_head(t * self.kt)) / self.d for t in (eq2, eqbar2))
+        s2, s2c = (_heads(t * self.kt, self.h) * self.s2 for t in (eq2, eqbar2))  # (h,): per head
         m, K, Kc, self.Pq, self.P, self.Pc = self.weights(s2, s2c, S)
-        self.m, self.K, self.Kc = (self._channels(t) for t in (m, K, Kc))
+        self.m, self.K, self.Kc = (t.repeat_interleave(self.dv) for t in (m, K, Kc))  # per value channel
         self.Mq = self._query_map(y, fk, fv)
         V0 = (fv.var + fv.mean**2).sum((1, 2))
         V = fv.lag_sums().sum((1, 2)) + fv.mean.sum((1, 2)) ** 2
@@ -161,32 +177,31 @@ class Attention:
         return self.out.forward(o)
 
     def _mix(self, P: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """(D, ...) constant within each head → Σ_h P[f, h] t_h at each head f's channels."""
-        return self._channels(torch.einsum("fh,h...->f...", P, self._heads(t)))
+        """(h, ...) per head → (D_k, ...): Σ_h P[f, h] t_h at each head f's query and key channels."""
+        return torch.einsum("fh,h...->f...", P, t).repeat_interleave(self.dk, 0)
 
     def backward(self, g: Field) -> Field:
-        T, S, d = self.T, self.S, self.d
-        G = self.out.backward(g)  # (D, 1, T) at the heads' outputs
+        T, S = self.T, self.S
+        G = self.out.backward(g)  # (D_v, 1, T) at the heads' outputs
         TG = G.lag_sums()
         Gd, Gall = G.var.sum((1, 2)), TG.sum((1, 2))
         m2, K, Kc = self.m**2, self.K / S**2, self.Kc / S**2
         gv = _stationary(torch.zeros_like(Gd), (m2 + K) * Gd + (m2 + Kc) * (Gall - Gd),
-                         (m2 - K / (S - 1)) * Gd + (m2 - Kc / (S - 1)) * (Gall - Gd), S)
+                         (m2 - K / (S - 1)) * Gd + (m2 - Kc / (S - 1)) * (Gall - Gd), S)  # fmt: skip
         var, sums = (torch.einsum("ab,bhw->ahw", self.Mq, t) for t in (G.var, TG))
         gq = _field_from_sums(torch.zeros_like(var), var, sums)
-        Z = self._per_head(self.vt[:, None, None] * G.var)  # Σ_b Var_tok(v_b) E[G_ib²] (D, 1, T)
-        ZT = self._per_head(self.vt[:, None, None] * TG)  # its lag sums
+        # Σ_b Var_tok(v_b) E[G_ib²] over each head's values (h, 1, T), and its lag sums
+        Z, ZT = (_heads(self.vt[:, None, None] * t, self.h) for t in (G.var, TG))
         fq, sq = self.fq, self.fq.var.clamp_min(0).sqrt()
 
-        def pairs(P):  # Σ_i Σ_i' √Z_i √Z_i' ρ_Z E[q_i q_i'] (D, 1, 2T − 1) of Z mixed by P
+        def pairs(P):  # Σ_i Σ_i' √Z_i √Z_i' ρ_Z E[q_i q_i'] (D_k, 1, 2T − 1) of Z mixed by P
             z, zt = self._mix(P, Z), self._mix(P, ZT)
             rho = _field_from_sums(torch.zeros_like(z), z, zt).corr  # the weighted gradients' correlation
             sz = z.clamp_min(0).sqrt()
             return rho * (fq.corr * xcorr(sz * sq, sz * sq) + xcorr(sz * fq.mean, sz * fq.mean))
 
         own, both = pairs(self.P), pairs(self.Pc)  # i = i' (E[A_ij²] in P), i ≠ i' (E[A_ij A_i'j] in P_c)
-        same = own[:, 0, T - 1]
-        vk = (same + both.sum((1, 2)) - both[:, 0, T - 1]) / (d * S**2)
+        vk = (own[:, 0, T - 1] + both.sum((1, 2)) - both[:, 0, T - 1]) * self.s2 / S**2
         gk = _stationary(torch.zeros_like(vk), vk, torch.zeros_like(vk), S)
         gy = add_grads(self.k.backward(gk), self.v.backward(gv))
         gx = self.q.backward(gq)
@@ -229,3 +244,24 @@ def beit_attention_rule(m: nn.Module) -> Attention:
         raise NotImplementedError("Beit Attention with dropout")
     bias = None if m.q_bias is None else torch.cat((m.q_bias, m.k_bias, m.v_bias))
     return Attention(m.qkv.weight, bias, m.proj.weight, m.proj.bias, heads)
+
+
+@register_named_rule("timm.models.efficientformer.Attention")
+def efficientformer_attention_rule(m: nn.Module) -> Attention:
+    """timm's EfficientFormer ``Attention`` (its last stage's ``MetaBlock1d``): one qkv Linear whose
+    output is, head by head, the head's key_dim queries, key_dim keys and val_dim values
+    (``reshape(B, N, heads, −1)`` then a split); the scores scaled by key_dim^−½ plus a relative position
+    bias (zeros at init: nothing added); the projection of the heads' values, head by head."""
+    if bool(m.attention_biases.detach().any()):
+        raise NotImplementedError("EfficientFormer Attention with a position bias that is not zero")
+    h, dk, dv = m.num_heads, m.key_dim, m.val_dim
+    D = m.qkv.in_features
+    w = m.qkv.weight.detach().reshape(h, 2 * dk + dv, D)
+    b = None if m.qkv.bias is None else m.qkv.bias.detach().reshape(h, 2 * dk + dv)
+    parts = ((0, dk), (dk, 2 * dk), (2 * dk, 2 * dk + dv))
+    q, k, v = (
+        Conv(w[:, lo:hi].reshape(-1, D, 1, 1), None if b is None else b[:, lo:hi].flatten(), (1, 1), (0, 0))
+        for lo, hi in parts
+    )
+    proj = Conv(m.proj.weight.detach()[:, :, None, None], m.proj.bias, (1, 1), (0, 0))
+    return Attention.of(q, k, v, proj, h, m.scale)

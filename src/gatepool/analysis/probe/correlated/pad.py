@@ -6,6 +6,8 @@ forward   the mean map padded with c, the variance map with 0 (the padding is fi
           the larger map's lag range
 backward  the gradient at the map's positions (the padding's dropped): its variance map cut out, its
           stationary correlation at the smaller map's lags
+nothing   a constant pad of 0 on every side, of any tensor (Swin's channels-last pad to whole windows
+          where the map is already whole: 6 sides of 0): the tensor itself, exactly
 """
 
 from __future__ import annotations
@@ -39,3 +41,9 @@ class Pad:
         cut = (slice(None), slice(top, top + H), slice(left, left + W))
         corr = g.corr[:, Hp - H : Hp + H - 1, Wp - W : Wp + W - 1]
         return Field(g.mean[cut], g.var[cut], corr)
+
+
+def adds_nothing(pads, mode: str = "constant") -> bool:
+    """Whether ``F.pad(x, pads, mode)`` is ``x`` itself: a constant pad of 0 on every side, whatever the
+    tensor's layout and the pads' count."""
+    return mode == "constant" and all(isinstance(p, int) and not isinstance(p, bool) and p == 0 for p in pads)
