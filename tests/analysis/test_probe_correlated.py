@@ -47,6 +47,21 @@ def _ramp(C, H, W, lo, hi):
     return torch.linspace(lo, hi, H * W, dtype=DT).reshape(1, H, W).expand(C, H, W).clone()
 
 
+def tokens_of_a_map_ratios(model, rule, C: int, H: int, W: int, ell: float) -> tuple[float, float]:
+    """(forward, backward): ``rule``'s pooled variance over Monte Carlo's for ``model(x, (H, W))`` of the
+    (B, H·W, C) tokens of a Gaussian (C, H, W) map (a module called with its map's size: PVT's, Twins'),
+    and of x's E[g²] from a correlated Gaussian ∂L/∂y; ``rule`` given the size first (``bind``)."""
+    x, f = gaussian_field(C=C, H=H, W=W, ell=ell, mean=_ramp(C, H, W, -0.5, 0.5), batch=2000)
+    rule.bind((H, W))
+    xr = x.clone().requires_grad_()
+    y = model(xr.flatten(2).mT, (H, W))  # (B, T, C)
+    pred, mc = rule.forward(cr.FlattenPositions().forward(f)), cr.measure_field(y.detach().mT[:, :, None])
+    g, gf = gaussian_field(C=C, H=1, W=H * W, seed=2, ell=1.0, var=_ramp(C, 1, H * W, 0.3, 3.0), batch=2000)
+    (y * g[:, :, 0].mT).sum().backward()
+    fwd = float(pred.var.mean()) / float(mc.var.mean())
+    return fwd, float(rule.backward(gf).var.mean()) / float(xr.grad.pow(2).mean())
+
+
 def close(pred: cr.Field, draws: torch.Tensor, *, rel=0.03, corr=0.02, lags=(1, 2)):
     """The rule's Field against the Monte Carlo ``draws`` (B, C, H, W): pooled variance within ``rel``,
     every element of the mean and variance maps within 5 of its own Monte Carlo standard errors plus

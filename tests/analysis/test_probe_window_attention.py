@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_probe_correlated import DT, _ramp, close, gaussian_field
+from test_probe_correlated import DT, _ramp, close, gaussian_field, tokens_of_a_map_ratios
 
 from gatepool.analysis.probe import correlated as cr
 
@@ -177,16 +177,6 @@ def test_twins_locally_grouped_attention_matches_monte_carlo(ell):
     from gatepool.analysis.probe.correlated.window_attention import locally_grouped_attention_rule
 
     torch.manual_seed(0)
-    D, H, W = 16, 6, 6
-    m = _LocallyGroupedAttn(D, 2, 4).double()
-    x, f = gaussian_field(C=D, H=H, W=W, ell=ell, mean=_ramp(D, H, W, -0.5, 0.5), batch=2000)
-    rule = locally_grouped_attention_rule(m)
-    rule.bind((H, W))
-    xr = x.clone().requires_grad_()
-    y = m(xr.flatten(2).mT, (H, W))  # (B, T, D)
-    pred, mc = rule.forward(cr.FlattenPositions().forward(f)), cr.measure_field(y.detach().mT[:, :, None])
-    fwd = float(pred.var.mean()) / float(mc.var.mean())
-    g, gf = gaussian_field(C=D, H=1, W=H * W, seed=2, ell=1.0, var=_ramp(D, 1, H * W, 0.3, 3.0), batch=2000)
-    (y * g[:, :, 0].mT).sum().backward()
-    bwd = float(rule.backward(gf).var.mean()) / float(xr.grad.pow(2).mean())
+    m = _LocallyGroupedAttn(16, 2, 4).double()
+    fwd, bwd = tokens_of_a_map_ratios(m, locally_grouped_attention_rule(m), 16, 6, 6, ell)
     assert abs(fwd - 1) < 0.10 and abs(bwd - 1) < 0.15, (fwd, bwd)
