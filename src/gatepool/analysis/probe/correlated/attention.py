@@ -29,7 +29,13 @@ backward  ∂L/∂v_j = Σ_i A_ij G_i: the forward's sums with the queries' and 
           the three paths into x through the in-projections, independent
 keys      from x's own tokens, or from y = R(x), S tokens a fixed step makes of x (PVT's spatial
           reduction: the tokens' map, a strided conv, a LayerNorm): the sums over keys j run over y's S
-          tokens and A_ij = (1 + ε_ij)/S; the keys' and values' gradient goes back through R to x
+          tokens and A_ij = (1 + ε_ij)/S; the keys' and values' gradient goes back through R to x; the
+          queries from x's tokens or a step of them (CaiT's class attention: the class token alone)
+widths    queries and keys of d_k channels a head, values of d_v, the scores scaled by c (1/√d_k unless
+          given, EfficientFormer's): each 1/d above is c²
+per head  the weights' statistics (``Attention.weights``): the mean weight m = 1/S, the fluctuation
+          δ = A − m's S² E[δ_ij²] = κ and S² E[δ_ij δ_i'j] = κ_c, and the heads' gradients reaching each
+          head's scores P_q = I, P = diag(1 + κ); a rule that mixes the heads (talking heads) gives its own
 """
 
 from __future__ import annotations
