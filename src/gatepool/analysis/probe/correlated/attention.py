@@ -76,10 +76,14 @@ def projections(in_weight, in_bias, out_weight, out_bias, num_heads: int) -> tup
     return tuple(Conv(wi[:, :, None, None], bi, (1, 1), (0, 0)) for wi, bi in zip(w, [*b, out_bias]))
 
 
+def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(h·d, ...) → (h, ...): the sum over each head's d channels."""
+    return t.reshape(heads, -1, *t.shape[1:]).sum(1)
+
+
 def per_head(t: torch.Tensor, heads: int) -> torch.Tensor:
     """(D, ...) → (D, ...): at each channel, the sum over its head's D/heads channels."""
-    d = t.shape[0] // heads
-    return t.reshape(heads, d, *t.shape[1:]).sum(1).repeat_interleave(d, 0)
+    return _heads(t, heads).repeat_interleave(t.shape[0] // heads, 0)
 
 
 def kappa(s2: torch.Tensor, T) -> torch.Tensor:
@@ -88,9 +92,10 @@ def kappa(s2: torch.Tensor, T) -> torch.Tensor:
     return torch.minimum(torch.expm1(s2.clamp(max=30)), torch.as_tensor(T, dtype=s2.dtype) - 1)
 
 
-def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
-    """(h·d, ...) → (h, ...): the sum over each head's d channels."""
-    return t.reshape(heads, -1, *t.shape[1:]).sum(1)
+def check_plain(m: nn.Module, dim: int) -> None:
+    """A timm attention module the rule takes as it is: its scale 1/√(dim/num_heads), no dropout."""
+    if abs(m.scale - (dim // m.num_heads) ** -0.5) > 1e-12 or m.attn_drop.p or m.proj_drop.p:
+        raise NotImplementedError(f"{type(m).__name__} with its own scale or dropout")
 
 
 class Attention:
@@ -200,14 +205,14 @@ class Attention:
         Z, ZT = (_heads(self.vt[:, None, None] * t, self.h) for t in (G.var, TG))
         fq, sq = self.fq, self.fq.var.clamp_min(0).sqrt()
 
-        def pairs(P):  # Σ_i Σ_i' √Z_i √Z_i' ρ_Z E[q_i q_i'] (D_k, 1, 2T − 1) of Z mixed by P
-            z, zt = self._mix(P, Z), self._mix(P, ZT)
-            rho = _field_from_sums(torch.zeros_like(z), z, zt).corr  # the weighted gradients' correlation
-            sz = z.clamp_min(0).sqrt()
-            return rho * (fq.corr * xcorr(sz * sq, sz * sq) + xcorr(sz * fq.mean, sz * fq.mean))
-
-        own, both = pairs(self.P), pairs(self.Pc)  # i = i' (E[A_ij²] in P), i ≠ i' (E[A_ij A_i'j] in P_c)
-        vk = (own[:, 0, T - 1] + both.sum((1, 2)) - both[:, 0, T - 1]) * self.s2 / S**2
+        # i = i' (E[A_ij²] in P): Σ_i z_i E[q_i²], Z mixed by P
+        own = (self._mix(self.P, Z).clamp_min(0) * (fq.var + fq.mean**2)).sum((1, 2))
+        # i ≠ i' (E[A_ij A_i'j] in P_c): Σ_{i ≠ i'} √z_i √z_i' ρ_z E[q_i q_i'], Z mixed by P_c
+        z, zt = self._mix(self.Pc, Z), self._mix(self.Pc, ZT)
+        rho = _field_from_sums(torch.zeros_like(z), z, zt).corr  # the weighted gradients' correlation
+        sz = z.clamp_min(0).sqrt()
+        both = rho * (fq.corr * xcorr(sz * sq, sz * sq) + xcorr(sz * fq.mean, sz * fq.mean))
+        vk = (own + both.sum((1, 2)) - both[:, 0, T - 1]) * self.s2 / S**2
         gk = _stationary(torch.zeros_like(vk), vk, torch.zeros_like(vk), S)
         gy = add_grads(self.k.backward(gk), self.v.backward(gv))
         gx = self.q.backward(gq)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from gatepool.analysis.probe.correlated.attention import Attention
+from gatepool.analysis.probe.correlated.attention import Attention, check_plain
 from gatepool.analysis.probe.correlated.registry import register_named_rule
 from gatepool.analysis.probe.correlated.tokens import SelectToken
 
@@ -21,8 +21,7 @@ def class_attention_rule(m) -> Attention:
     """timm's ``ClassAttn``: its q, k and v Linears as the fused in-projection (q read at token 0), proj
     out."""
     dim, heads = m.q.in_features, m.num_heads
-    if abs(m.scale - (dim // heads) ** -0.5) > 1e-12 or m.attn_drop.p or m.proj_drop.p:
-        raise NotImplementedError("ClassAttn with its own scale or dropout")
+    check_plain(m, dim)
     in_weight = torch.cat((m.q.weight, m.k.weight, m.v.weight))
     biases = (m.q.bias, m.k.bias, m.v.bias)
     in_bias = (

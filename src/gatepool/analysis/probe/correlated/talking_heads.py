@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from gatepool.analysis.probe.correlated.attention import Attention, kappa
+from gatepool.analysis.probe.correlated.attention import Attention, check_plain, kappa
 from gatepool.analysis.probe.correlated.registry import register_named_rule
 
 
@@ -62,8 +62,7 @@ def talking_heads_rule(m) -> TalkingHeads:
     """timm's ``TalkingHeadAttn``: its fused qkv Linear, ``proj_l`` before the softmax, ``proj_w`` after
     it, proj out."""
     dim, heads = m.qkv.in_features, m.num_heads
-    if abs(m.scale - (dim // heads) ** -0.5) > 1e-12 or m.attn_drop.p or m.proj_drop.p:
-        raise NotImplementedError("TalkingHeadAttn with its own scale or dropout")
+    check_plain(m, dim)
     c = m.proj_w.bias
     return TalkingHeads(m.qkv.weight, m.qkv.bias, m.proj.weight, m.proj.bias, heads, m.proj_l.weight,
                         m.proj_w.weight, c)  # fmt: skip

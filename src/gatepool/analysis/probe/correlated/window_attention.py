@@ -30,7 +30,7 @@ import torch
 
 from gatepool.analysis.probe.correlated.adaptive import _MAX_POSITIONS, covariance, from_covariance
 from gatepool.analysis.probe.correlated.add import add_grads
-from gatepool.analysis.probe.correlated.attention import kappa, per_head, projections
+from gatepool.analysis.probe.correlated.attention import check_plain, kappa, per_head, projections
 from gatepool.analysis.probe.correlated.conv import Conv
 from gatepool.analysis.probe.correlated.field import _DT, Field
 from gatepool.analysis.probe.correlated.registry import register_named_rule
@@ -171,7 +171,6 @@ def locally_grouped_attention_rule(m) -> OnMap:
     of ``ws`` × ``ws``, attention within each, no shift and no position bias, cropped, proj; called with
     the map's size (:class:`OnMap`)."""
     dim, heads = m.qkv.in_features, m.num_heads
-    if abs(m.scale - (dim // heads) ** -0.5) > 1e-12 or m.attn_drop.p or m.proj_drop.p:
-        raise NotImplementedError("LocallyGroupedAttn with its own scale or dropout")
+    check_plain(m, dim)
     ws = (m.ws, m.ws)
     return OnMap(WindowAttention(m.qkv.weight, m.qkv.bias, m.proj.weight, m.proj.bias, None, ws, heads))
