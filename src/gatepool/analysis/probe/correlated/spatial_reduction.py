@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from gatepool.analysis.probe.correlated.attention import Attention
+from gatepool.analysis.probe.correlated.attention import Attention, check_plain
 from gatepool.analysis.probe.correlated.conv import conv_rule
 from gatepool.analysis.probe.correlated.layernorm import layernorm_rule
 from gatepool.analysis.probe.correlated.registry import register_named_rule
@@ -45,10 +45,7 @@ def spatial_reduction_rule(m) -> Attention:
     has no rule."""
     if getattr(m, "pool", None) is not None or getattr(m, "act", None) is not None:
         raise NotImplementedError("PVT v2's linear attention (an adaptive pool and a GELU before the keys)")
-    if m.attn_drop.p or m.proj_drop.p:
-        raise NotImplementedError(f"{type(m).__name__} with dropout")
-    if abs(m.scale - (m.q.in_features // m.num_heads) ** -0.5) > 1e-12:
-        raise NotImplementedError(f"{type(m).__name__} with its own scale")
+    check_plain(m, m.q.in_features)
     in_weight = torch.cat((m.q.weight, m.kv.weight))
     in_bias = None if m.q.bias is None else torch.cat((m.q.bias, m.kv.bias))
     reduce, norm = (None, None) if m.sr is None else (conv_rule(m.sr), layernorm_rule(m.norm))
