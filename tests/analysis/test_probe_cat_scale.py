@@ -169,7 +169,8 @@ class _Shuffled(torch.nn.Module):
 
 def test_the_walk_recognises_a_channel_shuffle_only_whole():
     """The four ways of writing ShuffleNet's shuffle give the module's prediction, which differs from no
-    shuffle; a view into groups that is not undone is left without a prediction, the view named."""
+    shuffle; a view into groups that is not undone is left without a prediction where the groups are
+    read (the sum over them: the view and transpose only regroup the map's positions and channels)."""
     from gatepool.analysis.probe.correlated_predict import predict_correlated
 
     stats = cr.measure_input(torch.randn(64, 4, 8, 8, generator=torch.Generator().manual_seed(1), dtype=DT))
@@ -185,7 +186,7 @@ def test_the_walk_recognises_a_channel_shuffle_only_whole():
     plain, plain_grad = predict("none")
     assert not torch.allclose(plain.field.var, out.field.var) and not torch.allclose(plain_grad.var, grad.var)
     refused = predict("not-a-shuffle")[0]
-    assert refused.field is None and "view" in refused.note, refused.note
+    assert refused.field is None and "sum of a map's regrouped" in refused.note, refused.note
 
 
 class _Constants(torch.nn.Module):

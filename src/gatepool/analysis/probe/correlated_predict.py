@@ -129,6 +129,7 @@ class _Difference:
         return [g, self.map.backward(g)] if self.pooled == 0 else [self.map.backward(g), g]
 
 
+_ATTENTIONS = (cr.Attention, cr.CellAttention)  # their module's output a tuple (nn.MultiheadAttention's)
 # steps whose backward gives each input its own
 _PER_INPUT = (cr.Cat, cr.Gate, cr.Product, cr.TokenCat, _Difference)
 
@@ -221,6 +222,9 @@ _POINTWISE = {
     torch.sigmoid: "sigmoid", _F.sigmoid: "sigmoid", "sigmoid": "sigmoid",
     torch.tanh: "tanh", _F.tanh: "tanh", "tanh": "tanh",
 }
+# the calls on a map's regrouped positions whose rules hold there as on the map (each element, each
+# position's channels, a sum or product of two tensors of one layout; modules: :func:`_on_regrouped`)
+_REGROUPED_OPS = (*_ADDS, *_SUBS, *_MULS, *_DIVS, *_RELU, *_COPIES, "relu", _F.linear, _F.gelu, _F.dropout)
 
 
 def _node_args(n: fx.Node) -> list[fx.Node]:
@@ -343,9 +347,11 @@ def _size(n: fx.Node, value: dict, dims: dict) -> torch.Size | int | None:
         return None
     f = value.get(n.args[0]) if isinstance(n.args[0], fx.Node) else None
     layout = dims.get(n.args[0], _CHW)
-    if f is None or (f.shape[1:] == (1, 1) and layout != ("W", "C")):  # one token (a class token): its size
+    if f is not None and isinstance(layout, cr.Regrouped):  # its index is the tensor at batch 1
+        size = torch.Size(layout.where.shape)
+    elif f is None or (f.shape[1:] == (1, 1) and layout != ("W", "C")):  # one token (a class token): its size
         return None
-    if layout == _FLATTENED:
+    elif layout == _FLATTENED:
         size = torch.Size((1, f.mean.numel()))
     else:
         size = torch.Size((1, *(f.shape[_CHW.index(a)] for a in layout)))
@@ -450,6 +456,13 @@ def _to_field(v, layout: tuple):
     """A constant broadcast against a tensor of this layout, as a tensor on the field's (C, H, W)."""
     if not isinstance(v, torch.Tensor):
         return v
+    if isinstance(layout, cr.Regrouped):  # a number, or a vector along the channels last
+        t = v.detach()
+        if t.numel() == 1:
+            return t.reshape(())
+        if layout[-1] != "C" or t.shape[-1] != layout.chw[0] or t.numel() != t.shape[-1]:
+            raise NotImplementedError(f"a {tuple(t.shape)} constant on a map's regrouped positions")
+        return t.reshape(-1, 1, 1)
     if layout == _CHW:
         return v[0] if v.ndim == 4 and v.shape[0] == 1 else v  # (1, C, H, W): one for the whole batch
     t = v.detach()
@@ -499,7 +512,10 @@ def _unflattens_tokens(
 
 def _in_layout(m: nn.Module, step, f: cr.Field, layout: tuple):
     """A module's step on a tensor of this layout: a Linear on a map mixes the channels at each
-    position (a 1×1 conv), a LayerNorm needs its dim to be the channels, the rest channels first."""
+    position (a 1×1 conv), a LayerNorm needs its dim to be the channels, the rest channels first; on
+    a map's regrouped positions (:class:`correlated.Regrouped`) an attention within each row's."""
+    if isinstance(layout, cr.Regrouped):
+        return _on_regrouped(m, step, layout)
     if f.shape[1:] == (1, 1) or isinstance(step, (*_ANY_LAYOUT, cr.Attention)):
         return step
     if isinstance(step, cr.OnMap):  # a step of the tokens' map
@@ -515,6 +531,39 @@ def _in_layout(m: nn.Module, step, f: cr.Field, layout: tuple):
     if layout != _CHW:
         raise NotImplementedError(f"{type(m).__name__} of a {layout} tensor (channels first only)")
     return step
+
+
+def _on_regrouped(m: nn.Module, step, layout: cr.Regrouped):
+    """A module's step on a map's regrouped positions: an attention within each row's positions, a step of
+    each element or each position's channels (a Linear, a LayerNorm) as it is on the map; a sample's
+    stochastic depth only where the first dim is the batch alone (else its rows drop apart)."""
+    if isinstance(step, cr.Attention):
+        return cr.CellAttention(step, layout.cells())
+    if isinstance(step, cr.StochasticDepth) and step.active and layout.where.shape[0] != 1:
+        raise NotImplementedError("stochastic depth of a batch merged with the map's positions")
+    if isinstance(step, _ANY_LAYOUT):
+        return step
+    if layout[-1] == "C" and isinstance(step, cr.Linear):  # over the channels at each position
+        return cr.Conv(m.weight[:, :, None, None], m.bias, (1, 1), (0, 0))
+    if layout[-1] == "C" and isinstance(step, cr.LayerNorm) and not step.channels_first:
+        return step
+    raise NotImplementedError(f"{type(m).__name__} of a map's regrouped positions (dims {tuple(layout)})")
+
+
+def _regroup(n: fx.Node, index: torch.Tensor, chw: tuple, const: dict) -> tuple:
+    """The layout after a reshape, view, transpose or permute ``n`` of a tensor whose elements are
+    ``index`` (at batch 1, as the trace's sizes take it) on the field of shape ``chw``
+    (:func:`correlated.regrouped`)."""
+    args, kwargs = fx.node.map_arg((n.args[1:], n.kwargs), lambda a: const.get(a, a))
+    traced: list[fx.Node] = []
+    fx.node.map_arg((args, kwargs), traced.append)
+    if traced:
+        raise NotImplementedError(f"{_name(n)} by traced sizes")
+    op = getattr(index, n.target) if isinstance(n.target, str) else functools.partial(n.target, index)
+    try:
+        return cr.regrouped(op(*args, **kwargs), chw)
+    except RuntimeError as e:
+        raise NotImplementedError(f"{_name(n)} of a map's positions: {e}") from None
 
 
 def _linear(weight: torch.Tensor, bias, f: cr.Field, layout: tuple):
@@ -759,7 +808,10 @@ class _Walk(Walk):
             raise NoPrediction(f"{n.name}: no rule")
         layout = dims[n] = dims.get(args[0], _CHW)  # as its first input's unless the step changes it
         try:
-            return self._step(n, args, layout)
+            out = self._step(n, args, layout)
+            if isinstance(dims[n], cr.Regrouped) and out.shape[0] != dims[n].chw[0]:  # a Linear's width
+                dims[n] = dims[n].with_channels(out.shape[0])
+            return out
         except NotImplementedError as e:
             raise NoPrediction(f"{n.name}: {e}") from None
 
@@ -768,6 +820,8 @@ class _Walk(Walk):
         one."""
         value, steps, inputs, const, dims = self.value, self.steps, self.inputs, self.const, self.dims
         planned, pieces = self.planned, self.pieces
+        if isinstance(layout, cr.Regrouped) and (out := self._regrouped(n, args, layout)) is not None:
+            return out
         if n in planned:
             steps[n] = planned.pop(n)
             out = steps[n].forward(value[args[0]])
@@ -786,7 +840,7 @@ class _Walk(Walk):
         elif n.target in _PERMUTES or n.target in _TRANSPOSES:
             dims[n] = _permuted(n, layout)
             out, steps[n] = value[args[0]], Identity()
-        elif n.target is operator.getitem and isinstance(steps.get(args[0]), cr.Attention):
+        elif n.target is operator.getitem and isinstance(steps.get(args[0]), _ATTENTIONS):
             if n.args[1] != 0:
                 raise NotImplementedError("the attention weights")
             out, steps[n] = value[args[0]], Identity()
@@ -824,8 +878,8 @@ class _Walk(Walk):
                     part.batch = self.batch
                 if isinstance(part, cr.ReLU):
                     part.R = self.exact_lags
-            if isinstance(step, cr.Attention):  # self-attention: query, key and value one tensor
-                if len(set(args)) != 1 or layout != ("W", "C"):
+            if isinstance(step, (cr.Attention, cr.CellAttention)):  # query, key and value one tensor
+                if len(set(args)) != 1 or (isinstance(step, cr.Attention) and layout != ("W", "C")):
                     raise NotImplementedError("attention but batch-first self-attention on tokens")
                 inputs[n] = args[:1]
             if hasattr(step, "bind"):  # the call's other arguments, constants (PVT's feat_size)
@@ -941,6 +995,10 @@ class _Walk(Walk):
         elif layout == ("C", "W") and (hw := _unflattens_tokens(n, value[args[0]], const)) is not None:
             step = cr.UnflattenPositions(*hw)  # tokens back into a map
             out, steps[n], dims[n] = step.forward(value[args[0]]), step, _CHW
+        elif (layout == _CHW and n.target in _RESHAPES and value[args[0]].shape[1:] != (1, 1)
+              and not _flattens_map(n, value[args[0]], const)):  # fmt: skip
+            dims[n] = _regroup(n, cr.map_index(value[args[0]].shape), value[args[0]].shape, const)
+            out, steps[n] = value[args[0]], Identity()  # the map's positions regrouped (MobileViT's patches)
         elif n.target in _FLAT or (n.op == "call_method" and n.target in ("flatten", "view")):
             f = value[args[0]]
             if f.shape[1:] == (1, 1):
@@ -1044,6 +1102,25 @@ class _Walk(Walk):
         if isinstance(steps.get(n), cr.ReLU):
             steps[n].R = self.exact_lags
         return out
+
+    def _regrouped(self, n: fx.Node, args: list[fx.Node], layout: cr.Regrouped) -> cr.Field | None:
+        """A node on a map's regrouped positions: a reshape, view, transpose or permute moves the index
+        (the field as it was; back to the map's own layout where the index is the map's); a step of each
+        element, of each position's channels, an attention within rows, a sum or a product with another
+        tensor of this layout: None (the walk's rule, the layout kept); anything else has no rule."""
+        steps, dims = self.steps, self.dims
+        if n.target in _RESHAPES or n.target in _PERMUTES or n.target in _TRANSPOSES:
+            if n.target not in _RESHAPES:
+                _permuted(n, layout)  # a transpose of the batch's dim: no rule
+            dims[n] = _regroup(n, layout.where, layout.chw, self.const)
+            steps[n] = Identity()
+            return self.value[args[0]]
+        on_elements = n.op == "call_module" or n.target in _REGROUPED_OPS or n.target in _POINTWISE
+        if n.target is operator.getitem:
+            on_elements = isinstance(steps.get(args[0]), cr.CellAttention)
+        if not on_elements:
+            raise NotImplementedError(f"{_name(n)} of a map's regrouped positions (dims {tuple(layout)})")
+        return None
 
     add = staticmethod(cr.add_grads)
 

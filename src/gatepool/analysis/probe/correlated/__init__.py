@@ -71,6 +71,10 @@ The rules, each from the module's actual weights, one file each (its equations i
                 conv (PVT v2's)
     talking_heads.py  attention whose heads' scores and weights are mixed by Linears (CaiT's)
     class_attention.py  attention queried by the class token alone (CaiT's class attention)
+    regroup.py  a map's elements regrouped by reshapes and transposes (MobileViT's patches' tokens): the
+                tensor's layout an index of the field's elements
+    cell_attention.py  softmax attention within cells that partition a map's positions (MobileViT's
+                sub-lattice of each in-patch offset)
 
 Each rule file also registers the modules it is the rule of (``conv.py`` nn.Conv2d and timm's standardised
 convs, ``norms.py`` the norms …: the adapter from a module's attributes to its step, beside the step);
@@ -84,6 +88,7 @@ from gatepool.analysis.probe.correlated.adaptive import AdaptiveAvgPool, AvgPool
 from gatepool.analysis.probe.correlated.add import add, add_grads
 from gatepool.analysis.probe.correlated.attention import Attention
 from gatepool.analysis.probe.correlated.cat import Cat
+from gatepool.analysis.probe.correlated.cell_attention import CellAttention
 from gatepool.analysis.probe.correlated.class_attention import class_attention_rule
 from gatepool.analysis.probe.correlated.conv import Conv, autocorr, box_conv
 from gatepool.analysis.probe.correlated.conv_mlp import AtLeast
@@ -111,6 +116,7 @@ from gatepool.analysis.probe.correlated.pad import Pad
 from gatepool.analysis.probe.correlated.pointwise import Pointwise, hermite_coefficients
 from gatepool.analysis.probe.correlated.product import Product
 from gatepool.analysis.probe.correlated.registry import register_correlated_rule, rule_for
+from gatepool.analysis.probe.correlated.regroup import Regrouped, map_index, regrouped
 from gatepool.analysis.probe.correlated.relu import ReLU, relu_series_maps
 from gatepool.analysis.probe.correlated.reparam import Reparam
 from gatepool.analysis.probe.correlated.resample import Interpolate, PositionMap
@@ -143,6 +149,7 @@ __all__ = [
     "Attention",
     "BatchNorm",
     "Cat",
+    "CellAttention",
     "ChannelShuffle",
     "ChannelSlice",
     "Conv",
@@ -166,6 +173,7 @@ __all__ = [
     "PositionMap",
     "Product",
     "ReLU",
+    "Regrouped",
     "Reparam",
     "Scale",
     "SelectToken",
@@ -188,6 +196,8 @@ __all__ = [
     "bivariate_relu",
     "class_attention_rule",
     "box_conv",
+    "map_index",
+    "regrouped",
     "clark_max",
     "conv_law",
     "hermite_coefficients",
