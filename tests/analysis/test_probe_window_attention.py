@@ -104,6 +104,28 @@ def test_window_attention_at_swins_init_matches_monte_carlo(shift):
     _holds(back, grad, 0.02)
 
 
+def test_window_attention_past_a_thousand_positions_matches_monte_carlo():
+    """A 34 × 32 map (1088 positions, padded to 35 × 35: past the 1024 a rule may hold a (P, P) covariance
+    of) in shifted 7 × 7 windows, at Swin's init: the cell sums from the field's lags, not a matrix, every
+    position within 5 of its Monte Carlo standard errors plus 2% both ways (the cells' means'
+    covariance across cells left out, or the output's lag sums spread to the wrong axis, fails)."""
+    D, heads, H, W = 4, 2, 34, 32
+    g = torch.Generator().manual_seed(0)
+    qkv_w = torch.randn(3 * D, D, generator=g, dtype=DT) * 0.02
+    qkv_b = torch.cat((torch.zeros(2 * D, dtype=DT), torch.randn(D, generator=g, dtype=DT) * 0.3))
+    proj_w = torch.linalg.qr(torch.randn(D, D, generator=g, dtype=DT))[0]
+    bias = torch.randn(1, heads, 49, 49, generator=g, dtype=DT) * 0.02
+    x, f = gaussian_field(C=D, H=H, W=W, ell=1.5, mean=_ramp(D, H, W, -0.5, 0.5),
+                          var=_ramp(D, H, W, 0.5, 2.0), batch=1000)  # fmt: skip
+    xr = x.clone().requires_grad_()
+    y = shifted_window_attention(xr, qkv_w, proj_w, bias, (7, 7), heads, (3, 3), qkv_b, None)
+    rule = cr.WindowAttention(qkv_w, qkv_b, proj_w, None, bias, (7, 7), heads, (3, 3))
+    _holds(rule.forward(f), y.detach(), 0.02)
+    gr, gf = gaussian_field(C=D, H=H, W=W, seed=2, ell=1.5, var=_ramp(D, H, W, 0.3, 3.0), batch=1000)
+    (y * gr).sum().backward()
+    _holds(rule.backward(gf), xr.grad, 0.02)
+
+
 def test_window_attention_with_spread_scores_matches_monte_carlo():
     """Scores of spread (qkv of std 0.25: κ 0.27 on average, a bias table of std 0.2): pooled within 10%
     forward and 15% backward, as :mod:`attention`'s (the near-uniform model is low: at seed 0, torch

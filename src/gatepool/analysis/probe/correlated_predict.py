@@ -49,6 +49,7 @@ from gatepool.analysis.probe.correlated.pad import adds_nothing
 from gatepool.analysis.probe.correlated.pointwise import gelu_rule
 from gatepool.analysis.probe.correlated.registry import register_correlated_rule, rule_for
 from gatepool.analysis.probe.correlated.steps import Identity, Steps
+from gatepool.analysis.probe.correlated.window_attention import _Cells
 from gatepool.analysis.probe.graph import NoPrediction, Walk, trace
 
 __all__ = ["CorrelatedPrediction", "CorrelatedRow", "predict_correlated", "register_correlated_rule"]
@@ -422,7 +423,129 @@ def _shuffle(n: fx.Node, shape: tuple[int, int, int], const: dict) -> tuple[list
     return (chain + [last], g) if ok else None
 
 
+def _merging(n: fx.Node, shape: tuple[int, int, int], const: dict) -> list[fx.Node] | None:
+    """Whether ``n`` begins timm's Swin patch merging of a channels-last map,
+    ``x.reshape(N, H/2, 2, W/2, 2, C).permute(0, 1, 3, 4, 2, 5).flatten(3)`` (each 2 × 2 block into 4 C
+    channels, torchvision's order: :class:`correlated.PatchMerging`): the permute and the flatten, else
+    None."""
+    C, H, W = shape
+    want = _shape_args(n, const) if n.target in _RESHAPES else None
+    if want is None or H % 2 or W % 2 or want != [want[0], H // 2, 2, W // 2, 2, C] or want[0] not in (1, -1):
+        return None
+    t = _only_user(n)
+    order = ([0, 1, 3, 4, 2, 5], [[0, 1, 3, 4, 2, 5]])
+    if t is None or t.target not in _PERMUTES or list(t.args[1:]) not in order:
+        return None
+    last = _only_user(t)
+    flat = last is not None and last.target in ("flatten", torch.flatten) and not last.kwargs
+    return [t, last] if flat and list(last.args[1:]) == [3] else None
+
+
 _CHW = ("C", "H", "W")
+
+_WINDOW_OPS = ("view", "reshape", "permute", "transpose", "contiguous", "size", torch.roll, torch.reshape,
+               torch.permute, torch.transpose, _F.pad, getattr, operator.getitem, operator.floordiv,
+               operator.mul, operator.add, operator.sub, operator.mod)  # fmt: skip
+
+
+def _window_chain(gm: fx.GraphModule, nodes: list, n: fx.Node, shape: tuple, const: dict) -> dict | None:
+    """Whether ``n`` begins a window attention written on a channels-last map (timm's Swin): [a roll] [a pad]
+    the partition into (windows, w_h·w_w, C) tokens, a module whose rule is a
+    :class:`correlated.WindowAttention`, the reverse, [the crop] [the roll back]. The chain is run on the
+    map's position indices (batch 1, the module as the identity): it must give the map back, each
+    window's tokens must be where the rule's cells have them (the map padded to whole windows, then
+    rolled by the shift, as torchvision's), and its mask (if any) must part the cells (−100 between them,
+    0 within). Returns the planned steps: the chain's tensors the identity (the field stays the map), the
+    module its rule with the shift; None where ``n`` begins no such chain."""
+    C, H, W = shape
+    idx = torch.arange(1, C * H * W + 1, dtype=torch.float64).reshape(1, H, W, C)
+    env, side, chain, module = {n.args[0]: idx}, {}, [], None
+
+    def known(a):
+        if a in env:
+            return env[a]
+        if a in const:
+            return const[a]
+        if a in side:
+            return side[a]
+        if a.op == "get_attr":
+            return functools.reduce(getattr, str(a.target).split("."), gm)
+        raise KeyError(a)
+
+    prev, end = n.args[0], None
+    for m in nodes[nodes.index(n) : nodes.index(n) + 80]:
+        ins = [a for a in _node_args(m) if a in env]
+        if not ins:  # a size computed beside the chain (Swin's pads after its roll): for the chain's ops
+            if m.op in ("call_method", "call_function") and m.target in _WINDOW_OPS:
+                try:
+                    a, k = fx.node.map_arg((m.args, m.kwargs), known)
+                    side[m] = (getattr(a[0], m.target)(*a[1:], **k) if m.op == "call_method"
+                               else m.target(*a, **k))  # fmt: skip
+                except Exception:  # noqa: BLE001 (not a size after all: the chain's ops go without it)
+                    pass
+            continue
+        allowed = (m.op == "call_module" and module is None) or (
+            m.op in ("call_method", "call_function") and m.target in _WINDOW_OPS)  # fmt: skip
+        try:
+            args, kwargs = fx.node.map_arg((m.args, m.kwargs), known) if allowed else (None, None)
+        except KeyError:
+            allowed = False
+        if allowed and m.op == "call_module":
+            sub = gm.get_submodule(str(m.target))
+            make = rule_for(sub)
+            step = None if make is None else make(sub)
+            if not isinstance(step, cr.WindowAttention) or not isinstance(args[0], torch.Tensor):
+                return None
+            module, tokens, mask = m, args[0], kwargs.get("mask", args[1] if len(args) > 1 else None)
+            value = args[0]
+        elif allowed:
+            value = (getattr(args[0], m.target)(*args[1:], **kwargs) if m.op == "call_method"
+                     else m.target(*args, **kwargs))  # fmt: skip
+        tensors = [a for a in ins if isinstance(env[a], torch.Tensor)]
+        if not allowed or (isinstance(value, torch.Tensor) and tensors != [prev]):
+            if end is not None:  # past the chain's end
+                break
+            return None
+        env[m] = value
+        if isinstance(value, torch.Tensor):
+            chain.append(m)
+            prev = m
+            if module is not None and value.shape == idx.shape and torch.equal(value, idx):
+                end = len(chain)  # the map given back (the last time: its crop, a copy, the roll back)
+    if end is None:
+        return None
+    chain = chain[:end]
+    if any(u not in env for t in chain[:-1] for u in t.users):  # a tensor of the chain used elsewhere
+        return None
+    first = int(tokens.flatten()[0]) - 1  # the map position of the first window's first token
+    if first < 0 or tokens.ndim != 3:
+        return None
+    (wh, ww), p = step.window, first // C
+    cells = _Cells(H, W, (wh, ww), (p // W, p % W))
+    (sh, sw), Hp, Wp = cells.shift, cells.Hp, cells.Wp
+    rows, cols = (torch.arange(Hp) + sh) % Hp, (torch.arange(Wp) + sw) % Wp  # the rolled map's
+
+    def windows(t: torch.Tensor) -> torch.Tensor:  # (Hp, Wp, ...) of the rolled map → (windows, w_h·w_w, ...)
+        t = t[rows][:, cols]
+        t = t.reshape(Hp // wh, wh, Wp // ww, ww, *t.shape[2:]).transpose(1, 2)
+        return t.reshape(-1, wh * ww, *t.shape[4:])
+
+    padded = _F.pad(idx[0], (0, 0, 0, Wp - W, 0, Hp - H))
+    if tokens.shape != (Hp * Wp // (wh * ww), wh * ww, C) or not torch.equal(tokens, windows(padded)):
+        return None
+    cell = windows(cells.id)
+    same = cell[:, :, None] == cell[:, None, :]
+    if mask is None:
+        ok = bool(same.all())
+    else:
+        mask = torch.as_tensor(mask).detach().to(torch.float64)
+        ok = mask.shape == same.shape and bool((mask[same] == 0).all()) and bool((mask[~same] <= -30).all())
+    if not ok:
+        return None
+    step.shift = (sh, sw)
+    return {t: step if t is module else Identity() for t in chain}
+
+
 _FLATTENED = ("CHW",)  # a map flattened into one dim after the batch (torch.flatten(x, 1)): C·H·W values
 _PERMUTES = (torch.permute, "permute")
 # steps that act on each element (or each sample) alike: any layout of the tensor's dims
@@ -829,6 +952,17 @@ class _Walk(Walk):
             *between, last = chain[0]
             planned.update({m: Identity() for m in between})
             planned[last] = cr.ChannelShuffle(chain[1])
+            out, steps[n] = value[args[0]], Identity()
+        elif (
+            layout == ("H", "W", "C")
+            and n.target in (torch.roll, _F.pad, "view", "reshape")
+            and (chain := _window_chain(self.gm, self.nodes, n, value[args[0]].shape, const)) is not None
+        ):
+            planned.update(chain)  # a window attention on the map (timm's Swin)
+            steps[n] = planned.pop(n)
+            out = steps[n].forward(value[args[0]])
+        elif layout == ("H", "W", "C") and (merge := _merging(n, value[args[0]].shape, const)) is not None:
+            planned.update({merge[0]: Identity(), merge[1]: cr.PatchMerging()})  # timm's Swin
             out, steps[n] = value[args[0]], Identity()
         elif n.target in (_F.channel_shuffle, torch.channel_shuffle):
             groups = n.kwargs.get("groups", n.args[1] if len(n.args) > 1 else None)

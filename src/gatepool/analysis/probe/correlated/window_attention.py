@@ -20,32 +20,135 @@ backward  ∂L/∂v = Aᵀ G: Mᵀ Cov_G M + N', N'_jj' = [c(j) = c(j')] (δ_jj'
           cells; ∂k of each key independent, E = 1/(d T_c²) Σ_{i,i'∈c} E[q_ia q_i'a] Σ_b V_cb E[G_ib G_i'b];
           the three paths independent, the padding's gradient dropped
 
-Exact per position through the whole (H·W)² covariance of each channel (as :mod:`adaptive`): the padded map
-at most 1024 positions (Swin-T at 64 × 64: 21 × 21).
+Exact per position in the field's model (Cov(x_i, x_j) = √(v_i v_j) ρ(j − i)) without any (P, P) matrix:
+the cells are rectangles, so every sum over pairs is one over cells. Within a cell, by lag (|e| < w
+along each axis: (2w − 1)² maps of products); between cells, Σ_{i∈c, j∈c'} of the covariance (the cells'
+means' covariance, the gradient's cell sums) by FFTs of each cell's √v with ρ; an
+output's lag sums T(e) = Σ_{c,c'} K_cc' N_cc'(e) + (its own terms at e = 0), N_cc'(e) = n_rows(a, a', e_h)
+n_cols(b, b', e_w) the pairs at lag e between cell c = (a, b) and c' = (a', b'). Memory of (D, cells²)
+and (D, H, W): Swin-T's 56 × 56 stage (3136 positions, 81 cells) in megabytes.
 """
 
 from __future__ import annotations
 
 import torch
 
-from gatepool.analysis.probe.correlated.adaptive import _MAX_POSITIONS, covariance, from_covariance
 from gatepool.analysis.probe.correlated.add import add_grads
 from gatepool.analysis.probe.correlated.attention import check_plain, kappa, per_head, projections
-from gatepool.analysis.probe.correlated.conv import Conv
-from gatepool.analysis.probe.correlated.field import _DT, Field
+from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums
 from gatepool.analysis.probe.correlated.registry import register_named_rule
 from gatepool.analysis.probe.correlated.tokens import OnMap
 
 
-def _intervals(n: int, w: int, s: int) -> torch.Tensor:
-    """(n,): the interval along a side of n = k w that each row falls in (0, 1, …), shift s."""
+def _bounds(n: int, w: int, s: int) -> torch.Tensor:
+    """(k, 2): the [start, end) of each interval along a side of n = k w, shift s."""
     starts = [0] + list(range(s, n, w)) if s else list(range(0, n, w))
-    return torch.bucketize(torch.arange(n), torch.tensor(starts[1:]), right=True)
+    return torch.tensor(list(zip(starts, starts[1:] + [n])))
 
 
 def _local(n: int, w: int, s: int) -> torch.Tensor:
     """(n,): each row's index inside its window of the rolled map (the bias table's coordinate)."""
     return ((torch.arange(n) - s) % n) % w
+
+
+def _lag_pairs(bounds: torch.Tensor, n: int) -> torch.Tensor:
+    """(k, k, 2n − 1): #{p ∈ I_a : p + e ∈ I_a'} of the intervals ``bounds`` cut to [0, n), the lags e from
+    −(n − 1)."""
+    b = bounds.clamp(max=n)
+    e = torch.arange(-(n - 1), n)
+    lo = torch.maximum(b[:, None, None, 0], b[None, :, None, 0] - e)
+    hi = torch.minimum(b[:, None, None, 1], b[None, :, None, 1] - e)
+    return (hi - lo).clamp_min(0).to(_DT)
+
+
+class _Cells:
+    """The cells of a (H, W) map padded to (Hp, Wp) whole windows, shift s: rectangles of row intervals a
+    and column intervals b, cell a·n_b + b."""
+
+    def __init__(self, H: int, W: int, window, shift) -> None:
+        (wh, ww), (sh, sw) = window, shift
+        self.H, self.W = H, W
+        self.Hp, self.Wp = Hp, Wp = H + (-H) % wh, W + (-W) % ww
+        sh, sw = (sh if wh < Hp else 0), (sw if ww < Wp else 0)  # a window over the whole side: no shift
+        self.shift, self.window = (sh, sw), (wh, ww)
+        self.rows, self.cols = _bounds(Hp, wh, sh), _bounds(Wp, ww, sw)
+        ra = torch.bucketize(torch.arange(Hp), self.rows[1:, 0].contiguous(), right=True)
+        cb = torch.bucketize(torch.arange(Wp), self.cols[1:, 0].contiguous(), right=True)
+        self.nb = len(self.cols)
+        self.n = len(self.rows) * self.nb
+        self.id = ra[:, None] * self.nb + cb[None, :]  # (Hp, Wp)
+        sides = (self.rows[:, 1] - self.rows[:, 0])[:, None] * (self.cols[:, 1] - self.cols[:, 0])[None, :]
+        self.T = sides.flatten().to(_DT)  # (n,): positions a cell, the padding's counted
+        self.nr, self.nc = _lag_pairs(self.rows, H), _lag_pairs(self.cols, W)
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """(D, Hp, Wp) → (D, n): the sum over each cell."""
+        out = torch.zeros((t.shape[0], self.n), dtype=_DT)
+        return out.index_add_(1, self.id.flatten(), t.reshape(t.shape[0], -1))
+
+    def at(self, t: torch.Tensor) -> torch.Tensor:
+        """(D, n) → (D, Hp, Wp): each position its cell's value."""
+        return t[:, self.id]
+
+    def pad(self, t: torch.Tensor, value=0.0) -> torch.Tensor:
+        """(D, H, W) → (D, Hp, Wp), ``value`` (a number or (D,)) on the padding."""
+        out = torch.zeros((t.shape[0], self.Hp, self.Wp), dtype=_DT)
+        out += torch.as_tensor(value, dtype=_DT).reshape(-1, 1, 1)
+        out[:, : self.H, : self.W] = t
+        return out
+
+    def lags(self):
+        """The lags e within a cell (|e| < w each axis) whose pairs are on the map: (e, the slices of i and
+        of i + e over the padded map, the cell of i where i + e is in the same cell, else −1)."""
+        (wh, ww), Hp, Wp = self.window, self.Hp, self.Wp
+        for eh in range(-min(wh, self.H) + 1, min(wh, self.H)):
+            for ew in range(-min(ww, self.W) + 1, min(ww, self.W)):
+                i = (slice(max(0, -eh), Hp - max(0, eh)), slice(max(0, -ew), Wp - max(0, ew)))
+                j = (slice(max(0, eh), Hp + min(0, eh)), slice(max(0, ew), Wp + min(0, ew)))
+                same = torch.where(self.id[i] == self.id[j], self.id[i], -1)
+                yield (eh, ew), i, j, same
+
+    def sum_pairs(self, t: torch.Tensor, same: torch.Tensor) -> torch.Tensor:
+        """(D, h, w) products of pairs at one lag → (D, n): summed over the pairs within one cell."""
+        keep = same.flatten() >= 0
+        out = torch.zeros((t.shape[0], self.n + 1), dtype=_DT)
+        out.index_add_(1, torch.where(keep, same.flatten(), self.n), t.reshape(t.shape[0], -1))
+        return out[:, : self.n]
+
+    def within(self, s: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+        """(D, n): Σ_{i, j ∈ c} √(v_i v_j) ρ(j − i) of a field's √v on the padded map (0 on the padding)
+        and its correlation at the real map's lags, (D, 2H − 1, 2W − 1)."""
+        out = torch.zeros((s.shape[0], self.n), dtype=_DT)
+        for (eh, ew), i, j, same in self.lags():
+            r = rho[:, self.H - 1 + eh, self.W - 1 + ew, None, None]
+            out += self.sum_pairs(s[(slice(None), *i)] * s[(slice(None), *j)] * r, same)
+        return out
+
+    def between(self, s: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+        """(D, n, n): Σ_{i∈c, j∈c'} √(v_i v_j) ρ(j − i) of √v (D, H, W) and ρ (D, 2H − 1, 2W − 1) on the real
+        map: per cell c, y(j) = Σ_{i∈c} √v_i ρ(j − i) by FFTs of 2H − 1 × 2W − 1 (ρ laid out circularly:
+        the lags of the map's pairs fall on distinct entries), then Σ_{j∈c'} √v_j y(j)."""
+        D, H, W = s.shape
+        size = (2 * H - 1, 2 * W - 1)
+        spectrum = torch.fft.rfft2(torch.roll(rho, (-(H - 1), -(W - 1)), (1, 2)), s=size)[:, None]
+        cell = self.id[:H, :W].flatten()
+        ids = sorted(set(cell.tolist()))
+        out = torch.zeros((D, self.n, self.n), dtype=_DT)
+        for k in range(0, len(ids), 8):  # a few cells at a time: (D, 8, 2H − 1, W) spectra
+            some = torch.tensor(ids[k : k + 8])
+            u = s.reshape(D, 1, -1) * (cell[None, :] == some[:, None]).to(_DT)  # (D, k, H·W)
+            y = torch.fft.irfft2(torch.fft.rfft2(u.reshape(D, -1, H, W), s=size) * spectrum, s=size)
+            z = (s[:, None] * y[..., :H, :W]).reshape(D, len(some), -1)
+            out[:, some] = torch.zeros((D, len(some), self.n), dtype=_DT).index_add_(2, cell, z)
+        return out
+
+    def spread(self, K: torch.Tensor) -> torch.Tensor:
+        """(D, n, n) → (D, 2H − 1, 2W − 1): Σ_{c,c'} K_cc' N_cc'(e) over the real positions, each pair
+        (i ∈ c, j = i + e ∈ c') given its cells' K."""
+        na = len(self.rows)
+        K5 = K.reshape(K.shape[0], na, self.nb, na, self.nb)
+        t = torch.einsum("dabxy,axh->dbyh", K5, self.nr)
+        return torch.einsum("dbyh,byw->dhw", t, self.nc)
 
 
 class WindowAttention:
@@ -60,93 +163,100 @@ class WindowAttention:
         n = self.window[0] * self.window[1]
         self.bias = None if bias is None else bias.detach().to("cpu", _DT).reshape(heads, n, n)
 
-    def _cells(self, Hp: int, Wp: int) -> None:
-        (wh, ww), (sh, sw) = self.window, self.shift
-        sh, sw = (sh if wh < Hp else 0), (sw if ww < Wp else 0)  # a window over the whole side: no shift
-        rows, cols = _intervals(Hp, wh, sh), _intervals(Wp, ww, sw)
-        self.cell = (rows[:, None] * (int(cols.max()) + 1) + cols[None, :]).flatten()  # (P,)
-        self.E = torch.nn.functional.one_hot(self.cell).to(_DT)  # (P, n)
-        self.Tc = self.E.sum(0)  # (n,)
-        self.same = self.cell[:, None] == self.cell[None, :]  # (P, P)
-        if self.bias is not None:
-            loc = (_local(Hp, wh, sh)[:, None] * ww + _local(Wp, ww, sw)[None, :]).flatten()
-            B = self.bias[:, loc][:, :, loc] * self.same  # (heads, P, P): B_ij within a cell
-            Tq = self.Tc[self.cell]
-            bvar = (B**2).sum(2) / Tq - (B.sum(2) / Tq) ** 2  # Var_j B_ij over the query's keys
-            self.bvar = bvar.clamp_min(0).repeat_interleave(self.d, 0)  # (D, P)
-        else:
-            self.bvar = 0.0
+    def _bias_spread(self, c: _Cells) -> torch.Tensor | float:
+        """(D, Hp, Wp): Var_j B_ij over each query's keys (its cell), at its head's channels."""
+        if self.bias is None:
+            return 0.0
+        (wh, ww), (sh, sw) = c.window, c.shift
+        loc = _local(c.Hp, wh, sh)[:, None] * ww + _local(c.Wp, ww, sw)[None, :]  # (Hp, Wp)
+        out = torch.zeros((self.h, c.Hp, c.Wp), dtype=_DT)
+        for r0, r1 in c.rows.tolist():
+            for c0, c1 in c.cols.tolist():
+                ix = loc[r0:r1, c0:c1].flatten()
+                B = self.bias[:, ix][:, :, ix]  # (heads, T_c, T_c)
+                var = (B**2).mean(2) - B.mean(2) ** 2
+                out[:, r0:r1, c0:c1] = var.clamp_min(0).reshape(self.h, r1 - r0, c1 - c0)
+        return out.repeat_interleave(self.d, 0)
 
-    def _cell_sums(self, K: torch.Tensor) -> torch.Tensor:
-        """(D, n, n): Σ_{i∈c, j∈c'} K_ij of a (D, P, P) matrix."""
-        return self.E.T @ K @ self.E
-
-    def _token_var(self, m: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
-        """(D, n): mean over a cell of E[x²] − E[x̄_c²], of means m (D, P) and covariance K (D, P, P)."""
-        Tc = self.Tc
-        e2 = (torch.diagonal(K, dim1=1, dim2=2) + m**2) @ self.E / Tc
-        within = torch.diagonal(self._cell_sums(K), dim1=1, dim2=2) / Tc**2  # Var x̄_c
-        return (e2 - (m @ self.E / Tc) ** 2 - within).clamp_min(0)
-
-    def _padded(self, conv: Conv, x: Field) -> tuple[torch.Tensor, torch.Tensor]:
-        """A projection of x on the padded map: means (D, P) (its bias on the padding) and covariance."""
+    def _padded(self, conv, x: Field, c: _Cells):
+        """A projection of x on the padded map: its field, means (D, Hp, Wp) (its bias on the padding),
+        √v (0 there) and ρ at the real map's lags."""
         f = conv.forward(x)
-        D, P, r = f.shape[0], len(self.cell), self.real
-        m = torch.zeros((D, P), dtype=_DT) if conv.b is None else conv.b[:, None].repeat(1, P)
-        m[:, r] = f.mean.reshape(D, -1)
-        K = torch.zeros((D, P, P), dtype=_DT)
-        K[:, r[:, None], r[None, :]] = covariance(f)
-        return m, K
+        m = c.pad(f.mean, 0.0 if conv.b is None else conv.b)
+        return f, m, c.pad(f.var.clamp_min(0).sqrt()), f.corr
+
+    def _token_var(self, c: _Cells, m: torch.Tensor, s: torch.Tensor, within: torch.Tensor) -> torch.Tensor:
+        """(D, n): mean over a cell of E[x²] − E[x̄_c²]."""
+        e2 = c.sum(s**2 + m**2) / c.T
+        return (e2 - (c.sum(m) / c.T) ** 2 - within / c.T**2).clamp_min(0)
 
     def forward(self, x: Field) -> Field:
         D, H, W = x.shape
-        wh, ww = self.window
-        Hp, Wp = H + (-H) % wh, W + (-W) % ww
-        if Hp * Wp > _MAX_POSITIONS:
-            raise NotImplementedError(f"window attention on a {Hp}×{Wp} padded map: at most "
-                                      f"{_MAX_POSITIONS} positions")  # fmt: skip
-        self._cells(Hp, Wp)
-        real = (torch.arange(Hp)[:, None] < H) & (torch.arange(Wp)[None, :] < W)
-        self.real = r = real.flatten().nonzero()[:, 0]
-        cell, Tc, E = self.cell, self.Tc, self.E
-        (mq, Kq), (mk, Kk), (mv, Kv) = (self._padded(conv, x) for conv in (self.q, self.k, self.v))
-        self.kt, self.vt = self._token_var(mk, Kk), self._token_var(mv, Kv)  # (D, n)
-        eq2 = torch.diagonal(Kq, dim1=1, dim2=2) + mq**2  # (D, P)
-        eqbar2 = (mq @ E / Tc) ** 2 + torch.diagonal(self._cell_sums(Kq), dim1=1, dim2=2) / Tc**2  # (D, n)
-        self.kappa = kappa(per_head(eq2 * self.kt[:, cell], self.h) / self.d + self.bvar, Tc[cell])  # (D, P)
-        mean_kappa = self.kappa @ E / Tc
+        self.c = c = _Cells(H, W, self.window, self.shift)
+        Tc = c.T
+        _, mq, sq, rq = self._padded(self.q, x, c)
+        _, mk, sk, rk = self._padded(self.k, x, c)
+        fv, mv, sv, rv = self._padded(self.v, x, c)
+        self.kt = self._token_var(c, mk, sk, c.within(sk, rk))
+        Sv = c.between(fv.var.clamp_min(0).sqrt(), rv)  # (D, n, n)
+        self.vt = self._token_var(c, mv, sv, torch.diagonal(Sv, dim1=1, dim2=2))
+        eq2 = sq**2 + mq**2  # (D, Hp, Wp)
+        eqbar2 = (c.sum(mq) / Tc) ** 2 + c.within(sq, rq) / Tc**2  # (D, n)
+        s2 = per_head(eq2 * c.at(self.kt), self.h) / self.d + self._bias_spread(c)
+        self.kappa = kappa(s2, c.at(Tc[None])[0])  # (D, Hp, Wp)
+        mean_kappa = c.sum(self.kappa) / Tc
         self.kappa_c = torch.minimum(kappa(per_head(eqbar2 * self.kt, self.h) / self.d, Tc), mean_kappa)
-        self.Q2 = Kq + mq[:, :, None] * mq[:, None, :]  # E[q_i q_i'] (D, P, P)
-        C = self._cell_sums(Kv) / (Tc[:, None] * Tc[None, :])  # Cov(v̄_c, v̄_c')
+        self.mq, self.sq, self.rq = mq, sq, rq
+        C = Sv / (Tc[:, None] * Tc[None, :])  # Cov(v̄_c, v̄_c')
         noise = self.vt / (Tc - 1).clamp_min(1)  # (D, n)
-        K = C[:, cell][:, :, cell] + self.same * (noise * self.kappa_c)[:, cell][:, :, None]
-        idx = torch.arange(len(cell))
-        K[:, idx, idx] += noise[:, cell] * (self.kappa - self.kappa_c[:, cell])
-        o = from_covariance((mv @ E / Tc)[:, cell][:, r].reshape(D, H, W), K[:, r][:, :, r])
+        cut = (slice(None), slice(0, H), slice(0, W))
+        own = (c.at(noise) * (self.kappa - c.at(self.kappa_c)))[cut]  # a position's own, beyond its cell's
+        T = c.spread(C + torch.diag_embed(noise * self.kappa_c))
+        T[:, H - 1, W - 1] += own.sum((1, 2))
+        var = c.at(torch.diagonal(C, dim1=1, dim2=2) + noise * self.kappa_c)[cut] + own
+        o = _field_from_sums(c.at(c.sum(mv) / Tc)[cut], var, T)
         return self.proj.forward(o)
 
     def backward(self, g: Field) -> Field:
-        cell, Tc, E, r = self.cell, self.Tc, self.E, self.real
+        c, Tc = self.c, self.c.T
+        H, W = c.H, c.W
         G = self.proj.backward(g)
-        D, P = G.shape[0], len(cell)
-        KG = torch.zeros((D, P, P), dtype=_DT)
-        KG[:, r[:, None], r[None, :]] = covariance(G)  # the padding's outputs are cut: no gradient
-        GG = self._cell_sums(KG)  # (D, n, n)
-        gd = torch.diagonal(KG, dim1=1, dim2=2)  # E[G_i²] (D, P)
-        Gd, Gk = gd @ E, (self.kappa * gd) @ E
+        D = G.shape[0]
+        sG = G.var.clamp_min(0).sqrt()
+        GG = c.between(sG, G.corr)  # (D, n, n): Σ_{i∈c, j∈c'} E[G_i G_j] (the padding's outputs are cut)
+        gd = c.pad(G.var.clamp_min(0))  # E[G_i²] (D, Hp, Wp)
+        Gd, Gk = c.sum(gd), c.sum(self.kappa * gd)
         noise = (Gk + self.kappa_c * (torch.diagonal(GG, dim1=1, dim2=2) - Gd)) / Tc**2  # (D, n)
         off = -noise / (Tc - 1).clamp_min(1)
-        Kv = GG[:, cell][:, :, cell] / (Tc[cell][:, None] * Tc[cell][None, :])
-        Kv += self.same * off[:, cell][:, :, None]
-        idx = torch.arange(P)
-        Kv[:, idx, idx] += (noise - off)[:, cell]
-        Z = per_head(self.vt[:, cell][:, :, None] * KG, self.h) * self.same  # Σ_b V_cb E[G_ib G_i'b]
-        Kq = (self.kt / (self.d * Tc))[:, cell][:, :, None] * Z
-        vk = ((self.Q2 * Z).sum(2) @ E) / (self.d * Tc**2)  # (D, n)
-        Kk = torch.diag_embed(vk[:, cell])
-        zero = torch.zeros(G.shape, dtype=_DT)
-        q, k, v = (conv.backward(from_covariance(zero, K[:, r][:, :, r]))  # the padding's dropped
-                   for conv, K in ((self.q, Kq), (self.k, Kk), (self.v, Kv)))  # fmt: skip
+        cut = (slice(None), slice(0, H), slice(0, W))
+        T = c.spread(GG / (Tc[:, None] * Tc[None, :]) + torch.diag_embed(off))
+        T[:, H - 1, W - 1] += c.at(noise - off)[cut].sum((1, 2))
+        var = c.at(torch.diagonal(GG, dim1=1, dim2=2) / Tc**2 + noise)[cut]
+        zero = torch.zeros((D, H, W), dtype=_DT)
+        gv = _field_from_sums(zero, var, T)
+        # ∂q: within a cell, Cov(∂q_ia, ∂q_i'a) = Var_c(k_a)/(d T_c) Σ_b V_cb E[G_ib G_i'b] (b in a's head)
+        # ∂k: E = 1/(d T_c²) Σ_{i,i'∈c} E[q_ia q_i'a] Σ_b V_cb E[G_ib G_i'b]
+        alpha = self.kt / (self.d * Tc)  # (D, n)
+        sGp = c.pad(sG)
+        Tq = torch.zeros((D, 2 * H - 1, 2 * W - 1), dtype=_DT)
+        vk = torch.zeros((D, c.n), dtype=_DT)
+        every = slice(None)
+        for (eh, ew), i, j, same in c.lags():
+            KG = sGp[(every, *i)] * sGp[(every, *j)] * G.corr[:, H - 1 + eh, W - 1 + ew, None, None]
+            where = same.clamp_min(0)
+            Z = per_head(self.vt[:, where] * KG, self.h)  # Σ_b V_cb E[G_ib G_(i+e)b], (D, h, w)
+            Tq[:, H - 1 + eh, W - 1 + ew] = c.sum_pairs(Z * alpha[:, where], same).sum(1)
+            rq = self.rq[:, H - 1 + eh, W - 1 + ew, None, None]
+            Q2 = self.sq[(every, *i)] * self.sq[(every, *j)] * rq
+            Q2 += self.mq[(every, *i)] * self.mq[(every, *j)]
+            vk += c.sum_pairs(Q2 * Z, same)
+        vq = c.at(alpha)[cut] * per_head(c.at(self.vt)[cut] * G.var.clamp_min(0), self.h)
+        gq = _field_from_sums(zero, vq, Tq)
+        vk = c.at(vk / (self.d * Tc**2))[cut]
+        Tk = torch.zeros((D, 2 * H - 1, 2 * W - 1), dtype=_DT)
+        Tk[:, H - 1, W - 1] = vk.sum((1, 2))
+        gk = _field_from_sums(zero, vk, Tk)
+        q, k, v = (conv.backward(f) for conv, f in ((self.q, gq), (self.k, gk), (self.v, gv)))
         return add_grads(add_grads(q, k), v)
 
 
@@ -174,3 +284,17 @@ def locally_grouped_attention_rule(m) -> OnMap:
     check_plain(m, dim)
     ws = (m.ws, m.ws)
     return OnMap(WindowAttention(m.qkv.weight, m.qkv.bias, m.proj.weight, m.proj.bias, None, ws, heads))
+
+
+@register_named_rule("timm.models.swin_transformer.WindowAttention")
+def swin_window_attention_rule(m) -> WindowAttention:
+    """timm's Swin ``WindowAttention``: its fused qkv and proj, the relative position bias of its table;
+    called on the windows' tokens of a channels-last map, which the walk reads as the map itself (the
+    partition, the roll and the mask: the shift, set there)."""
+    dim, heads = m.qkv.in_features, m.num_heads
+    if m.qkv.out_features != 3 * dim or m.proj.in_features != dim:
+        raise NotImplementedError("Swin WindowAttention whose heads are not the embedding's width")
+    check_plain(m, dim)
+    with torch.no_grad():
+        bias = m._get_rel_pos_bias()
+    return WindowAttention(m.qkv.weight, m.qkv.bias, m.proj.weight, m.proj.bias, bias, m.window_size, heads)
