@@ -730,6 +730,8 @@ class _Walk(Walk):
         self.planned: dict[fx.Node, object] = {}  # the later steps of a chain recognised whole (a shuffle)
         self.dims: dict[fx.Node, tuple] = {nodes[0]: _CHW}  # a tensor's dims after the batch (_permuted)
         self.pieces: dict[fx.Node, list] = {}  # a split's channel ranges, for the getitems of its pieces
+        self.order = {m: i for i, m in enumerate(nodes)}
+        self.holders: dict[int, list[fx.Node]] = {}  # the nodes whose value is one Field (an identity's)
 
     def visit(self, n: fx.Node) -> cr.Field | None:
         """Node ``n``'s field from its inputs' (:class:`graph.NoPrediction`: why it has none); a constant
@@ -1044,6 +1046,22 @@ class _Walk(Walk):
         if isinstance(steps.get(n), cr.ReLU):
             steps[n].R = self.exact_lags
         return out
+
+    def visited(self, n: fx.Node) -> None:
+        """What only the forwards of a field's users read (``Field.joint``: a depthwise conv's pairs, 168 lags
+        of three (768, 9, 9) maps at ConvMixer's, that the rows, the users' steps and the norm's field would
+        hold to the end of the walk) let go once every user of every node whose value the field is has
+        been visited."""
+        f = self.value.get(n)
+        if isinstance(f, cr.Field):
+            self.holders.setdefault(id(f), []).append(n)
+        at = self.order[n]
+        for a in self.inputs.get(n, ()):
+            f = self.value.get(a)
+            if not isinstance(f, cr.Field) or f.joint is None:
+                continue
+            if all(self.order[u] <= at for h in self.holders.get(id(f), [a]) for u in h.users):
+                f.joint = None
 
     add = staticmethod(cr.add_grads)
 
