@@ -70,7 +70,8 @@ The rules, each from the module's actual weights, one file each (its equations i
     spatial_reduction.py  attention whose keys and values come from the tokens' map reduced by a strided
                 conv (PVT v2's)
     talking_heads.py  attention whose heads' scores and weights are mixed by Linears (CaiT's)
-    class_attention.py  attention queried by the class token alone (CaiT's class attention)
+    class_attention.py  attention queried by the class token alone (CaiT's class attention, CrossViT's
+                cross attention)
 
 Each rule file also registers the modules it is the rule of (``conv.py`` nn.Conv2d and timm's standardised
 convs, ``norms.py`` the norms …: the adapter from a module's attributes to its step, beside the step);
@@ -84,7 +85,7 @@ from gatepool.analysis.probe.correlated.adaptive import AdaptiveAvgPool, AvgPool
 from gatepool.analysis.probe.correlated.add import add, add_grads
 from gatepool.analysis.probe.correlated.attention import Attention
 from gatepool.analysis.probe.correlated.cat import Cat
-from gatepool.analysis.probe.correlated.class_attention import class_attention_rule
+from gatepool.analysis.probe.correlated.class_attention import class_attention_rule, cross_attention_rule
 from gatepool.analysis.probe.correlated.conv import Conv, autocorr, box_conv
 from gatepool.analysis.probe.correlated.conv_mlp import AtLeast
 from gatepool.analysis.probe.correlated.dropout import Dropout
@@ -187,6 +188,7 @@ __all__ = [
     "autocorr",
     "bivariate_relu",
     "class_attention_rule",
+    "cross_attention_rule",
     "box_conv",
     "clark_max",
     "conv_law",
