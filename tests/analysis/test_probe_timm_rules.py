@@ -220,6 +220,27 @@ def test_the_walk_carries_a_token_mlp_and_an_affine():
     _walk_holds(_TokenMixer, ["tokens1", "act", "tokens2", "channels"])
 
 
+class _TokenSlices(torch.nn.Module):
+    """CrossViT's slices of its tokens with an Ellipsis: the first kept as a token (``x[:, 0:1, ...]``), the
+    others (``x[:, 1:, ...]``), each through its own Linear and put back together."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 2, stride=2)
+        self.first, self.rest = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.stem(x).flatten(2).transpose(1, 2)  # (B, 16 tokens, 16 channels)
+        x = torch.cat((self.first(x[:, 0:1, ...]), self.rest(x[:, 1:, ...])), dim=1)
+        return self.head(x.mean(1))
+
+
+def test_the_walk_slices_tokens_with_an_ellipsis():
+    _walk_holds(_TokenSlices, ["first", "rest"])
+
+
+
 class _BlurPool(torch.nn.Module):
     """TResNet's anti-aliased downsampling: LeakyReLU, ``F.pad(x, [1] * 4, mode='reflect')``, a binomial
     blur by ``F.conv2d(x, filt, stride=2, groups=C)``, filt (C, 1, 3, 3) (timm's BlurPool2d given its

@@ -438,3 +438,24 @@ def test_a_module_of_constants_is_evaluated_and_its_row_says_so():
     assert pred["fc"].var is not None and pred["stem"].grad_e2 is not None
     assert pred["proj"].var is None and "a constant (of parameters alone)" in pred["proj"].note
 
+
+class _TwoHeads(torch.nn.Module):
+    """CrossViT's head: each branch's own Linear of its features, the logits' mean over the branches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.branches = torch.nn.ModuleList(torch.nn.Conv2d(3, 8, 3, padding=1) for _ in range(2))
+        self.heads = torch.nn.ModuleList(torch.nn.Linear(8 * 36, 5) for _ in range(2))
+
+    def forward(self, x):
+        xs = [torch.relu(b(x)).flatten(1) for b in self.branches]
+        return torch.mean(torch.stack([h(v) for h, v in zip(self.heads, xs)], dim=0), dim=0)
+
+
+def test_the_walk_takes_the_mean_of_stacked_logits():
+    """The mean of K stacked tensors is their sum over K: the two heads' variances summed over 4, each
+    head's gradient half the logits' (the two branches independent, as an add's terms)."""
+    torch.manual_seed(0)
+    model = _TwoHeads().double()
+    x = torch.randn(4096, 3, 6, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    assert_walk_holds(model, x, ["branches.0", "branches.1", "heads.0", "heads.1"])

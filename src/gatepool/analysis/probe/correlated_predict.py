@@ -382,6 +382,19 @@ def _only_user(n: fx.Node) -> fx.Node | None:
     return next(iter(n.users)) if len(n.users) == 1 else None
 
 
+def _stacked_mean(n: fx.Node) -> fx.Node | None:
+    """The ``torch.mean(·, dim=0)`` that is the only user of ``n`` = ``torch.stack(xs, dim=0)`` (CrossViT's
+    mean of its branches' logits, the branches taken as independent, as an add's); else None."""
+    if n.target is not torch.stack or not isinstance(n.args[0], (list, tuple)):
+        return None
+    m = _only_user(n)
+    if n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else 0) != 0 or m is None:
+        return None
+    if m.target not in ("mean", torch.mean) or m.kwargs.get("keepdim") or len(m.args) > 2:
+        return None
+    return m if m.kwargs.get("dim", m.args[1] if len(m.args) > 1 else None) in (0, (0,), [0]) else None
+
+
 def _shuffle(n: fx.Node, shape: tuple[int, int, int], const: dict) -> tuple[list[fx.Node], int] | None:
     """Whether ``n`` begins ``x.view(N, g, C/g, H, W).transpose(1, 2)[.contiguous()].reshape(N, C, H, W)``
     (or ``.flatten(1, 2)``): the chain's later nodes and g, else None."""
@@ -596,9 +609,11 @@ def _channel_slice(n: fx.Node, channels: int, layout: tuple, const: dict) -> cr.
 
 
 def _token_slice(n: fx.Node, f: cr.Field, layout: tuple, const: dict) -> cr.PositionMap | None:
-    """``x[:, a:b]`` of (N, T, C) tokens (the patches after the class token: Beit's average head): a map
-    of the positions that keeps tokens a … b − 1; None for another index."""
+    """``x[:, a:b]`` of (N, T, C) tokens (the patches after the class token: Beit's average head; CrossViT's
+    ``x[:, 0:1, ...]``): a map of the positions that keeps tokens a … b − 1; None for another index."""
     idx = _index(n, const)
+    if isinstance(idx, tuple) and len(idx) == 3 and idx[2] is Ellipsis:
+        idx = idx[:2]
     if layout != ("W", "C") or not (isinstance(idx, tuple) and len(idx) == 2 and idx[0] == slice(None)):
         return None
     sl, T = idx[1], f.shape[2]
@@ -897,6 +912,11 @@ class _Walk(Walk):
                 both = regime.level(both, out.mean, out.var)
                 out = dataclasses.replace(out, law=regime.mixture_law(out.mean, out.var, both), regime=both)
             steps[n] = _Add(r)
+        elif (mean := _stacked_mean(n)) is not None:  # the mean of K stacked tensors: their sum over K
+            if len(args) != len(n.args[0]) or len({(value[a].shape, dims.get(a, _CHW)) for a in args}) != 1:
+                raise NotImplementedError("a stack of tensors of two shapes or with constants")
+            out, steps[n] = functools.reduce(cr.add, [value[a] for a in args]), _Add(None)
+            planned[mean] = cr.Scale(1.0 / len(args))
         elif n.target in _CATS and layout == ("W", "C"):  # along the tokens, constants too
             dim = n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else 0)
             if dim not in (1, -2):
