@@ -608,9 +608,9 @@ def _channel_slice(n: fx.Node, channels: int, layout: tuple, const: dict) -> cr.
     return cr.ChannelSlice(start, max(start, stop))
 
 
-def _token_slice(n: fx.Node, f: cr.Field, layout: tuple, const: dict) -> cr.PositionMap | None:
+def _token_slice(n: fx.Node, f: cr.Field, layout: tuple, const: dict) -> cr.TokenSlice | None:
     """``x[:, a:b]`` of (N, T, C) tokens (the patches after the class token: Beit's average head; CrossViT's
-    ``x[:, 0:1, ...]``): a map of the positions that keeps tokens a … b − 1; None for another index."""
+    ``x[:, 0:1, ...]``): the tokens a … b − 1 (:class:`correlated.TokenSlice`); None for another index."""
     idx = _index(n, const)
     if isinstance(idx, tuple) and len(idx) == 3 and idx[2] is Ellipsis:
         idx = idx[:2]
@@ -623,7 +623,7 @@ def _token_slice(n: fx.Node, f: cr.Field, layout: tuple, const: dict) -> cr.Posi
     keep = range(*sl.indices(T))
     if not keep:
         raise NotImplementedError("an empty slice of the tokens")
-    return cr.PositionMap(torch.eye(T, dtype=torch.float64)[list(keep)], (1, len(keep)))
+    return cr.TokenSlice(keep.start, keep.stop)
 
 
 def _means_tokens(n: fx.Node) -> bool:

@@ -133,6 +133,7 @@ from gatepool.analysis.probe.correlated.tokens import (
     OnMap,
     SelectToken,
     TokenCat,
+    TokenSlice,
     UnflattenPositions,
 )
 from gatepool.analysis.probe.correlated.window_attention import WindowAttention
@@ -170,6 +171,7 @@ __all__ = [
     "Reparam",
     "Scale",
     "SelectToken",
+    "TokenSlice",
     "Shift",
     "SpaceToDepth",
     "SpatialReductionAttention",
