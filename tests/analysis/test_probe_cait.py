@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from test_probe_correlated import DT, _ramp, gaussian_field
 
 from gatepool.analysis.probe import correlated as cr
-from gatepool.analysis.probe.correlated.class_attention import class_attention_rule
+from gatepool.analysis.probe.correlated.class_attention import class_attention_rule, cross_attention_rule
 from gatepool.analysis.probe.correlated.talking_heads import talking_heads_rule
 
 D, HEADS, T, DRAWS = 32, 4, 16, 2000
@@ -53,6 +53,22 @@ class _ClassAttn(nn.Module):
         q = self.q(x[:, 0]).reshape(B, 1, HEADS, C // HEADS).permute(0, 2, 1, 3)
         k, v = (p(x).reshape(B, N, HEADS, C // HEADS).permute(0, 2, 1, 3) for p in (self.k, self.v))
         return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, 1, C))
+
+
+class _CrossAttention(_ClassAttn):
+    """timm's CrossViT ``CrossAttention``: the same with its Linears named ``wq``, ``wk``, ``wv``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wq, self.wk, self.wv = self.q, self.k, self.v
+        del self.q, self.k, self.v
+
+    def forward(self, x):
+        B, N, C = x.shape
+        q = self.wq(x[:, 0:1, ...]).reshape(B, 1, HEADS, C // HEADS).permute(0, 2, 1, 3)
+        k, v = (p(x).reshape(B, N, HEADS, C // HEADS).permute(0, 2, 1, 3) for p in (self.wk, self.wv))
+        a = ((q @ k.transpose(-2, -1)) * self.scale).softmax(-1)
+        return self.proj((a @ v).transpose(1, 2).reshape(B, 1, C))
 
 
 def _ratios(model, rule, ell: float, class_token: bool = False):
@@ -127,4 +143,13 @@ def test_class_attention_matches_monte_carlo(ell):
     torch.manual_seed(0)
     model = _ClassAttn().double()
     fwd, bwd, cls = _ratios(model, class_attention_rule(model), ell, class_token=True)
+    assert abs(fwd - 1) < 0.10 and abs(bwd - 1) < 0.15 and abs(cls - 1) < 0.15, (fwd, bwd, cls)
+
+
+@pytest.mark.parametrize("ell", [0.1, 0.8], ids=["independent-tokens", "correlated-tokens"])
+def test_cross_attention_matches_monte_carlo(ell):
+    """CrossViT's cross attention (its softmax written out): the class attention's bars and numbers."""
+    torch.manual_seed(0)
+    model = _CrossAttention().double()
+    fwd, bwd, cls = _ratios(model, cross_attention_rule(model), ell, class_token=True)
     assert abs(fwd - 1) < 0.10 and abs(bwd - 1) < 0.15 and abs(cls - 1) < 0.15, (fwd, bwd, cls)

@@ -73,3 +73,48 @@ def test_a_dense_conv_carries_no_joint_cumulants():
     assert cr.Conv(torch.randn(4, 4, 3, 3, dtype=DT), None, (1, 1), (1, 1)).forward(f).joint is None
     dw = cr.Conv(torch.randn(4, 1, 3, 3, dtype=DT), None, (1, 1), (1, 1), groups=4).forward(f)
     assert dw.joint is not None and len(dw.joint) == 24  # the lags of a 3 × 3 kernel's pairs, stride 1
+
+
+class _Mixer(nn.Module):
+    """A small ConvMixer: a patch stem, then blocks of a depthwise conv's residual (conv, an identity,
+    ReLU, BatchNorm) and a 1 × 1 conv, ReLU, BatchNorm."""
+
+    def __init__(self, C: int = 8, k: int = 5, blocks: int = 2) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, C, 4, stride=4), nn.ReLU(), nn.BatchNorm2d(C))
+        self.dw = nn.ModuleList(
+            nn.Sequential(
+                nn.Conv2d(C, C, k, padding=k // 2, groups=C), nn.Identity(), nn.ReLU(), nn.BatchNorm2d(C)
+            )
+            for _ in range(blocks)
+        )
+        self.pw = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(C, C, 1), nn.ReLU(), nn.BatchNorm2d(C)) for _ in range(blocks)
+        )
+        self.head = nn.Linear(C, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for dw, pw in zip(self.dw, self.pw):
+            x = pw(dw(x) + x)
+        return self.head(x.mean((2, 3)))
+
+
+def test_the_walk_lets_the_joint_cumulants_go_once_read(monkeypatch):
+    """The rows hold no depthwise conv's joint cumulants after the walk (0.25 GB each at ConvMixer-768's),
+    and the forward's prediction is the one of a walk that keeps them all, to 1e-10."""
+    from gatepool.analysis.probe import correlated_predict as cp
+
+    torch.manual_seed(0)
+    model = _Mixer()
+    stats = cr.measure_input(torch.randn(32, 3, 24, 24, generator=torch.Generator().manual_seed(0)))
+    freed = cp.predict_correlated(model, stats, batch=32, backward=None)  # the forwards alone read them
+    monkeypatch.setattr(cp._Walk, "visited", lambda self, n: None)
+    kept = cp.predict_correlated(model, stats, batch=32, backward=None)
+    held = [n for n, r in kept.rows.items() if r.field is not None and r.field.joint is not None]
+    assert {"dw.0.0", "dw.1.0", "dw.0.1", "dw.1.1"} <= set(held)  # the convs' and the identities' outputs
+    assert all(r.field is None or r.field.joint is None for r in freed.rows.values())
+    for name, r in kept.rows.items():
+        f = freed.rows[name]
+        for a, b in ((r.mean, f.mean), (r.var, f.var), (r.corr(1), f.corr(1)), (r.corr(2), f.corr(2))):
+            assert a is not None and (abs(a - b) <= 1e-10 * abs(a) or a != a and b != b), (name, a, b)

@@ -220,6 +220,42 @@ def test_the_walk_carries_a_token_mlp_and_an_affine():
     _walk_holds(_TokenMixer, ["tokens1", "act", "tokens2", "channels"])
 
 
+class _TokenSlices(torch.nn.Module):
+    """CrossViT's slices of its tokens with an Ellipsis: the first kept as a token (``x[:, 0:1, ...]``), the
+    others (``x[:, 1:, ...]``), each through its own Linear and put back together."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 2, stride=2)
+        self.first, self.rest = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.stem(x).flatten(2).transpose(1, 2)  # (B, 16 tokens, 16 channels)
+        x = torch.cat((self.first(x[:, 0:1, ...]), self.rest(x[:, 1:, ...])), dim=1)
+        return self.head(x.mean(1))
+
+
+def test_the_walk_slices_tokens_with_an_ellipsis():
+    _walk_holds(_TokenSlices, ["first", "rest"])
+
+
+@pytest.mark.parametrize("start, stop", [(0, 1), (1, 17), (3, 9)])
+def test_a_slice_of_tokens_is_their_position_map(start, stop):
+    """The cut tokens and the gradient padded back: the numbers of the slice's (T, T) position map (its
+    covariance A Cov Aᵀ, 5 GB at CoaT's 3,137 tokens) to 1e-10."""
+    T = 17
+    mean, var = _ramp(3, 1, T, -0.5, 0.8), _ramp(3, 1, T, 0.5, 2.0)
+    _, f = gaussian_field(C=3, H=1, W=T, mean=mean, var=var, ell=2.0)
+    n = stop - start
+    _, g = gaussian_field(C=3, H=1, W=n, var=_ramp(3, 1, n, 0.3, 3.0), seed=3, ell=1.0)
+    ours = cr.TokenSlice(start, stop)
+    dense = cr.PositionMap(torch.eye(T, dtype=DT)[start:stop], (1, n))
+    for a, b in ((ours.forward(f), dense.forward(f)), (ours.backward(g), dense.backward(g))):
+        for t in ("mean", "var", "corr"):
+            torch.testing.assert_close(getattr(a, t), getattr(b, t), rtol=0, atol=1e-10)
+
+
 class _BlurPool(torch.nn.Module):
     """TResNet's anti-aliased downsampling: LeakyReLU, ``F.pad(x, [1] * 4, mode='reflect')``, a binomial
     blur by ``F.conv2d(x, filt, stride=2, groups=C)``, filt (C, 1, 3, 3) (timm's BlurPool2d given its

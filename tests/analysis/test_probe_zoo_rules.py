@@ -313,6 +313,28 @@ def test_an_interpolated_map_matches_monte_carlo(H, kwargs):
         cr.Interpolate()
 
 
+@pytest.mark.parametrize("H, kwargs", [(6, dict(size=(15, 13), mode="bicubic", align_corners=False)),
+                                       (5, dict(scale_factor=2.5, mode="bilinear", align_corners=False)),
+                                       (6, dict(size=(4, 9), mode="bilinear", align_corners=True)),
+                                       (5, dict(scale_factor=3, mode="nearest"))])  # fmt: skip
+def test_a_map_past_the_dense_limit_is_resized_separably(H, kwargs, monkeypatch):
+    """CrossViT's bicubic 64 × 64 → 240 × 240 (57,600 positions): one matrix per axis, the output's lag
+    sums and variances from the input's covariance; the dense rule's numbers to 1e-10, Monte Carlo's
+    within 2%; no gradient through it."""
+    from gatepool.analysis.probe.correlated import resample
+
+    x, f = gaussian_field(H=H, W=H, mean=_ramp(2, H, H, -0.5, 0.8), var=_ramp(2, H, H, 0.5, 2.0), ell=1.2)
+    dense = cr.Interpolate(**kwargs).forward(f)
+    monkeypatch.setattr(resample, "_MAX_POSITIONS", 8)  # every map here past it
+    rule = cr.Interpolate(**kwargs)
+    out = rule.forward(f)
+    assert rule.A is None
+    for a, b in ((out.mean, dense.mean), (out.var, dense.var), (out.corr, dense.corr)):
+        assert torch.allclose(a, b, rtol=0, atol=1e-10 * float(dense.var.max())), float((a - b).abs().max())
+    close(out, F.interpolate(x, **kwargs), rel=0.02, corr=0.02)
+    assert rule.backward(out) is None
+
+
 class _Fuse(torch.nn.Module):
     """HRNet's fuse: a half-resolution branch upsampled (a module and a function) and added to the
     full-resolution stream."""
@@ -415,3 +437,25 @@ def test_a_module_of_constants_is_evaluated_and_its_row_says_so():
     pred = predict_correlated(model, cr.measure_input(torch.randn(64, 3, 6, 6)))
     assert pred["fc"].var is not None and pred["stem"].grad_e2 is not None
     assert pred["proj"].var is None and "a constant (of parameters alone)" in pred["proj"].note
+
+
+class _TwoHeads(torch.nn.Module):
+    """CrossViT's head: each branch's own Linear of its features, the logits' mean over the branches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.branches = torch.nn.ModuleList(torch.nn.Conv2d(3, 8, 3, padding=1) for _ in range(2))
+        self.heads = torch.nn.ModuleList(torch.nn.Linear(8 * 36, 5) for _ in range(2))
+
+    def forward(self, x):
+        xs = [torch.relu(b(x)).flatten(1) for b in self.branches]
+        return torch.mean(torch.stack([h(v) for h, v in zip(self.heads, xs)], dim=0), dim=0)
+
+
+def test_the_walk_takes_the_mean_of_stacked_logits():
+    """The mean of K stacked tensors is their sum over K: the two heads' variances summed over 4, each
+    head's gradient half the logits' (the two branches independent, as an add's terms)."""
+    torch.manual_seed(0)
+    model = _TwoHeads().double()
+    x = torch.randn(4096, 3, 6, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    assert_walk_holds(model, x, ["branches.0", "branches.1", "heads.0", "heads.1"])

@@ -389,6 +389,19 @@ def _only_user(n: fx.Node) -> fx.Node | None:
     return next(iter(n.users)) if len(n.users) == 1 else None
 
 
+def _stacked_mean(n: fx.Node) -> fx.Node | None:
+    """The ``torch.mean(·, dim=0)`` that is the only user of ``n`` = ``torch.stack(xs, dim=0)`` (CrossViT's
+    mean of its branches' logits, the branches taken as independent, as an add's); else None."""
+    if n.target is not torch.stack or not isinstance(n.args[0], (list, tuple)):
+        return None
+    m = _only_user(n)
+    if n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else 0) != 0 or m is None:
+        return None
+    if m.target not in ("mean", torch.mean) or m.kwargs.get("keepdim") or len(m.args) > 2:
+        return None
+    return m if m.kwargs.get("dim", m.args[1] if len(m.args) > 1 else None) in (0, (0,), [0]) else None
+
+
 def _shuffle(n: fx.Node, shape: tuple[int, int, int], const: dict) -> tuple[list[fx.Node], int] | None:
     """Whether ``n`` begins ``x.view(N, g, C/g, H, W).transpose(1, 2)[.contiguous()].reshape(N, C, H, W)``
     (or ``.flatten(1, 2)``): the chain's later nodes and g, else None."""
@@ -767,10 +780,12 @@ def _channel_slice(n: fx.Node, channels: int, layout: tuple, const: dict) -> cr.
     return cr.ChannelSlice(start, max(start, stop))
 
 
-def _token_slice(n: fx.Node, f: cr.Field, layout: tuple, const: dict) -> cr.PositionMap | None:
-    """``x[:, a:b]`` of (N, T, C) tokens (the patches after the class token: Beit's average head): a map
-    of the positions that keeps tokens a … b − 1; None for another index."""
+def _token_slice(n: fx.Node, f: cr.Field, layout: tuple, const: dict) -> cr.TokenSlice | None:
+    """``x[:, a:b]`` of (N, T, C) tokens (the patches after the class token: Beit's average head; CrossViT's
+    ``x[:, 0:1, ...]``): the tokens a … b − 1 (:class:`correlated.TokenSlice`); None for another index."""
     idx = _index(n, const)
+    if isinstance(idx, tuple) and len(idx) == 3 and idx[2] is Ellipsis:
+        idx = idx[:2]
     if layout != ("W", "C") or not (isinstance(idx, tuple) and len(idx) == 2 and idx[0] == slice(None)):
         return None
     sl, T = idx[1], f.shape[2]
@@ -780,7 +795,7 @@ def _token_slice(n: fx.Node, f: cr.Field, layout: tuple, const: dict) -> cr.Posi
     keep = range(*sl.indices(T))
     if not keep:
         raise NotImplementedError("an empty slice of the tokens")
-    return cr.PositionMap(torch.eye(T, dtype=torch.float64)[list(keep)], (1, len(keep)))
+    return cr.TokenSlice(keep.start, keep.stop)
 
 
 def _means_tokens(n: fx.Node) -> bool:
@@ -902,6 +917,8 @@ class _Walk(Walk):
         self.planned: dict[fx.Node, object] = {}  # the later steps of a chain recognised whole (a shuffle)
         self.dims: dict[fx.Node, tuple] = {nodes[0]: _CHW}  # a tensor's dims after the batch (_permuted)
         self.pieces: dict[fx.Node, list] = {}  # a split's channel ranges, for the getitems of its pieces
+        self.order = {m: i for i, m in enumerate(nodes)}
+        self.holders: dict[int, list[fx.Node]] = {}  # the nodes whose value is one Field (an identity's)
 
     def visit(self, n: fx.Node) -> cr.Field | None:
         """Node ``n``'s field from its inputs' (:class:`graph.NoPrediction`: why it has none); a constant
@@ -1083,6 +1100,11 @@ class _Walk(Walk):
                 both = regime.level(both, out.mean, out.var)
                 out = dataclasses.replace(out, law=regime.mixture_law(out.mean, out.var, both), regime=both)
             steps[n] = _Add(r)
+        elif (mean := _stacked_mean(n)) is not None:  # the mean of K stacked tensors: their sum over K
+            if len(args) != len(n.args[0]) or len({(value[a].shape, dims.get(a, _CHW)) for a in args}) != 1:
+                raise NotImplementedError("a stack of tensors of two shapes or with constants")
+            out, steps[n] = functools.reduce(cr.add, [value[a] for a in args]), _Add(None)
+            planned[mean] = cr.Scale(1.0 / len(args))
         elif n.target in _CATS and layout == ("W", "C"):  # along the tokens, constants too
             dim = n.kwargs.get("dim", n.args[1] if len(n.args) > 1 else 0)
             if dim not in (1, -2):
@@ -1255,6 +1277,22 @@ class _Walk(Walk):
         if not on_elements:
             raise NotImplementedError(f"{_name(n)} of a map's regrouped positions (dims {tuple(layout)})")
         return None
+
+    def visited(self, n: fx.Node) -> None:
+        """What only the forwards of a field's users read (``Field.joint``: a depthwise conv's pairs, 168 lags
+        of three (768, 9, 9) maps at ConvMixer's, that the rows, the users' steps and the norm's field would
+        hold to the end of the walk) let go once every user of every node whose value the field is has
+        been visited."""
+        f = self.value.get(n)
+        if isinstance(f, cr.Field):
+            self.holders.setdefault(id(f), []).append(n)
+        at = self.order[n]
+        for a in self.inputs.get(n, ()):
+            f = self.value.get(a)
+            if not isinstance(f, cr.Field) or f.joint is None:
+                continue
+            if all(self.order[u] <= at for h in self.holders.get(id(f), [a]) for u in h.users):
+                f.joint = None
 
     add = staticmethod(cr.add_grads)
 

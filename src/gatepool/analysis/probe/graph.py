@@ -278,7 +278,11 @@ class Walk:
             except NoPrediction as e:  # the first node without a value says why, for all after it
                 missing = next((a for a in self.inputs.get(n, ()) if self.value.get(a) is None), None)
                 self.value[n], self.reason[n] = None, self.reason.get(missing) or str(e)
+            self.visited(n)
         return self.value.get(self.out)
+
+    def visited(self, n: fx.Node) -> None:
+        """``n``'s value is set (or None): a subclass may let go of what its inputs' users alone read."""
 
     def backward(self, g):
         """Every node's gradient, in reverse, from the output's ``g``; returns the input's."""

@@ -70,7 +70,8 @@ The rules, each from the module's actual weights, one file each (its equations i
     spatial_reduction.py  attention whose keys and values come from the tokens' map reduced by a strided
                 conv (PVT v2's)
     talking_heads.py  attention whose heads' scores and weights are mixed by Linears (CaiT's)
-    class_attention.py  attention queried by the class token alone (CaiT's class attention)
+    class_attention.py  attention queried by the class token alone (CaiT's class attention, CrossViT's
+                cross attention)
     regroup.py  a map's elements regrouped by reshapes and transposes (MobileViT's patches' tokens): the
                 tensor's layout an index of the field's elements
     cell_attention.py  softmax attention within cells that partition a map's positions (MobileViT's
@@ -89,7 +90,7 @@ from gatepool.analysis.probe.correlated.add import add, add_grads
 from gatepool.analysis.probe.correlated.attention import Attention
 from gatepool.analysis.probe.correlated.cat import Cat
 from gatepool.analysis.probe.correlated.cell_attention import CellAttention
-from gatepool.analysis.probe.correlated.class_attention import class_attention_rule
+from gatepool.analysis.probe.correlated.class_attention import class_attention_rule, cross_attention_rule
 from gatepool.analysis.probe.correlated.conv import Conv, autocorr, box_conv
 from gatepool.analysis.probe.correlated.conv_mlp import AtLeast
 from gatepool.analysis.probe.correlated.dropout import Dropout
@@ -138,6 +139,7 @@ from gatepool.analysis.probe.correlated.tokens import (
     OnMap,
     SelectToken,
     TokenCat,
+    TokenSlice,
     UnflattenPositions,
 )
 from gatepool.analysis.probe.correlated.window_attention import WindowAttention
@@ -177,6 +179,7 @@ __all__ = [
     "Reparam",
     "Scale",
     "SelectToken",
+    "TokenSlice",
     "Shift",
     "SpaceToDepth",
     "SpatialReductionAttention",
@@ -195,6 +198,7 @@ __all__ = [
     "autocorr",
     "bivariate_relu",
     "class_attention_rule",
+    "cross_attention_rule",
     "box_conv",
     "map_index",
     "regrouped",

@@ -17,6 +17,9 @@ cat       fields and constants (C, 1, n) along the tokens: means and variances s
           uncorrelated with them), which the envelope √(v_p v_q) would give its pairs with the patches
           out of the covariance they share
 select    token i of a (C, 1, T) field: (C, 1, 1); back: the gradient at token i, zero elsewhere
+slice     tokens a … b − 1 (``x[:, a:b]``): the means and variances cut out, ρ at the shorter sequence's
+          lags (exact: Cov(p, q) = √(v_p v_q) ρ(q − p) at the kept pairs); back: the gradient padded with
+          zeros (:class:`pad.Pad`); no (T, T) covariance (CoaT's 3,137 tokens of 64 channels: 5 GB)
 on a map  a step of a (C, H, W) map on (C, 1, H·W) tokens: unflatten, the step, flatten (a module called
           with its tokens and their map's size: PVT's and Twins' attentions)
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
+from gatepool.analysis.probe.correlated.pad import Pad
 
 
 def _seq_lag(H: int, W: int) -> torch.Tensor:
@@ -160,6 +164,25 @@ class TokenCat:
                 )
             start += k
         return out
+
+
+class TokenSlice:
+    """``x[:, start:stop]`` of a (C, 1, T) field (0 ≤ start < stop ≤ T)."""
+
+    def __init__(self, start: int, stop: int) -> None:
+        self.start, self.stop = start, stop
+
+    def forward(self, x: Field) -> Field:
+        C, H, T = x.shape
+        if H != 1 or not 0 <= self.start < self.stop <= T:
+            raise ValueError(f"tokens {self.start}:{self.stop} of a field of {T}")
+        n = self.stop - self.start
+        self.pad = Pad(self.start, T - self.stop, 0, 0)
+        keep = slice(self.start, self.stop)
+        return Field(x.mean[..., keep], x.var[..., keep], x.corr[..., T - n : T + n - 1])
+
+    def backward(self, g: Field) -> Field:
+        return self.pad.forward(g)
 
 
 class SelectToken:
