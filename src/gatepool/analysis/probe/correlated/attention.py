@@ -11,7 +11,10 @@ spread    over the keys j of one query the scores vary by s² = (1/d) Σ_a E[q_a
           Σ_j ε_ij = 0 (so −κ/(T − 1) between two keys of one query), ε independent of v
 forward   per value channel, V = Σ_{j,j'} E[v_j v_j'] (all the tokens' second moments), V₀ = Σ_j E[v_j²]:
           E[o_i²] = ((1 − κ/(T−1)) V + κ T/(T−1) V₀)/T²,  E[o_i o_i'] the same with κ_c, E[o] = v̄'s mean:
-          between the token covariance average (κ = 0: every output the tokens' mean) and v's variance
+          between the token covariance average (κ = 0: every output the tokens' mean) and v's variance;
+          plus the weights' first-order lean towards the keys whose values move with the scores,
+          A_ij ≈ (1 + s_ij − s̄_i)/S: o_ib ⊃ c Σ_a C_ba q_ia (C below), a 1×1 conv of the queries,
+          independent of the rest
 backward  ∂L/∂v_j = Σ_i A_ij G_i: the forward's sums with the queries' and keys' roles swapped;
           ∂L/∂q_i = (1/√d) Σ_j A_ij (G_i·(v_j − o_i)) k_j:
               E = Σ_b Var_tok(k_a) Var_tok(v_b) n_ab/(dT) E[G_ib G_i'b] (the tokens' own spread; n_ab =
