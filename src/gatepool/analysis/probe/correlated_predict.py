@@ -196,6 +196,17 @@ def _tensor_grad(node: fx.Node, gm: fx.GraphModule, grad: dict) -> cr.Field | No
     return g if g is not None else grad.get(own)
 
 
+def _parts(step) -> list:
+    """The steps inside ``step`` that the walk sets up (a BatchNorm's batch, a ReLU's exact lags): a
+    composition's, an attention's projections' (LeViT's LinearNorms), down to the innermost."""
+    inner = getattr(step, "steps", None)
+    if isinstance(step, cr.Attention):
+        inner = (step.q, step.k, step.v, step.out)
+    if not isinstance(inner, (tuple, list)):
+        return [step]
+    return [p for s in inner for p in _parts(s)]
+
+
 def _is_leaf(m: nn.Module) -> bool:
     """A module with a correlated rule is one node of the trace (a plain ``nn.Sequential`` traced through)."""
     return rule_for(m) is not None and type(m) is not nn.Sequential
@@ -654,7 +665,7 @@ def _in_layout(m: nn.Module, step, f: cr.Field, layout: tuple):
         return _on_regrouped(m, step, layout)
     if f.shape[1:] == (1, 1) or isinstance(step, (*_ANY_LAYOUT, cr.Attention)):
         return step
-    if isinstance(step, cr.OnMap):  # a step of the tokens' map
+    if isinstance(step, cr.OnMap) or getattr(step, "takes_tokens", False):  # a step of (N, T, C) tokens
         if layout != ("W", "C"):
             raise NotImplementedError(f"{type(m).__name__} of a {layout} tensor: (N, T, C) tokens only")
         return step
@@ -1024,7 +1035,7 @@ class _Walk(Walk):
                 dims[n] = _FLATTENED
             if isinstance(step, cr.FlatLinear):
                 dims[n] = ("C",)
-            for part in getattr(step, "steps", (step,)):  # a timm norm-and-activation: its parts
+            for part in _parts(step):  # a timm norm-and-activation's, an attention's projections'
                 if isinstance(part, cr.BatchNorm):
                     part.batch = self.batch
                 if isinstance(part, cr.ReLU):

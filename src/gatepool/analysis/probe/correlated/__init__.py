@@ -76,6 +76,9 @@ The rules, each from the module's actual weights, one file each (its equations i
                 tensor's layout an index of the field's elements
     cell_attention.py  softmax attention within cells that partition a map's positions (MobileViT's
                 sub-lattice of each in-patch offset)
+    gpsa.py     gated positional self-attention (ConViT's: softmax attention and a constant positional
+                attention per head, mixed by a gate)
+    levit.py    LeViT's Linear-BatchNorm on tokens, its attention and its subsampling attention
 
 Each rule file also registers the modules it is the rule of (``conv.py`` nn.Conv2d and timm's standardised
 convs, ``norms.py`` the norms …: the adapter from a module's attributes to its step, beside the step);
@@ -97,8 +100,10 @@ from gatepool.analysis.probe.correlated.dropout import Dropout
 from gatepool.analysis.probe.correlated.field import Field, neighbour_corr, unit_noise, xcorr
 from gatepool.analysis.probe.correlated.flat_linear import FlatLinear
 from gatepool.analysis.probe.correlated.gate import Gate
+from gatepool.analysis.probe.correlated.gpsa import GatedPositional
 from gatepool.analysis.probe.correlated.law import conv_law, latent_corr, sum_law
 from gatepool.analysis.probe.correlated.layernorm import LayerNorm
+from gatepool.analysis.probe.correlated.levit import LinearNorm
 from gatepool.analysis.probe.correlated.linear import Linear
 from gatepool.analysis.probe.correlated.maxpool import MaxPool, clark_max
 from gatepool.analysis.probe.correlated.measure import measure_field, measure_fields, measure_input
@@ -160,11 +165,13 @@ __all__ = [
     "FlatLinear",
     "FlattenPositions",
     "Gate",
+    "GatedPositional",
     "Identity",
     "GroupNorm",
     "Interpolate",
     "LayerNorm",
     "Linear",
+    "LinearNorm",
     "MaxPool",
     "OnMap",
     "ModePad",

@@ -11,7 +11,10 @@ spread    over the keys j of one query the scores vary by s² = (1/d) Σ_a E[q_a
           Σ_j ε_ij = 0 (so −κ/(T − 1) between two keys of one query), ε independent of v
 forward   per value channel, V = Σ_{j,j'} E[v_j v_j'] (all the tokens' second moments), V₀ = Σ_j E[v_j²]:
           E[o_i²] = ((1 − κ/(T−1)) V + κ T/(T−1) V₀)/T²,  E[o_i o_i'] the same with κ_c, E[o] = v̄'s mean:
-          between the token covariance average (κ = 0: every output the tokens' mean) and v's variance
+          between the token covariance average (κ = 0: every output the tokens' mean) and v's variance;
+          plus the weights' first-order lean towards the keys whose values move with the scores,
+          A_ij ≈ (1 + s_ij − s̄_i)/S: o_ib ⊃ c Σ_a C_ba q_ia (C below), a 1×1 conv of the queries,
+          independent of the rest
 backward  ∂L/∂v_j = Σ_i A_ij G_i: the forward's sums with the queries' and keys' roles swapped;
           ∂L/∂q_i = (1/√d) Σ_j A_ij (G_i·(v_j − o_i)) k_j:
               E = Σ_b Var_tok(k_a) Var_tok(v_b) n_ab/(dT) E[G_ib G_i'b] (the tokens' own spread; n_ab =
@@ -43,7 +46,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from gatepool.analysis.probe.correlated.add import add_grads
+from gatepool.analysis.probe.correlated.add import add, add_grads
 from gatepool.analysis.probe.correlated.conv import Conv
 from gatepool.analysis.probe.correlated.field import Field, _field_from_sums, xcorr
 from gatepool.analysis.probe.correlated.registry import register_correlated_rule, register_named_rule
@@ -155,6 +158,7 @@ class Attention:
         own = _token_var(x) - (mc**2).mean(1)
         sigma = torch.diag(own.clamp_min(0)) + mc @ mc.T / T
         C = self.v.W[:, :, 0, 0] @ sigma @ self.k.W[:, :, 0, 0].T  # (b, a)
+        self.C = C
         w = (T - torch.arange(-(T - 1), T).abs()).to(x.var.dtype) / T
         n = torch.einsum("ae,be->ab", fk.corr[:, 0] * w, fv.corr[:, 0])
         M = self.s2 * (C.T**2 + self.kt[:, None] * self.vt[None, :] * n / T)
@@ -162,6 +166,10 @@ class Attention:
         return M * self.Pq[a[:, None], b[None, :]]
 
     def forward(self, x: Field) -> Field:
+        return self.out.forward(self.mixed(x))
+
+    def mixed(self, x: Field) -> Field:
+        """The heads' outputs Σ_j A_ij v_j (D_v, 1, T), before the out-projection."""
         D, H, _ = x.shape
         y = x if self.kv is None else self.kv.forward(x)  # (D, 1, S): the keys' and values' tokens
         xq = x if self.queries is None else self.queries.forward(x)  # (D, 1, T): the queries'
@@ -185,15 +193,31 @@ class Attention:
             return self.m**2 * V + k * (S * V0 - V) / ((S - 1) * S**2)
 
         o = _stationary(mean, second(self.K) - mean**2, second(self.Kc) - mean**2, T)
-        return self.out.forward(o)
+        return add(o, self._tilt().forward(fq))
+
+    def tilt_heads(self) -> torch.Tensor:
+        """(heads, heads): how much of head f's scores moves head h's weights to first order (I)."""
+        return torch.eye(self.h, dtype=torch.float64)
+
+    def _tilt(self) -> Conv:
+        """The weights' first-order lean towards the keys whose values move with the scores: A_ij ≈
+        (1 + s_ij − s̄_i)/S gives o_ib ⊃ c Σ_a q_ia Cov_tok(k_a, v_b) = c Σ_a C_ba q_ia, a 1×1 conv of the
+        queries (each head's values from its own queries' channels, or as ``tilt_heads`` mixes them)."""
+        a, b = torch.arange(self.C.shape[1]) // self.dk, torch.arange(self.C.shape[0]) // self.dv
+        W = self.s2**0.5 * self.C * self.tilt_heads()[b[:, None], a[None, :]]
+        return Conv(W[:, :, None, None], None, (1, 1), (0, 0))
 
     def _mix(self, P: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """(h, ...) per head → (D_k, ...): Σ_h P[f, h] t_h at each head f's query and key channels."""
         return torch.einsum("fh,h...->f...", P, t).repeat_interleave(self.dk, 0)
 
     def backward(self, g: Field) -> Field:
+        return self.into_x(*self.grads(self.out.backward(g)))
+
+    def grads(self, G: Field) -> tuple[Field, Field, Field]:
+        """The gradients at the queries, the keys and the values from ``G`` (D_v, 1, T) at the heads'
+        outputs."""
         T, S = self.T, self.S
-        G = self.out.backward(g)  # (D_v, 1, T) at the heads' outputs
         TG = G.lag_sums()
         Gd, Gall = G.var.sum((1, 2)), TG.sum((1, 2))
         m2, K, Kc = self.m**2, self.K / S**2, self.Kc / S**2
@@ -213,7 +237,11 @@ class Attention:
         sz = z.clamp_min(0).sqrt()
         both = rho * (fq.corr * xcorr(sz * sq, sz * sq) + xcorr(sz * fq.mean, sz * fq.mean))
         vk = (own + both.sum((1, 2)) - both[:, 0, T - 1]) * self.s2 / S**2
-        gk = _stationary(torch.zeros_like(vk), vk, torch.zeros_like(vk), S)
+        return gq, _stationary(torch.zeros_like(vk), vk, torch.zeros_like(vk), S), gv
+
+    def into_x(self, gq: Field, gk: Field, gv: Field) -> Field:
+        """x's gradient from the queries', the keys' and the values' (independent), back through the
+        projections and the steps to the queries' and the keys' tokens."""
         gy = add_grads(self.k.backward(gk), self.v.backward(gv))
         gx = self.q.backward(gq)
         gx = gx if self.queries is None else self.queries.backward(gx)

@@ -43,6 +43,10 @@ class TalkingHeads(Attention):
         self.L, self.W = L.detach().double(), W.detach().double()
         self.c = torch.zeros(num_heads, dtype=torch.float64) if c is None else c.detach().double()
 
+    def tilt_heads(self) -> torch.Tensor:
+        """Head f's scores move head h's weights by (W L)_hf to first order."""
+        return self.W @ self.L
+
     def weights(self, s2: torch.Tensor, s2c: torch.Tensor, S: int):
         L, W = self.L, self.W
         k = _kappas(L @ torch.diag(s2) @ L.T, S)
