@@ -500,7 +500,8 @@ def _unflattens_tokens(
 def _in_layout(m: nn.Module, step, f: cr.Field, layout: tuple):
     """A module's step on a tensor of this layout: a Linear on a map mixes the channels at each
     position (a 1×1 conv), a LayerNorm needs its dim to be the channels, the rest channels first."""
-    if f.shape[1:] == (1, 1) or isinstance(step, (*_ANY_LAYOUT, cr.Attention)):
+    attention = (cr.Attention, cr.CrossCovarianceAttention)  # on (N, T, C) tokens
+    if f.shape[1:] == (1, 1) or isinstance(step, (*_ANY_LAYOUT, *attention)):
         return step
     if isinstance(step, cr.OnMap):  # a step of the tokens' map
         if layout != ("W", "C"):

@@ -71,6 +71,7 @@ The rules, each from the module's actual weights, one file each (its equations i
                 conv (PVT v2's)
     talking_heads.py  attention whose heads' scores and weights are mixed by Linears (CaiT's)
     class_attention.py  attention queried by the class token alone (CaiT's class attention)
+    cross_covariance.py  cross-covariance attention over a head's channels (XCiT's, EdgeNeXt's XCA)
 
 Each rule file also registers the modules it is the rule of (``conv.py`` nn.Conv2d and timm's standardised
 convs, ``norms.py`` the norms …: the adapter from a module's attributes to its step, beside the step);
@@ -87,6 +88,7 @@ from gatepool.analysis.probe.correlated.cat import Cat
 from gatepool.analysis.probe.correlated.class_attention import class_attention_rule
 from gatepool.analysis.probe.correlated.conv import Conv, autocorr, box_conv
 from gatepool.analysis.probe.correlated.conv_mlp import AtLeast
+from gatepool.analysis.probe.correlated.cross_covariance import CrossCovarianceAttention
 from gatepool.analysis.probe.correlated.dropout import Dropout
 from gatepool.analysis.probe.correlated.field import Field, neighbour_corr, unit_noise, xcorr
 from gatepool.analysis.probe.correlated.flat_linear import FlatLinear
@@ -146,6 +148,7 @@ __all__ = [
     "ChannelShuffle",
     "ChannelSlice",
     "Conv",
+    "CrossCovarianceAttention",
     "Dropout",
     "Field",
     "FlatLinear",
