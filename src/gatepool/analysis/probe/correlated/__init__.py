@@ -72,6 +72,8 @@ The rules, each from the module's actual weights, one file each (its equations i
     talking_heads.py  attention whose heads' scores and weights are mixed by Linears (CaiT's)
     class_attention.py  attention queried by the class token alone (CaiT's class attention)
     cross_covariance.py  cross-covariance attention over a head's channels (XCiT's, EdgeNeXt's XCA)
+    branch_gain.py  a residual add whose branch is a function of the stream channel by channel: the
+                cross term of the branch's linear gain
 
 Each rule file also registers the modules it is the rule of (``conv.py`` nn.Conv2d and timm's standardised
 convs, ``norms.py`` the norms …: the adapter from a module's attributes to its step, beside the step);
@@ -84,6 +86,7 @@ tensor's for comparison). The walk through a model is :mod:`gatepool.analysis.pr
 from gatepool.analysis.probe.correlated.adaptive import AdaptiveAvgPool, AvgPoolWindows
 from gatepool.analysis.probe.correlated.add import add, add_grads
 from gatepool.analysis.probe.correlated.attention import Attention
+from gatepool.analysis.probe.correlated.branch_gain import add_cross, grad_cross, step_gain
 from gatepool.analysis.probe.correlated.cat import Cat
 from gatepool.analysis.probe.correlated.class_attention import class_attention_rule
 from gatepool.analysis.probe.correlated.conv import Conv, autocorr, box_conv
@@ -187,10 +190,12 @@ __all__ = [
     "WindowAttention",
     "add",
     "add_grads",
+    "add_cross",
     "autocorr",
     "bivariate_relu",
     "class_attention_rule",
     "box_conv",
+    "grad_cross",
     "clark_max",
     "conv_law",
     "hermite_coefficients",
@@ -208,6 +213,7 @@ __all__ = [
     "register_correlated_rule",
     "relu_series_maps",
     "rule_for",
+    "step_gain",
     "sum_law",
     "unit_noise",
     "xcorr",
