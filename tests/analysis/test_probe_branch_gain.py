@@ -38,16 +38,10 @@ class _Net(nn.Module):
         return self.head(self.bn(self.block(self.stem(x))).mean((2, 3)))
 
 
-def test_a_channelwise_branch_and_its_stream_share_their_cross_term():
-    """16 channels of a 6 × 6 map, 2000 draws (at seed 0, torch 2.13.0: the block's variance within 1% of
-    Monte Carlo's at every channel; x's E[g²] per channel 0.97–1.08 but one channel at 1.22 (where the
-    two gradients nearly cancel), 0.04 off on average. The add taken as independent: 0.78–1.83 forward,
-    0.77–2.02 backward (0.15 and 0.17 off on average); the cross term forward only: 0.64–2.91 backward)."""
-    torch.manual_seed(0)
-    C, B = 16, 2000
-    model = _Net(C).double()
-    x, _ = gaussian_field(C=C, H=6, W=6, ell=0.8, batch=B)
-    pred = predict_correlated(model, cr.measure_input(x), batch=B)
+def _predicted_and_measured(model: nn.Module, x: torch.Tensor) -> tuple:
+    """The walk's prediction (x's statistics, x's batch), and the "stem" and "block" outputs and their
+    gradients measured on x with a Gaussian ∂L/∂logits."""
+    pred = predict_correlated(model, cr.measure_input(x), batch=len(x))
     acts, grads = {}, {}
 
     def hook(m, a, y, n):
@@ -59,6 +53,19 @@ def test_a_channelwise_branch_and_its_stream_share_their_cross_term():
     out = model(x)
     seed = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=DT)
     (out * seed).sum().backward()
+    return pred, acts, grads
+
+
+def test_a_channelwise_branch_and_its_stream_share_their_cross_term():
+    """16 channels of a 6 × 6 map, 2000 draws (at seed 0, torch 2.13.0: the block's variance within 1% of
+    Monte Carlo's at every channel; x's E[g²] per channel 0.97–1.08 but one channel at 1.22 (where the
+    two gradients nearly cancel), 0.04 off on average. The add taken as independent: 0.78–1.83 forward,
+    0.77–2.02 backward (0.15 and 0.17 off on average); the cross term forward only: 0.64–2.91 backward)."""
+    torch.manual_seed(0)
+    C = 16
+    model = _Net(C).double()
+    x, _ = gaussian_field(C=C, H=6, W=6, ell=0.8, batch=2000)
+    pred, acts, grads = _predicted_and_measured(model, x)
     fwd = pred["block"].field.var.mean((1, 2)) / acts["block"].var((0, 2, 3), unbiased=False)
     bwd = pred["stem"].grad.var.mean((1, 2)) / grads["stem"].pow(2).mean((0, 2, 3))
     assert float((fwd - 1).abs().max()) < 0.03, fwd
@@ -101,21 +108,10 @@ def test_a_cat_of_tokens_leads_the_branch_back_to_its_stream():
     patches' variance 1.00–1.01 of Monte Carlo's at every channel, x's E[g²] 0.93–1.12; the add taken as
     independent: 0.51 forward and 0.48–0.57 backward; the cross term forward only: 0.48–0.57 backward)."""
     torch.manual_seed(0)
-    C, B = 16, 2000
+    C = 16
     model = _Tokens(C).double()
-    x, _ = gaussian_field(C=C, H=3, W=4, ell=0.8, batch=B)
-    pred = predict_correlated(model, cr.measure_input(x), batch=B)
-    acts, grads = {}, {}
-
-    def hook(m, a, y, n):
-        acts[n] = y.detach()
-        y.register_hook(lambda g: grads.__setitem__(n, g))
-
-    for name in ("stem", "block"):
-        model.get_submodule(name).register_forward_hook(lambda m, a, y, n=name: hook(m, a, y, n))
-    out = model(x)
-    seed = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=DT)
-    (out * seed).sum().backward()
+    x, _ = gaussian_field(C=C, H=3, W=4, ell=0.8, batch=2000)
+    pred, acts, grads = _predicted_and_measured(model, x)
     fwd = pred["block"].field.var[..., 1:].mean((1, 2)) / acts["block"][:, 1:].var((0, 1), unbiased=False)
     bwd = pred["stem"].grad.var.mean((1, 2)) / grads["stem"].pow(2).mean((0, 2, 3))
     assert float((fwd - 1).abs().max()) < 0.05, fwd
