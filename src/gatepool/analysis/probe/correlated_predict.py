@@ -99,18 +99,58 @@ def _weight_back(step, g: cr.Field | None, out: cr.Field | None):
 
 
 class _Add:
-    """x + y: the two independent; ``relu`` the index of the input that is a ReLU's output (or None)."""
+    """x + y: the two independent; ``relu`` the index of the input that is a ReLU's output (or None);
+    ``gain`` (i, G): the other input a function of input i channel by channel, of linear gain G
+    (:mod:`correlated.branch_gain`), whose cross term input i's gradient carries."""
 
-    def __init__(self, relu: int | None) -> None:
-        self.relu = relu
+    def __init__(self, relu: int | None, gain: tuple | None = None) -> None:
+        self.relu, self.gain = relu, gain
 
     def backward_to(self, g: cr.Field, i: int) -> cr.Field:
         """Each input gets the output's gradient; the ReLU input also its gradient through that ReLU's
         gate jointly with the next one (``stream_gate``, set by the ReLU after the add). ``yy`` and
         ``dependence`` are about the sum's value, not an input's (g x ≠ g y): dropped."""
+        if self.gain is not None and i == self.gain[0]:
+            g = cr.grad_cross(g, self.gain[1])
         if i == self.relu:
             return dataclasses.replace(g, pre_relu=None, yy=None, dependence=None)
         return dataclasses.replace(g, stream_gate=None, pre_relu=None, yy=None, dependence=None)
+
+
+def _branch_gain(args: list, steps: dict, inputs: dict, value: dict) -> tuple | None:
+    """(i, G) where the add's other input is a function of input i channel by channel (a chain of steps
+    back to it, each of a known linear gain: :func:`correlated.step_gain`; a cat of tokens through the
+    one piece that leads back), G (C, P, P) the chain's gain; else None."""
+    for i in (0, 1):
+        G = _gain_to(args[1 - i], args[i], steps, inputs, value, 32)
+        if G is not None:
+            return i, G
+    return None
+
+
+def _gain_to(n: fx.Node, s: fx.Node, steps: dict, inputs: dict, value: dict, depth: int):
+    """(C, P_n, P_s): the linear gain of node n on node s channel by channel, or None."""
+    if n is s:
+        P = value[s].mean[0].numel()
+        return torch.eye(P, dtype=torch.float64).expand(value[s].shape[0], P, P)
+    ins, step = inputs.get(n, []), steps.get(n)
+    if depth == 0 or not ins or step is None:
+        return None
+    if isinstance(step, cr.TokenCat):  # one piece a function of s, the others taken as independent of it
+        found = [(k, _gain_to(a, s, steps, inputs, value, depth - 1)) for k, a in enumerate(ins)]
+        found = [(k, G) for k, G in found if G is not None]
+        if len(found) != 1 or len(ins) != sum(step.fields):
+            return None
+        k, G = found[0]
+        starts = [sum(step.sizes[:j]) for j, f in enumerate(step.fields) if f]
+        out = torch.zeros((G.shape[0], sum(step.sizes), G.shape[2]), dtype=torch.float64)
+        out[:, starts[k] : starts[k] + G.shape[1]] = G
+        return out
+    if len(ins) != 1:
+        return None
+    g = cr.step_gain(step, value[ins[0]], value[n])
+    rest = None if g is None else _gain_to(ins[0], s, steps, inputs, value, depth - 1)
+    return None if rest is None else g @ rest
 
 
 class _Difference:
@@ -663,7 +703,8 @@ def _in_layout(m: nn.Module, step, f: cr.Field, layout: tuple):
     a map's regrouped positions (:class:`correlated.Regrouped`) an attention within each row's."""
     if isinstance(layout, cr.Regrouped):
         return _on_regrouped(m, step, layout)
-    if f.shape[1:] == (1, 1) or isinstance(step, (*_ANY_LAYOUT, cr.Attention)):
+    attention = (cr.Attention, cr.CrossCovarianceAttention)  # on (N, T, C) tokens
+    if f.shape[1:] == (1, 1) or isinstance(step, (*_ANY_LAYOUT, *attention)):
         return step
     if isinstance(step, cr.OnMap) or getattr(step, "takes_tokens", False):  # a step of (N, T, C) tokens
         if layout != ("W", "C"):
@@ -1099,6 +1140,9 @@ class _Walk(Walk):
             if dims.get(args[1], _CHW) != layout:
                 raise NotImplementedError("a sum of tensors of two layouts")
             out = cr.add(value[args[0]], value[args[1]])
+            gain = _branch_gain(args, steps, inputs, value)
+            if gain is not None:  # one a function of the other, channel by channel: their cross term
+                out = cr.add_cross(out, value[args[gain[0]]], gain[1])
             relus = [_relu_step(a, steps, inputs) for a in args]
             r = next(i for i, s in enumerate(relus) if s) if sum(map(bool, relus)) == 1 else None
             both = regime.add(*(value[a].regime for a in args))
@@ -1110,7 +1154,7 @@ class _Walk(Walk):
             if both is not None:  # the two terms in the same regime: the mixture's law
                 both = regime.level(both, out.mean, out.var)
                 out = dataclasses.replace(out, law=regime.mixture_law(out.mean, out.var, both), regime=both)
-            steps[n] = _Add(r)
+            steps[n] = _Add(r, gain)
         elif (mean := _stacked_mean(n)) is not None:  # the mean of K stacked tensors: their sum over K
             if len(args) != len(n.args[0]) or len({(value[a].shape, dims.get(a, _CHW)) for a in args}) != 1:
                 raise NotImplementedError("a stack of tensors of two shapes or with constants")

@@ -79,6 +79,9 @@ The rules, each from the module's actual weights, one file each (its equations i
     gpsa.py     gated positional self-attention (ConViT's: softmax attention and a constant positional
                 attention per head, mixed by a gate)
     levit.py    LeViT's Linear-BatchNorm on tokens, its attention and its subsampling attention
+    cross_covariance.py  cross-covariance attention over a head's channels (XCiT's, EdgeNeXt's XCA)
+    branch_gain.py  a residual add whose branch is a function of the stream channel by channel: the
+                cross term of the branch's linear gain
 
 Each rule file also registers the modules it is the rule of (``conv.py`` nn.Conv2d and timm's standardised
 convs, ``norms.py`` the norms …: the adapter from a module's attributes to its step, beside the step);
@@ -91,11 +94,13 @@ tensor's for comparison). The walk through a model is :mod:`gatepool.analysis.pr
 from gatepool.analysis.probe.correlated.adaptive import AdaptiveAvgPool, AvgPoolWindows
 from gatepool.analysis.probe.correlated.add import add, add_grads
 from gatepool.analysis.probe.correlated.attention import Attention
+from gatepool.analysis.probe.correlated.branch_gain import add_cross, grad_cross, step_gain
 from gatepool.analysis.probe.correlated.cat import Cat
 from gatepool.analysis.probe.correlated.cell_attention import CellAttention
 from gatepool.analysis.probe.correlated.class_attention import class_attention_rule, cross_attention_rule
 from gatepool.analysis.probe.correlated.conv import Conv, autocorr, box_conv
 from gatepool.analysis.probe.correlated.conv_mlp import AtLeast
+from gatepool.analysis.probe.correlated.cross_covariance import CrossCovarianceAttention
 from gatepool.analysis.probe.correlated.dropout import Dropout
 from gatepool.analysis.probe.correlated.field import Field, neighbour_corr, unit_noise, xcorr
 from gatepool.analysis.probe.correlated.flat_linear import FlatLinear
@@ -160,6 +165,7 @@ __all__ = [
     "ChannelShuffle",
     "ChannelSlice",
     "Conv",
+    "CrossCovarianceAttention",
     "Dropout",
     "Field",
     "FlatLinear",
@@ -202,11 +208,13 @@ __all__ = [
     "WindowAttention",
     "add",
     "add_grads",
+    "add_cross",
     "autocorr",
     "bivariate_relu",
     "class_attention_rule",
     "cross_attention_rule",
     "box_conv",
+    "grad_cross",
     "map_index",
     "regrouped",
     "clark_max",
@@ -226,6 +234,7 @@ __all__ = [
     "register_correlated_rule",
     "relu_series_maps",
     "rule_for",
+    "step_gain",
     "sum_law",
     "unit_noise",
     "xcorr",

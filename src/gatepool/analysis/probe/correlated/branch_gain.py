@@ -1,0 +1,117 @@
+"""A residual add z = s + b whose branch b is a function of the stream s channel by channel (XCiT's local
+patch interaction: a depthwise conv, a GELU, BatchNorm, a depthwise conv, a layer scale): per channel the
+two terms are not independent.
+
+gain      the branch's linear part, per channel a matrix over the positions, b_c ≈ G_c s_c + (a part
+          uncorrelated with s): the product of its steps' own, a depthwise conv its taps (its output at
+          each position of one-hot inputs), a slice of the tokens its rows, an activation E[f'(x_p)] at
+          each position (Price: Cov(s, f(x)) = E[f'(x)] Cov(s, x) for jointly normal s and x), a norm
+          γ/σ (BatchNorm's per channel, LayerNorm's (1 − 1/C) γ/σ_p, its centring), a layer scale its
+          factor, positions into tokens and back the identity (row-major);
+          a cat of tokens (CaiT's and XCiT's class attention blocks: x + cat(attn(x̂), x̂[:, 1:])) the
+          rows of the one piece that leads back to s, the others (the class token's attention, its MLP)
+          taken as independent of it
+forward   Cov(z_p, z_q) = Cov(s_p, s_q) + Cov(b_p, b_q) + X(p, q) + X(q, p), X = C_s G_cᵀ (C_s the stream's
+          covariance over the positions per channel): zero in expectation over the conv's random taps,
+          but of either sign per channel (± 0.5 of the correlation at XCiT's init), which spreads the
+          channels' variances that a BatchNorm after them divides by one by one
+backward  at s the two gradients g (through the add) and G_cᵀ g (through the branch): the add's gives it
+          with Y + Yᵀ, Y = C_g G_c, added (their sum at s then holds the cross term)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from gatepool.analysis.probe.correlated.conv import Conv
+from gatepool.analysis.probe.correlated.dropout import Dropout
+from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums
+from gatepool.analysis.probe.correlated.layernorm import LayerNorm
+from gatepool.analysis.probe.correlated.norms import BatchNorm, GroupNorm
+from gatepool.analysis.probe.correlated.pointwise import Pointwise
+from gatepool.analysis.probe.correlated.resample import PositionMap
+from gatepool.analysis.probe.correlated.scale import Scale
+from gatepool.analysis.probe.correlated.shift import Shift
+from gatepool.analysis.probe.correlated.steps import Identity
+from gatepool.analysis.probe.correlated.stochastic_depth import StochasticDepth
+from gatepool.analysis.probe.correlated.tokens import FlattenPositions, SelectToken, UnflattenPositions
+
+_MAX = 2**24  # C·P² of the largest gain kept (128 MB); a larger map's branch is taken as independent
+_SAME = (Identity, Shift, Dropout, StochasticDepth, FlattenPositions, UnflattenPositions)
+
+
+def step_gain(step, x: Field, out: Field) -> torch.Tensor | None:
+    """(C, P_out, P_in): ``step``'s linear gain per channel from its input field ``x`` to its output
+    ``out`` (positions flattened row-major); None where an output channel reads other channels, or for a
+    step of unknown gain."""
+    C, P = x.shape[0], x.mean[0].numel()
+    Po = out.mean[0].numel()
+    if out.shape[0] != C or C * P * max(P, Po) > _MAX:
+        return None
+    diag = None
+    if isinstance(step, _SAME) and Po == P:
+        diag = torch.ones((C, P), dtype=_DT)
+    elif isinstance(step, Scale):
+        diag = step._map(x.shape).reshape(C, P)
+    elif isinstance(step, Pointwise):
+        diag = step.h["df"][0].reshape(C, P)
+    elif isinstance(step, LayerNorm) and not getattr(step, "channels_first", False):
+        gam = torch.ones(C, dtype=_DT) if step.gamma is None else step.gamma
+        diag = ((1 - 1 / C) * gam[:, None, None] / step.sigma2.sqrt()).expand(x.shape).reshape(C, P)
+    elif isinstance(step, (BatchNorm, GroupNorm)):
+        norm = step.norm if isinstance(step, BatchNorm) else step
+        if norm is None:
+            diag = step.a.expand(x.shape).reshape(C, P)
+        elif norm.G == C:
+            gam = torch.ones(C, dtype=_DT) if norm.gamma is None else norm.gamma
+            diag = (gam / norm.sigma2.sqrt())[:, None].expand(C, P)
+    elif isinstance(step, PositionMap):  # a slice of the tokens, a resize
+        return step.M.expand(C, *step.M.shape) if step.M.shape == (Po, P) else None
+    elif isinstance(step, SelectToken):
+        row = torch.zeros((C, 1, P), dtype=_DT)
+        row[:, 0, step.index % P] = 1.0
+        return row
+    elif isinstance(step, Conv) and step.Wd is not None and bool((step.src == torch.arange(C)).all()):
+        H, W = x.shape[1:]
+        eye = torch.eye(P, dtype=_DT).reshape(P, 1, H, W).expand(P, C, H, W)
+        resp = F.conv2d(eye, step.weight, None, step.stride, step.padding, 1, step.groups)  # (P, C, Ho, Wo)
+        return resp.flatten(2).permute(1, 2, 0) if resp[0, 0].numel() == Po else None
+    return None if diag is None or Po != P else torch.diag_embed(diag)
+
+
+def full_cov(f: Field) -> torch.Tensor:
+    """(C, P, P): a field's covariance over its positions per channel."""
+    C, H, W = f.shape
+    s = f.var.clamp_min(0).sqrt().reshape(C, -1)
+    h, w = torch.arange(H).repeat_interleave(W), torch.arange(W).repeat(H)
+    dh, dw = h[None, :] - h[:, None] + H - 1, w[None, :] - w[:, None] + W - 1
+    return s[:, :, None] * s[:, None, :] * f.corr[:, dh, dw]
+
+
+def _lag_sums(cov: torch.Tensor, H: int, W: int) -> torch.Tensor:
+    """(C, 2H−1, 2W−1): Σ over the pairs at each lag of a (C, P, P) covariance."""
+    C = cov.shape[0]
+    h, w = torch.arange(H).repeat_interleave(W), torch.arange(W).repeat(H)
+    idx = (h[None, :] - h[:, None] + H - 1) * (2 * W - 1) + (w[None, :] - w[:, None] + W - 1)
+    out = torch.zeros((C, (2 * H - 1) * (2 * W - 1)), dtype=_DT)
+    return out.index_add_(1, idx.flatten(), cov.flatten(1)).reshape(C, 2 * H - 1, 2 * W - 1)
+
+
+def with_cross(f: Field, X: torch.Tensor) -> Field:
+    """``f`` with X + Xᵀ (C, P, P) added to its covariance (its variances and lag sums)."""
+    C, H, W = f.shape
+    S = X + X.transpose(1, 2)
+    var = (f.var + torch.diagonal(S, dim1=1, dim2=2).reshape(C, H, W)).clamp_min(0)
+    out = _field_from_sums(f.mean, var, f.lag_sums() + _lag_sums(S, H, W))
+    return Field(out.mean, out.var, out.corr)
+
+
+def add_cross(z: Field, s: Field, G: torch.Tensor) -> Field:
+    """z = s + b (their covariances already added) with the cross term of b's linear gain G on s."""
+    return with_cross(z, full_cov(s) @ G.transpose(1, 2))
+
+
+def grad_cross(g: Field, G: torch.Tensor) -> Field:
+    """The add's gradient at the stream s with the cross term of the branch's gradient Gᵀ g."""
+    return with_cross(g, full_cov(g) @ G)
