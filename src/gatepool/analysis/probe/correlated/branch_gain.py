@@ -35,7 +35,12 @@ from gatepool.analysis.probe.correlated.scale import Scale
 from gatepool.analysis.probe.correlated.shift import Shift
 from gatepool.analysis.probe.correlated.steps import Identity
 from gatepool.analysis.probe.correlated.stochastic_depth import StochasticDepth
-from gatepool.analysis.probe.correlated.tokens import FlattenPositions, SelectToken, UnflattenPositions
+from gatepool.analysis.probe.correlated.tokens import (
+    FlattenPositions,
+    SelectToken,
+    TokenSlice,
+    UnflattenPositions,
+)
 
 _MAX = 2**24  # C·P² of the largest gain kept (128 MB); a larger map's branch is taken as independent
 _SAME = (Identity, Shift, Dropout, StochasticDepth, FlattenPositions, UnflattenPositions)
@@ -68,6 +73,9 @@ def step_gain(step, x: Field, out: Field) -> torch.Tensor | None:
             diag = (gam / norm.sigma2.sqrt())[:, None].expand(C, P)
     elif isinstance(step, PositionMap):  # a slice of the tokens, a resize
         return step.M.expand(C, *step.M.shape) if step.M.shape == (Po, P) else None
+    elif isinstance(step, TokenSlice):  # rows start … stop − 1 of the identity
+        rows = torch.eye(P, dtype=_DT)[step.start : step.stop]
+        return rows.expand(C, Po, P) if len(rows) == Po else None
     elif isinstance(step, SelectToken):
         row = torch.zeros((C, 1, P), dtype=_DT)
         row[:, 0, step.index % P] = 1.0
