@@ -1081,7 +1081,7 @@ class _Walk(Walk):
                     part.batch = self.batch
                 if isinstance(part, cr.ReLU):
                     part.R = self.exact_lags
-            if isinstance(step, (cr.Attention, cr.CellAttention)):  # query, key and value one tensor
+            if isinstance(step, _ATTENTIONS):  # query, key and value one tensor
                 if len(set(args)) != 1 or (isinstance(step, cr.Attention) and layout != ("W", "C")):
                     raise NotImplementedError("attention but batch-first self-attention on tokens")
                 inputs[n] = args[:1]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from gatepool.analysis.probe.correlated.adaptive import _lag_index, covariance
 from gatepool.analysis.probe.correlated.conv import Conv
 from gatepool.analysis.probe.correlated.dropout import Dropout
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums
@@ -88,38 +89,21 @@ def step_gain(step, x: Field, out: Field) -> torch.Tensor | None:
     return None if diag is None or Po != P else torch.diag_embed(diag)
 
 
-def full_cov(f: Field) -> torch.Tensor:
-    """(C, P, P): a field's covariance over its positions per channel."""
-    C, H, W = f.shape
-    s = f.var.clamp_min(0).sqrt().reshape(C, -1)
-    h, w = torch.arange(H).repeat_interleave(W), torch.arange(W).repeat(H)
-    dh, dw = h[None, :] - h[:, None] + H - 1, w[None, :] - w[:, None] + W - 1
-    return s[:, :, None] * s[:, None, :] * f.corr[:, dh, dw]
-
-
-def _lag_sums(cov: torch.Tensor, H: int, W: int) -> torch.Tensor:
-    """(C, 2H−1, 2W−1): Σ over the pairs at each lag of a (C, P, P) covariance."""
-    C = cov.shape[0]
-    h, w = torch.arange(H).repeat_interleave(W), torch.arange(W).repeat(H)
-    idx = (h[None, :] - h[:, None] + H - 1) * (2 * W - 1) + (w[None, :] - w[:, None] + W - 1)
-    out = torch.zeros((C, (2 * H - 1) * (2 * W - 1)), dtype=_DT)
-    return out.index_add_(1, idx.flatten(), cov.flatten(1)).reshape(C, 2 * H - 1, 2 * W - 1)
-
-
 def with_cross(f: Field, X: torch.Tensor) -> Field:
     """``f`` with X + Xᵀ (C, P, P) added to its covariance (its variances and lag sums)."""
     C, H, W = f.shape
     S = X + X.transpose(1, 2)
     var = (f.var + torch.diagonal(S, dim1=1, dim2=2).reshape(C, H, W)).clamp_min(0)
-    out = _field_from_sums(f.mean, var, f.lag_sums() + _lag_sums(S, H, W))
+    T = f.lag_sums().reshape(C, -1).index_add(1, _lag_index(H, W).flatten(), S.reshape(C, -1))
+    out = _field_from_sums(f.mean, var, T.reshape(C, 2 * H - 1, 2 * W - 1))
     return Field(out.mean, out.var, out.corr)
 
 
 def add_cross(z: Field, s: Field, G: torch.Tensor) -> Field:
     """z = s + b (their covariances already added) with the cross term of b's linear gain G on s."""
-    return with_cross(z, full_cov(s) @ G.transpose(1, 2))
+    return with_cross(z, covariance(s) @ G.transpose(1, 2))
 
 
 def grad_cross(g: Field, G: torch.Tensor) -> Field:
     """The add's gradient at the stream s with the cross term of the branch's gradient Gᵀ g."""
-    return with_cross(g, full_cov(g) @ G)
+    return with_cross(g, covariance(g) @ G)

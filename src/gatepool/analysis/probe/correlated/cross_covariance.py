@@ -30,26 +30,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums
+from gatepool.analysis.probe.correlated.adaptive import covariance, from_covariance
+from gatepool.analysis.probe.correlated.field import _DT, Field
 from gatepool.analysis.probe.correlated.registry import register_named_rule
-
-
-def _lags(T: int) -> torch.Tensor:
-    """(T, T): the lag index u − t + T − 1 of the pair (t, u)."""
-    return torch.arange(T)[None, :] - torch.arange(T)[:, None] + T - 1
-
-
-def token_cov(f: Field) -> torch.Tensor:
-    """(C, T, T): the tokens' covariance of a (C, 1, T) field per channel."""
-    s = f.var[:, 0].clamp_min(0).sqrt()
-    return s[:, :, None] * s[:, None, :] * f.corr[:, 0][:, _lags(f.shape[-1])]
-
-
-def from_cov(mean: torch.Tensor, cov: torch.Tensor) -> Field:
-    """The (C, 1, T) field of a (C, T) mean and a (C, T, T) covariance per channel (its lag sums)."""
-    C, T, _ = cov.shape
-    sums = torch.zeros((C, 2 * T - 1), dtype=_DT).index_add_(1, _lags(T).flatten(), cov.flatten(1))
-    return _field_from_sums(mean[:, None], torch.diagonal(cov, dim1=1, dim2=2)[:, None], sums[:, None])
 
 
 def _through(W: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
@@ -98,7 +81,7 @@ class CrossCovarianceAttention:
         C, one, T = x.shape
         if one != 1 or T < 2 or C != self.Wq.shape[1]:
             raise ValueError(f"x must be a ({self.Wq.shape[1]}, 1, T ≥ 2) field of tokens, got {x.shape}")
-        Mx, Cx = x.mean[:, 0], token_cov(x)
+        Mx, Cx = x.mean[:, 0], covariance(x)
         mq, mk, mv = (
             W @ Mx + b[:, None] for W, b in ((self.Wq, self.bq), (self.Wk, self.bk), (self.Wv, self.bv))
         )
@@ -132,12 +115,12 @@ class CrossCovarianceAttention:
         mean = self.Weff @ Mx + bias[:, None]
         cov = _through(self.Weff, Cx) + _through(self.P, n)
         self.keep = (Mx, mq, mk, mv, Cq, Ck, Cv, nq2, nk2)
-        return from_cov(mean, cov)
+        return from_covariance(mean[:, None], cov)
 
     def backward(self, g: Field) -> Field:
         Mx, mq, mk, mv, Cq, Ck, Cv, nq2, nk2 = self.keep
         D, T = self.Wq.shape[0], Cq.shape[-1]
-        Cg = token_cov(g)
+        Cg = covariance(g)
         gam = self._heads(_through(self.P.T, Cg))  # (h, d, T, T): the heads' outputs' gradient
         # the fluctuation's to v: Σ_a K_a[b, b] Γ_a over b's head's queries
         kd = torch.diagonal(self._heads(self.K), dim1=2, dim2=3)  # (h, a, b)
@@ -160,7 +143,7 @@ class CrossCovarianceAttention:
         sq = self._heads((Cq + mq[:, :, None] * mq[:, None, :]) * (t2 / nq2)[:, None, None])
         gk = torch.einsum("hab,hatu->hbtu", sd, sq).reshape(D, T, T) / nk2[:, None, None]
         cov = cov + _through(self.Wq.T, gq) + _through(self.Wk.T, gk)
-        return from_cov(torch.zeros_like(Mx), cov)
+        return from_covariance(torch.zeros_like(Mx)[:, None], cov)
 
 
 def _rule(m: nn.Module) -> CrossCovarianceAttention:
