@@ -1383,6 +1383,9 @@ class _Walk(Walk):
         if isinstance(step, _Add):
             return [step.backward_to(g, i) for i in range(k)]
         if _relu_of(step) is not None:  # a ReLU (or steps ending in one) takes its users' one by one
+            joint = any(p.pre_relu is not None or p.stream_gate is not None for p in parts)
+            if any(p.cross is not None for p in parts) and not joint:
+                parts = [g]  # a residual add's cross term with its branch's gradient: in their sum alone
             return [step.backward(parts)] * k
         return [_weight_back(step, g, step.backward(g))] * k
 

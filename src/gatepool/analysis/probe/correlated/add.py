@@ -20,9 +20,13 @@ def add(a: Field, b: Field) -> Field:
 
 def add_grads(a: Field, b: Field) -> Field:
     """Two gradients of one tensor, independent: variances, lag sums and ``yy`` add (``yy`` is kept
-    only where both have it), the per-sample weights joined (:func:`regime.join`)."""
+    only where both have it), the per-sample weights joined (:func:`regime.join`); a signed cross term
+    either carries (``Field.cross``: a residual add's with its branch's gradient) is added to the sum."""
     yy = None if a.yy is None or b.yy is None else a.yy + b.yy
-    out = _field_from_sums(torch.zeros_like(a.var), a.var + b.var, a.lag_sums() + b.lag_sums(), yy)
+    var, T = a.var + b.var, a.lag_sums() + b.lag_sums()
+    for v, t in (f.cross for f in (a, b) if f.cross is not None):
+        var, T = var + v, T + t
+    out = _field_from_sums(torch.zeros_like(a.var), var, T, yy)
     out.coupling = added_coupling(a.coupling, b.coupling)
     out.weight = regime.join(a.weight, a.var, b.weight, b.var)
     return out

@@ -15,11 +15,16 @@ forward   Cov(z_p, z_q) = Cov(s_p, s_q) + Cov(b_p, b_q) + X(p, q) + X(q, p), X =
           covariance over the positions per channel): zero in expectation over the conv's random taps,
           but of either sign per channel (± 0.5 of the correlation at XCiT's init), which spreads the
           channels' variances that a BatchNorm after them divides by one by one
-backward  at s the two gradients g (through the add) and G_cᵀ g (through the branch): the add's gives it
-          with Y + Yᵀ, Y = C_g G_c, added (their sum at s then holds the cross term)
+backward  at s the two gradients g (through the add) and G_cᵀ g (through the branch): the add's carries
+          Y + Yᵀ, Y = C_g G_c, apart (``Field.cross``) and their sum at s adds it, so that s's
+          covariance is (I + G_c)ᵀ C_g (I + G_c) plus the branch's own remainder; on g alone it would be
+          negative where the two cancel (a depthwise conv whose taps sum below −½: a third of Twins'
+          position conv's channels at timm's init, std √(2/9)) and clamped there
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -89,21 +94,27 @@ def step_gain(step, x: Field, out: Field) -> torch.Tensor | None:
     return None if diag is None or Po != P else torch.diag_embed(diag)
 
 
-def with_cross(f: Field, X: torch.Tensor) -> Field:
-    """``f`` with X + Xᵀ (C, P, P) added to its covariance (its variances and lag sums)."""
-    C, H, W = f.shape
-    S = X + X.transpose(1, 2)
-    var = (f.var + torch.diagonal(S, dim1=1, dim2=2).reshape(C, H, W)).clamp_min(0)
-    T = f.lag_sums().reshape(C, -1).index_add(1, _lag_index(H, W).flatten(), S.reshape(C, -1))
-    out = _field_from_sums(f.mean, var, T.reshape(C, 2 * H - 1, 2 * W - 1))
-    return Field(out.mean, out.var, out.corr)
+def _signed(S: torch.Tensor, H: int, W: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(v, T): the diagonal (C, H, W) and the lag sums (C, 2H − 1, 2W − 1) of a symmetric (C, P, P)."""
+    C = S.shape[0]
+    T = torch.zeros((C, (2 * H - 1) * (2 * W - 1)), dtype=_DT).index_add(
+        1, _lag_index(H, W).flatten(), S.reshape(C, -1)
+    )
+    return torch.diagonal(S, dim1=1, dim2=2).reshape(C, H, W), T.reshape(C, 2 * H - 1, 2 * W - 1)
 
 
 def add_cross(z: Field, s: Field, G: torch.Tensor) -> Field:
-    """z = s + b (their covariances already added) with the cross term of b's linear gain G on s."""
-    return with_cross(z, covariance(s) @ G.transpose(1, 2))
+    """z = s + b (their covariances already added) with the cross term X + Xᵀ, X = C_s Gᵀ, of b's linear
+    gain G on s."""
+    X = covariance(s) @ G.transpose(1, 2)
+    v, T = _signed(X + X.transpose(1, 2), *z.shape[1:])
+    out = _field_from_sums(z.mean, z.var + v, z.lag_sums() + T)
+    return Field(out.mean, out.var, out.corr)
 
 
 def grad_cross(g: Field, G: torch.Tensor) -> Field:
-    """The add's gradient at the stream s with the cross term of the branch's gradient Gᵀ g."""
-    return with_cross(g, covariance(g) @ G)
+    """The add's gradient g at the stream s, carrying (``Field.cross``) its cross term Y + Yᵀ, Y = C_g G,
+    with the branch's gradient Gᵀ g there: the sum of the two then holds it (:func:`add.add_grads`);
+    added to g alone it would be negative where the two cancel (Σ_t w_t < −½ of a depthwise conv)."""
+    Y = covariance(g) @ G
+    return dataclasses.replace(g, cross=_signed(Y + Y.transpose(1, 2), *g.shape[1:]))

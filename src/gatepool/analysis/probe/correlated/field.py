@@ -76,6 +76,11 @@ class Field:
     1; None: uniform): a ReLU with a regime reads it for its gate (a gradient larger where the gate is
     open) and sets it, convs, max pools, norms, adds and the sum of two gradients carry it; every other
     rule drops it.
+    ``cross`` (gradients only, optional): (v, T) maps (C, H, W) and (C, 2H−1, 2W−1), a signed term of the
+    covariance of the sum of this gradient and its tensor's other gradients, its variances and lag sums:
+    a residual add's gradient at its stream carries its cross term with the branch's gradient there
+    (:mod:`branch_gain`), Y + Yᵀ, which is negative where the two cancel and so no covariance on its own;
+    the sum of two gradients adds it (:func:`add_grads`); every other rule drops it.
     """
 
     mean: torch.Tensor
@@ -95,6 +100,7 @@ class Field:
     copula: object | None = field(default=None, repr=False)
     coupling: object | None = field(default=None, repr=False)
     weight: torch.Tensor | None = field(default=None, repr=False)
+    cross: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:
