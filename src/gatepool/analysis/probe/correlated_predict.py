@@ -971,6 +971,7 @@ class _Walk(Walk):
         self.pieces: dict[fx.Node, list] = {}  # a split's channel ranges, for the getitems of its pieces
         self.order = {m: i for i, m in enumerate(nodes)}
         self.holders: dict[int, list[fx.Node]] = {}  # the nodes whose value is one Field (an identity's)
+        self.own: dict[fx.Node, object] = {}  # steps whose module's row is its own tensor (``as_module``)
 
     def visit(self, n: fx.Node) -> cr.Field | None:
         """Node ``n``'s field from its inputs' (:class:`graph.NoPrediction`: why it has none); a constant
@@ -1354,6 +1355,8 @@ class _Walk(Walk):
     def pulled(self, n: fx.Node) -> None:
         """Its step let go, and of its gradient what only its own pull reads: the rows keep its mean,
         variance and stencil (a 56 × 56 stage's steps and gradients otherwise hold gigabytes to the end)."""
+        if hasattr(self.steps.get(n), "as_module"):
+            self.own[n] = self.steps[n]
         super().pulled(n)
         if self.grad.get(n) is not None:
             self.grad[n] = dataclasses.replace(self.grad[n], **dict.fromkeys(_PULL_ONLY))
@@ -1435,12 +1438,12 @@ def predict_correlated(
                 rows[name].note = why.get(node, "no prediction")
             continue
         kind = type(model.get_submodule(name)).__name__
+        f, g = value.get(node), _tensor_grad(node, gm, grad)
+        step = walk.steps.get(node, walk.own.get(node))
+        if hasattr(step, "as_module"):  # the module's own tensor is not the walk's field
+            f, g = step.as_module(f, g)
         rows[name] = CorrelatedRow(
-            name,
-            kind,
-            value.get(node),
-            _tensor_grad(node, gm, grad),
-            note="" if value.get(node) is not None else why.get(node, "no prediction"),
+            name, kind, f, g, note="" if value.get(node) is not None else why.get(node, "no prediction")
         )
     rows["(output)"] = CorrelatedRow(
         "(output)", type(model).__name__, value.get(out_node), grad.get(out_node), note=why.get(out_node, "")

@@ -82,6 +82,8 @@ The rules, each from the module's actual weights, one file each (its equations i
     cross_covariance.py  cross-covariance attention over a head's channels (XCiT's, EdgeNeXt's XCA)
     branch_gain.py  a residual add whose branch is a function of the stream channel by channel: the
                 cross term of the branch's linear gain
+    tiny_vit.py  TinyViT's attention (a LayerNorm, qkv head by head, an offset bias) as a window
+                attention on its block's map
 
 Each rule file also registers the modules it is the rule of (``conv.py`` nn.Conv2d and timm's standardised
 convs, ``norms.py`` the norms …: the adapter from a module's attributes to its step, beside the step);
@@ -143,6 +145,7 @@ from gatepool.analysis.probe.correlated.stencil import Stencil, pool_stencil
 from gatepool.analysis.probe.correlated.steps import Identity, Steps
 from gatepool.analysis.probe.correlated.stochastic_depth import StochasticDepth
 from gatepool.analysis.probe.correlated.talking_heads import TalkingHeads
+from gatepool.analysis.probe.correlated.tiny_vit import NormedWindowAttention
 from gatepool.analysis.probe.correlated.token_linear import TokenLinear
 from gatepool.analysis.probe.correlated.tokens import (
     FlattenPositions,
@@ -179,6 +182,7 @@ __all__ = [
     "Linear",
     "LinearNorm",
     "MaxPool",
+    "NormedWindowAttention",
     "OnMap",
     "ModePad",
     "PAD_MODES",

@@ -210,11 +210,13 @@ class WindowAttention:
         C = Sv / (Tc[:, None] * Tc[None, :])  # Cov(v̄_c, v̄_c')
         noise = self.vt / (Tc - 1).clamp_min(1)  # (D, n)
         cut = (slice(None), slice(0, H), slice(0, W))
-        own = (c.at(noise) * (self.kappa - c.at(self.kappa_c)))[cut]  # a position's own, beyond its cell's
+        own = c.at(noise) * (self.kappa - c.at(self.kappa_c))  # a position's own, beyond its cell's
         T = c.spread(C + torch.diag_embed(noise * self.kappa_c))
-        T[:, H - 1, W - 1] += own.sum((1, 2))
-        var = c.at(torch.diagonal(C, dim1=1, dim2=2) + noise * self.kappa_c)[cut] + own
-        o = _field_from_sums(c.at(c.sum(mv) / Tc)[cut], var, T)
+        T[:, H - 1, W - 1] += own[cut].sum((1, 2))
+        # every position of the padded map, the padding's too (the windows' tokens a module returns)
+        cells = torch.diagonal(C, dim1=1, dim2=2) + noise * self.kappa_c
+        self.padded = c.at(c.sum(mv) / Tc), c.at(cells) + own
+        o = _field_from_sums(self.padded[0][cut], self.padded[1][cut], T)
         return self.proj.forward(o)
 
     def backward(self, g: Field) -> Field:
