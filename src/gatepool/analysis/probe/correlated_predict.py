@@ -971,6 +971,7 @@ class _Walk(Walk):
         self.pieces: dict[fx.Node, list] = {}  # a split's channel ranges, for the getitems of its pieces
         self.order = {m: i for i, m in enumerate(nodes)}
         self.holders: dict[int, list[fx.Node]] = {}  # the nodes whose value is one Field (an identity's)
+        self.windowed: dict[fx.Node, object] = {}  # window attentions whose tensor: the padded map's windows
 
     def visit(self, n: fx.Node) -> cr.Field | None:
         """Node ``n``'s field from its inputs' (:class:`graph.NoPrediction`: why it has none); a constant
@@ -1028,6 +1029,7 @@ class _Walk(Walk):
             and (chain := _window_chain(self.gm, self.nodes, n, value[args[0]].shape, const)) is not None
         ):
             planned.update(chain)  # a window attention on the map (timm's Swin)
+            self.windowed.update((t, s) for t, s in chain.items() if isinstance(s, cr.WindowAttention))
             steps[n] = planned.pop(n)
             out = steps[n].forward(value[args[0]])
         elif layout == ("H", "W", "C") and (merge := _merging(n, value[args[0]].shape, const)) is not None:
@@ -1432,12 +1434,11 @@ def predict_correlated(
                 rows[name].note = why.get(node, "no prediction")
             continue
         kind = type(model.get_submodule(name)).__name__
+        field, g = value.get(node), _tensor_grad(node, gm, grad)
+        if node in walk.windowed and field is not None:  # its tensor: the windows of the padded map
+            field, g = walk.windowed[node].padded(field, g) or (field, g)
         rows[name] = CorrelatedRow(
-            name,
-            kind,
-            value.get(node),
-            _tensor_grad(node, gm, grad),
-            note="" if value.get(node) is not None else why.get(node, "no prediction"),
+            name, kind, field, g, note="" if field is not None else why.get(node, "no prediction")
         )
     rows["(output)"] = CorrelatedRow(
         "(output)", type(model).__name__, value.get(out_node), grad.get(out_node), note=why.get(out_node, "")
