@@ -79,7 +79,8 @@ The rules, each from the module's actual weights, one file each (its equations i
     gpsa.py     gated positional self-attention (ConViT's: softmax attention and a constant positional
                 attention per head, mixed by a gate)
     levit.py    LeViT's Linear-BatchNorm on tokens, its attention and its subsampling attention
-    cross_covariance.py  cross-covariance attention over a head's channels (XCiT's, EdgeNeXt's XCA)
+    cross_covariance.py  cross-covariance attention over a head's channels (XCiT's, EdgeNeXt's XCA;
+                DaViT's channel attention)
     branch_gain.py  a residual add whose branch is a function of the stream channel by channel: the
                 cross term of the branch's linear gain
     tiny_vit.py  TinyViT's attention (a LayerNorm, qkv head by head, an offset bias) as a window

@@ -3,7 +3,8 @@ T tokens: per head the d channels are the attention's "tokens", a channel mixing
 
 q, k, v = the qkv Linear of x (per token: 1×1 convs), head h its d channels of each; over a sample's T
 tokens q̂_a = q_a/|q_a|, k̂_b = k_b/|k_b|, s_ab = τ_h q̂_a · k̂_b, A = softmax_b s, o_a = Σ_b A_ab v_b, then
-the projection P.
+the projection P. DaViT's ``ChannelAttention`` is the same attention without the norms: per head
+A = softmax_b(τ k_a · v_b), o_a = Σ_b A_ab q_b (its (k, v, q) in the roles of (q, k, v) here, n = 1).
 
 scores    s_ab = τ N_ab/(n_a n_b), N_ab = Σ_t q_at k_bt, n² = E|q_a|², E|k_b|² (the norms at their mean):
           μ_ab = τ E[N_ab]/(n_a n_b), E[N_ab] = m_qa · m_kb + (W_q diag(Σ_t Var x_t) W_kᵀ)_ab (x's mean map
@@ -42,9 +43,10 @@ def _through(W: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
 
 class CrossCovarianceAttention:
     """Cross-covariance attention from the fused (3D, D) qkv weight and bias (q, k, v in turn, head h its
-    h-th d channels of each), the (C_out, D) projection, and the per-head temperature."""
+    h-th d channels of each), the (C_out, D) projection, and the per-head temperature; ``normalized``
+    False: the scores of q and k as they are (n = 1)."""
 
-    def __init__(self, qkv_weight, qkv_bias, proj_weight, proj_bias, temperature) -> None:
+    def __init__(self, qkv_weight, qkv_bias, proj_weight, proj_bias, temperature, normalized=True) -> None:
         w = qkv_weight.detach().to("cpu", _DT)
         D = w.shape[1]
         tau = torch.as_tensor(temperature).detach().to("cpu", _DT).flatten()
@@ -58,6 +60,7 @@ class CrossCovarianceAttention:
         self.bp = None if proj_bias is None else proj_bias.detach().to("cpu", _DT)
         self.h, self.d = len(tau), D // len(tau)
         self.tau = tau.repeat_interleave(self.d)  # per query channel
+        self.normalized = normalized
 
     def _block(self, t: torch.Tensor) -> torch.Tensor:
         """(D, d) per query channel over its head's d key channels → the (D, D) block-diagonal matrix."""
@@ -88,6 +91,8 @@ class CrossCovarianceAttention:
         Cq, Ck, Cv = (_through(W, Cx) for W in (self.Wq, self.Wk, self.Wv))
         nq2 = (mq**2).sum(1) + torch.diagonal(Cq, dim1=1, dim2=2).sum(1)
         nk2 = (mk**2).sum(1) + torch.diagonal(Ck, dim1=1, dim2=2).sum(1)
+        if not self.normalized:
+            nq2, nk2 = torch.ones_like(nq2), torch.ones_like(nk2)
         vx = torch.diagonal(Cx, dim1=1, dim2=2).sum(1)  # (C,) Σ_t Var x_ct
         N = self._in_head(mq @ mk.T + self.Wq @ torch.diag(vx) @ self.Wk.T)  # (D, d)
         cq, ck, mqh, mkh = (self._heads(t) for t in (Cq, Ck, mq, mk))
@@ -155,3 +160,17 @@ def _rule(m: nn.Module) -> CrossCovarianceAttention:
 
 
 register_named_rule("timm.models.xcit.XCA", "timm.models.edgenext.CrossCovarianceAttn")(_rule)
+
+
+@register_named_rule("timm.models.davit.ChannelAttention")
+def channel_attention_rule(m: nn.Module) -> CrossCovarianceAttention:
+    """DaViT's ``ChannelAttention``: softmax_b(k_a · v_b/√d) mixing the queries' channels, o_a = Σ_b A_ab
+    q_b; its qkv read as (k, v, q), no norms."""
+    D = m.qkv.in_features
+    if m.qkv.out_features != 3 * D:
+        raise NotImplementedError("ChannelAttention whose heads are not the embedding's width")
+    q, k, v = m.qkv.weight.chunk(3)
+    b = None if m.qkv.bias is None else torch.cat([*m.qkv.bias.chunk(3)[1:], m.qkv.bias.chunk(3)[0]])
+    tau = torch.full((m.num_heads,), float(m.scale))
+    kvq = torch.cat([k, v, q])
+    return CrossCovarianceAttention(kvq, b, m.proj.weight, m.proj.bias, tau, normalized=False)

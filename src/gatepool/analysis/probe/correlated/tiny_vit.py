@@ -16,8 +16,8 @@ forward   x̂ by :class:`layernorm.LayerNorm` on the map's field, then :class:`w
           bias B; a padding token is zero before the norm, x̂ = β there, so its q, k, v are W β + b
 backward  the window rule's gradient at x̂, then the LayerNorm's
 row       the module returns the padded map's windows' tokens, the padding's among them (8 × 8 real of
-          14 × 14 at a 64 × 64 input's second stage): its row is theirs (``as_module``), each padding
-          query's output its cell's mean value plus its weights' noise, the gradient 0 there
+          14 × 14 at a 64 × 64 input's second stage): its row is theirs (the window rule's ``as_module``),
+          each padding query's output its cell's mean value plus its weights' noise, the gradient 0 there
 """
 
 from __future__ import annotations
@@ -30,14 +30,6 @@ from gatepool.analysis.probe.correlated.layernorm import LayerNorm
 from gatepool.analysis.probe.correlated.levit import _head_rows
 from gatepool.analysis.probe.correlated.registry import register_named_rule
 from gatepool.analysis.probe.correlated.window_attention import WindowAttention, _Cells
-
-
-def _independent(mean: torch.Tensor, var: torch.Tensor) -> Field:
-    """A field of these means and variances whose positions are uncorrelated."""
-    D, H, W = var.shape
-    corr = torch.zeros((D, 2 * H - 1, 2 * W - 1), dtype=_DT)
-    corr[:, H - 1, W - 1] = 1.0
-    return Field(mean, var, corr)
 
 
 class NormedWindowAttention(WindowAttention):
@@ -59,20 +51,6 @@ class NormedWindowAttention(WindowAttention):
 
     def forward(self, x: Field) -> Field:
         return super().forward(self.norm.forward(x))
-
-    def as_module(self, out: Field | None, grad: Field | None) -> tuple[Field | None, Field | None]:
-        """The module's own output for its row: the windows' tokens of the padded map (the padding's
-        queries among them: each its cell's mean value plus its weights' noise, through proj) and their
-        gradient (the map's, 0 on the padding: the crop drops them); per position, no lags."""
-        c = self.c
-        if out is None or (c.Hp, c.Wp) == (c.H, c.W):
-            return out, grad
-        mean, var = self.padded
-        out = self.proj.forward(_independent(mean, var))
-        if grad is not None:
-            var = c.pad(grad.var.clamp_min(0))
-            grad = _independent(torch.zeros_like(var), var)
-        return out, grad
 
     def backward(self, g: Field) -> Field:
         return self.norm.backward(super().backward(g))

@@ -151,6 +151,14 @@ class _Cells:
         return torch.einsum("dbyh,byw->dhw", t, self.nc)
 
 
+def _lags_padded(corr: torch.Tensor, Hp: int, Wp: int) -> torch.Tensor:
+    """(D, 2H − 1, 2W − 1) → (D, 2Hp − 1, 2Wp − 1): the lags of the larger map, 0 beyond the smaller's."""
+    D, h, w = corr.shape
+    out = torch.zeros((D, 2 * Hp - 1, 2 * Wp - 1), dtype=_DT)
+    out[:, Hp - 1 - h // 2 : Hp + h // 2, Wp - 1 - w // 2 : Wp + w // 2] = corr
+    return out
+
+
 class WindowAttention:
     """Multi-head attention within the (shifted) windows of a (C, H, W) field: the fused (3C, C) qkv and
     (C, C) projection weights, the relative position bias (1 or none, heads, w_h w_w, w_h w_w)."""
@@ -218,6 +226,22 @@ class WindowAttention:
         self.padded = c.at(c.sum(mv) / Tc), c.at(cells) + own
         o = _field_from_sums(self.padded[0][cut], self.padded[1][cut], T)
         return self.proj.forward(o)
+
+    def as_module(self, y: Field | None, g: Field | None) -> tuple[Field | None, Field | None]:
+        """The module's own output for its row where it is the padded map's windows (timm's DaViT and
+        TinyViT, Swin at a side that is not whole windows): the padding's queries' outputs too (through the
+        projection, a 1×1 conv: per position exact) and a zero gradient there; ``y`` and ``g`` the real
+        map's (returned as they are where the map is whole windows)."""
+        c = self.c
+        if y is None or (c.Hp, c.Wp) == (c.H, c.W):
+            return y, g
+        mean, var = self.padded
+        W = self.proj.weight[:, :, 0, 0]
+        b = 0.0 if self.proj.b is None else self.proj.b[:, None, None]
+        out = Field(torch.einsum("oc,chw->ohw", W, mean) + b, torch.einsum("oc,chw->ohw", W**2, var),
+                    _lags_padded(y.corr, c.Hp, c.Wp))  # fmt: skip
+        grad = None if g is None else Field(c.pad(g.mean), c.pad(g.var), _lags_padded(g.corr, c.Hp, c.Wp))
+        return out, grad
 
     def backward(self, g: Field) -> Field:
         c, Tc = self.c, self.c.T
@@ -300,3 +324,15 @@ def swin_window_attention_rule(m) -> WindowAttention:
     with torch.no_grad():
         bias = m._get_rel_pos_bias()
     return WindowAttention(m.qkv.weight, m.qkv.bias, m.proj.weight, m.proj.bias, bias, m.window_size, heads)
+
+
+@register_named_rule("timm.models.davit.WindowAttention")
+def davit_window_attention_rule(m) -> WindowAttention:
+    """timm's DaViT ``WindowAttention``: its fused qkv and proj, no position bias, no shift; called on the
+    windows' tokens of a channels-last map, which the walk reads as the map itself."""
+    dim, heads = m.qkv.in_features, m.num_heads
+    if m.qkv.out_features != 3 * dim or m.proj.in_features != dim:
+        raise NotImplementedError("DaViT WindowAttention whose heads are not the embedding's width")
+    if abs(m.scale - (dim // heads) ** -0.5) > 1e-12:
+        raise NotImplementedError("DaViT WindowAttention with its own scale")
+    return WindowAttention(m.qkv.weight, m.qkv.bias, m.proj.weight, m.proj.bias, None, m.window_size, heads)
