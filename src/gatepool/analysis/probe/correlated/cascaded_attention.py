@@ -5,17 +5,20 @@ window    a map no larger than the window (ws × ws) is padded with zeros at its
           window, attended, and cropped back (two fixed maps of the positions, exact on the whole
           covariance, :class:`resample.PositionMap`); the padded zeros enter the BatchNorms' statistics
           as they do timm's. A map of several windows has no rule here
-cascade   the channels split into h heads' x_0 … x_{h−1}; head i's input u_i = x_i + o_{i−1} (u_0 = x_0), the
-          two independent (the state's channels); q, k, v = ConvNorm(u_i) (a 1×1 conv and a BatchNorm),
-          q through a depthwise ConvNorm, then o_i = softmax(c q kᵀ + B_i) v over the window's T positions,
-          B_i the head's relative-position bias (its table read at the offsets' index: zeros at init)
-          and c = key_dim^−½; the heads' outputs stacked, then the projection (ReLU, ConvNorm)
-attention o_i's moments over draws of (q, k, v) from the state (:mod:`drawn_attention`): T = 49 or 16
-          positions of which most are the pad's (q, k, v there the BatchNorms' shifts alone), no
-          near-uniform expansion
-backward  in reverse: o_i's gradient the stacked outputs' slice plus u_{i+1}'s (the two added as
-          independent), back through the attention, the depthwise ConvNorm and the qkv ConvNorm to u_i,
-          which is x_i's gradient and o_{i−1}'s
+cascade   the channels split into h heads' x_0 … x_{h−1}; head i's input u_i = x_i + o_{i−1} (u_0 = x_0);
+          q, k, v = ConvNorm(u_i) (a 1×1 conv and a BatchNorm), q through a depthwise ConvNorm, then
+          o_i = softmax(c q kᵀ + B_i) v over the window's T positions, B_i the head's relative-position
+          bias (its table read at the offsets' index: zeros at init) and c = key_dim^−½; the heads'
+          outputs stacked, then the projection (ReLU, ConvNorm)
+draws     all of it up to the projection's ReLU on draws of x from the state (:mod:`drawn_attention`):
+          o_{i−1} is a function of x_0 … x_{i−1} whose channels are correlated (one head's weights, its
+          values a map of 16 channels), which a state of independent channels per head would drop (the
+          later heads' outputs then 0.75 of their measured second moment on EfficientViT-M0's first
+          block); T = 49 or 16 positions of which most are the pad's: no near-uniform expansion. The
+          BatchNorms at the draws' own statistics (the infinite batch's; their backward through the
+          statistics, O(1/(batch·T)), left out), the ReLU's gate beside the values it gates
+backward  the projection's ConvNorm by its rule, then through the draws (the gradient at the ReLU's
+          output independent of the values, as the walk's)
 """
 
 from __future__ import annotations
@@ -23,17 +26,11 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from gatepool.analysis.probe.correlated.add import add, add_grads
-from gatepool.analysis.probe.correlated.cat import Cat
 from gatepool.analysis.probe.correlated.drawn_attention import DrawnAttention
 from gatepool.analysis.probe.correlated.field import _DT, Field
 from gatepool.analysis.probe.correlated.linear_attention import module_steps
 from gatepool.analysis.probe.correlated.registry import register_named_rule
 from gatepool.analysis.probe.correlated.resample import PositionMap
-
-
-def _rows(f: Field, lo: int, hi: int) -> Field:
-    return Field(f.mean[lo:hi], f.var[lo:hi], f.corr[lo:hi])
 
 
 class SoftmaxAttention(DrawnAttention):
@@ -47,42 +44,53 @@ class SoftmaxAttention(DrawnAttention):
         return torch.softmax(self.scale * q @ k.transpose(-1, -2) + self.bias, -1) @ v
 
 
-class CascadedGroupAttention:
-    """timm's ``CascadedGroupAttention`` on a map of its window's size, from its modules' steps."""
+def _conv_norm(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """timm's ``ConvNorm`` (conv, BatchNorm2d) on draws x (n, C, H, W), the norm at the draws' own
+    statistics over the draws and the positions (constants: the norm as its affine map)."""
+    y = m.conv._conv_forward(x, m.conv.weight.detach().to(_DT), None)
+    bn = m.bn
+    with torch.no_grad():
+        mu, var = y.mean((0, 2, 3)), y.var((0, 2, 3), unbiased=False)
+    a = bn.weight.detach().to(_DT) / (var + bn.eps).sqrt()
+    return (y - mu[:, None, None]) * a[:, None, None] + bn.bias.detach().to(_DT)[:, None, None]
+
+
+class CascadedGroupAttention(DrawnAttention):
+    """timm's ``CascadedGroupAttention`` on a map of its window's size: the heads, the cascade and the
+    projection's ReLU on each draw of x, then the projection's ConvNorm (its rule)."""
 
     def __init__(self, m: nn.Module) -> None:
-        self.h, self.dk, self.dv = m.num_heads, m.key_dim, m.val_dim
+        if not isinstance(m.proj, nn.Sequential) or len(m.proj) != 2 or not isinstance(m.proj[0], nn.ReLU):
+            raise NotImplementedError("CascadedGroupAttention whose proj is not (ReLU, ConvNorm)")
+        if any(c.conv.bias is not None or not c.bn.affine for c in [*m.qkvs, *m.dws]):
+            raise NotImplementedError("CascadedGroupAttention with a conv bias or a norm without affine")
+        self.m, self.h, self.dk, self.dv, self.res = m, m.num_heads, m.key_dim, m.val_dim, m.resolution
         biases = m.attention_biases.detach()[:, m.attention_bias_idxs]  # (heads, T, T)
-        self.qkvs = [module_steps(q) for q in m.qkvs]
-        self.dws = [module_steps(d) for d in m.dws]
-        self.attn = [SoftmaxAttention(self.dk, self.dv, m.scale, b) for b in biases]
-        self.proj = module_steps(m.proj)
-        self.res = m.resolution
+        self.heads = [SoftmaxAttention(self.dk, self.dv, m.scale, b) for b in biases]
+        self.proj = module_steps(m.proj[1])
+        super().__init__((m.qkvs[0].conv.in_channels * self.h,), self._cascade)
+
+    def _cascade(self, x: torch.Tensor) -> torch.Tensor:
+        """(n, T, C) draws of the window to (n, T, heads·d_v): ReLU of each head's output."""
+        n, T, C = x.shape
+        X = x.transpose(1, 2).reshape(n, C, self.res, self.res)
+        outs, o = [], None
+        for i, (u, head) in enumerate(zip(X.chunk(self.h, 1), self.heads)):
+            f = _conv_norm(self.m.qkvs[i], u if o is None else u + o)
+            q, k, v = f.split([self.dk, self.dk, self.dv], 1)
+            q = _conv_norm(self.m.dws[i], q)
+            o = head.attend(*(t.flatten(2).transpose(1, 2) for t in (q, k, v)))  # (n, T, d_v)
+            o = o.transpose(1, 2).reshape(n, self.dv, self.res, self.res)
+            outs.append(o.relu())
+        return torch.cat(outs, 1).flatten(2).transpose(1, 2)
 
     def forward(self, x: Field) -> Field:
-        C, H, W = x.shape
-        if (H, W) != (self.res, self.res) or C % self.h:
-            raise ValueError(f"x must be (C, {self.res}, {self.res}), the heads dividing C: got {x.shape}")
-        self.w, outs, o = C // self.h, [], None
-        for i in range(self.h):
-            u = _rows(x, self.w * i, self.w * (i + 1))
-            u = u if o is None else add(u, o)
-            f = self.qkvs[i].forward(u)
-            q = self.dws[i].forward(_rows(f, 0, self.dk))
-            o = self.attn[i].forward(Cat().forward([q, _rows(f, self.dk, f.shape[0])]))
-            outs.append(o)
-        self.cat = Cat()
-        return self.proj.forward(self.cat.forward(outs))
+        if x.shape[1:] != (self.res, self.res):
+            raise ValueError(f"x must be (C, {self.res}, {self.res}), got {x.shape}")
+        return self.proj.forward(super().forward(x))
 
     def backward(self, g: Field) -> Field:
-        parts, gx, up = self.cat.backward(self.proj.backward(g)), [], None
-        for i in reversed(range(self.h)):
-            go = parts[i] if up is None else add_grads(parts[i], up)
-            ga = self.attn[i].backward(go)
-            gq = self.dws[i].backward(_rows(ga, 0, self.dk))
-            up = self.qkvs[i].backward(Cat().forward([gq, _rows(ga, self.dk, ga.shape[0])]))
-            gx.append(up)
-        return Cat().forward(gx[::-1])
+        return super().backward(self.proj.backward(g))
 
 
 def _embed(hw: tuple[int, int], ws: int) -> torch.Tensor:
