@@ -98,6 +98,7 @@ from gatepool.analysis.probe.correlated.adaptive import AdaptiveAvgPool, AvgPool
 from gatepool.analysis.probe.correlated.add import add, add_grads
 from gatepool.analysis.probe.correlated.attention import Attention
 from gatepool.analysis.probe.correlated.branch_gain import add_cross, grad_cross, step_gain
+from gatepool.analysis.probe.correlated.cascaded_attention import CascadedGroupAttention
 from gatepool.analysis.probe.correlated.cat import Cat
 from gatepool.analysis.probe.correlated.cell_attention import CellAttention
 from gatepool.analysis.probe.correlated.class_attention import class_attention_rule, cross_attention_rule
@@ -113,6 +114,7 @@ from gatepool.analysis.probe.correlated.law import conv_law, latent_corr, sum_la
 from gatepool.analysis.probe.correlated.layernorm import LayerNorm
 from gatepool.analysis.probe.correlated.levit import LinearNorm
 from gatepool.analysis.probe.correlated.linear import Linear
+from gatepool.analysis.probe.correlated.linear_attention import LinearAttention
 from gatepool.analysis.probe.correlated.maxpool import MaxPool, clark_max
 from gatepool.analysis.probe.correlated.measure import measure_field, measure_fields, measure_input
 from gatepool.analysis.probe.correlated.mode_pad import MODES as PAD_MODES
@@ -164,6 +166,7 @@ __all__ = [
     "AvgPoolWindows",
     "Attention",
     "BatchNorm",
+    "CascadedGroupAttention",
     "Cat",
     "CellAttention",
     "ChannelShuffle",
@@ -181,6 +184,7 @@ __all__ = [
     "Interpolate",
     "LayerNorm",
     "Linear",
+    "LinearAttention",
     "LinearNorm",
     "MaxPool",
     "NormedWindowAttention",
