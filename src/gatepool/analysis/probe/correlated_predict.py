@@ -834,9 +834,10 @@ def _channel_slice(n: fx.Node, channels: int, layout: tuple, const: dict) -> cr.
 
 def _token_slice(n: fx.Node, f: cr.Field, layout: tuple, const: dict) -> cr.TokenSlice | None:
     """``x[:, a:b]`` of (N, T, C) tokens (the patches after the class token: Beit's average head; CrossViT's
-    ``x[:, 0:1, ...]``): the tokens a … b − 1 (:class:`correlated.TokenSlice`); None for another index."""
+    ``x[:, 0:1, ...]``; CoaT's ``x[:, 1:, :]``): the tokens a … b − 1 (:class:`correlated.TokenSlice`); None
+    for another index."""
     idx = _index(n, const)
-    if isinstance(idx, tuple) and len(idx) == 3 and idx[2] is Ellipsis:
+    if isinstance(idx, tuple) and len(idx) == 3 and (idx[2] is Ellipsis or idx[2] == slice(None)):
         idx = idx[:2]
     if layout != ("W", "C") or not (isinstance(idx, tuple) and len(idx) == 2 and idx[0] == slice(None)):
         return None
@@ -972,6 +973,7 @@ class _Walk(Walk):
         self.order = {m: i for i, m in enumerate(nodes)}
         self.holders: dict[int, list[fx.Node]] = {}  # the nodes whose value is one Field (an identity's)
         self.own: dict[fx.Node, object] = {}  # steps whose module's row is its own tensor (``as_module``)
+        self.within: list = []  # steps with rows of modules they call inside (CoaT's shared crpe)
 
     def visit(self, n: fx.Node) -> cr.Field | None:
         """Node ``n``'s field from its inputs' (:class:`graph.NoPrediction`: why it has none); a constant
@@ -1101,6 +1103,8 @@ class _Walk(Walk):
                 out.law = cr.conv_law(value[args[0]], step, out)
             out.regime = _regime_through(step, value[args[0]], out) if out.regime is None else out.regime
             steps[n] = step
+            if hasattr(step, "rows"):
+                self.within.append(step)
         elif n.op != "call_module" and (make := registry.function_rule(n.target)) is not None:
             if len(args) != 1:
                 raise NotImplementedError(f"a registered rule maps one tensor, not {len(args)}")
@@ -1445,6 +1449,14 @@ def predict_correlated(
         rows[name] = CorrelatedRow(
             name, kind, f, g, note="" if value.get(node) is not None else why.get(node, "no prediction")
         )
+    names = {id(m): k for k, m in model.named_modules()}
+    for step in walk.within:  # the modules a step calls inside it, each call pooled as the calls above
+        for m, f, g in step.rows():
+            name = names.get(id(m))
+            if name in rows:
+                rows[name].more.append((f, g))
+            elif name is not None:
+                rows[name] = CorrelatedRow(name, type(m).__name__, f, g)
     rows["(output)"] = CorrelatedRow(
         "(output)", type(model).__name__, value.get(out_node), grad.get(out_node), note=why.get(out_node, "")
     )

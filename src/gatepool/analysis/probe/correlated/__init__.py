@@ -81,6 +81,8 @@ The rules, each from the module's actual weights, one file each (its equations i
     levit.py    LeViT's Linear-BatchNorm on tokens, its attention and its subsampling attention
     cross_covariance.py  cross-covariance attention over a head's channels (XCiT's, EdgeNeXt's XCA;
                 DaViT's channel attention)
+    draws.py    a step over Gaussian draws of its input from the state (a fixed seed), the state of draws
+    factor_attention.py  CoaT's factorized attention and its convolutional relative position encoding
     branch_gain.py  a residual add whose branch is a function of the stream channel by channel: the
                 cross term of the branch's linear gain
     tiny_vit.py  TinyViT's attention (a LayerNorm, qkv head by head, an offset bias) as a window
@@ -105,7 +107,9 @@ from gatepool.analysis.probe.correlated.class_attention import class_attention_r
 from gatepool.analysis.probe.correlated.conv import Conv, autocorr, box_conv
 from gatepool.analysis.probe.correlated.conv_mlp import AtLeast
 from gatepool.analysis.probe.correlated.cross_covariance import CrossCovarianceAttention
+from gatepool.analysis.probe.correlated.draws import Sampled
 from gatepool.analysis.probe.correlated.dropout import Dropout
+from gatepool.analysis.probe.correlated.factor_attention import FactorAttention
 from gatepool.analysis.probe.correlated.field import Field, neighbour_corr, unit_noise, xcorr
 from gatepool.analysis.probe.correlated.flat_linear import FlatLinear
 from gatepool.analysis.probe.correlated.gate import Gate
@@ -174,6 +178,7 @@ __all__ = [
     "Conv",
     "CrossCovarianceAttention",
     "Dropout",
+    "FactorAttention",
     "Field",
     "FlatLinear",
     "FlattenPositions",
@@ -209,6 +214,7 @@ __all__ = [
     "SqueezeExcite",
     "Stencil",
     "Steps",
+    "Sampled",
     "StochasticDepth",
     "TalkingHeads",
     "TokenCat",
