@@ -222,6 +222,8 @@ def test_padded_windows_tokens_match_monte_carlo():
     (y.reshape(-1, w, w, D)[:, :H, :W].permute(0, 3, 1, 2) * g).sum().backward()
     rule = cr.WindowAttention(qkv_w, qkv_b, proj_w, proj_b, None, (w, w), heads)
     out = rule.forward(f)
+    assert rule.as_module(out, gf)[0] is out  # a module that crops its windows itself: the map's row
+    rule.returns_windows = True  # as timm's DaViT: the module returns the windows' tokens
     shown, grad = rule.as_module(out, gf)
     e2 = float(y.detach().pow(2).mean())
     assert abs(shown.moments()["e2"] / e2 - 1) < 0.03, shown.moments()["e2"] / e2

@@ -606,7 +606,7 @@ def _window_chain(gm: fx.GraphModule, nodes: list, n: fx.Node, shape: tuple, con
         ok = mask.shape == same.shape and bool((mask[same] == 0).all()) and bool((mask[~same] <= -30).all())
     if not ok:
         return None
-    step.shift = (sh, sw)
+    step.shift, step.returns_windows = (sh, sw), True
     return {t: step if t is module else Identity() for t in chain}
 
 

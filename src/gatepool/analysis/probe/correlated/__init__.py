@@ -82,6 +82,9 @@ The rules, each from the module's actual weights, one file each (its equations i
     cross_covariance.py  cross-covariance attention over a head's channels (XCiT's, EdgeNeXt's XCA;
                 DaViT's channel attention)
     draws.py    a step over Gaussian draws of its input from the state (a fixed seed), the state of draws
+    drawn_attention.py  an attention's moments over draws of its q, k, v from the state, head by head
+    linear_attention.py  EfficientViT-B0's LiteMLA (ReLU linear attention, its ratio over draws)
+    cascaded_attention.py  EfficientViT-M's cascaded group attention in one window (over draws)
     factor_attention.py  CoaT's factorized attention and its convolutional relative position encoding
     branch_gain.py  a residual add whose branch is a function of the stream channel by channel: the
                 cross term of the branch's linear gain

@@ -168,6 +168,7 @@ class WindowAttention:
         self.q, self.k, self.v, self.proj = projections(qkv_weight, qkv_bias, proj_weight, proj_bias, heads)
         self.h, self.d = heads, proj_weight.shape[0] // heads
         self.window, self.shift = tuple(window), tuple(shift)
+        self.returns_windows = False  # its module returns the padded map's windows (the walk's chain sets it)
         n = self.window[0] * self.window[1]
         self.bias = None if bias is None else bias.detach().to("cpu", _DT).reshape(heads, n, n)
 
@@ -231,9 +232,10 @@ class WindowAttention:
         """The module's own output for its row where it is the padded map's windows (timm's DaViT and
         TinyViT, Swin at a side that is not whole windows): the padding's queries' outputs too (through the
         projection, a 1×1 conv: per position exact) and a zero gradient there; ``y`` and ``g`` the real
-        map's (returned as they are where the map is whole windows)."""
+        map's (returned as they are where the map is whole windows, or the module crops them itself:
+        torchvision's ``ShiftedWindowAttention``, Twins' ``LocallyGroupedAttn``)."""
         c = self.c
-        if y is None or (c.Hp, c.Wp) == (c.H, c.W):
+        if y is None or not self.returns_windows or (c.Hp, c.Wp) == (c.H, c.W):
             return y, g
         mean, var = self.padded
         W = self.proj.weight[:, :, 0, 0]
