@@ -972,7 +972,7 @@ class _Walk(Walk):
         self.pieces: dict[fx.Node, list] = {}  # a split's channel ranges, for the getitems of its pieces
         self.order = {m: i for i, m in enumerate(nodes)}
         self.holders: dict[int, list[fx.Node]] = {}  # the nodes whose value is one Field (an identity's)
-        self.own: dict[fx.Node, object] = {}  # steps whose module's row is its own tensor (``as_module``)
+        self.own: dict[fx.Node, object] = {}  # window steps whose module returns its windows (``as_module``)
         self.within: list = []  # steps with rows of modules they call inside (CoaT's shared crpe)
 
     def visit(self, n: fx.Node) -> cr.Field | None:
@@ -1359,7 +1359,7 @@ class _Walk(Walk):
     def pulled(self, n: fx.Node) -> None:
         """Its step let go, and of its gradient what only its own pull reads: the rows keep its mean,
         variance and stencil (a 56 × 56 stage's steps and gradients otherwise hold gigabytes to the end)."""
-        if hasattr(self.steps.get(n), "as_module"):
+        if getattr(self.steps.get(n), "returns_windows", False):  # its row reads it (``as_module``)
             self.own[n] = self.steps[n]
         super().pulled(n)
         if self.grad.get(n) is not None:
