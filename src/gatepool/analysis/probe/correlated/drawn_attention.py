@@ -24,6 +24,7 @@ import torch
 from gatepool.analysis.probe.correlated.adaptive import covariance, from_covariance
 from gatepool.analysis.probe.correlated.cat import Cat
 from gatepool.analysis.probe.correlated.field import _DT, Field
+from gatepool.analysis.probe.correlated.split import ChannelSlice
 
 DRAWS = 8192
 CHUNK = 2048  # draws at a time (memory: a window of 128 channels and 49 positions through four heads)
@@ -54,10 +55,6 @@ def moments(chunks, hw: tuple[int, int], centred: bool) -> Field:
     return from_covariance(mean.reshape(mean.shape[0], *hw), s2 / n - mean[:, :, None] * mean[:, None, :])
 
 
-def _rows(f: Field, lo: int, hi: int) -> Field:
-    return Field(f.mean[lo:hi], f.var[lo:hi], f.corr[lo:hi])
-
-
 class DrawnAttention:
     """``attend(*parts)`` ((n, T, d) each, to (n, T, d_out)) of groups of channels, each group a head's
     parts of ``widths`` one after another (q, k, v; or one, its input), on a (groups·Σ widths, H, W)
@@ -75,7 +72,8 @@ class DrawnAttention:
         """(n, d_out, T) the outputs of group g's draws from draw c on (its channels ``self.leaf``)."""
         w, n = sum(self.widths), min(CHUNK, self.n - c)
         z = _normal(n, w, self.hw[0] * self.hw[1], self.seed + g + 7919 * c)
-        self.leaf = draw(_rows(self.x, w * g, w * (g + 1)), z).requires_grad_(torch.is_grad_enabled())
+        part = ChannelSlice(w * g, w * (g + 1)).forward(self.x)  # group g's q, k, v
+        self.leaf = draw(part, z).requires_grad_(torch.is_grad_enabled())
         return self.attend(*(t.transpose(1, 2) for t in self.leaf.split(self.widths, 1))).transpose(1, 2)
 
     def forward(self, x: Field) -> Field:
@@ -103,7 +101,7 @@ class DrawnAttention:
         (H, W), d = self.hw, self.d_out
         for c in self._chunks():
             z = _normal(min(CHUNK, self.n - c), d, H * W, self.seed + 10**6 + i + 7919 * c)
-            G = draw(_rows(g, d * i, d * (i + 1)), z)
+            G = draw(ChannelSlice(d * i, d * (i + 1)).forward(g), z)
             with torch.enable_grad():
                 o = self._outputs(i, c)
                 (gx,) = torch.autograd.grad((o * G).sum(), self.leaf)
