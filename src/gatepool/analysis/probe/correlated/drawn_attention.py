@@ -36,13 +36,17 @@ def _normal(n: int, C: int, T: int, seed: int) -> torch.Tensor:
     return torch.cat([z, -z])
 
 
-def draw(f: Field, z: torch.Tensor) -> torch.Tensor:
-    """(n, C, T) draws of the field ``f`` (C, H, W) from standard normal ``z`` (n, C, T): mean + L z,
-    L Lᵀ the positions' covariance (its negative eigenvalues, where the stencil is not positive
-    semi-definite, dropped)."""
+def factor(f: Field) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean (C, T), L (C, T, T)) of the field ``f`` (C, H, W): L Lᵀ the positions' covariance (its
+    negative eigenvalues, where the stencil is not positive semi-definite, dropped)."""
     lam, vec = torch.linalg.eigh(covariance(f))
-    L = vec * lam.clamp_min(0).sqrt()[:, None, :]
-    return f.mean.reshape(1, f.shape[0], -1) + torch.einsum("ctu,ncu->nct", L, z)
+    return f.mean.reshape(f.shape[0], -1), vec * lam.clamp_min(0).sqrt()[:, None, :]
+
+
+def draw(f: tuple[torch.Tensor, torch.Tensor], z: torch.Tensor) -> torch.Tensor:
+    """(n, C, T) draws of a field of :func:`factor` ``f`` from standard normal ``z`` (n, C, T): mean + L z."""
+    mean, L = f
+    return mean[None] + torch.einsum("ctu,ncu->nct", L, z)
 
 
 def moments(chunks, hw: tuple[int, int], centred: bool) -> Field:
@@ -72,8 +76,7 @@ class DrawnAttention:
         """(n, d_out, T) the outputs of group g's draws from draw c on (its channels ``self.leaf``)."""
         w, n = sum(self.widths), min(CHUNK, self.n - c)
         z = _normal(n, w, self.hw[0] * self.hw[1], self.seed + g + 7919 * c)
-        part = ChannelSlice(w * g, w * (g + 1)).forward(self.x)  # group g's q, k, v
-        self.leaf = draw(part, z).requires_grad_(torch.is_grad_enabled())
+        self.leaf = draw(self.parts[g], z).requires_grad_(torch.is_grad_enabled())
         return self.attend(*(t.transpose(1, 2) for t in self.leaf.split(self.widths, 1))).transpose(1, 2)
 
     def forward(self, x: Field) -> Field:
@@ -81,7 +84,8 @@ class DrawnAttention:
         w = sum(self.widths)
         if C % w:
             raise ValueError(f"x must have a multiple of {w} channels (parts {self.widths}), got {C}")
-        self.x, self.hw, self.groups = x, (H, W), C // w
+        self.hw, self.groups = (H, W), C // w
+        self.parts = [factor(ChannelSlice(w * g, w * (g + 1)).forward(x)) for g in range(self.groups)]
         with torch.no_grad():
             outs = [
                 moments((self._outputs(g, c) for c in self._chunks()), (H, W), True)
@@ -99,9 +103,10 @@ class DrawnAttention:
     def _grads(self, g: Field, i: int):
         """Group i's gradients at its draws, chunk by chunk, from G drawn of ``g``'s rows beside them."""
         (H, W), d = self.hw, self.d_out
+        gi = factor(ChannelSlice(d * i, d * (i + 1)).forward(g))
         for c in self._chunks():
             z = _normal(min(CHUNK, self.n - c), d, H * W, self.seed + 10**6 + i + 7919 * c)
-            G = draw(ChannelSlice(d * i, d * (i + 1)).forward(g), z)
+            G = draw(gi, z)
             with torch.enable_grad():
                 o = self._outputs(i, c)
                 (gx,) = torch.autograd.grad((o * G).sum(), self.leaf)
