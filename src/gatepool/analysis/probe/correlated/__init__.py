@@ -10,7 +10,9 @@ The state of one (C, H, W) tensor, over the batch (:class:`Field`):
 
 ASSUMPTIONS (the approximation, stated once): the centred field is a variance envelope √v times a
 stationary correlation ρ (ρ does not depend on the position); channels are uncorrelated (as in
-neural-tangents: cross-channel covariance 0; the input's own channels are made so, :func:`measure_input`);
+neural-tangents: cross-channel covariance 0; the input's own channels are made so, :func:`measure_input`)
+but where their correlation is known, from the input's components through the rules that carry it
+(``Field.chan``, ``chan_dc``: :mod:`channels`);
 every value is Gaussian given its mean and variance where a nonlinear rule needs a distribution (but for
 the two shapes carried: a max pool of a ReLU's output, the ReLU of a residual sum b + ReLU(y); and the
 pointwise rules take a skewness and excess kurtosis where a conv of few inputs carries them, γ₁ and γ₂
@@ -23,6 +25,7 @@ The rules, each from the module's actual weights, one file each (its equations i
 ``sΔ`` there is the input lag of output lag Δ at stride s):
 
     conv.py     conv (and avg pools, the global pool: a box filter)
+    channels.py  the channels' correlation at lag 0 and of their sums, where known
     adaptive.py  an adaptive average pool of uneven, overlapping or repeated windows (a map up to 7 × 7)
     relu.py     ReLU (and of the residual sum b + ReLU(y))
     relu_dependence.py  the gradient's dependence on the value through a ReLU (closed form)

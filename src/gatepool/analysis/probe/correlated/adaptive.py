@@ -117,6 +117,15 @@ class AvgPoolWindows(AdaptiveAvgPool):
         return from_covariance(mean, self.A @ covariance(x) @ self.A.T)
 
 
+def _keeps_channels(x: Field, out: Field) -> Field:
+    """``out``, an average over positions of ``x`` the same in every channel, with x's channel correlations
+    (:mod:`channels`): the mean over the whole map has the correlation of x's sums (exact), an average
+    over windows keeps both."""
+    whole = out.shape[1:] == (1, 1)
+    out.chan, out.chan_dc = (x.chan_dc, x.chan_dc) if whole else (x.chan, x.chan_dc)
+    return out
+
+
 @register_correlated_rule(nn.AdaptiveAvgPool2d)
 class AdaptiveAvgPool2dStep:
     """AdaptiveAvgPool2d: the box filter of the window an output averages (the whole map: its closed form,
@@ -131,13 +140,12 @@ class AdaptiveAvgPool2dStep:
         out = tuple(o if o is not None else n for o, n in zip(self.out, (H, W)))
         if H % out[0] or W % out[1]:
             self.conv = AdaptiveAvgPool(out)
-            return self.conv.forward(x)
-        if out == (1, 1):
+        elif out == (1, 1):
             self.conv = GlobalAvgPool()
-            return self.conv.forward(x)
-        k = (H // out[0], W // out[1])
-        self.conv = box_conv(C, k, k, (0, 0))
-        return self.conv.forward(x)
+        else:
+            k = (H // out[0], W // out[1])
+            self.conv = box_conv(C, k, k, (0, 0))
+        return _keeps_channels(x, self.conv.forward(x))
 
     def backward(self, g):
         return self.conv.backward(g)
@@ -163,7 +171,7 @@ class AvgPool2dStep:
             self.conv = self.stencil(x)
         else:
             self.conv = AvgPoolWindows(self.k, self.s, self.p, *self.modes)
-        return self.conv.forward(x)
+        return _keeps_channels(x, self.conv.forward(x))
 
     def stencil(self, x, minus_identity: bool = False) -> Stencil:
         """The stride-1 pool of ``x`` (or ``pool(x) − x``) as a :class:`stencil.Stencil`."""

@@ -9,13 +9,17 @@ from __future__ import annotations
 import torch
 
 from gatepool.analysis.probe.correlated import regime
+from gatepool.analysis.probe.correlated.channels import add_channels
 from gatepool.analysis.probe.correlated.coupling import added_coupling
 from gatepool.analysis.probe.correlated.field import Field, _field_from_sums
 
 
 def add(a: Field, b: Field) -> Field:
-    """a + b, the two independent: means, variances and lag sums add."""
-    return _field_from_sums(a.mean + b.mean, a.var + b.var, a.lag_sums() + b.lag_sums())
+    """a + b, the two independent: means, variances and lag sums add (and the channels' covariances,
+    :func:`channels.add_channels`)."""
+    out = _field_from_sums(a.mean + b.mean, a.var + b.var, a.lag_sums() + b.lag_sums())
+    out.chan, out.chan_dc = add_channels(a, b)
+    return out
 
 
 def add_grads(a: Field, b: Field) -> Field:

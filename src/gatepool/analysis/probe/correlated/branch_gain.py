@@ -109,7 +109,7 @@ def add_cross(z: Field, s: Field, G: torch.Tensor) -> Field:
     X = covariance(s) @ G.transpose(1, 2)
     v, T = _signed(X + X.transpose(1, 2), *z.shape[1:])
     out = _field_from_sums(z.mean, z.var + v, z.lag_sums() + T)
-    return Field(out.mean, out.var, out.corr)
+    return Field(out.mean, out.var, out.corr, chan=z.chan, chan_dc=z.chan_dc)
 
 
 def grad_cross(g: Field, G: torch.Tensor) -> Field:

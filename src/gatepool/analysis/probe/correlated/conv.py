@@ -35,6 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gatepool.analysis.probe.correlated.channels import conv_channels
 from gatepool.analysis.probe.correlated.coupling import pointwise_conv_coupling
 from gatepool.analysis.probe.correlated.field import (
     _DT,
@@ -134,7 +135,8 @@ class Conv:
         if x.components is not None:  # x = mix z: the weights W·mix on z's uncorrelated channels
             mix, z = x.components
             folded = Conv(torch.einsum("oiuv,ir->oruv", self.W, mix), None, self.stride, self.padding)
-            out = folded.forward(z)
+            eye = torch.eye(z.shape[0], dtype=_DT)  # the components: uncorrelated (their sums taken so too)
+            out = folded.forward(replace(z, chan=eye, chan_dc=eye))
             self.out_var = out.var
             return replace(out, mean=self._conv(x.mean, self.weight, self.b))
         mean = self._conv(x.mean, self.weight, self.b)
@@ -171,8 +173,26 @@ class Conv:
         U = U[:, :n].reshape(Co, *size)
         T = U + U.flip((-2, -1))
         T[:, Ho - 1, Wo - 1] = var.sum((1, 2))
+        chan = self._channels(x)
+        if chan is not None:  # the input channels' correlation: each output's variance, wᵀ Σ w
+            kappa = chan[0][:, None, None]
+            var, T = var * kappa, T * kappa
         self.out_var = var
-        return self._shape(x, _field_from_sums(mean, var, T))
+        out = self._shape(x, _field_from_sums(mean, var, T))
+        out.chan, out.chan_dc = (None, None) if chan is None else chan[1:]
+        return out
+
+    def _channels(self, x: Field):
+        """(κ, R_out, Q_out) of :func:`channels.conv_channels` (None past its cost)."""
+        H, W = x.shape[1:]
+        (kh, kw), (sh, sw), (ph, pw) = self.wshape[-2:], self.stride, self.padding
+        masks = torch.stack(self._taps(torch.ones((1, H, W), dtype=_DT), ((H + 2 * ph - kh) // sh + 1,
+                                                                          (W + 2 * pw - kw) // sw + 1)))
+        masks = masks.flatten(1)  # (k, Ho·Wo): where each tap falls inside the map
+        occupancy = masks @ masks.T / masks.shape[1]
+        if self.src is not None:
+            return conv_channels(self.weight, x, self.src, occupancy, self.stride)
+        return conv_channels(self.W, x, occupancy=occupancy, stride=self.stride)
 
     def _shape(self, x: Field, out: Field) -> Field:
         """``out`` with its skewness and excess kurtosis, the taps taken independent:
@@ -429,3 +449,4 @@ def _std_conv(m: nn.Conv2d, scaled: bool):
 
 register_named_rule("timm.layers.std_conv.StdConv2d")(lambda m: _std_conv(m, scaled=False))
 register_named_rule("timm.layers.std_conv.ScaledStdConv2d")(lambda m: _std_conv(m, scaled=True))
+

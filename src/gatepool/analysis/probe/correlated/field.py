@@ -81,6 +81,10 @@ class Field:
     a residual add's gradient at its stream carries its cross term with the branch's gradient there
     (:mod:`branch_gain`), Y + Yᵀ, which is negative where the two cancel and so no covariance on its own;
     the sum of two gradients adds it (:func:`add_grads`); every other rule drops it.
+    ``chan``, ``chan_dc`` (values only, optional): (C, C) the channels' correlation at lag 0, pooled over
+    the positions, and that of their sums over the map (:mod:`channels`; None: uncorrelated): a conv and
+    a Linear set them and read them for their outputs' variances per channel, norms, activations, pools,
+    gates, adds and scales carry them; every other rule drops them.
     """
 
     mean: torch.Tensor
@@ -101,6 +105,8 @@ class Field:
     coupling: object | None = field(default=None, repr=False)
     weight: torch.Tensor | None = field(default=None, repr=False)
     cross: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    chan: torch.Tensor | None = field(default=None, repr=False)
+    chan_dc: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from gatepool.analysis.probe.correlated.channels import gate_channels
 from gatepool.analysis.probe.correlated.coupling import gate_coupling_term
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
 
@@ -37,7 +38,9 @@ class Gate:
         s1, s2 = s.mean, s.var + s.mean**2  # (C, 1, 1) E[s], E[s²]
         M = xcorr(x.mean, x.mean)
         var = s2 * (x.var + x.mean**2) - (s1 * x.mean) ** 2
-        return _field_from_sums(s1 * x.mean, var, s2 * (x.lag_sums() + M) - s1**2 * M)
+        out = _field_from_sums(s1 * x.mean, var, s2 * (x.lag_sums() + M) - s1**2 * M)
+        out.chan, out.chan_dc = gate_channels(x, s)
+        return out
 
     def backward(self, g: Field) -> list[Field]:
         """The gradients of the two inputs, in the forward's order."""

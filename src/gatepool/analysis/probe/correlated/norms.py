@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from gatepool.analysis.probe.correlated.channels import signed_channels
 from gatepool.analysis.probe.correlated.copula import moved
 from gatepool.analysis.probe.correlated.coupling import affine_coupling
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
@@ -49,8 +50,10 @@ def _carry_law(x: Field, out: Field, scale: torch.Tensor) -> Field:
 
 
 def _shape(x: Field, scale: torch.Tensor) -> dict:
-    """The skewness and excess kurtosis through y = a_c x + b (``Field.skew``'s sign is a_c's)."""
-    out = {"kurt": x.kurt, "joint": None if x.joint is None else flipped(x.joint, torch.sign(scale))}
+    """The skewness, excess kurtosis and channel correlations through y = a_c x + b (``Field.skew``'s sign
+    is a_c's, ``Field.chan``'s a_a a_b's)."""
+    out = {"kurt": x.kurt, "joint": None if x.joint is None else flipped(x.joint, torch.sign(scale)),
+           **signed_channels(x, scale)}  # fmt: skip
     if x.skew is not None:
         out["skew"] = x.skew * torch.sign(scale)[:, None, None]
     return out
@@ -131,6 +134,8 @@ class GroupNorm:
             self.xhat.corr,
             **_shape(x, gam),
         )
+        if self.G != C:  # a group's mean and σ mix its channels: their correlations not kept
+            out.chan = out.chan_dc = None
         return _carry_law(x, out, gam)
 
     def backward(self, g: Field) -> Field:

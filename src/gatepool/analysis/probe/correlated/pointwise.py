@@ -51,6 +51,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gatepool.analysis.probe.correlated.channels import series_channels
 from gatepool.analysis.probe.correlated.coupling import activation_coupling
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
 from gatepool.analysis.probe.correlated.joint import joint_lag_sums
@@ -368,7 +369,8 @@ class Pointwise:
             h = [coef[n - 1] * math.factorial(n) ** 0.5 for n in (1, 2, 3)]
             out = _field_from_sums(out.mean, out.var, out.lag_sums() + joint_lag_sums(x.joint, *h))
         self._keep_for_backward()
-        return replace(out, skew=skew, kurt=kurt)
+        chan, chan_dc = series_channels(x, coef, out)  # the normal's series per channel pair
+        return replace(out, skew=skew, kurt=kurt, chan=chan, chan_dc=chan_dc)
 
     def _keep_for_backward(self) -> None:
         """Of :func:`hermite_coefficients`' table only what the backward reads (f', u, the powers of f'²),

@@ -44,6 +44,7 @@ import torch.nn as nn
 
 from gatepool.analysis.probe.correlated import regime
 from gatepool.analysis.probe.correlated.add import add_grads
+from gatepool.analysis.probe.correlated.channels import series_channels
 from gatepool.analysis.probe.correlated.copula import relu_pairs
 from gatepool.analysis.probe.correlated.coupling import activation_coupling
 from gatepool.analysis.probe.correlated.field import Field, _at_lag, _field_from_sums, _ratio, _valid, xcorr
@@ -149,6 +150,8 @@ class ReLU:
 
     def forward(self, x: Field) -> Field:
         out = self._forward(x)
+        if x.law is None and x.parts is None:  # the normal's series per channel pair
+            out.chan, out.chan_dc = series_channels(x, self.c, out, factorial=True)
         self.mixed = x.regime is not None and x.law is None
         if x.regime is None:
             return out

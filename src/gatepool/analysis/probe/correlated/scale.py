@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from gatepool.analysis.probe.correlated.channels import signed_channels
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
 
 
@@ -42,7 +43,11 @@ class Scale:
         return _field_from_sums(mean, f.var * s * s, f.corr * xcorr(ss, ss), yy)
 
     def forward(self, x: Field) -> Field:
-        return self._scaled(x, x.mean * self._map(x.shape))
+        out = self._scaled(x, x.mean * self._map(x.shape))
+        s = self.s
+        if s.numel() == 1 or (s.dim() == 3 and s.shape[1:] == (1, 1)):  # one s a channel
+            out.chan, out.chan_dc = signed_channels(x, s.reshape(-1)).values()
+        return out
 
     def backward(self, g: Field) -> Field:
         return self._scaled(g, torch.zeros_like(g.var), g.yy)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from gatepool.analysis.probe.correlated.channels import sliced_channels
 from gatepool.analysis.probe.correlated.field import Field
 
 
@@ -27,7 +28,7 @@ class ChannelSlice:
             raise ValueError(f"stop must be at most the field's {x.shape[0]} channels, got {self.stop}")
         self.channels = x.shape[0]
         a, b = self.start, self.stop
-        return Field(x.mean[a:b], x.var[a:b], x.corr[a:b])
+        return Field(x.mean[a:b], x.var[a:b], x.corr[a:b], **sliced_channels(x, a, b))
 
     def backward(self, g: Field) -> Field:
         a, b = self.start, self.stop

@@ -1,0 +1,267 @@
+"""The channels' correlation: ``Field.chan`` at lag 0, ``Field.chan_dc`` of their sums over the map.
+
+The state takes a tensor's channels as uncorrelated, and over random weights they are in expectation.
+A given net's are not: a stem conv makes its channels of few numbers (3 × 3 × 3 = 27 for 13–32
+channels), so its outputs are correlated through the weights they share (R_ab ≈ ±0.2 at GerNet-S's
+stem), and the next conv's output variance per channel is wᵀ Σ w, not Σ_a w_a² Σ_aa: off by ±20% a
+channel. A BatchNorm after it divides each channel by its own σ; a squeeze-and-excitation's pooled
+channels (their sums over the map, correlated as the weights make them, not as their values) feed a
+1 × 1 conv whose output variance is wᵀ D w.
+
+    R_ab = Σ_p Cov(x_a(p), x_b(p)) / √(Σ_p v_a(p) · Σ_p v_b(p))          (C, C), lag 0
+    Q_ab = D_ab / √(D_aa D_bb),  D_ab = Σ_{p,q} Cov(x_a(p), x_b(q))       (C, C), the sums' (D_aa exact:
+                                                                           the field's lag sums)
+
+conv      Σ_out = Σ_{j,l} W_j K(u_l − u_j) W_lᵀ over the pairs of taps, K(d) = Cov(x(p), x(p + d)) (Ci, Ci):
+          its diagonal v̄_a ρ_a(d) exactly, the rest R_ab s̄_a s̄_b ρ̄(d) (ρ̄ the channels' mean
+          correlation at d: the cross-lags are not in the state), each pair of taps counted at the share
+          of the output positions where both fall inside the map (the zero padding's border). Each output
+          channel's variance (its map and its lag sums) is scaled by κ_o = Σ_out,oo / Σ_out,oo|diag (the
+          walk's own variance is the diagonal term), and R_out = Σ_out normalized: exact from the input's
+          uncorrelated components (``measure_input``, folded into the first conv). The sums: D_out =
+          W̃ D W̃ᵀ, W̃ = Σ_u W(u); at a stride s over the taps' phases u mod s (each phase's taps summed, the
+          input's pairs whose lag is ≡ the phases' difference; the border left out)
+norm      an affine map per channel (BatchNorm, one channel a group): R, Q kept (a γ < 0 flips a sign)
+pool      the mean over the whole map: its R is x's Q (exact), Q the same; an average over windows, the
+          same for every channel: Q kept, R kept (the windows' cross-lags as lag 0)
+gate      x · s, s a (C, 1, 1) gate independent of x: Cov = E[s_a] E[s_b] Cov(x_a, x_b) + Cov(s_a, s_b)
+          (Cov(x_a, x_b) + m_a m_b) (the means pooled over the positions; for Q the sums and P m)
+activation  Mehler's series per pair of channels, in each channel's normalized Hermite coefficients a_n
+          pooled over the positions: Cov(f(x_a), f(x_b)) = Σ_n R_abⁿ ā_n^a ā_n^b (and the Parseval
+          remainder at the power after the last), normalized by the outputs' pooled variances; the sums:
+          ā_1^a ā_1^b D_ab/(s̄_a s̄_b) + ā_2^a ā_2^b R_ab² Σ_e N(e) |ρ_a(e) ρ_b(e)| (the second order's
+          cross-lags as R_ab² ρ_a ρ_b: the energy two channels share, positive; the rest left out)
+slice     a slice of the channels: their block
+add       the two independent: Σ = S_a R_a S_a + S_b R_b S_b (S the pooled standard deviations), D likewise
+
+Every other rule drops R and Q (None: unknown, the channels taken as uncorrelated, the state without
+them), and a rule that reads an unknown R gives none: R starts at the input's components and holds as far
+as every rule on the way carries it. Known in part is worse than not at all, so an add with a term that
+varies and has none gives none, and a cat none: its pieces' blocks alone, their cross-blocks unknown
+(GhostNet's cheap operation is a depthwise map of its primary conv's channels), would give the next
+conv's variance per channel its within-block cross terms and not the others, an error whose spread a
+BatchNorm's 1/σ² turns into a bias, norm after norm (GhostNet-050's backward 1.15–1.3× of the measurement
+with the blocks kept).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gatepool.analysis.probe.correlated.field import _DT, xcorr
+
+_WORK = 2**29  # multiply-adds of one conv's Σ_out beyond which R is dropped (a 3 × 3 conv of 256 channels:
+# 3.2e8; of 512, 2.4e9) and the conv's variance left uncorrected
+_POSITIONS = 256  # an activation's coefficients pooled over at most this many positions (a grid of them)
+
+
+def _normalized(S: torch.Tensor) -> torch.Tensor:
+    d = S.diagonal().clamp_min(1e-300).sqrt()
+    R = (S / d[:, None] / d[None, :]).clamp(-1, 1)
+    return R.fill_diagonal_(1.0)
+
+
+def _pooled_var(var: torch.Tensor) -> torch.Tensor:
+    return var.flatten(1).mean(1)  # (C,)
+
+
+def _tap_lags(corr: torch.Tensor, kh: int, kw: int) -> torch.Tensor:
+    """(k, k, C): ρ_c(u_l − u_j) for every pair of taps (j, l) of a kh × kw kernel, 0 beyond the map."""
+    H, W = (corr.shape[-2] + 1) // 2, (corr.shape[-1] + 1) // 2
+    a, b = torch.arange(kh).repeat_interleave(kw), torch.arange(kw).repeat(kh)
+    dh, dw = a[None] - a[:, None], b[None] - b[:, None]  # (k, k): u_l − u_j
+    inside = (dh.abs() < H) & (dw.abs() < W)
+    out = corr[:, (H - 1 + dh).clamp(0, 2 * H - 2), (W - 1 + dw).clamp(0, 2 * W - 2)]  # (C, k, k)
+    return (out * inside).permute(1, 2, 0)
+
+
+def _sums(f) -> torch.Tensor:
+    """(C,) D_aa = Σ_{p,q} Cov(x_a(p), x_a(q)): the field's lag sums, all of them."""
+    return f.lag_sums().sum((1, 2)).clamp_min(0)
+
+
+def _cov(R: torch.Tensor | None, var: torch.Tensor) -> torch.Tensor:
+    """The covariance of correlation R (None: I) and variances var (C,)."""
+    s = var.clamp_min(0).sqrt()
+    return (torch.eye(len(s), dtype=_DT) if R is None else R) * s[:, None] * s[None, :]
+
+
+def _residue_sums(f, stride) -> torch.Tensor:
+    """(s_h, s_w, C): the field's lag sums Σ_{p,q} Cov(x_p, x_q) over the pairs whose lag q − p is ≡ r
+    (mod the stride), r = (r_h, r_w): what a strided conv's sum over its output reads of each pair of
+    its taps' phases."""
+    sh, sw = stride
+    T = f.lag_sums()  # (C, 2H−1, 2W−1)
+    H, W = (T.shape[1] + 1) // 2, (T.shape[2] + 1) // 2
+    eh = (torch.arange(2 * H - 1) - (H - 1)) % sh
+    ew = (torch.arange(2 * W - 1) - (W - 1)) % sw
+    out = torch.zeros((sh, sw, T.shape[0]), dtype=_DT)
+    for rh in range(sh):
+        for rw in range(sw):
+            out[rh, rw] = T[:, eh == rh][:, :, ew == rw].sum((1, 2))
+    return out
+
+
+def _sums_through(weight: torch.Tensor, x, stride, src: torch.Tensor | None = None) -> torch.Tensor:
+    """(Co, Co): the covariance of a conv's output sums over its map, D_out = Σ_{φ,φ'} W^φ K(φ' − φ) W^φ'ᵀ
+    over the taps' phases φ = u mod s (W^φ the phase's taps summed; a stride of 1: W̃ D W̃ᵀ), K(r) the
+    input sums' covariance over the pairs of lag ≡ r: its diagonal exact, the rest x's Q scaled by the
+    channels' mean share of their sums at r (the output's border left out). ``src``: a depthwise conv's
+    input channel of each output, its weight (Co, 1, kh, kw)."""
+    sh, sw = stride
+    S = _residue_sums(x, stride)  # (sh, sw, Ci)
+    D = _sums(x)
+    share = S.sum(-1) / D.sum().clamp_min(1e-300)  # (sh, sw)
+    off = _cov(x.chan_dc - torch.eye(len(D), dtype=_DT), D)
+    phases = [weight[:, :, a::sh, b::sw].sum((2, 3)) for a in range(sh) for b in range(sw)]  # (Co, Ci) each
+    out = torch.zeros((weight.shape[0], weight.shape[0]), dtype=_DT)
+    for i, Wi in enumerate(phases):
+        for j, Wj in enumerate(phases):
+            rh, rw = (j // sw - i // sw) % sh, (j % sw - i % sw) % sw
+            K = torch.diag(S[rh, rw]) + share[rh, rw] * off
+            if src is None:
+                out += Wi @ K @ Wj.T
+            else:  # each output reads its one channel: W^φ (Co, 1)
+                out += Wi * Wj.T * K[src][:, src]
+    return (out + out.T) / 2
+
+
+def conv_channels(weight: torch.Tensor, x, depthwise_src: torch.Tensor | None = None,
+                  occupancy: torch.Tensor | None = None, stride=(1, 1)):  # fmt: skip
+    """(κ, R_out, Q_out) of a conv of the dense ``weight`` (Co, Ci, kh, kw) on the field ``x``;
+    ``depthwise_src`` (Co,): each output channel's one input channel, ``weight`` then (Co, 1, kh, kw);
+    ``occupancy`` (k, k): the share of the output positions where both taps j and l fall inside the map
+    (None: all; the zero padding's border). None where x carries no R and Q (unknown: a conv of it is
+    not given one of its own, which would hold its weights' cross terms and not its input's) or where
+    it costs more than :data:`_WORK`."""
+    if x.chan is None or x.chan_dc is None:  # unknown in, unknown out
+        return None
+    Co, kh, kw = weight.shape[0], *weight.shape[-2:]
+    Ci = x.shape[0]
+    k = kh * kw
+    phases = min(stride[0], kh) * min(stride[1], kw)
+    if depthwise_src is not None:
+        work = Co * Co * (k * k + phases * phases)
+    else:
+        work = (Co * Ci * (Co + Ci) + k * Co * Ci) * k + phases * phases * Co * Ci * (Co + Ci)
+    if work > _WORK:
+        return None
+    R = x.chan
+    v = _pooled_var(x.var)  # (Ci,)
+    rho = _tap_lags(x.corr, kh, kw)  # (k, k, Ci): ρ_c(u_l − u_j)
+    if occupancy is not None:
+        rho = rho * occupancy[:, :, None]
+    rbar = (rho * v).sum(-1) / v.sum().clamp_min(1e-300)
+    if depthwise_src is not None:
+        w = weight.reshape(Co, k)  # (Co, k)
+        wv = w * v[depthwise_src, None].sqrt()
+        same = depthwise_src[:, None] == depthwise_src[None, :]
+        rho_o = rho[:, :, depthwise_src]  # (k, k, Co): each output's own channel's
+        diag = torch.einsum("oj,pl,jlo->op", wv, wv, rho_o) * same
+        M = R[depthwise_src][:, depthwise_src] * ~same
+        off = torch.einsum("oj,pl,jl->op", wv, wv, rbar) * M
+        D_out = _sums_through(weight, x, stride, depthwise_src)
+    else:
+        Wt = weight.flatten(2).permute(2, 0, 1)  # (k, Co, Ci)
+        Wl = torch.einsum("jlc,loc->joc", rho, Wt)  # Σ_l ρ_c(u_l − u_j) W_l
+        diag = torch.einsum("joc,jpc,c->op", Wt, Wl, v)
+        M = _cov(R - torch.eye(Ci, dtype=_DT), v)
+        Wb = torch.einsum("jl,loc->joc", rbar, Wt)  # Σ_l ρ̄(u_l − u_j) W_l
+        off = torch.einsum("joc,cd,jpd->op", Wt, M, Wb)
+        D_out = _sums_through(weight, x, stride)
+    S = diag + off
+    S = (S + S.T) / 2
+    d = diag.diagonal()
+    ok = d > 1e-300
+    kappa = torch.where(ok, S.diagonal() / torch.where(ok, d, torch.ones_like(d)), torch.ones_like(d))
+    return kappa.clamp_min(0.0), _normalized(S), _normalized(D_out)
+
+
+def series_channels(x, coef: list[torch.Tensor], out, factorial: bool = False) -> tuple:
+    """(R, Q) of h(x) from x's by Mehler's series per pair of channels: ``coef`` the maps (C, H, W) of h's
+    Hermite coefficients a_n (n = 1, 2, …; ``factorial``: c_n with Cov = Σ ρⁿ/n! c_n c_n, the ReLU's),
+    ``out`` h(x)'s field (its variances and lag sums exact per channel). R's terms after the last
+    carried by Parseval's remainder at the power after it; Q's by the first two (see the module)."""
+    if x.chan is None or x.chan_dc is None:
+        return None, None
+    C, H, W = out.shape
+    R = x.chan
+    step = max(1, round((H * W / _POSITIONS) ** 0.5))
+    pick = (slice(None), slice(None, None, step), slice(None, None, step))
+    var = out.var[pick]
+    n_pos = var[0].numel()
+    S = torch.zeros((C, C), dtype=_DT)
+    Rn = torch.ones_like(R)
+    kept = torch.zeros_like(var)
+    fact, abar = 1.0, []
+    for n, c in enumerate(coef, start=1):
+        fact *= n
+        a = c[pick] / fact**0.5 if factorial else c[pick]
+        Rn = Rn * R
+        A = a.reshape(C, -1)
+        S += Rn * (A @ A.T) / n_pos
+        kept += a * a
+        abar.append(A.mean(1))
+    rest = (var - kept).clamp_min(0).sqrt().reshape(C, -1)
+    S += Rn * R * (rest @ rest.T) / n_pos
+    S.diagonal().copy_(var.reshape(C, -1).mean(1))
+    # the sums: the first order through D, the second through the energy two channels share
+    sx = _pooled_var(x.var).clamp_min(1e-300).sqrt()
+    D = _cov(x.chan_dc, _sums(x)) / sx[:, None] / sx[None, :]
+    D_out = abar[0][:, None] * abar[0][None, :] * D
+    L = x.corr[0].numel()
+    if len(abar) > 1 and C * C * L <= _WORK:
+        ones = torch.ones((1, H, W), dtype=_DT)
+        U = (x.corr.abs() * xcorr(ones, ones).sqrt()).reshape(C, -1)  # √N(e) |ρ_a(e)|
+        D_out += abar[1][:, None] * abar[1][None, :] * R**2 * (U @ U.T)
+    D_out.diagonal().copy_(_sums(out))
+    return _normalized(S), _normalized(D_out)
+
+
+def signed_channels(f, scale: torch.Tensor) -> dict:
+    """``chan`` and ``chan_dc`` of y = a_c x_c + b_c (``scale`` a (C,) or a number), as keywords: the pairs
+    of opposite signs flip."""
+    out = {}
+    for key in ("chan", "chan_dc"):
+        R = getattr(f, key)
+        if R is not None:
+            sign = torch.where(torch.as_tensor(scale) < 0, -1.0, 1.0).to(_DT).expand(R.shape[0])
+            R = R * sign[:, None] * sign[None, :]
+        out[key] = R
+    return out
+
+
+def gate_channels(x, s) -> tuple:
+    """(R, Q) of x · s, s a (C, 1, 1) gate independent of x (squeeze-and-excitation's):
+    Cov(x_a s_a, x_b s_b) = E[s_a] E[s_b] Cov(x_a, x_b) + Cov(s_a, s_b) (Cov(x_a, x_b) + m_a m_b), the
+    means m pooled over the positions; for the sums over the map their covariance D and P m."""
+    if x.chan is None or x.chan_dc is None or s.chan is None:  # known in part: not at all (as an add)
+        return None, None
+    C = x.shape[0]
+    s1 = s.mean.reshape(C)
+    Cs = _cov(s.chan, s.var.reshape(C))
+    m = x.mean.flatten(1).mean(1)
+    out = []
+    for Cx, M in ((_cov(x.chan, _pooled_var(x.var)), m), (_cov(x.chan_dc, _sums(x)), m * x.mean[0].numel())):
+        out.append(_normalized(s1[:, None] * s1[None, :] * Cx + Cs * (Cx + M[:, None] * M[None, :])))
+    return tuple(out)
+
+
+def sliced_channels(f, start: int, stop: int) -> dict:
+    """``chan`` and ``chan_dc`` of channels start … stop − 1 of ``f``, as keywords."""
+    keys = ("chan", "chan_dc")
+    return {k: None if getattr(f, k) is None else getattr(f, k)[start:stop, start:stop] for k in keys}
+
+
+def add_channels(a, b) -> tuple:
+    """(R, Q) of the sum of two independent fields: None unless each term that varies carries its own (a
+    term's correlation unknown, the sum's known in part would give the next conv some of its cross terms
+    and not the others)."""
+    out = []
+    for key, size in (("chan", lambda f: _pooled_var(f.var)), ("chan_dc", _sums)):
+        terms = [(getattr(f, key), size(f)) for f in (a, b) if bool((size(f) > 0).any())]
+        if not terms or any(R is None for R, _ in terms):
+            out.append(None)
+        else:
+            out.append(_normalized(sum(_cov(R, v) for R, v in terms)))
+    return tuple(out)
