@@ -450,3 +450,38 @@ def _std_conv(m: nn.Conv2d, scaled: bool):
 register_named_rule("timm.layers.std_conv.StdConv2d")(lambda m: _std_conv(m, scaled=False))
 register_named_rule("timm.layers.std_conv.ScaledStdConv2d")(lambda m: _std_conv(m, scaled=True))
 
+
+@register_named_rule("timm.layers.mixed_conv2d.MixedConv2d")
+def mixed_conv_rule(m: nn.Module) -> Conv:
+    """timm's ``MixedConv2d`` (MixNet's: the channels split, each piece its own conv and kernel size, the
+    outputs stacked) as one conv: each piece's kernel zero-padded into the largest, placed so that it reads
+    the same inputs (offset p_max − p_i, the pieces' paddings), its weights in its block of the channels;
+    depthwise where every piece is. Exact; one conv, so the pieces' channels stay correlated through it
+    (``Field.chan``: split, convolved and stacked, each piece's block alone would be kept). Pieces that
+    are plain ``nn.Conv2d`` with numeric zero padding and no dilation only (not ``Conv2dSame``)."""
+    convs = list(m.values())
+    if not convs or any(type(c) is not nn.Conv2d or c.padding_mode != "zeros" or isinstance(c.padding, str)
+                        or pair(c.dilation) != (1, 1) for c in convs):  # fmt: skip
+        raise NotImplementedError("mixed conv rule: pieces of nn.Conv2d with numeric zero padding only")
+    strides = {pair(c.stride) for c in convs}
+    if len(strides) != 1:
+        raise NotImplementedError("mixed conv rule: pieces of one stride only")
+    depthwise = all(c.groups == c.in_channels == c.out_channels for c in convs)
+    if not depthwise and any(c.groups != 1 for c in convs):
+        raise NotImplementedError("mixed conv rule: pieces all depthwise or all dense")
+    K = tuple(max(c.weight.shape[2 + i] for c in convs) for i in (0, 1))
+    P = tuple(max(pair(c.padding)[i] for c in convs) for i in (0, 1))
+    Co, Ci = sum(c.out_channels for c in convs), sum(c.in_channels for c in convs)
+    weight = torch.zeros((Co, 1 if depthwise else Ci, *K), dtype=_DT)
+    o = i = 0
+    for c in convs:
+        kh, kw = c.weight.shape[-2:]
+        (ah, aw) = (P[0] - pair(c.padding)[0], P[1] - pair(c.padding)[1])
+        if ah < 0 or aw < 0 or ah + kh > K[0] or aw + kw > K[1]:
+            raise NotImplementedError("mixed conv rule: a piece's padding places it outside the largest")
+        cols = slice(0, 1) if depthwise else slice(i, i + c.in_channels)
+        weight[o : o + c.out_channels, cols, ah : ah + kh, aw : aw + kw] = c.weight.detach().to("cpu", _DT)
+        o, i = o + c.out_channels, i + c.in_channels
+    biases = [torch.zeros(c.out_channels) if c.bias is None else c.bias.detach() for c in convs]
+    bias = None if all(c.bias is None for c in convs) else torch.cat(biases)
+    return Conv(weight, bias, strides.pop(), P, Co if depthwise else 1)
