@@ -6,10 +6,12 @@ second conv are 0.82–1.40 of the measurement (seed 0), and NF-RegNet-B0's firs
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn as nn
-from test_probe_correlated import DT
+from test_probe_correlated import DT, _ramp, gaussian_field
 
 from gatepool.analysis.probe import correlated as cr
 from gatepool.analysis.probe.correlated import channels
@@ -144,3 +146,28 @@ def test_conv_channels_is_exact_for_a_1x1_conv():
     d = full.diagonal().sqrt()
     torch.testing.assert_close(R_out, full / d[:, None] / d[None, :])
     torch.testing.assert_close(Q_out, R_out)  # every position's the same: the sums' as the values'
+
+
+@pytest.mark.parametrize("groups,multiplier", [(3, 1), (6, 1), (6, 2)], ids=["grouped", "depthwise", "x2"])
+def test_a_grouped_conv_is_its_dense_form(groups, multiplier):
+    """A grouped (or depthwise) conv's κ, R and Q block by block: those of the dense weight with zeros off
+    its groups' blocks, at stride 2 over a correlated field."""
+    torch.manual_seed(0)
+    C, H = 6, 7
+    A = torch.randn(C, C, dtype=DT)
+    S = A @ A.T / C + torch.eye(C, dtype=DT)
+    d = S.diagonal().sqrt()
+    R = S / d[:, None] / d[None, :]
+    var = _ramp(C, H, H, 0.3, 3.0) * torch.linspace(0.5, 2.0, C, dtype=DT)[:, None, None]  # each its own
+    x, f = gaussian_field(C=C, H=H, W=H, ell=1.0, var=var)
+    f = dataclasses.replace(f, chan=R, chan_dc=R.flip(0).flip(1))
+    Co = C * multiplier if groups == C else C
+    w = torch.randn(Co, C // groups, 3, 3, dtype=DT)
+    dense = torch.zeros(Co, C, 3, 3, dtype=DT)
+    og, ig = Co // groups, C // groups
+    for g in range(groups):
+        dense[g * og : (g + 1) * og, g * ig : (g + 1) * ig] = w[g * og : (g + 1) * og]
+    got = channels.conv_channels(w, f, groups, stride=(2, 2))
+    want = channels.conv_channels(dense, f, 1, stride=(2, 2))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)

@@ -102,79 +102,64 @@ def _residue_sums(f, stride) -> torch.Tensor:
     return out
 
 
-def _sums_through(weight: torch.Tensor, x, stride, src: torch.Tensor | None = None) -> torch.Tensor:
-    """(Co, Co): the covariance of a conv's output sums over its map, D_out = Σ_{φ,φ'} W^φ K(φ' − φ) W^φ'ᵀ
-    over the taps' phases φ = u mod s (W^φ the phase's taps summed; a stride of 1: W̃ D W̃ᵀ), K(r) the
-    input sums' covariance over the pairs of lag ≡ r: its diagonal exact, the rest x's Q scaled by the
-    channels' mean share of their sums at r (the output's border left out). ``src``: a depthwise conv's
-    input channel of each output, its weight (Co, 1, kh, kw)."""
+def _sums_through(Wt: torch.Tensor, x, stride, kw: int) -> torch.Tensor:
+    """(G, og, G, og): the covariance of a conv's output sums over its map, D_out = Σ_{φ,φ'} W^φ K(φ' − φ)
+    W^φ'ᵀ over the taps' phases φ = u mod s (W^φ the phase's taps summed; a stride of 1: W̃ D W̃ᵀ), K(r)
+    the input sums' covariance over the pairs of lag ≡ r: its diagonal exact, the rest x's Q scaled by
+    the channels' mean share of their sums at r (the output's border left out). ``Wt`` the grouped
+    weight as (k, G, og, ig), its taps row-major over a kernel ``kw`` wide."""
     sh, sw = stride
+    k, G, og, ig = Wt.shape
     S = _residue_sums(x, stride)  # (sh, sw, Ci)
     D = _sums(x)
     share = S.sum(-1) / D.sum().clamp_min(1e-300)  # (sh, sw)
-    off = _cov(x.chan_dc - torch.eye(len(D), dtype=_DT), D)
-    phases = [weight[:, :, a::sh, b::sw].sum((2, 3)) for a in range(sh) for b in range(sw)]  # (Co, Ci) each
-    out = torch.zeros((weight.shape[0], weight.shape[0]), dtype=_DT)
-    for i, Wi in enumerate(phases):
-        for j, Wj in enumerate(phases):
-            rh, rw = (j // sw - i // sw) % sh, (j % sw - i % sw) % sw
-            K = torch.diag(S[rh, rw]) + share[rh, rw] * off
-            if src is None:
-                out += Wi @ K @ Wj.T
-            else:  # each output reads its one channel: W^φ (Co, 1)
-                out += Wi * Wj.T * K[src][:, src]
-    return (out + out.T) / 2
+    off = _cov(x.chan_dc - torch.eye(len(D), dtype=_DT), D).reshape(G, ig, G, ig)
+    taps = torch.arange(k)
+    phase = (taps // kw % sh) * sw + taps % kw % sw  # each tap's phase
+    phases = [(p // sw, p % sw, Wt[phase == p].sum(0)) for p in range(sh * sw)]  # (G, og, ig) each
+    out = torch.zeros((G, og, G, og), dtype=_DT)
+    for ah, aw, Wi in phases:
+        for bh, bw, Wj in phases:
+            r = ((bh - ah) % sh, (bw - aw) % sw)
+            K = torch.diag(S[r]).reshape(G, ig, G, ig) + share[r] * off
+            out += torch.einsum("goc,gcGd,Gpd->goGp", Wi, K, Wj)
+    return out
 
 
-def conv_channels(weight: torch.Tensor, x, depthwise_src: torch.Tensor | None = None,
-                  occupancy: torch.Tensor | None = None, stride=(1, 1)):  # fmt: skip
-    """(κ, R_out, Q_out) of a conv of the dense ``weight`` (Co, Ci, kh, kw) on the field ``x``;
-    ``depthwise_src`` (Co,): each output channel's one input channel, ``weight`` then (Co, 1, kh, kw);
-    ``occupancy`` (k, k): the share of the output positions where both taps j and l fall inside the map
-    (None: all; the zero padding's border). None where x carries no R and Q (unknown: a conv of it is
-    not given one of its own, which would hold its weights' cross terms and not its input's) or where
-    it costs more than :data:`_WORK`."""
+def conv_channels(weight: torch.Tensor, x, groups: int = 1, occupancy: torch.Tensor | None = None,
+                  stride=(1, 1)):  # fmt: skip
+    """(κ, R_out, Q_out) of a conv of ``weight`` (Co, Ci/groups, kh, kw) on the field ``x``, its groups
+    block by block (depthwise: a group a channel); ``occupancy`` (k, k): the share of the output
+    positions where both taps j and l fall inside the map (None: all; the zero padding's border). None
+    where x carries no R and Q (unknown: a conv of it is not given one of its own, which would hold its
+    weights' cross terms and not its input's) or where it costs more than :data:`_WORK`."""
     if x.chan is None or x.chan_dc is None:  # unknown in, unknown out
         return None
-    Co, kh, kw = weight.shape[0], *weight.shape[-2:]
-    Ci = x.shape[0]
-    k = kh * kw
+    Co, ig, kh, kw = weight.shape
+    Ci, G, k = x.shape[0], groups, kh * kw
+    og = Co // G
     phases = min(stride[0], kh) * min(stride[1], kw)
-    if depthwise_src is not None:
-        work = Co * Co * (k * k + phases * phases)
-    else:
-        work = (Co * Ci * (Co + Ci) + k * Co * Ci) * k + phases * phases * Co * Ci * (Co + Ci)
-    if work > _WORK:
+    if (k + phases * phases) * G * G * og * ig * (og + ig) + k * k * Co * ig > _WORK:
         return None
-    R = x.chan
     v = _pooled_var(x.var)  # (Ci,)
     rho = _tap_lags(x.corr, kh, kw)  # (k, k, Ci): ρ_c(u_l − u_j)
     if occupancy is not None:
         rho = rho * occupancy[:, :, None]
     rbar = (rho * v).sum(-1) / v.sum().clamp_min(1e-300)
-    if depthwise_src is not None:
-        w = weight.reshape(Co, k)  # (Co, k)
-        wv = w * v[depthwise_src, None].sqrt()
-        same = depthwise_src[:, None] == depthwise_src[None, :]
-        rho_o = rho[:, :, depthwise_src]  # (k, k, Co): each output's own channel's
-        diag = torch.einsum("oj,pl,jlo->op", wv, wv, rho_o) * same
-        M = R[depthwise_src][:, depthwise_src] * ~same
-        off = torch.einsum("oj,pl,jl->op", wv, wv, rbar) * M
-        D_out = _sums_through(weight, x, stride, depthwise_src)
-    else:
-        Wt = weight.flatten(2).permute(2, 0, 1)  # (k, Co, Ci)
-        Wl = torch.einsum("jlc,loc->joc", rho, Wt)  # Σ_l ρ_c(u_l − u_j) W_l
-        diag = torch.einsum("joc,jpc,c->op", Wt, Wl, v)
-        M = _cov(R - torch.eye(Ci, dtype=_DT), v)
-        Wb = torch.einsum("jl,loc->joc", rbar, Wt)  # Σ_l ρ̄(u_l − u_j) W_l
-        off = torch.einsum("joc,cd,jpd->op", Wt, M, Wb)
-        D_out = _sums_through(weight, x, stride)
+    Wt = weight.reshape(G, og, ig, k).permute(3, 0, 1, 2)  # (k, G, og, ig)
+    Wl = torch.einsum("jlgc,lgoc->jgoc", rho.reshape(k, k, G, ig), Wt)  # Σ_l ρ_c(u_l − u_j) W_l
+    blocks = torch.einsum("jgoc,jgpc,gc->gop", Wt, Wl, v.reshape(G, ig))  # (G, og, og)
+    diag = torch.block_diag(*blocks)  # no input channel is shared across the groups
+    M = _cov(x.chan - torch.eye(Ci, dtype=_DT), v).reshape(G, ig, G, ig)
+    Wb = torch.einsum("jl,lgoc->jgoc", rbar, Wt)  # Σ_l ρ̄(u_l − u_j) W_l
+    off = torch.einsum("jgoc,gcGd,jGpd->goGp", Wt, M, Wb).reshape(Co, Co)
     S = diag + off
     S = (S + S.T) / 2
     d = diag.diagonal()
     ok = d > 1e-300
     kappa = torch.where(ok, S.diagonal() / torch.where(ok, d, torch.ones_like(d)), torch.ones_like(d))
-    return kappa.clamp_min(0.0), _normalized(S), _normalized(D_out)
+    D_out = _sums_through(Wt, x, stride, kw).reshape(Co, Co)
+    return kappa.clamp_min(0.0), _normalized(S), _normalized((D_out + D_out.T) / 2)
 
 
 def series_channels(x, coef: list[torch.Tensor], out, factorial: bool = False) -> tuple:

@@ -190,9 +190,7 @@ class Conv:
                                                                           (W + 2 * pw - kw) // sw + 1)))
         masks = masks.flatten(1)  # (k, Ho·Wo): where each tap falls inside the map
         occupancy = masks @ masks.T / masks.shape[1]
-        if self.src is not None:
-            return conv_channels(self.weight, x, self.src, occupancy, self.stride)
-        return conv_channels(self.W, x, occupancy=occupancy, stride=self.stride)
+        return conv_channels(self.weight, x, self.groups, occupancy, self.stride)
 
     def _shape(self, x: Field, out: Field) -> Field:
         """``out`` with its skewness and excess kurtosis, the taps taken independent:
