@@ -127,15 +127,20 @@ def test_the_walk_without_the_correlation_misses(stem, monkeypatch):
     assert float((_per_channel(pred, acts, "conv2") - 1).abs().max()) > 0.10
 
 
-def test_conv_channels_is_exact_for_a_1x1_conv():
-    """A 1 × 1 conv of correlated channels: Σ_out = W Σ Wᵀ exactly, so κ_o = (wᵀ Σ w)/(Σ_a w_a² Σ_aa), and
-    the sums' D_out = W D Wᵀ."""
+def _random_correlation(C: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Σ, R): a random covariance of C channels (seed 0) and its correlation; the generator left seeded."""
     torch.manual_seed(0)
-    C, Co = 6, 4
     A = torch.randn(C, C, dtype=DT)
     Sigma = A @ A.T / C + torch.eye(C, dtype=DT)
     s = Sigma.diagonal().sqrt()
-    R = Sigma / s[:, None] / s[None, :]
+    return Sigma, Sigma / s[:, None] / s[None, :]
+
+
+def test_conv_channels_is_exact_for_a_1x1_conv():
+    """A 1 × 1 conv of correlated channels: Σ_out = W Σ Wᵀ exactly, so κ_o = (wᵀ Σ w)/(Σ_a w_a² Σ_aa), and
+    the sums' D_out = W D Wᵀ."""
+    C, Co = 6, 4
+    Sigma, R = _random_correlation(C)
     W = torch.randn(Co, C, 1, 1, dtype=DT)
     x = cr.Field(torch.zeros(C, 3, 3, dtype=DT), Sigma.diagonal()[:, None, None].expand(C, 3, 3).clone(),
                  torch.ones(C, 5, 5, dtype=DT), chan=R, chan_dc=R)  # fmt: skip
@@ -152,12 +157,8 @@ def test_conv_channels_is_exact_for_a_1x1_conv():
 def test_a_grouped_conv_is_its_dense_form(groups, multiplier):
     """A grouped (or depthwise) conv's κ, R and Q block by block: those of the dense weight with zeros off
     its groups' blocks, at stride 2 over a correlated field."""
-    torch.manual_seed(0)
     C, H = 6, 7
-    A = torch.randn(C, C, dtype=DT)
-    S = A @ A.T / C + torch.eye(C, dtype=DT)
-    d = S.diagonal().sqrt()
-    R = S / d[:, None] / d[None, :]
+    _, R = _random_correlation(C)
     var = _ramp(C, H, H, 0.3, 3.0) * torch.linspace(0.5, 2.0, C, dtype=DT)[:, None, None]  # each its own
     x, f = gaussian_field(C=C, H=H, W=H, ell=1.0, var=var)
     f = dataclasses.replace(f, chan=R, chan_dc=R.flip(0).flip(1))

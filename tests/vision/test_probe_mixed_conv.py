@@ -9,10 +9,9 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from test_probe_timm_blocks import _walk_holds
 
-from gatepool.analysis.probe import correlated as cr
 from gatepool.analysis.probe.correlated.conv import mixed_conv_rule
-from gatepool.analysis.probe.correlated_predict import predict_correlated
 
 pytest.importorskip("timm")
 
@@ -55,21 +54,4 @@ def test_the_walk_through_a_mixed_conv_block():
     torch.manual_seed(0)
     net = _MixBlock().double()
     x = torch.randn(2048, 3, 16, 16, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    pred = predict_correlated(net, cr.measure_input(x), batch=len(x))
-    assert not pred.notes, pred.notes
-    out, grads = {}, {}
-
-    def hook(m, a, y, n):
-        out[n] = y.detach()
-        y.register_hook(lambda g: grads.__setitem__(n, g.detach()))
-
-    names = ["dw", "act", "reduce", "head"]
-    for n in names:
-        net.get_submodule(n).register_forward_hook(lambda m, a, y, n=n: hook(m, a, y, n))
-    logits = net(x.requires_grad_())
-    seed = torch.randn(logits.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    (logits * seed).sum().backward()
-    for n in names:
-        row = pred[n]
-        assert abs(row.var / float(out[n].var(unbiased=False)) - 1) < 0.10, (n, row.var)
-        assert abs(row.grad_e2 / float(grads[n].pow(2).mean()) - 1) < 0.15, (n, row.grad_e2)
+    _walk_holds(net, x, ["dw", "act", "reduce", "head"])

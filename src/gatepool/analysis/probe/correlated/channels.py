@@ -50,8 +50,8 @@ import torch
 
 from gatepool.analysis.probe.correlated.field import _DT, xcorr
 
-_WORK = 2**29  # multiply-adds of one conv's Σ_out beyond which R is dropped (a 3 × 3 conv of 256 channels:
-# 3.2e8; of 512, 2.4e9) and the conv's variance left uncorrected
+_WORK = 2**29  # multiply-adds of one conv's Σ_out beyond which R is dropped (a dense 3 × 3 conv of 256
+# channels at stride 1: 3.4e8; of 512: 2.7e9) and the conv's variance left uncorrected
 _POSITIONS = 256  # an activation's coefficients pooled over at most this many positions (a grid of them)
 _TERMS = 8  # Mehler's series per pair of channels to Rⁿ, n ≤ 8, then Parseval's remainder (|R| ≤ 0.5: < 0.4%)
 

@@ -183,7 +183,9 @@ class Conv:
         return out
 
     def _channels(self, x: Field):
-        """(κ, R_out, Q_out) of :func:`channels.conv_channels` (None past its cost)."""
+        """(κ, R_out, Q_out) of :func:`channels.conv_channels` (None: x carries none, or past its cost)."""
+        if x.chan is None or x.chan_dc is None:
+            return None
         H, W = x.shape[1:]
         (kh, kw), (sh, sw), (ph, pw) = self.wshape[-2:], self.stride, self.padding
         masks = torch.stack(self._taps(torch.ones((1, H, W), dtype=_DT), ((H + 2 * ph - kh) // sh + 1,
@@ -454,9 +456,9 @@ def mixed_conv_rule(m: nn.Module) -> Conv:
     """timm's ``MixedConv2d`` (MixNet's: the channels split, each piece its own conv and kernel size, the
     outputs stacked) as one conv: each piece's kernel zero-padded into the largest, placed so that it reads
     the same inputs (offset p_max − p_i, the pieces' paddings), its weights in its block of the channels;
-    depthwise where every piece is. Exact; one conv, so the pieces' channels stay correlated through it
-    (``Field.chan``: split, convolved and stacked, each piece's block alone would be kept). Pieces that
-    are plain ``nn.Conv2d`` with numeric zero padding and no dilation only (not ``Conv2dSame``)."""
+    depthwise where every piece is. Exact; one conv, so the pieces' channels keep their correlation
+    (``Field.chan``, which a cat of the pieces drops). Pieces that are plain ``nn.Conv2d`` with numeric
+    zero padding and no dilation only (not ``Conv2dSame``)."""
     convs = list(m.values())
     if not convs or any(type(c) is not nn.Conv2d or c.padding_mode != "zeros" or isinstance(c.padding, str)
                         or pair(c.dilation) != (1, 1) for c in convs):  # fmt: skip
