@@ -81,10 +81,10 @@ def _sums(f) -> torch.Tensor:
     return f.lag_sums().sum((1, 2)).clamp_min(0)
 
 
-def _cov(R: torch.Tensor | None, var: torch.Tensor) -> torch.Tensor:
-    """The covariance of correlation R (None: I) and variances var (C,)."""
+def _cov(R: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+    """The covariance of correlation R (C, C) and variances var (C,)."""
     s = var.clamp_min(0).sqrt()
-    return (torch.eye(len(s), dtype=_DT) if R is None else R) * s[:, None] * s[None, :]
+    return R * s[:, None] * s[None, :]
 
 
 def _residue_sums(f, stride) -> torch.Tensor:
@@ -112,7 +112,7 @@ def _sums_through(Wt: torch.Tensor, x, stride, kw: int) -> torch.Tensor:
     sh, sw = stride
     k, G, og, ig = Wt.shape
     S = _residue_sums(x, stride)  # (sh, sw, Ci)
-    D = _sums(x)
+    D = S.sum((0, 1)).clamp_min(0)  # every lag: the sums' variances (:func:`_sums`)
     share = S.sum(-1) / D.sum().clamp_min(1e-300)  # (sh, sw)
     off = _cov(x.chan_dc - torch.eye(len(D), dtype=_DT), D).reshape(G, ig, G, ig)
     taps = torch.arange(k)
