@@ -117,7 +117,7 @@ class AvgPoolWindows(AdaptiveAvgPool):
         return from_covariance(mean, self.A @ covariance(x) @ self.A.T)
 
 
-def _keeps_channels(x: Field, out: Field) -> Field:
+def _pooled_channels(x: Field, out: Field) -> Field:
     """``out``, an average over positions of ``x`` the same in every channel, with x's channel correlations
     (:mod:`channels`): the mean over the whole map has the correlation of x's sums (exact), an average
     over windows keeps both."""
@@ -145,7 +145,7 @@ class AdaptiveAvgPool2dStep:
         else:
             k = (H // out[0], W // out[1])
             self.conv = box_conv(C, k, k, (0, 0))
-        return _keeps_channels(x, self.conv.forward(x))
+        return _pooled_channels(x, self.conv.forward(x))
 
     def backward(self, g):
         return self.conv.backward(g)
@@ -171,7 +171,7 @@ class AvgPool2dStep:
             self.conv = self.stencil(x)
         else:
             self.conv = AvgPoolWindows(self.k, self.s, self.p, *self.modes)
-        return _keeps_channels(x, self.conv.forward(x))
+        return _pooled_channels(x, self.conv.forward(x))
 
     def stencil(self, x, minus_identity: bool = False) -> Stencil:
         """The stride-1 pool of ``x`` (or ``pool(x) − x``) as a :class:`stencil.Stencil`."""
