@@ -4,10 +4,10 @@ against draws of the fields themselves through timm's formulas."""
 
 import torch
 
-from gatepool.analysis.probe.correlated.adaptive import covariance
 from gatepool.analysis.probe.correlated.cascaded_attention import SoftmaxAttention
 from gatepool.analysis.probe.correlated.field import _DT, Field
 from gatepool.analysis.probe.correlated.linear_attention import LinearAttention
+from gatepool.analysis.probe.correlated.positions import covariance
 
 H = W = 4
 T = H * W

@@ -19,8 +19,9 @@ import torch
 import torch.nn as nn
 
 from gatepool.analysis.probe.correlated.conv import box_conv
-from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums
+from gatepool.analysis.probe.correlated.field import _DT, Field
 from gatepool.analysis.probe.correlated.global_pool import GlobalAvgPool
+from gatepool.analysis.probe.correlated.positions import covariance, from_covariance
 from gatepool.analysis.probe.correlated.registry import pair, register_correlated_rule
 from gatepool.analysis.probe.correlated.stencil import Stencil, pool_stencil
 
@@ -34,29 +35,6 @@ def windows(n: int, o: int) -> torch.Tensor:
         a, b = (i * n) // o, -((-(i + 1) * n) // o)
         A[i, a:b] = 1.0 / (b - a)
     return A
-
-
-def _lag_index(H: int, W: int) -> torch.Tensor:
-    """(H·W, H·W): the flat index into a (2H − 1, 2W − 1) lag map of q − p for positions p, q."""
-    h, w = torch.arange(H).repeat_interleave(W), torch.arange(W).repeat(H)
-    return (h[None, :] - h[:, None] + H - 1) * (2 * W - 1) + (w[None, :] - w[:, None] + W - 1)
-
-
-def covariance(f: Field) -> torch.Tensor:
-    """(C, H·W, H·W): Cov(x_p, x_q) = √(v_p v_q) ρ(q − p) of every pair of positions."""
-    C, H, W = f.shape
-    s = f.var.clamp_min(0).sqrt().reshape(C, -1)
-    rho = f.corr.reshape(C, -1)[:, _lag_index(H, W)]
-    return s[:, :, None] * s[:, None, :] * rho
-
-
-def from_covariance(mean: torch.Tensor, K: torch.Tensor) -> Field:
-    """The state of a (C, H, W) map with mean ``mean`` and position covariance ``K`` (C, H·W, H·W)."""
-    C, H, W = mean.shape
-    var = torch.diagonal(K, dim1=1, dim2=2).reshape(C, H, W)
-    T = torch.zeros((C, (2 * H - 1) * (2 * W - 1)), dtype=_DT)
-    T.index_add_(1, _lag_index(H, W).flatten(), K.reshape(C, -1))
-    return _field_from_sums(mean, var, T.reshape(C, 2 * H - 1, 2 * W - 1))
 
 
 class AdaptiveAvgPool:

@@ -29,13 +29,13 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from gatepool.analysis.probe.correlated.adaptive import _lag_index, covariance
 from gatepool.analysis.probe.correlated.conv import Conv
 from gatepool.analysis.probe.correlated.dropout import Dropout
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums
 from gatepool.analysis.probe.correlated.layernorm import LayerNorm
 from gatepool.analysis.probe.correlated.norms import BatchNorm, GroupNorm
 from gatepool.analysis.probe.correlated.pointwise import Pointwise
+from gatepool.analysis.probe.correlated.positions import covariance, lag_index
 from gatepool.analysis.probe.correlated.resample import PositionMap
 from gatepool.analysis.probe.correlated.scale import Scale
 from gatepool.analysis.probe.correlated.shift import Shift
@@ -98,7 +98,7 @@ def _signed(S: torch.Tensor, H: int, W: int) -> tuple[torch.Tensor, torch.Tensor
     """(v, T): the diagonal (C, H, W) and the lag sums (C, 2H − 1, 2W − 1) of a symmetric (C, P, P)."""
     C = S.shape[0]
     T = torch.zeros((C, (2 * H - 1) * (2 * W - 1)), dtype=_DT).index_add(
-        1, _lag_index(H, W).flatten(), S.reshape(C, -1)
+        1, lag_index(H, W).flatten(), S.reshape(C, -1)
     )
     return torch.diagonal(S, dim1=1, dim2=2).reshape(C, H, W), T.reshape(C, 2 * H - 1, 2 * W - 1)
 

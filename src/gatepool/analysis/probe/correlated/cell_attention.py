@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import torch
 
-from gatepool.analysis.probe.correlated.adaptive import _MAX_POSITIONS, covariance, from_covariance
+from gatepool.analysis.probe.correlated.adaptive import _MAX_POSITIONS
 from gatepool.analysis.probe.correlated.add import add_grads
 from gatepool.analysis.probe.correlated.attention import Attention, kappa, per_head
 from gatepool.analysis.probe.correlated.conv import Conv
 from gatepool.analysis.probe.correlated.field import _DT, Field
+from gatepool.analysis.probe.correlated.positions import covariance, from_covariance
 
 
 class CellAttention:

@@ -31,8 +31,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from gatepool.analysis.probe.correlated.adaptive import covariance, from_covariance
 from gatepool.analysis.probe.correlated.field import _DT, Field
+from gatepool.analysis.probe.correlated.positions import covariance, from_covariance
 from gatepool.analysis.probe.correlated.registry import register_named_rule
 
 

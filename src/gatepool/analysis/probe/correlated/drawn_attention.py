@@ -5,10 +5,10 @@ draws     per group of channels (a head's q, k, v of widths (d_q, d_k, d_v) befo
           the attention applies, or the head's input that its own affine maps make them of)
           ``DRAWS`` draws of fixed seeds, ``CHUNK`` at a time, each chunk half antithetic (−z beside
           z): each channel its mean map and its positions' covariance √(v_p v_q) ρ(q − p)
-          (:func:`adaptive.covariance`), the channels independent (the state's)
+          (:func:`positions.covariance`), the channels independent (the state's)
 forward   o = attend(q, k, v) (or attend(u)) per draw (the attention as its module computes it, on
           (n, T, d) tensors); the output's state the draws' mean and covariance over the positions
-          (:func:`adaptive.from_covariance`): exact on the state's law up to the draws' error, about
+          (:func:`positions.from_covariance`): exact on the state's law up to the draws' error, about
           √(2/DRAWS) ≈ 1.6% on a position's second moment
 backward  the gradient G at o drawn from its state beside them, independent of the values (the walk's
           unit-noise backward); per draw ∂L/∂(q, k, v) (or ∂L/∂u) of L = Σ o·G (autograd through
@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 import torch
 
-from gatepool.analysis.probe.correlated.adaptive import covariance, from_covariance
 from gatepool.analysis.probe.correlated.cat import Cat
 from gatepool.analysis.probe.correlated.field import _DT, Field
+from gatepool.analysis.probe.correlated.positions import covariance, from_covariance
 from gatepool.analysis.probe.correlated.split import ChannelSlice
 
 DRAWS = 8192

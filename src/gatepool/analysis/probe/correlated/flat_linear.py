@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from gatepool.analysis.probe.correlated.adaptive import covariance, from_covariance
 from gatepool.analysis.probe.correlated.field import _DT, Field
+from gatepool.analysis.probe.correlated.positions import covariance, from_covariance
 
 _BLOCK = 256  # output rows of the weight in float64 at a time
 

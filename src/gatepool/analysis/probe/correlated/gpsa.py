@@ -25,9 +25,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from gatepool.analysis.probe.correlated.adaptive import _MAX_POSITIONS, covariance, from_covariance
+from gatepool.analysis.probe.correlated.adaptive import _MAX_POSITIONS
 from gatepool.analysis.probe.correlated.attention import Attention, check_plain
 from gatepool.analysis.probe.correlated.field import _DT, Field
+from gatepool.analysis.probe.correlated.positions import covariance, from_covariance
 from gatepool.analysis.probe.correlated.registry import register_named_rule
 from gatepool.analysis.probe.correlated.talking_heads import TalkingHeads
 

@@ -28,14 +28,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gatepool.analysis.probe.correlated.adaptive import (
-    _MAX_POSITIONS,
-    AdaptiveAvgPool,
-    _lag_index,
-    covariance,
-    from_covariance,
-)
+from gatepool.analysis.probe.correlated.adaptive import _MAX_POSITIONS, AdaptiveAvgPool
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums
+from gatepool.analysis.probe.correlated.positions import covariance, from_covariance, lag_index
 from gatepool.analysis.probe.correlated.registry import register_correlated_rule
 
 _MAX_SEPARABLE = 4096  # the input's H·W at most for a separable resize: its (H·W, H·W) covariance
@@ -86,7 +81,7 @@ class Interpolate(AdaptiveAvgPool):
         self.in_hw, self.A = (H, W), None
         Bh, Gh = _pairs(Ah), _squares(Ah)  # (H·H, 2Ho − 1), (H·H, Ho)
         right = torch.cat((_pairs(Aw), _squares(Aw)), 1)  # (W·W, 2Wo − 1 + Wo)
-        lag = _lag_index(H, W)
+        lag = lag_index(H, W)
         T = torch.empty((C, 2 * Ho - 1, 2 * Wo - 1), dtype=_DT)
         var = torch.empty((C, Ho, Wo), dtype=_DT)
         for c in range(C):
