@@ -25,7 +25,8 @@ The rules, each from the module's actual weights, one file each (its equations i
 ``sΔ`` there is the input lag of output lag Δ at stride s):
 
     conv.py     conv (and avg pools, the global pool: a box filter); timm's mixed conv as one conv
-    positions.py  a field's covariance of positions (C, n, n), its moments
+    positions.py  a field's covariance of positions (C, n, n), its moments; a depthwise conv through it on
+                 small maps with large kernels (the cheaper road there)
     channels.py  the channels' correlation at lag 0 and of their sums, where known
     adaptive.py  an adaptive average pool of uneven, overlapping or repeated windows (a map up to 7 × 7)
     relu.py     ReLU (and of the residual sum b + ReLU(y))

@@ -35,6 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gatepool.analysis.probe.correlated import positions
 from gatepool.analysis.probe.correlated.channels import conv_channels
 from gatepool.analysis.probe.correlated.coupling import pointwise_conv_coupling
 from gatepool.analysis.probe.correlated.field import (
@@ -144,6 +145,28 @@ class Conv:
         (Co, _, kh, kw), (sh, sw), (ph, pw) = self.wshape, self.stride, self.padding
         H, W = x.shape[1:]
         Ho, Wo = (H + 2 * ph - kh) // sh + 1, (W + 2 * pw - kw) // sw + 1
+        if self.src is not None and positions.cheaper(Co, kh * kw, (H, W), (Ho, Wo)):
+            var, T = positions.conv_forward(self._matrix((H, W), (Ho, Wo)), self.src, x, (Ho, Wo))
+        else:
+            var, T = self._pairs_forward(x, s, (Ho, Wo))
+        chan = self._channels(x)
+        if chan is not None:  # the input channels' correlation: each output's variance, wᵀ Σ w
+            kappa = chan[0][:, None, None]
+            var, T = var * kappa, T * kappa
+        self.out_var = var
+        out = self._shape(x, _field_from_sums(mean, var, T))
+        out.chan, out.chan_dc = (None, None) if chan is None else chan[1:]
+        return out
+
+    def _matrix(self, in_hw, out_hw) -> torch.Tensor:
+        """(Co, Ho·Wo, H·W): each output channel's map of its input channel's positions (depthwise)."""
+        return positions.conv_matrix(self.Wd.reshape(-1, *self.wshape[-2:]), in_hw, out_hw, self.stride,
+                                     self.padding)  # fmt: skip
+
+    def _pairs_forward(self, x: Field, s: torch.Tensor, out_hw) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output's (variance map, lag sums) over the pairs of taps (see the module docstring)."""
+        (Co, _, kh, kw), (Ho, Wo) = self.wshape, out_hw
+        H, W = x.shape[1:]
         size = (2 * Ho - 1, 2 * Wo - 1)
         n, m = size[0] * size[1], Ho * Wo
         # over the pairs of taps (j, l), S_j(P) = √v(sP + u_j − p) (0 in the padding):
@@ -173,14 +196,7 @@ class Conv:
         U = U[:, :n].reshape(Co, *size)
         T = U + U.flip((-2, -1))
         T[:, Ho - 1, Wo - 1] = var.sum((1, 2))
-        chan = self._channels(x)
-        if chan is not None:  # the input channels' correlation: each output's variance, wᵀ Σ w
-            kappa = chan[0][:, None, None]
-            var, T = var * kappa, T * kappa
-        self.out_var = var
-        out = self._shape(x, _field_from_sums(mean, var, T))
-        out.chan, out.chan_dc = (None, None) if chan is None else chan[1:]
-        return out
+        return var, T
 
     def _channels(self, x: Field):
         """(κ, R_out, Q_out) of :func:`channels.conv_channels` (None: x carries none, or past its cost)."""
@@ -225,6 +241,21 @@ class Conv:
         return reads.to(torch.int8).argmax(1)
 
     def backward(self, g: Field) -> Field:
+        x, (Co, Ci, kh, kw), (sh, sw), (ph, pw) = self.x, self.wshape, self.stride, self.padding
+        H, W = x.shape[1:]
+        if self.src is not None and positions.cheaper(Co, kh * kw, (H, W), g.shape[1:]):
+            var, T = positions.conv_backward(self._matrix((H, W), g.shape[1:]), self.src, Ci, g, (H, W))
+        else:
+            var, T = self._pairs_backward(g)
+        out = _field_from_sums(torch.zeros_like(var), var, T)
+        if g.dependence is not None:
+            out.dependence = self._dependence(g, var)
+        if (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0) and x.components is None:
+            out.coupling = pointwise_conv_coupling(g.coupling, self.W[:, :, 0, 0])
+        return out
+
+    def _pairs_backward(self, g: Field) -> tuple[torch.Tensor, torch.Tensor]:
+        """The input gradient's (variance map, lag sums) over the pairs of taps."""
         x, (Co, Ci, kh, kw), (sh, sw), (ph, pw) = self.x, self.wshape, self.stride, self.padding
         H, W = x.shape[1:]
         Ho, Wo = g.shape[1:]
@@ -282,12 +313,7 @@ class Conv:
         U = U[:-1].T.reshape(Ci, 2 * H - 1, 2 * W - 1)
         T = U + U.flip((-2, -1))
         T[:, H - 1, W - 1] = var.sum((1, 2))
-        out = _field_from_sums(torch.zeros_like(var), var, T)
-        if g.dependence is not None:
-            out.dependence = self._dependence(g, var)
-        if (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0) and x.components is None:
-            out.coupling = pointwise_conv_coupling(g.coupling, self.W[:, :, 0, 0])
-        return out
+        return var, T
 
     def _pair_weights(self, Wk, jj, ll, half, at, rows: int) -> torch.Tensor:
         """Σ half · W_j W_l over the pairs (jj, ll) of each row ``at`` (None: a row per pair): (rows, Ci, Co)

@@ -18,6 +18,7 @@ from dataclasses import replace
 
 import torch
 
+from gatepool.analysis.probe.correlated import positions
 from gatepool.analysis.probe.correlated.conv import Conv
 from gatepool.analysis.probe.correlated.field import _DT, Field
 
@@ -33,6 +34,10 @@ class Stencil(Conv):
     def _taps(self, f: torch.Tensor, out_hw) -> list[torch.Tensor]:
         kw = self.a.shape[1]
         return [t * self.a[j // kw, j % kw] for j, t in enumerate(super()._taps(f, out_hw))]
+
+    def _matrix(self, in_hw, out_hw) -> torch.Tensor:
+        a = self.a.expand(len(self.Wd), *self.a.shape)  # (C, kh, kw, Ho, Wo): every channel's
+        return positions.conv_matrix(a, in_hw, out_hw, self.stride, self.padding)
 
     def forward(self, x: Field) -> Field:
         if x.components is not None:
