@@ -80,6 +80,7 @@ def test_the_tiny_case_runs_at_one_thread_beside_max_pool(capsys):
         f"{gate} / F.max_pool2d, tiny-overlapping, nchw" for gate in ("soft", "soft-learned", "attention")
     ]
     assert "tiny-overlapping: input (2, 8, 4, 4) float32, k = 3, s = 2, p = 1; 1 thread(s)" in pool.table(rec)
+    assert f", {torch.backends.cpu.get_cpu_capability()}); device cpu" in pool.table(rec)  # the kernels' set
 
 
 @pytest.mark.slow  # timed: a few seconds

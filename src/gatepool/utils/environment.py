@@ -28,13 +28,16 @@ def cpu_model() -> str:
 
 
 def machine() -> dict[str, Any]:
-    """CPU model, cores, OS, Python, torch version and the torch threads in use now."""
+    """CPU model, cores, the instruction set torch's CPU kernels use (``AVX512``, ``AVX2``, …: one CPU name
+    covers both, and timings and float32 rounding differ between them), OS, Python, torch version and the
+    torch threads in use now."""
     import torch
 
     return {
         "processor": cpu_model(),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
         "python": platform.python_version(),

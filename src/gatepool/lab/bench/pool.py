@@ -318,7 +318,8 @@ def table(record: dict[str, Any]) -> str:
     m = record["machine"]
     lines = [
         f"pool bench: forward + backward, median over interleaved rounds; torch {record['torch']}, "
-        f"{record['threads']} threads, {m['cpu_count']} cpus ({m['processor'] or m['platform']}); device "
+        f"{record['threads']} threads, {m['cpu_count']} cpus ({m['processor'] or m['platform']}, "
+        f"{m.get('cpu_capability', 'its kernels not recorded')}); device "
         f"{_device(record)}; fused kernels: {'yes' if record['fused_kernels'] else 'no'}",
     ]
     for case in dict.fromkeys(r["case"] for r in record["results"]):
