@@ -2,8 +2,8 @@
 
    Memory is channels-last: x[n][d][h][w][c] (1-D and 2-D inputs have leading spatial sizes of 1), so
    the channels of a tap are contiguous: with a score per channel, each window is worked through in
-   channel blocks of one 64-byte vector (gcc's vector extensions: 16 floats, 8 doubles), each block's
-   running max, sum and weighted sum in registers across the window's taps (forward_vec and
+   channel blocks of one vector (gcc's vector extensions: 16 floats with AVX-512, 8 without; 8 doubles),
+   each block's running max, sum and weighted sum in registers across the window's taps (forward_vec and
    backward_vec in the _impl.h; the last block masked to the channels left); with one score per
    position given by weights (the attention gate), a window's blocks (up to four) stay in registers and
    each tap's score w · v_j is summed across the lanes by halving (shared_forward_vec and
@@ -110,9 +110,19 @@ static inline float exp2_f(float x) {
     return p * scale;
 }
 
-/* exp2_f on a vector of 16 floats: the same steps, the rounding by adding 1.5 · 2^23 (round to nearest). */
-typedef float vexp_f32 __attribute__((vector_size(64)));
-typedef int32_t vexp_i32 __attribute__((vector_size(64)));
+/* exp2_f on a vector of floats: the same steps, the rounding by adding 1.5 · 2^23 (round to nearest). */
+/* The float family's vectors (float32, and float16 / bfloat16 computed in it): one register, 64 bytes where
+   the target has AVX-512, 32 elsewhere. gcc splits a 64-byte vector into two AVX2 ones with half the
+   registers to hold them: soft pooling fwd+bwd was 2.2–5.2× F.max_pool2d on an AVX2 EPYC with 64 bytes,
+   0.97–1.22× with 32 (docs/benchmarks.md). float64 keeps 64 bytes (8 lanes) everywhere. */
+#if defined(__AVX512F__)
+#define GP_FLOAT_BYTES 64
+#else
+#define GP_FLOAT_BYTES 32
+#endif
+#define GP_FLOAT_LANES (GP_FLOAT_BYTES / 4)
+typedef float vexp_f32 __attribute__((vector_size(GP_FLOAT_BYTES)));
+typedef int32_t vexp_i32 __attribute__((vector_size(GP_FLOAT_BYTES)));
 static inline vexp_f32 exp2_vf(vexp_f32 x) {
     const vexp_f32 floor_ = (vexp_f32){0} - 126.0f; /* not x − x − 126: NaN at x = −inf */
     vexp_i32 low = x < floor_;
@@ -134,8 +144,8 @@ static inline vexp_f32 exp2_vf(vexp_f32 x) {
    type's range rounds to ±inf, as torch's conversions do.
 
    bfloat16 is a float's upper 16 bits: the conversions are shifts and an add (vectorized as they are). */
-typedef uint16_t vhalf __attribute__((vector_size(32))); /* a channel block: 16 halves */
-typedef uint32_t vexp_u32 __attribute__((vector_size(64)));
+typedef uint16_t vhalf __attribute__((vector_size(GP_FLOAT_BYTES / 2))); /* a channel block of halves */
+typedef uint32_t vexp_u32 __attribute__((vector_size(GP_FLOAT_BYTES)));
 
 static inline float bf16_to_f(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
@@ -191,36 +201,18 @@ static inline vexp_f32 f16_to_vf(vhalf h) { return (vexp_f32)_mm512_cvtph_ps((__
 static inline vhalf vf_to_f16(vexp_f32 x) {
     return (vhalf)_mm512_cvtps_ph((__m512)x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
-#elif defined(__F16C__)
-static inline vexp_f32 f16_to_vf(vhalf h) {
-    __m128i lo, hi;
-    memcpy(&lo, &h, 16);
-    memcpy(&hi, (char *)&h + 16, 16);
-    __m256 a = _mm256_cvtph_ps(lo), b = _mm256_cvtph_ps(hi);
-    vexp_f32 x;
-    memcpy(&x, &a, 32);
-    memcpy((char *)&x + 32, &b, 32);
-    return x;
-}
-static inline vhalf vf_to_f16(vexp_f32 x) {
-    __m256 a, b;
-    memcpy(&a, &x, 32);
-    memcpy(&b, (char *)&x + 32, 32);
-    __m128i lo = _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT), hi = _mm256_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT);
-    vhalf h;
-    memcpy(&h, &lo, 16);
-    memcpy((char *)&h + 16, &hi, 16);
-    return h;
-}
+#elif defined(__F16C__) /* 32-byte blocks (GP_FLOAT_BYTES): 8 halves, one conversion each way */
+static inline vexp_f32 f16_to_vf(vhalf h) { return (vexp_f32)_mm256_cvtph_ps((__m128i)h); }
+static inline vhalf vf_to_f16(vexp_f32 x) { return (vhalf)_mm256_cvtps_ph((__m256)x, _MM_FROUND_TO_NEAREST_INT); }
 #else
 static inline vexp_f32 f16_to_vf(vhalf h) {
     vexp_f32 x;
-    for (int l = 0; l < 16; l++) x[l] = f16_to_f_bits(h[l]);
+    for (int l = 0; l < GP_FLOAT_LANES; l++) x[l] = f16_to_f_bits(h[l]);
     return x;
 }
 static inline vhalf vf_to_f16(vexp_f32 x) {
     vhalf h;
-    for (int l = 0; l < 16; l++) h[l] = f_to_f16_bits(x[l]);
+    for (int l = 0; l < GP_FLOAT_LANES; l++) h[l] = f_to_f16_bits(x[l]);
     return h;
 }
 #endif
@@ -327,7 +319,7 @@ static double limit_window(int nt, const double *z, const double *v, double *gat
 }
 
 /* The shared-score windows with score weights (shared_forward_vec, shared_backward_vec) take up to
-   SHARED_BLOCKS channel blocks (64 floats, 32 doubles); more channels take the loops over c. */
+   SHARED_BLOCKS channel blocks (64 or 32 floats, 32 doubles); more channels take the loops over c. */
 #define SHARED_BLOCKS 4
 
 /* CALL(NB, r) with the block count nb (1 … SHARED_BLOCKS) and the last block's lanes r as constants
@@ -345,19 +337,19 @@ static double limit_window(int nt, const double *z, const double *v, double *gat
 _Static_assert(SHARED_BLOCKS == 4, "GP_BY_BLOCKS spells out the block counts 1 to 4");
 
 /* Per element type: T, the type computed in (float or double), EXP(z) of z = SCALE · a · s, LANES, the lanes
-   of a 64-byte vector of T (a channel block), and STREAM, AVX-512's streaming store of one (vstream); per
+   of a vector of T (a channel block: GP_FLOAT_BYTES for float, 64 bytes for double), and STREAM, AVX-512's streaming store of one (vstream); per
    type in memory (the input, the output and their gradients; a, w, stats and the partial sums of ∂L/∂a
    and ∂L/∂w are T): S, its SUFFIX in the exported names, FROM_S / TO_S between a channel block of S and
    one of T, S_TO_T / T_TO_S for one number. The _impl.h #undefs the per-S macros after it.
 
-   float16 and bfloat16 are computed in float: a block of 16 halves (vhalf, their bits) becomes 16 floats
+   float16 and bfloat16 are computed in float: a block of halves (vhalf, their bits) becomes as many floats
    on the way in, and is rounded to nearest even on the way out. */
 #define T float
 #define EXP exp2_f
 #define VEXP exp2_vf
 #define ITYPE int32_t
 #define SCALE 1.44269504088896341f
-#define LANES 16
+#define LANES GP_FLOAT_LANES
 #define STREAM(p, x) _mm512_stream_ps(p, (__m512)(x))
 
 #define S float

@@ -9,10 +9,10 @@
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
 
-/* A channel block of LANES as one 64-byte vector (gcc/clang vector extensions: one register on AVX-512,
-   two or four elsewhere); VSELECT/VMAX by masks, as C has no ?: on vectors. */
-typedef T CAT(vec, SUFFIX) __attribute__((vector_size(64)));
-typedef ITYPE CAT(ivec, SUFFIX) __attribute__((vector_size(64)));
+/* A channel block of LANES as one vector (gcc/clang vector extensions: one register where its width is the
+   target's, softmax_pool.c's GP_FLOAT_BYTES); VSELECT/VMAX by masks, as C has no ?: on vectors. */
+typedef T CAT(vec, SUFFIX) __attribute__((vector_size(sizeof(T) * LANES)));
+typedef ITYPE CAT(ivec, SUFFIX) __attribute__((vector_size(sizeof(ITYPE) * LANES)));
 typedef S CAT(svec, SUFFIX) __attribute__((vector_size(sizeof(S) * LANES))); /* a channel block in memory */
 #define VEC CAT(vec, SUFFIX)
 #define IVEC CAT(ivec, SUFFIX)
