@@ -114,7 +114,7 @@ static inline float exp2_f(float x) {
 /* The float family's vectors (float32, and float16 / bfloat16 computed in it): one register, 64 bytes where
    the target has AVX-512, 32 elsewhere. gcc splits a 64-byte vector into two AVX2 ones with half the
    registers to hold them: soft pooling fwd+bwd was 2.2–5.2× F.max_pool2d on an AVX2 EPYC with 64 bytes,
-   0.97–1.22× with 32 (docs/benchmarks.md). float64 keeps 64 bytes (8 lanes) everywhere. */
+   1.2–1.3× with 32 where windows tile (one run, docs/benchmarks.md). float64 keeps 64 bytes (8 lanes) everywhere. */
 #if defined(__AVX512F__)
 #define GP_FLOAT_BYTES 64
 #else
