@@ -141,14 +141,13 @@ class Conv:
             self.out_var = out.var
             return replace(out, mean=self._conv(x.mean, self.weight, self.b))
         mean = self._conv(x.mean, self.weight, self.b)
-        s = x.var.clamp_min(0).sqrt()
         (Co, _, kh, kw), (sh, sw), (ph, pw) = self.wshape, self.stride, self.padding
         H, W = x.shape[1:]
         Ho, Wo = (H + 2 * ph - kh) // sh + 1, (W + 2 * pw - kw) // sw + 1
         if self.src is not None and positions.cheaper(Co, kh * kw, (H, W), (Ho, Wo)):
             var, T = positions.conv_forward(self._matrix((H, W), (Ho, Wo)), self.src, x, (Ho, Wo))
         else:
-            var, T = self._pairs_forward(x, s, (Ho, Wo))
+            var, T = self._pairs_forward(x, (Ho, Wo))
         chan = self._channels(x)
         if chan is not None:  # the input channels' correlation: each output's variance, wᵀ Σ w
             kappa = chan[0][:, None, None]
@@ -163,10 +162,11 @@ class Conv:
         return positions.conv_matrix(self.Wd.reshape(-1, *self.wshape[-2:]), in_hw, out_hw, self.stride,
                                      self.padding)  # fmt: skip
 
-    def _pairs_forward(self, x: Field, s: torch.Tensor, out_hw) -> tuple[torch.Tensor, torch.Tensor]:
+    def _pairs_forward(self, x: Field, out_hw) -> tuple[torch.Tensor, torch.Tensor]:
         """The output's (variance map, lag sums) over the pairs of taps (see the module docstring)."""
         (Co, _, kh, kw), (Ho, Wo) = self.wshape, out_hw
         H, W = x.shape[1:]
+        s = x.var.clamp_min(0).sqrt()
         size = (2 * Ho - 1, 2 * Wo - 1)
         n, m = size[0] * size[1], Ho * Wo
         # over the pairs of taps (j, l), S_j(P) = √v(sP + u_j − p) (0 in the padding):
