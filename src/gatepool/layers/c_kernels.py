@@ -1,12 +1,12 @@
 """The fused soft-pool kernels for the CPU: the C build (``kernels/softmax_pool.c``), its ctypes boundary,
 and the C++ operator around the same kernels (``kernels/softmax_pool_op.cpp``).
 
-Build: ``cc -O3 -march=native -fno-trapping-math -fopenmp -shared`` of ``kernels/softmax_pool.c`` into
-``~/.cache/gatepool/kernels/`` (``$XDG_CACHE_HOME`` respected), named by a hash of the source, the
-compiler's version and this CPU's flags: about a second, once per machine; concurrent builds each
-write a temporary file and rename it into place. Where the build fails (no compiler) one warning says
-so, and with ``GATEPOOL_KERNELS=0`` none is tried; then :func:`available` is False and the soft pools
-keep their pure-PyTorch paths.
+Build: ``cc -O3 -march=native -fno-trapping-math -ffp-contract=off -fopenmp -shared`` of
+``kernels/softmax_pool.c`` into ``~/.cache/gatepool/kernels/`` (``$XDG_CACHE_HOME`` respected), named by
+a hash of the source, the compiler's version and this CPU's flags: about a second, once per machine;
+concurrent builds each write a temporary file and rename it into place. Where the build fails (no
+compiler) one warning says so, and with ``GATEPOOL_KERNELS=0`` none is tried; then :func:`available` is
+False and the soft pools keep their pure-PyTorch paths.
 
 The operator ``gatepool::softmax_pool_eager`` (:func:`eager_op`: the kernels with their autograd in C++,
 the eager CPU path's one call forward and one node backward) is built beside it the same way, with
@@ -52,8 +52,11 @@ __all__ = [
 
 SOURCE = Path(__file__).with_name("kernels") / "softmax_pool.c"
 OP_SOURCE = SOURCE.with_name("softmax_pool_op.cpp")
-# -fno-trapping-math: the clamps and selects on floats may be if-converted, so the channel loops vectorize
-FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-fPIC", "-shared"]
+# -fno-trapping-math: the clamps and selects on floats may be if-converted, so the channel loops vectorize;
+# -ffp-contract=off: each product rounded as written (gcc would fuse a · b + c where its passes happen to
+# meet one, differently in each element type's copy), so the backward's z − m is the forward's to the bit
+# and float16 / bfloat16 are float32's results rounded once
+FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-ffp-contract=off", "-fopenmp", "-fPIC", "-shared"]
 if platform.machine().lower() in ("x86_64", "amd64"):
     FLAGS.insert(2, "-mprefer-vector-width=512")  # whole AVX-512 registers where the CPU has them
 # the kernels' element types in memory (float16 / bfloat16 computed in float32 inside)

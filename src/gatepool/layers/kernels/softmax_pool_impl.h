@@ -180,8 +180,8 @@ static inline __attribute__((always_inline)) int CAT(forward_vec, SUFFIX)(
    (disjoint) or adds the taps' ∂L/∂v (and ∂L/∂s unless has_gs is 0: soft pooling, s = v) and adds the
    lanes' Σ push·s to gac. A lane with m = NaN (redone by the limits) contributes nothing here: returns 1
    if there is one. has_gs, disjoint and r (but in the last block) are constants at each call, so their
-   branches vanish. Where S is narrow, out is recomputed from the gates (kept in gbuf, nt blocks), not
-   read from y. */
+   branches vanish. Where S is narrow, out is recomputed as the forward computed it, (Σ_j e_j v_j) · q in T,
+   not read from y (rounded to S there); the gates g_j = e_j q are kept in gbuf (nt blocks). */
 static inline __attribute__((always_inline)) int CAT(backward_vec, SUFFIX)(
     const S *s, const S *v, const int64_t *taps, int nt, const T *av, const T *ac, const S *y, const T *mm,
     const T *rd, const S *go, T *gv, T *gs, T *gac, VEC *gbuf, const int has_gs, const int disjoint,
@@ -193,20 +193,21 @@ static inline __attribute__((always_inline)) int CAT(backward_vec, SUFFIX)(
     const VEC q = CAT(vselect, SUFFIX)(fast, CAT(vload, SUFFIX)(rd, r), zero);
     const VEC g = CAT(vselect, SUFFIX)(fast, CAT(vloads, SUFFIX)(go, r), zero);
     VEC yv = zero, ga = zero;
-    /* g_j as the forward's e_j / den (a · s_j − m as there: where it is fused, its z_top may be a hair over
-       0); 0 in a lane redone by the limits (whose z may be anything) */
-#define GP_GATE(sj) (VEXP(CAT(vselect, SUFFIX)(fast, a * (sj) - m, zero)) * q)
-    if (NARROW)
-        for (int t = 0; t < nt; t++) { /* out = Σ_j g_j v_j in T */
-            VEC sj = CAT(vloads, SUFFIX)(s + taps[t], r);
-            gbuf[t] = GP_GATE(sj);
-            yv += gbuf[t] * (has_gs ? CAT(vloads, SUFFIX)(v + taps[t], r) : sj);
+    /* e_j as the forward's (a · s_j − m as there: where it is fused, its z_top may be a hair over 0), and
+       g_j = e_j q; 0 in a lane redone by the limits (whose z may be anything) */
+#define GP_EXP(sj) VEXP(CAT(vselect, SUFFIX)(fast, a * (sj) - m, zero))
+    if (NARROW) {
+        for (int t = 0; t < nt; t++) { /* out = (Σ_j e_j v_j) q in T, the forward's sum */
+            VEC sj = CAT(vloads, SUFFIX)(s + taps[t], r), e = GP_EXP(sj);
+            gbuf[t] = e * q;
+            yv += e * (has_gs ? CAT(vloads, SUFFIX)(v + taps[t], r) : sj);
         }
-    else
+        yv = yv * q;
+    } else
         yv = CAT(vselect, SUFFIX)(fast, CAT(vloads, SUFFIX)(y, r), zero);
     for (int t = 0; t < nt; t++) {
         VEC sj = CAT(vloads, SUFFIX)(s + taps[t], r), vj = has_gs ? CAT(vloads, SUFFIX)(v + taps[t], r) : sj;
-        VEC gj = NARROW ? gbuf[t] : GP_GATE(sj);
+        VEC gj = NARROW ? gbuf[t] : GP_EXP(sj) * q;
         VEC push = CAT(vselect, SUFFIX)(fast, gj * (vj - yv) * g, zero); /* g_j (v_j − out) G; not 0 · inf */
         VEC dv = has_gs ? gj * g : gj * g + a1 * push;
         T *gvj = gv + taps[t], *gsj = has_gs ? gs + taps[t] : NULL;
@@ -214,7 +215,7 @@ static inline __attribute__((always_inline)) int CAT(backward_vec, SUFFIX)(
         if (has_gs) CAT(vput, SUFFIX)(gsj, a1 * push, r, disjoint);
         ga += CAT(vselect, SUFFIX)(fast, push * sj, zero);
     }
-#undef GP_GATE
+#undef GP_EXP
     CAT(vstore, SUFFIX)(gac, CAT(vload, SUFFIX)(gac, r) + ga, r);
     return CAT(vany, SUFFIX)(~fast); /* lanes past r: m = 0, fast */
 }
@@ -368,13 +369,14 @@ int64_t CAT(softmax_pool_forward, SUFFIX)(const gp_geometry *g, const gp_tensors
 #pragma omp simd
                     for (int64_t c = 0; c < C; c++) yt[c] += e * S_TO_T(vj[c]);
                 }
+                T q = 1 / d;
                 for (int64_t c = 0; c < C; c++) {
-                    if (yw) yw[c] = yt[c] / d;
-                    else y[c] = T_TO_S(yt[c] / d);
-                    slow |= !isfinite(yt[c] / d);
+                    if (yw) yw[c] = yt[c] * q;
+                    else y[c] = T_TO_S(yt[c] * q);
+                    slow |= !isfinite(yt[c] * q);
                 }
                 mm[0] = m;
-                rd[0] = 1 / d;
+                rd[0] = q;
             }
             if (!slow) continue;
             for (int64_t c = 0; c < C; c++) { /* non-finite lanes (all of them for shared scores): the limits */
@@ -493,26 +495,25 @@ void CAT(softmax_pool_backward, SUFFIX)(const gp_geometry *g, const gp_tensors *
                         gt[c] = w ? gow[c] : S_TO_T(go[c]);
                         yt[c] = w ? yw[c] : NARROW ? 0 : S_TO_T(y[c]);
                     }
-                    for (int t = 0; NARROW && !w && t < nt; t++) { /* out = Σ_j g_j v_j in T */
+                    for (int t = 0; NARROW && !w && t < nt; t++) { /* out = (Σ_j e_j v_j) q in T, as the forward */
                         const S *vj = vn + toff[t];
-                        T gj = EXP(av[0] * CAT(shared_score, SUFFIX)(ts, n * IS + taps[t], C) - mm[0]) * rd[0];
+                        T e = EXP(av[0] * CAT(shared_score, SUFFIX)(ts, n * IS + taps[t], C) - mm[0]);
 #pragma omp simd
-                        for (int64_t c = 0; c < C; c++) yt[c] += gj * S_TO_T(vj[c]);
+                        for (int64_t c = 0; c < C; c++) yt[c] += e * S_TO_T(vj[c]);
                     }
+                    for (int64_t c = 0; NARROW && !w && c < C; c++) yt[c] *= rd[0];
                     for (int t = 0; t < nt; t++) {
                         int64_t j = n * IS + taps[t];
                         const S *vj = vn + toff[t];
                         const T sj = CAT(shared_score, SUFFIX)(ts, j, C);
-                        T *gvj = gvn + toff[t], gj = EXP(av[0] * sj - mm[0]) * rd[0], push = 0;
+                        /* push = Σ_c (v_jc − out_c) G_c in LANES blocks: the same sum in every element type */
+                        T *gvj = gvn + toff[t], gj = EXP(av[0] * sj - mm[0]) * rd[0];
+                        T push = CAT(vdot_push, SUFFIX)(vj, yt, gt, C);
                         if (!w) {
-#pragma omp simd reduction(+ : push)
-                            for (int64_t c = 0; c < C; c++) {
-                                gvj[c] = (disjoint ? 0 : gvj[c]) + gj * gt[c];
-                                push += (S_TO_T(vj[c]) - yt[c]) * gt[c];
-                            }
+#pragma omp simd
+                            for (int64_t c = 0; c < C; c++) gvj[c] = (disjoint ? 0 : gvj[c]) + gj * gt[c];
                             gsn[taps[t]] = (disjoint ? 0 : gsn[taps[t]]) + a[0] * gj * push;
                         } else { /* ∂L/∂s_j = a g_j push, through s_j = w · v_j */
-                            push = CAT(vdot_push, SUFFIX)(vj, yt, gt, C);
                             T dsj = a[0] * gj * push;
 #pragma omp simd
                             for (int64_t c = 0; c < C; c++) {
