@@ -99,8 +99,9 @@ def pooled(x, scores, tau, geo, grad):
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 @pytest.mark.parametrize("channels", [3, 70])
 def test_the_half_kernel_is_the_float32_kernel_rounded_once(dtype, kind, case, channels):
-    """To the bit: out, ∂x, ∂w and ∂τ of the half kernel are the float32 kernel's on the same rounded inputs
-    (its float32 results rounded once to the half type; ∂w, ∂τ and attention's out stay float32). So the
+    """To the bit: out, ∂x, ∂scores (score weights or a map) and ∂τ of the half kernel are the float32
+    kernel's on the same rounded inputs (its float32 results rounded once to the half type; ∂w, ∂τ and
+    attention's out stay float32). So the
     backward recomputes out as the forward summed it, and no product is fused into an add in one element
     type's copy of the kernels and not in another's (c_kernels.FLAGS). Seeds 0–3, both layouts."""
     k, st, p, ceil = case
@@ -115,7 +116,8 @@ def test_the_half_kernel_is_the_float32_kernel_rounded_once(dtype, kind, case, c
         grad = grad if kind == "attention" else grad.to(dtype).float()  # ∂L/∂out as the half run gets it
         half = pooled(x, scores, tau, geo, grad)
         full = pooled(x.float(), None if scores is None else scores.float(), tau, geo, grad)
-        for name, h, f in zip(("out", "∂x", "∂s", "∂τ"), half, full):
+        names = ("out", "∂x", *(() if scores is None else ("∂scores",)), "∂τ")
+        for name, h, f in zip(names, half, full, strict=True):
             f = f.to(h.dtype)
             assert torch.equal(h, f), (name, seed, layout, int((h != f).sum()))
 

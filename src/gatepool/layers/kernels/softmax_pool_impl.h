@@ -193,8 +193,8 @@ static inline __attribute__((always_inline)) int CAT(backward_vec, SUFFIX)(
     const VEC q = CAT(vselect, SUFFIX)(fast, CAT(vload, SUFFIX)(rd, r), zero);
     const VEC g = CAT(vselect, SUFFIX)(fast, CAT(vloads, SUFFIX)(go, r), zero);
     VEC yv = zero, ga = zero;
-    /* e_j as the forward's (a · s_j − m as there: where it is fused, its z_top may be a hair over 0), and
-       g_j = e_j q; 0 in a lane redone by the limits (whose z may be anything) */
+    /* e_j as the forward's (a · s_j − m rounded as there), and g_j = e_j q; 0 in a lane redone by the
+       limits (whose z may be anything) */
 #define GP_EXP(sj) VEXP(CAT(vselect, SUFFIX)(fast, a * (sj) - m, zero))
     if (NARROW) {
         for (int t = 0; t < nt; t++) { /* out = (Σ_j e_j v_j) q in T, the forward's sum */
