@@ -85,15 +85,6 @@ def test_values_and_gradients_against_float64(windows, dtype, kind, case, layout
     assert_within_half_rounding(got, reference(windows, x, w, tau, case, grad), dtype)
 
 
-def pooled(x, scores, tau, geo, grad):
-    """The C kernel through the op's autograd: out and the gradients of x, the scores (if given) and τ."""
-    x, tau = x.detach().requires_grad_(), tau.detach().requires_grad_()
-    scores = None if scores is None else scores.detach().requires_grad_()
-    out = fused_pool.softmax_pool(x, scores, tau, geo)
-    leaves = [t for t in (x, scores, tau) if t is not None]
-    return out, *torch.autograd.grad(out, leaves, grad.to(out.dtype))
-
-
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("kind", [*KINDS, "score-map"])
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
@@ -104,20 +95,19 @@ def test_the_half_kernel_is_the_float32_kernel_rounded_once(dtype, kind, case, c
     attention's out stay float32). So the
     backward recomputes out as the forward summed it, and no product is fused into an add in one element
     type's copy of the kernels and not in another's (c_kernels.FLAGS). Seeds 0–3, both layouts."""
-    k, st, p, ceil = case
     for seed, layout in [(seed, layout) for seed in range(4) for layout in ("nchw", "channels_last")]:
         x, w, tau = make("attention" if kind == "attention" else "soft", dtype, channels, layout, seed)
         g = torch.Generator().manual_seed(seed + 10)
         scores = w if kind != "score-map" else (2 * torch.randn(2, 1, 9, 9, generator=g)).to(dtype)
         if kind == "soft-learned":
             tau = torch.rand(channels, generator=g) + 0.5
-        geo = pool_geometry(x, 2, k, st, p, 1, ceil)
-        grad = torch.randn(2, channels, *geo.out_size, generator=g)
+        grad = torch.randn(2, channels, *pool_geometry(x, 2, *case[:3], 1, case[3]).out_size, generator=g)
         grad = grad if kind == "attention" else grad.to(dtype).float()  # ∂L/∂out as the half run gets it
-        half = pooled(x, scores, tau, geo, grad)
-        full = pooled(x.float(), None if scores is None else scores.float(), tau, geo, grad)
-        names = ("out", "∂x", *(() if scores is None else ("∂scores",)), "∂τ")
-        for name, h, f in zip(names, half, full, strict=True):
+        half = run(x, scores, tau, case, grad.to(fused_pool._out_dtype(x, scores)))
+        full = run(x.float(), None if scores is None else scores.float(), tau, case, grad)
+        for name, h, f in zip(("out", "∂x", "∂scores", "∂τ"), half, full, strict=True):
+            if h is None:  # soft pooling: no scores
+                continue
             f = f.to(h.dtype)
             assert torch.equal(h, f), (name, seed, layout, int((h != f).sum()))
 

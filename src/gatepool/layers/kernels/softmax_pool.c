@@ -110,11 +110,10 @@ static inline float exp2_f(float x) {
     return p * scale;
 }
 
-/* exp2_f on a vector of floats: the same steps, the rounding by adding 1.5 · 2^23 (round to nearest). */
 /* The float family's vectors (float32, and float16 / bfloat16 computed in it): one register, 64 bytes where
-   the target has AVX-512, 32 elsewhere. gcc splits a 64-byte vector into two AVX2 ones with half the
-   registers to hold them: soft pooling fwd+bwd was 2.2–5.2× F.max_pool2d on an AVX2 EPYC with 64 bytes,
-   1.2–1.3× with 32 where windows tile (one run, docs/benchmarks.md). float64 keeps 64 bytes (8 lanes) everywhere. */
+   the target has AVX-512, 32 elsewhere (gcc splits a 64-byte vector into two AVX2 ones, with half the
+   registers to hold them: soft pooling 2–5× slower on an AVX2 CPU, docs/benchmarks.md). float64 keeps
+   64 bytes (8 lanes) everywhere. */
 #if defined(__AVX512F__)
 #define GP_FLOAT_BYTES 64
 #else
@@ -123,6 +122,8 @@ static inline float exp2_f(float x) {
 #define GP_FLOAT_LANES (GP_FLOAT_BYTES / 4)
 typedef float vexp_f32 __attribute__((vector_size(GP_FLOAT_BYTES)));
 typedef int32_t vexp_i32 __attribute__((vector_size(GP_FLOAT_BYTES)));
+
+/* exp2_f on a vector of floats: the same steps, the rounding by adding 1.5 · 2^23 (round to nearest). */
 static inline vexp_f32 exp2_vf(vexp_f32 x) {
     const vexp_f32 floor_ = (vexp_f32){0} - 126.0f; /* not x − x − 126: NaN at x = −inf */
     vexp_i32 low = x < floor_;
@@ -337,10 +338,10 @@ static double limit_window(int nt, const double *z, const double *v, double *gat
 _Static_assert(SHARED_BLOCKS == 4, "GP_BY_BLOCKS spells out the block counts 1 to 4");
 
 /* Per element type: T, the type computed in (float or double), EXP(z) of z = SCALE · a · s, LANES, the lanes
-   of a vector of T (a channel block: GP_FLOAT_BYTES for float, 64 bytes for double), and STREAM, AVX-512's streaming store of one (vstream); per
-   type in memory (the input, the output and their gradients; a, w, stats and the partial sums of ∂L/∂a
-   and ∂L/∂w are T): S, its SUFFIX in the exported names, FROM_S / TO_S between a channel block of S and
-   one of T, S_TO_T / T_TO_S for one number. The _impl.h #undefs the per-S macros after it.
+   of a vector of T (a channel block: GP_FLOAT_BYTES for float, 64 bytes for double), and STREAM, AVX-512's
+   streaming store of one (vstream); per type in memory (the input, the output and their gradients; a, w,
+   stats and the partial sums of ∂L/∂a and ∂L/∂w are T): S, its SUFFIX in the exported names, FROM_S / TO_S
+   between a channel block of S and one of T, S_TO_T / T_TO_S for one number. The _impl.h #undefs the per-S macros after it.
 
    float16 and bfloat16 are computed in float: a block of halves (vhalf, their bits) becomes as many floats
    on the way in, and is rounded to nearest even on the way out. */
