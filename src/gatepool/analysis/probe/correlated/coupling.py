@@ -34,28 +34,59 @@ Every other rule drops it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 
 from gatepool.analysis.probe.correlated.field import Field, xcorr
 
+_DEFERRED = 64  # the steps a coupling's terms may wait before they are made (the chain's recursion)
 
-@dataclass
+
 class Coupling:
     """B (C, K) the gain from the tensor's channels to the sources' (None: the identity, C = K); ``l2``,
-    ``lk`` (K, H, W) E[λ²] and Cov(g⁰, λ) of each source."""
+    ``lk`` (K, H, W) E[λ²] and Cov(g⁰, λ) of each source.
 
-    B: torch.Tensor | None
-    l2: torch.Tensor
-    lk: torch.Tensor
+    Made when first read: every step below defers its (B, l2, lk) to a function of the step before, so
+    a model whose coupling no gate reads (a transformer: each block's activation adds 4·C sources to its
+    stream's, a (C, K) gain through every Linear) never makes it; a chain more than :data:`_DEFERRED`
+    steps long is made at once (its reading would recurse that deep)."""
+
+    def __init__(self, B: torch.Tensor | None, l2: torch.Tensor | None = None, lk: torch.Tensor | None = None,
+                 *, make: Callable[[], tuple] | None = None, depth: int = 0) -> None:  # fmt: skip
+        self._terms, self._make, self.depth = (B, l2, lk), make, depth
+
+    @classmethod
+    def after(cls, make: Callable[[], tuple], *inputs: Coupling) -> Coupling:
+        """The coupling of ``make()`` (B, l2, lk) over the terms of ``inputs``, made when first read."""
+        depth = 1 + max(c.depth for c in inputs)
+        return cls(*make()) if depth > _DEFERRED else cls(None, make=make, depth=depth)
+
+    def terms(self) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """(B, l2, lk), made now if they were deferred."""
+        if self._make is not None:
+            self._terms, self._make, self.depth = self._make(), None, 0
+        return self._terms
+
+    @property
+    def B(self) -> torch.Tensor | None:
+        return self.terms()[0]
+
+    @property
+    def l2(self) -> torch.Tensor:
+        return self.terms()[1]
+
+    @property
+    def lk(self) -> torch.Tensor:
+        return self.terms()[2]
 
     def maps(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(V, K) (C, H, W): Σ_k B_ck⁴ E[λ_k²], Σ_k B_ck³ Cov(g⁰_k, λ_k)."""
-        if self.B is None:
-            return self.l2, self.lk
-        V = torch.einsum("ck,khw->chw", self.B**4, self.l2)
-        return V, torch.einsum("ck,khw->chw", self.B**3, self.lk)
+        B, l2, lk = self.terms()
+        if B is None:
+            return l2, lk
+        V = torch.einsum("ck,khw->chw", B**4, l2)
+        return V, torch.einsum("ck,khw->chw", B**3, lk)
 
 
 def activation_coupling(g: Field, df_mean: torch.Tensor, df_z: torch.Tensor, x_var: torch.Tensor) -> Coupling:
@@ -66,30 +97,32 @@ def activation_coupling(g: Field, df_mean: torch.Tensor, df_z: torch.Tensor, x_v
 
 
 def _gain(c: Coupling) -> torch.Tensor:
-    return torch.eye(c.l2.shape[0], dtype=c.l2.dtype) if c.B is None else c.B
+    B, l2, _ = c.terms()
+    return torch.eye(l2.shape[0], dtype=l2.dtype) if B is None else B
 
 
 def affine_coupling(c: Coupling | None, a: torch.Tensor) -> Coupling | None:
     """Through x ↦ a_c x + b_c, a (C,): B's rows times a."""
-    return None if c is None else Coupling(_gain(c) * a[:, None], c.l2, c.lk)
+    return None if c is None else Coupling.after(lambda: (_gain(c) * a[:, None], c.l2, c.lk), c)
 
 
 def pointwise_conv_coupling(c: Coupling | None, W: torch.Tensor) -> Coupling | None:
     """Through a 1 × 1 conv of weight W (Co, Ci): B_in = Wᵀ B_out."""
-    return None if c is None else Coupling(W.T @ _gain(c), c.l2, c.lk)
+    return None if c is None else Coupling.after(lambda: (W.T @ _gain(c), c.l2, c.lk), c)
 
 
 def added_coupling(a: Coupling | None, b: Coupling | None) -> Coupling | None:
     """Two gradients of one tensor, independent: their sources side by side (a missing one: none)."""
     if a is None or b is None:
         return a if b is None else b
-    return Coupling(torch.cat([_gain(a), _gain(b)], 1), torch.cat([a.l2, b.l2]), torch.cat([a.lk, b.lk]))
+    return Coupling.after(lambda: (torch.cat([_gain(a), _gain(b)], 1), torch.cat([a.l2, b.l2]),
+                                   torch.cat([a.lk, b.lk])), a, b)  # fmt: skip
 
 
 def scaled_coupling(c: Coupling | None, k4: float, k3: float) -> Coupling | None:
     """Through y = c x, c random and independent of x (stochastic depth's b/q): g_x = c g_y, Λ_x = c² Λ_y:
     E[λ²] E[c⁴] (``k4``), Cov E[c³] (``k3``)."""
-    return None if c is None else Coupling(c.B, c.l2 * k4, c.lk * k3)
+    return None if c is None else Coupling.after(lambda: (c.B, c.l2 * k4, c.lk * k3), c)
 
 
 def gate_coupling_term(g: Field, x: Field, s1: torch.Tensor, s2: torch.Tensor) -> torch.Tensor:

@@ -124,6 +124,20 @@ class Field:
         return {"mean": mean, "var": max(e2 - mean * mean, 0.0), "e2": e2}
 
 
+class Deferred:
+    """``make()``'s value, made when one of its attributes is first read: a member of the state that a
+    rule hands on at a cost that only a later rule's reading repays (a max pool's law and its
+    neighbours' joint law, drawn again then: the draws are the same, from a fixed seed)."""
+
+    def __init__(self, make) -> None:
+        self._make, self._value = make, None
+
+    def __getattr__(self, name: str):  # only for the names the value has: made on the first
+        if self._make is not None:
+            self._value, self._make = self._make(), None
+        return getattr(self._value, name)
+
+
 def _fast_len(n: int) -> int:
     """The smallest 2·3·5-smooth length ≥ n (the FFT is several times slower on a prime such as 31)."""
     m = n

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from gatepool.analysis.probe.correlated.copula import Copula, Counter
 from gatepool.analysis.probe.correlated.field import (
     _DT,
+    Deferred,
     Field,
     _at_lag,
     _field_from_sums,
@@ -254,28 +255,36 @@ class MaxPool:
         ]
 
     def _monte_carlo(self, m, sd, R, rect: bool, law=None):
-        """Per window (mean, Var, [P(tap j wins)], [w̃_j], the max's law: its draws' quantiles) from
-        draws of N(m, D R D); m, sd (n, C, …) the taps' means and sds, R (C, n, n) their correlation;
-        ``rect``: the max is rectified (see the class); ``law``: the taps' quantile tables [(C, …, K)]
-        (n of them), drawn by the copula of latent correlation R instead."""
+        """Per window (mean, Var, [P(tap j wins)], [w̃_j], the max's law: its draws' quantiles, made when
+        first read, :class:`field.Deferred`) from draws of N(m, D R D); m, sd (n, C, …) the taps' means
+        and sds, R (C, n, n) their correlation; ``rect``: the max is rectified (see the class); ``law``:
+        the taps' quantile tables [(C, …, K)] (n of them), drawn by the copula of latent correlation R
+        instead."""
         n, shape = len(m), m[0].shape
         mu = torch.stack(m).reshape(n, -1).T  # (windows, n)
         sds = torch.stack(sd).reshape(n, -1).T
         if law is not None:
             law = torch.stack(law).flatten(1, -2)  # (n, windows, K)
+        base = _base_draws(self.samples, n, self.seed)
 
         def stats(found, mus):
             ((top, last),) = found
             w, wt = _wins(top, last, _first_tap(mus) if rect else None, n)
             out = top.clamp_min(0) if rect else top
             e1, e2 = out.mean(1, dtype=_DT), (out * out).mean(1, dtype=_DT)  # float64 sums
-            return e1, e2, _counts(w, n), _counts(wt, n + 1)[:, :n], quantile_law(out).x
+            return e1, e2, _counts(w, n), _counts(wt, n + 1)[:, :n]
 
-        base = _base_draws(self.samples, n, self.seed)
-        mean, e2, w, wt, atoms = _draw_windows(mu, sds, R, base, [(0, n)], stats, law)
+        def atoms(found, mus):  # the same draws again, for the max's law
+            ((top, _),) = found
+            return (quantile_law(top.clamp_min(0) if rect else top).x,)
+
+        def out_law() -> Law:
+            (x,) = _draw_windows(mu, sds, R, base, [(0, n)], atoms, law)
+            x = x.reshape(*shape, -1)
+            return Law(x, levels(x.shape[-1]).diff().expand_as(x).contiguous())
+
+        mean, e2, w, wt = _draw_windows(mu, sds, R, base, [(0, n)], stats, law)
         var = (e2 - mean * mean).clamp_min(0)
-        atoms = atoms.reshape(*shape, -1)
-        out_law = Law(atoms, levels(atoms.shape[-1]).diff().expand_as(atoms).contiguous())
         return (
             mean.reshape(shape),
             var.reshape(shape),
@@ -284,12 +293,11 @@ class MaxPool:
             out_law,
         )
 
-    def _joint(self, mp, sp, corr, dh: int, dw: int, Ho: int, Wo: int, rect: bool, law=None):
-        """Windows P and P + Δ drawn together: (Σ_P Cov(M_P, M_{P+Δ}) (C,), J and J̃ (n, n, C, h, w): the
-        probability that tap j wins P and tap l wins P + Δ, as torch picks them and through the
-        pre-activation, :func:`_wins`, and the pairs' joint law, :class:`copula.Counter`) over the valid
-        P; ``mp``, ``sp`` the padded mean and sd maps (:meth:`_padded`), ``corr`` the input's stencil (the
-        copula's latent one with ``law``, the padded law :meth:`_padded_law`)."""
+    def _pairs(self, mp, sp, corr, dh: int, dw: int, Ho: int, Wo: int, law, stats):
+        """Windows P and P + Δ drawn together over the valid P: :func:`_draw_windows` of the 2n taps,
+        ``stats(shape, samples)`` its statistics (shape (C, h, w) the valid P's); ``mp``, ``sp`` the padded
+        mean and sd maps (:meth:`_padded`), ``corr`` the input's stencil (the copula's latent one with
+        ``law``, the padded law :meth:`_padded_law`)."""
         (kh, kw), (sh, sw) = self.k, self.s
         offs = [(a, b) for a in range(kh) for b in range(kw)]
         n = len(offs)
@@ -314,29 +322,56 @@ class MaxPool:
             -2,
         )  # (C, 2n, 2n)
         shape = mu.shape[:3]
-
         base = _base_draws(self.samples // 4, 2 * n, self.seed + 1)
-        every = max(1, base.shape[-1] // _COPULA_DRAWS)  # the ranks of every few draws: the sorts' cost
-        counter = Counter(shape[0], shape[1] * shape[2], len(range(0, base.shape[-1], every)), self.seed)
-
-        def stats(found, mus):
-            (ma, last_a), (mb, last_b) = found
-            counter.add(ma[:, ::every], mb[:, ::every])  # the pair's joint law (the unrectified max's ranks)
-            wa, wta = _wins(ma, last_a, _first_tap(mus[:, :n]) if rect else None, n)
-            wb, wtb = _wins(mb, last_b, _first_tap(mus[:, n:]) if rect else None, n)
-            if rect:
-                ma, mb = ma.clamp_min(0), mb.clamp_min(0)
-            J = _counts(wa * n + wb, n * n).reshape(-1, n, n)  # tap j wins P and tap l wins P + Δ
-            Jt = _counts(wta * (n + 1) + wtb, (n + 1) ** 2).reshape(-1, n + 1, n + 1)[:, :n, :n]
-            return (ma * mb).mean(1, dtype=_DT), ma.mean(1, dtype=_DT), mb.mean(1, dtype=_DT), J, Jt
-
         groups = [(0, n), (n, 2 * n)]
-        ab, a, b, J, Jt = _draw_windows(
-            mu.reshape(-1, 2 * n), sds.reshape(-1, 2 * n), rho, base, groups, stats, law
-        )
+        out = _draw_windows(mu.reshape(-1, 2 * n), sds.reshape(-1, 2 * n), rho, base, groups,
+                            stats(shape, base.shape[-1]), law)  # fmt: skip
+        return shape, out
+
+    def _joint(self, mp, sp, corr, dh: int, dw: int, Ho: int, Wo: int, rect: bool, law=None):
+        """Windows P and P + Δ drawn together (:meth:`_pairs`): Σ_P Cov(M_P, M_{P+Δ}) (C,), and J and J̃
+        (n, n, C, h, w), the probability that tap j wins P and tap l wins P + Δ, as torch picks them and
+        through the pre-activation (:func:`_wins`)."""
+        n = self.k[0] * self.k[1]
+
+        def stats(shape, samples):
+            def of(found, mus):
+                (ma, last_a), (mb, last_b) = found
+                wa, wta = _wins(ma, last_a, _first_tap(mus[:, :n]) if rect else None, n)
+                wb, wtb = _wins(mb, last_b, _first_tap(mus[:, n:]) if rect else None, n)
+                if rect:
+                    ma, mb = ma.clamp_min(0), mb.clamp_min(0)
+                J = _counts(wa * n + wb, n * n).reshape(-1, n, n)  # tap j wins P and tap l wins P + Δ
+                Jt = _counts(wta * (n + 1) + wtb, (n + 1) ** 2).reshape(-1, n + 1, n + 1)[:, :n, :n]
+                return (ma * mb).mean(1, dtype=_DT), ma.mean(1, dtype=_DT), mb.mean(1, dtype=_DT), J, Jt
+            return of
+
+        shape, (ab, a, b, J, Jt) = self._pairs(mp, sp, corr, dh, dw, Ho, Wo, law, stats)
         cov = (ab - a * b).reshape(shape).sum((1, 2))
         J, Jt = (t.reshape(*shape, n, n).permute(3, 4, 0, 1, 2) for t in (J, Jt))
-        return cov, J, Jt, counter
+        return cov, J, Jt
+
+    def _copula(self, mp, sp, corr, Ho: int, Wo: int, law) -> Copula:
+        """The neighbouring windows' joint law (:class:`copula.Copula`): each pair's draws of
+        :meth:`_pairs` again, the unrectified maxima's ranks counted (:class:`copula.Counter`)."""
+        tables, edges = {}, None
+        for dh, dw in self.neighbours(Ho, Wo):
+            counter = None
+
+            def stats(shape, samples):
+                nonlocal counter
+                every = max(1, samples // _COPULA_DRAWS)  # the ranks of every few draws: the sorts' cost
+                counter = Counter(shape[0], shape[1] * shape[2], len(range(0, samples, every)), self.seed)
+
+                def of(found, mus):
+                    (ma, _), (mb, _) = found
+                    counter.add(ma[:, ::every], mb[:, ::every])
+                    return ()
+                return of
+
+            self._pairs(mp, sp, corr, dh, dw, Ho, Wo, law, stats)
+            tables[(dh, dw)], edges = counter.table(), counter.u
+        return Copula(edges, tables)
 
     def forward(self, x: Field, pre: Field | None = None) -> Field:
         """The pool of ``x``; ``pre``: x = ReLU(pre) elementwise, the pool then draws pre (see the class)."""
@@ -369,7 +404,7 @@ class MaxPool:
                 -2,
             )  # (C, n, n): the taps' correlation
             taps_law = None if law is None else self._taps(law, Ho, Wo)
-            mu, var, w, wt, out_law = self._monte_carlo(m, sd, R, rect, taps_law)
+            mu, var, w, wt, max_law = self._monte_carlo(m, sd, R, rect, taps_law)
         else:
             mu, var = m[0], sd[0] ** 2
             w = [torch.ones_like(mu)] + [torch.zeros_like(mu) for _ in range(n - 1)]
@@ -377,7 +412,7 @@ class MaxPool:
                 c = sum(w[j] * cov(j, l) for j in range(l))
                 mu, var, p, q = clark_max(mu, var, m[l], sd[l] ** 2, c)
                 w = [wj * p for wj in w[:l]] + [q] + w[l + 1 :]
-            wt, out_law = w, None
+            wt, max_law = w, None
         self.w, self.wt, self.offs, self.out_hw = w, wt, offs, (Ho, Wo)
         # T_out(Δ) = Σ_{j,l} ρ(sΔ + l − j) Σ_P U_j(P) U_l(P + Δ),  U_j = w̃_j √v(tap j)
         # the pair (l, j) is (j, l) at −Δ: the pairs l ≥ j (j = l halved), then T = V(Δ) + V(−Δ)
@@ -391,17 +426,19 @@ class MaxPool:
                     rho[off] = _rho_strided(src.corr, (H, W), (Ho, Wo), self.s, *off)
                 V += (0.5 if l == j else 1.0) * rho[off] * X[j, l]
         T = V + V.flip((-2, -1))
-        self.joint, self.joint_t, tables = {}, {}, {}
+        self.joint, self.joint_t = {}, {}
         if self.method == "mc":  # the neighbouring windows drawn jointly: their covariance, joint wins
             for dh, dw in self.neighbours(Ho, Wo):
-                cov_ab, J, Jt, counter = self._joint(mp, sp, rz, dh, dw, Ho, Wo, rect, law)
+                cov_ab, J, Jt = self._joint(mp, sp, rz, dh, dw, Ho, Wo, rect, law)
                 self.joint[(dh, dw)], self.joint_t[(dh, dw)] = J, Jt
-                tables[(dh, dw)], edges = counter.table(), counter.u
                 T[:, Ho - 1 + dh, Wo - 1 + dw] = cov_ab
                 T[:, Ho - 1 - dh, Wo - 1 - dw] = cov_ab
         T[:, Ho - 1, Wo - 1] = var.sum((1, 2))
-        out_law = None if out_law is None else reshaped(out_law, mu, var)  # the bins' spread given back
-        copula = None if out_law is None or not tables else Copula(edges, tables)  # the pairs' joint law
+        if max_law is None:
+            return _field_from_sums(mu, var, T)
+        # the max's law (the bins' spread given back) and the pairs' joint law, each drawn where read
+        out_law = Deferred(lambda: reshaped(max_law(), mu, var))
+        copula = Deferred(lambda: self._copula(mp, sp, rz, Ho, Wo, law)) if self.joint else None
         return replace(_field_from_sums(mu, var, T), law=out_law, copula=copula)
 
     def backward(self, g: Field) -> Field:
