@@ -435,6 +435,20 @@ def test_a_residual_stream_keeps_its_law_block_after_block():
     assert float(((fe2 - fm**2) / mc.var(0)).max()) < 0.95  # the normal fit: why the law is carried
 
 
+def test_the_stream_law_is_the_same_made_a_block_of_positions_at_a_time():
+    # relu_of_sum_law makes its mixture densities in place a block of positions at a time (a block that
+    # stays in cache): one position a block, or three, gives the atoms of all at once
+    g = torch.Generator().manual_seed(1)
+    m, v = torch.randn(7, 5, generator=g, dtype=DT), torch.rand(7, 5, generator=g, dtype=DT) + 0.1
+    law = cr.relu_law(m, v)
+    mb, vb = torch.randn(7, 5, generator=g, dtype=DT), torch.rand(7, 5, generator=g, dtype=DT)
+    vb[0, :2] = 0.0  # a constant branch: the shifted atoms, beside the others
+    whole = cr.relu_of_sum_law(mb, vb, law)
+    for per_block in (1, 3):
+        part = cr.relu_of_sum_law(mb, vb, law, chunk=per_block * 48 * law.x.shape[-1])
+        assert torch.equal(part.x, whole.x) and torch.equal(part.w, whole.w), per_block
+
+
 def test_input_channels_that_are_copies_fold_into_the_first_conv():
     # a grey image as RGB: three copies of one channel; a conv sums the three filters, which the
     # per-channel state (channels independent) would not: its Var would be Σ_i |W_i|² instead of |Σ_i W_i|²

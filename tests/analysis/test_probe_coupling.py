@@ -89,3 +89,33 @@ def test_gate_gradient_through_a_depthwise_stage():
     depthwise conv is not carried (a known failure, see ``_DEPTHWISE``)."""
     with_c, without = gate_gradient_ratios(1.0, "silu", depthwise=True, B=1024)
     assert abs(with_c - 1) < 0.04, (with_c, without)
+
+
+def test_a_coupling_read_after_many_steps_is_made_in_order():
+    """The steps defer their gains until a gate reads them (a transformer's coupling is never read); read
+    after 300 1 × 1 convs and affine maps of two streams added halfway (600 steps: a chain that deep made
+    in one call would pass Python's recursion limit), the maps are those of the gains made step by step."""
+    from gatepool.analysis.probe.correlated.coupling import (
+        Coupling,
+        added_coupling,
+        affine_coupling,
+        pointwise_conv_coupling,
+    )
+
+    g = torch.Generator().manual_seed(0)
+    C = 5
+    maps = [torch.rand(C, 2, 3, generator=g, dtype=DT) for _ in range(4)]
+    lazy = [Coupling(None, maps[0], maps[1]), Coupling(None, maps[2], maps[3])]
+    gains = [torch.eye(C, dtype=DT), torch.eye(C, dtype=DT)]
+    for step in range(300):
+        for i in range(2):
+            W = torch.randn(C, C, generator=g, dtype=DT) / C**0.5
+            a = torch.rand(C, generator=g, dtype=DT) + 0.5
+            lazy[i] = pointwise_conv_coupling(affine_coupling(lazy[i], a), W)
+            gains[i] = W.T @ (gains[i] * a[:, None])
+        if step == 149:  # the two streams meet: their sources side by side, one stream after
+            lazy, gains = [added_coupling(*lazy)] * 2, [torch.cat(gains, 1)] * 2
+    V, K = lazy[0].maps()
+    B, l2, lk = gains[0], torch.cat(maps[0::2]), torch.cat(maps[1::2])
+    assert torch.equal(V, torch.einsum("ck,khw->chw", B**4, l2))
+    assert torch.equal(K, torch.einsum("ck,khw->chw", B**3, lk))
