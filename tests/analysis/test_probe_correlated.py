@@ -436,17 +436,19 @@ def test_a_residual_stream_keeps_its_law_block_after_block():
 
 
 def test_the_stream_law_is_the_same_made_a_block_of_positions_at_a_time():
-    # relu_of_sum_law makes its mixture densities in place a block of positions at a time (a block that
-    # stays in cache): one position a block, or three, gives the atoms of all at once
+    # relu_of_sum_law takes the positions a chunk at a time (memory) and makes their mixture densities in
+    # place a block at a time (cache): one position a block, or three, in chunks of 5, gives the atoms of
+    # all at once
     g = torch.Generator().manual_seed(1)
     m, v = torch.randn(7, 5, generator=g, dtype=DT), torch.rand(7, 5, generator=g, dtype=DT) + 0.1
     law = cr.relu_law(m, v)
     mb, vb = torch.randn(7, 5, generator=g, dtype=DT), torch.rand(7, 5, generator=g, dtype=DT)
     vb[0, :2] = 0.0  # a constant branch: the shifted atoms, beside the others
     whole = cr.relu_of_sum_law(mb, vb, law)
-    for per_block in (1, 3):
-        part = cr.relu_of_sum_law(mb, vb, law, chunk=per_block * 48 * law.x.shape[-1])
-        assert torch.equal(part.x, whole.x) and torch.equal(part.w, whole.w), per_block
+    terms = 48 * law.x.shape[-1]  # a position's
+    for per_chunk, per_block in ((35, 1), (35, 3), (5, 3)):
+        part = cr.relu_of_sum_law(mb, vb, law, chunk=per_chunk * terms, block=per_block * terms)
+        assert torch.equal(part.x, whole.x) and torch.equal(part.w, whole.w), (per_chunk, per_block)
 
 
 def test_input_channels_that_are_copies_fold_into_the_first_conv():

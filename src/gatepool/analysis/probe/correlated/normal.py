@@ -71,33 +71,46 @@ def relu_law(m: torch.Tensor, v: torch.Tensor) -> Law:
     return Law(torch.cat([torch.zeros_like(m)[..., None], x], -1), torch.cat([_cdf(z0)[..., None], w], -1))
 
 
-def relu_of_sum_law(mb: torch.Tensor, vb: torch.Tensor, r: Law, chunk: int = 1 << 18) -> Law:
+def _mixture_density(t: torch.Tensor, c: torch.Tensor, s: torch.Tensor, w: torch.Tensor, block: int):
+    """Σ_j w_j φ((t − c_j)/s) / s (P, k) at the nodes t (P, k) of the mixtures of components c, w (P, n)
+    and sd s (P, 1), φ as :func:`_pdf` computes it: the (P, k, n) terms made in place, ``block`` of them at
+    a time (a block that stays in cache: the exponentials, not the memory traffic, set the cost)."""
+    dens = torch.empty_like(t)
+    step = max(1, block // (t.shape[1] * c.shape[1]))
+    for i in range(0, len(t), step):
+        rows = slice(i, i + step)
+        z = t[rows, :, None] - c[rows, None, :]  # (step, k, n)
+        z.div_(s[rows, :, None]).square_().mul_(-0.5).exp_().div_(math.sqrt(2 * math.pi))
+        torch.sum(z.mul_(w[rows, None, :]), -1, out=dens[rows])
+    return dens / s
+
+
+def relu_of_sum_law(mb: torch.Tensor, vb: torch.Tensor, r: Law, chunk: int = 1 << 22, block: int = 1 << 18
+                    ) -> Law:  # fmt: skip
     """The atoms of ReLU(b + r), b ~ N(mb, vb) independent of r ~ ``r``: the sum is the normal mixture
     Σ_j w_j N(mb + x_j, vb); its mass below 0 goes to the atom at 0, and its density over (0, hi]
     (hi = the largest component mean + 9 sd) is sampled at 48 Gauss–Legendre nodes, their masses scaled
-    to the exact P(sum > 0). The density's (positions, 48, atoms) terms are made in place, ``chunk`` of
-    them at a time (a block that stays in cache: the exponentials, not the memory, set the cost). Where
-    vb = 0 (a zero-initialised branch: timm's ``zero_init_last``) the sum is r shifted, a law of atoms:
-    those atoms, k ≥ 49 of them (the others padded with atoms of mass 0)."""
+    to the exact P(sum > 0). Positions in chunks of ``chunk`` node-atom pairs (memory), the density's
+    terms ``block`` at a time (cache, :func:`_mixture_density`). Where vb = 0 (a zero-initialised branch:
+    timm's ``zero_init_last``) the sum is r shifted, a law of atoms: those atoms, k ≥ 49 of them (the
+    others padded with atoms of mass 0)."""
     sb = vb.clamp_min(0).sqrt().clamp_min(1e-12)
     shape, n = mb.shape, r.x.shape[-1]
-    s, w = sb.reshape(-1, 1), r.w.reshape(-1, n)
-    c = mb.reshape(-1, 1) + r.x.reshape(-1, n)  # (P, n) the components' means
-    p0 = (w * _cdf(-c / s)).sum(-1)  # P(sum ≤ 0)
-    top = torch.where(w > 0, c, torch.full_like(c, -math.inf)).amax(-1, keepdim=True)
-    hi = (top + _Z * s).clamp_min(1e-300)
-    t = hi / 2 * (_GL_X + 1)  # (P, 48) nodes over (0, hi)
-    dens = torch.empty_like(t)
+    mb_, sb_, x_, w_ = mb.reshape(-1), sb.reshape(-1), r.x.reshape(-1, n), r.w.reshape(-1, n)
+    xs, ws = [], []
     step = max(1, chunk // (48 * n))
-    for i in range(0, len(t), step):  # dens = Σ_j w_j φ((t − c_j)/s), as _pdf computes φ
-        rows = slice(i, i + step)
-        z = t[rows, :, None] - c[rows, None, :]  # (step, 48, n)
-        z.div_(s[rows, :, None]).square_().mul_(-0.5).exp_().div_(math.sqrt(2 * math.pi))
-        torch.sum(z.mul_(w[rows, None, :]), -1, out=dens[rows])
-    wt = hi / 2 * _GL_W * (dens / s)
-    wt = wt * ((1 - p0) / wt.sum(-1).clamp_min(1e-300))[:, None]
-    x = torch.cat([torch.zeros_like(p0)[:, None], t], -1)
-    law = Law(x.reshape(*shape, 49), torch.cat([p0[:, None], wt], -1).reshape(*shape, 49))
+    for i in range(0, len(mb_), step):
+        m, s, x, w = mb_[i : i + step, None], sb_[i : i + step, None], x_[i : i + step], w_[i : i + step]
+        c = m + x  # (P, n) the components' means
+        p0 = (w * _cdf(-c / s)).sum(-1)  # P(sum ≤ 0)
+        top = torch.where(w > 0, c, torch.full_like(c, -math.inf)).amax(-1, keepdim=True)
+        hi = (top + _Z * s).clamp_min(1e-300)
+        t = hi / 2 * (_GL_X + 1)  # (P, 48) nodes over (0, hi)
+        wt = hi / 2 * _GL_W * _mixture_density(t, c, s, w, block)
+        wt = wt * ((1 - p0) / wt.sum(-1).clamp_min(1e-300))[:, None]
+        xs.append(torch.cat([torch.zeros_like(p0)[:, None], t], -1))
+        ws.append(torch.cat([p0[:, None], wt], -1))
+    law = Law(torch.cat(xs).reshape(*shape, 49), torch.cat(ws).reshape(*shape, 49))
     still = vb <= 0  # b a constant (a zero-initialised branch): the sum's atoms are r's, shifted
     if not bool(still.any()):
         return law
