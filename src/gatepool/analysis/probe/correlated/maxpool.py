@@ -293,9 +293,9 @@ class MaxPool:
             out_law,
         )
 
-    def _pairs(self, mp, sp, corr, dh: int, dw: int, Ho: int, Wo: int, law, stats):
-        """Windows P and P + Δ drawn together over the valid P: :func:`_draw_windows` of the 2n taps,
-        ``stats(shape, samples)`` its statistics (shape (C, h, w) the valid P's); ``mp``, ``sp`` the padded
+    def _pairs(self, mp, sp, corr, dh: int, dw: int, Ho: int, Wo: int, law):
+        """Windows P and P + Δ drawn together over the valid P: (shape (C, h, w) of the valid P, the draws'
+        count S, draw(stats): :func:`_draw_windows` of the 2n taps with ``stats``); ``mp``, ``sp`` the padded
         mean and sd maps (:meth:`_padded`), ``corr`` the input's stencil (the copula's latent one with
         ``law``, the padded law :meth:`_padded_law`)."""
         (kh, kw), (sh, sw) = self.k, self.s
@@ -324,9 +324,11 @@ class MaxPool:
         shape = mu.shape[:3]
         base = _base_draws(self.samples // 4, 2 * n, self.seed + 1)
         groups = [(0, n), (n, 2 * n)]
-        out = _draw_windows(mu.reshape(-1, 2 * n), sds.reshape(-1, 2 * n), rho, base, groups,
-                            stats(shape, base.shape[-1]), law)  # fmt: skip
-        return shape, out
+
+        def draw(stats):
+            return _draw_windows(mu.reshape(-1, 2 * n), sds.reshape(-1, 2 * n), rho, base, groups, stats, law)
+
+        return shape, base.shape[-1], draw
 
     def _joint(self, mp, sp, corr, dh: int, dw: int, Ho: int, Wo: int, rect: bool, law=None):
         """Windows P and P + Δ drawn together (:meth:`_pairs`): Σ_P Cov(M_P, M_{P+Δ}) (C,), and J and J̃
@@ -334,19 +336,18 @@ class MaxPool:
         through the pre-activation (:func:`_wins`)."""
         n = self.k[0] * self.k[1]
 
-        def stats(shape, samples):
-            def of(found, mus):
-                (ma, last_a), (mb, last_b) = found
-                wa, wta = _wins(ma, last_a, _first_tap(mus[:, :n]) if rect else None, n)
-                wb, wtb = _wins(mb, last_b, _first_tap(mus[:, n:]) if rect else None, n)
-                if rect:
-                    ma, mb = ma.clamp_min(0), mb.clamp_min(0)
-                J = _counts(wa * n + wb, n * n).reshape(-1, n, n)  # tap j wins P and tap l wins P + Δ
-                Jt = _counts(wta * (n + 1) + wtb, (n + 1) ** 2).reshape(-1, n + 1, n + 1)[:, :n, :n]
-                return (ma * mb).mean(1, dtype=_DT), ma.mean(1, dtype=_DT), mb.mean(1, dtype=_DT), J, Jt
-            return of
+        def stats(found, mus):
+            (ma, last_a), (mb, last_b) = found
+            wa, wta = _wins(ma, last_a, _first_tap(mus[:, :n]) if rect else None, n)
+            wb, wtb = _wins(mb, last_b, _first_tap(mus[:, n:]) if rect else None, n)
+            if rect:
+                ma, mb = ma.clamp_min(0), mb.clamp_min(0)
+            J = _counts(wa * n + wb, n * n).reshape(-1, n, n)  # tap j wins P and tap l wins P + Δ
+            Jt = _counts(wta * (n + 1) + wtb, (n + 1) ** 2).reshape(-1, n + 1, n + 1)[:, :n, :n]
+            return (ma * mb).mean(1, dtype=_DT), ma.mean(1, dtype=_DT), mb.mean(1, dtype=_DT), J, Jt
 
-        shape, (ab, a, b, J, Jt) = self._pairs(mp, sp, corr, dh, dw, Ho, Wo, law, stats)
+        shape, _, draw = self._pairs(mp, sp, corr, dh, dw, Ho, Wo, law)
+        ab, a, b, J, Jt = draw(stats)
         cov = (ab - a * b).reshape(shape).sum((1, 2))
         J, Jt = (t.reshape(*shape, n, n).permute(3, 4, 0, 1, 2) for t in (J, Jt))
         return cov, J, Jt
@@ -356,20 +357,16 @@ class MaxPool:
         :meth:`_pairs` again, the unrectified maxima's ranks counted (:class:`copula.Counter`)."""
         tables, edges = {}, None
         for dh, dw in self.neighbours(Ho, Wo):
-            counter = None
+            shape, samples, draw = self._pairs(mp, sp, corr, dh, dw, Ho, Wo, law)
+            every = max(1, samples // _COPULA_DRAWS)  # the ranks of every few draws: the sorts' cost
+            counter = Counter(shape[0], shape[1] * shape[2], len(range(0, samples, every)), self.seed)
 
-            def stats(shape, samples):
-                nonlocal counter
-                every = max(1, samples // _COPULA_DRAWS)  # the ranks of every few draws: the sorts' cost
-                counter = Counter(shape[0], shape[1] * shape[2], len(range(0, samples, every)), self.seed)
+            def count(found, mus, counter=counter, every=every):
+                (ma, _), (mb, _) = found
+                counter.add(ma[:, ::every], mb[:, ::every])
+                return ()
 
-                def of(found, mus):
-                    (ma, _), (mb, _) = found
-                    counter.add(ma[:, ::every], mb[:, ::every])
-                    return ()
-                return of
-
-            self._pairs(mp, sp, corr, dh, dw, Ho, Wo, law, stats)
+            draw(count)
             tables[(dh, dw)], edges = counter.table(), counter.u
         return Copula(edges, tables)
 

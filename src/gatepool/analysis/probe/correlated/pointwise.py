@@ -239,15 +239,15 @@ def _interpolate(table: torch.Tensor, rows: torch.Tensor, w: torch.Tensor, order
     h = table[:, :hw].unflatten(1, (3, order + 2))  # a view: the edit below is the table's
     h[..., -1] -= h[..., 0] ** 2
     out = []
-    for start in range(0, rows.shape[1], 8 * _CHUNK):
-        r, wc = rows[:, start : start + 8 * _CHUNK], w[:, start : start + 8 * _CHUNK]
-        P = r.shape[1]
-        starts = torch.arange(0, 16 * P + 1, 16)  # row p's entries: its 16 nodes, sorted
-        with warnings.catch_warnings():  # torch warns that CSR is in beta
-            warnings.simplefilter("ignore", UserWarning)
+    with warnings.catch_warnings():  # torch warns that CSR is in beta
+        warnings.simplefilter("ignore", UserWarning)
+        for start in range(0, rows.shape[1], 8 * _CHUNK):
+            r, wc = rows[:, start : start + 8 * _CHUNK], w[:, start : start + 8 * _CHUNK]
+            P = r.shape[1]
+            starts = torch.arange(0, 16 * P + 1, 16)  # row p's entries: its 16 nodes, sorted
             S = torch.sparse_csr_tensor(starts, r.T.reshape(-1), wc.T.reshape(-1), (P, len(table)),
                                         check_invariants=False)
-        out.append((S @ table).T)
+            out.append((S @ table).T)
     out = torch.cat(out, 1)
     h = out[:hw].unflatten(0, (3, order + 2))
     h[:, -1] += h[:, 0] ** 2
