@@ -90,6 +90,16 @@ def test_measure_field_recovers_the_known_correlation():
     assert cr.neighbour_corr(exact, 1) > 0.5  # a strongly correlated field: the test can tell
 
 
+def test_measure_field_block_by_block_is_the_whole_batch_at_once():
+    """Samples and channels a block at a time (a large output's transforms bounded) give the moments and
+    the lag sums of the whole batch at once, to rounding: each block centred by the batch's mean, every
+    sample and channel counted once."""
+    x = gaussian_field(C=5, H=6, W=7, mean=_ramp(5, 6, 7, -1, 1))[0][:40]
+    whole, blocks = cr.measure_field(x), cr.measure_field(x, block=100)  # 2 channels, 2 samples a block
+    for a, b in ((whole.mean, blocks.mean), (whole.var, blocks.var), (whole.lag_sums(), blocks.lag_sums())):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
 def assert_walk_holds(model: nn.Module, x: torch.Tensor, names, fwd: float = 0.10, bwd: float = 0.15):
     """The correlated walk through ``model`` against the measurement on ``x``: every named module's output
     variance within ``fwd`` and its gradient's E[g²] within ``bwd`` (relative), the backward seeded with

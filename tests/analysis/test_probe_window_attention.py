@@ -229,3 +229,51 @@ def test_padded_windows_tokens_match_monte_carlo():
     assert abs(shown.moments()["e2"] / e2 - 1) < 0.03, shown.moments()["e2"] / e2
     assert abs(float(shown.var.mean()) / float(y.detach().var(0).mean()) - 1) < 0.03
     assert abs(float(grad.var.mean()) / float(y.grad.pow(2).mean()) - 1) < 0.03
+
+
+def _partition(x: torch.Tensor, p: int, grid: bool) -> torch.Tensor:
+    """torchvision's MaxViT ``WindowPartition`` (0.29) of (B, C, H, W) into (B, windows, p², C), its grid's
+    ``SwapAxes(-2, -3)`` after it: (B, offsets, windows, C)."""
+    B, C, H, W = x.shape
+    x = x.reshape(B, C, H // p, p, W // p, p).permute(0, 2, 4, 3, 5, 1)
+    x = x.reshape(B, (H // p) * (W // p), p * p, C)
+    return x.transpose(-2, -3) if grid else x
+
+
+def _relative_attention(x, qkv_w, qkv_b, merge_w, bias, heads: int):
+    """torchvision's MaxViT ``RelativePositionalMultiHeadAttention.forward`` (0.29, as written there) of
+    (B, G, P, D) tokens and its bias (1, heads, P, P): the scores scaled by 1/√D."""
+    B, G, P, D = x.shape
+    q, k, v = torch.chunk(F.linear(x, qkv_w, qkv_b), 3, dim=-1)
+    q, k, v = (t.reshape(B, G, P, heads, D // heads).permute(0, 1, 3, 2, 4) for t in (q, k, v))
+    a = F.softmax(torch.einsum("bghid,bghjd->bghij", q, k * D**-0.5) + bias, dim=-1)
+    o = torch.einsum("bghij,bghjd->bghid", a, v).permute(0, 1, 3, 2, 4)
+    return F.linear(o.reshape(B, G, P, D), merge_w)
+
+
+@pytest.mark.parametrize("grid", [False, True], ids=["windows", "grid"])
+def test_maxvit_partitioned_attention_matches_monte_carlo(grid):
+    """MaxViT's block attention (3 × 3 windows of a 6 × 6 map) and its grid attention (the 3 × 3 lattice of
+    step 2 of each offset: 4 cells of positions 2 apart), the cells read off the partition's layout
+    (``Regrouped``: its rows and tokens), a relative position bias over the 3 × 3 tokens, the scores
+    scaled by 1/√D: every position within 5 of its Monte Carlo standard errors plus 2% both ways. The
+    grid's cells taken as windows (the rule without the layout's partition) fails."""
+    from gatepool.analysis.probe.correlated.regroup import map_index
+
+    D, heads, H, W = 8, 2, 6, 6
+    p = 2 if grid else 3  # the partition's side (the grid's: 3 × 3 windows of 2 × 2, swapped)
+    qkv_w, _, bias, qkv_b, _ = _weights(D, heads, 0.02, 0.02)
+    merge_w = torch.linalg.qr(torch.randn(D, D, generator=torch.Generator().manual_seed(5), dtype=DT))[0]
+    mean, var = _ramp(D, H, W, -0.5, 0.5), _ramp(D, H, W, 0.5, 2.0)
+    x, f = gaussian_field(C=D, H=H, W=W, ell=0.8, mean=mean, var=var)
+    xr = x.clone().requires_grad_()
+    t = _relative_attention(_partition(xr, p, grid), qkv_w, qkv_b, merge_w, bias, heads)
+    y = (t.transpose(-2, -3) if grid else t).reshape(-1, H // p, W // p, p, p, D)
+    y = y.permute(0, 5, 1, 3, 2, 4).reshape(-1, D, H, W)  # torchvision's ``WindowDepartition``
+    layout = cr.regrouped(_partition(map_index((D, H, W)), p, grid), (D, H, W))
+    rule = cr.WindowAttention(qkv_w, qkv_b, merge_w, None, bias, None, heads, scale=D**-0.5)
+    rule = rule.within(layout.cells(), layout.tokens())
+    g, gf = gaussian_field(C=D, H=H, W=W, seed=2, ell=1.0, var=_ramp(D, H, W, 0.3, 3.0))
+    (y * g).sum().backward()
+    _holds(rule.forward(f), y.detach(), 0.02)
+    _holds(rule.backward(gf), xr.grad, 0.02)

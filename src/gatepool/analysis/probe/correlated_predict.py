@@ -722,11 +722,14 @@ def _in_layout(m: nn.Module, step, f: cr.Field, layout: tuple):
 
 
 def _on_regrouped(m: nn.Module, step, layout: cr.Regrouped):
-    """A module's step on a map's regrouped positions: an attention within each row's positions, a step of
-    each element or each position's channels (a Linear, a LayerNorm) as it is on the map; a sample's
-    stochastic depth only where the first dim is the batch alone (else its rows drop apart)."""
+    """A module's step on a map's regrouped positions: an attention within each row's positions (a window
+    attention of no window of its own: the rows its cells), a step of each element or each position's
+    channels (a Linear, a LayerNorm) as it is on the map; a sample's stochastic depth only where the first
+    dim is the batch alone (else its rows drop apart)."""
     if isinstance(step, cr.Attention):
         return cr.CellAttention(step, layout.cells())
+    if isinstance(step, cr.WindowAttention) and step.window is None:  # MaxViT's, within its partition
+        return step.within(layout.cells(), layout.tokens())
     if isinstance(step, cr.StochasticDepth) and step.active and layout.where.shape[0] != 1:
         raise NotImplementedError("stochastic depth of a batch merged with the map's positions")
     if isinstance(step, _ANY_LAYOUT):

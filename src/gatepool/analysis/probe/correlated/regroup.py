@@ -9,10 +9,12 @@ index     the tensor at batch 1 (its shape as the trace computed it, the batch t
 channels  a dim is the channels' ("C") where the index along it is c·H·W plus one position; a step over
           that dim (a Linear, a LayerNorm) is the field's step over its channels at each position, and a
           step that changes their count changes the index's channels (:meth:`Regrouped.with_channels`)
-cells     of a (R, T, C) tensor (rows, tokens, channels: an attention's batch, tokens and features) the
-          positions of each row: row r attends within the map's positions index[r, :, 0] mod H·W
-          (MobileViT: a row per in-patch offset (i, j) and sample, its tokens the sub-lattice
-          (i + p_h a, j + p_w b) of the patches)
+cells     of a (R, T, C) tensor (rows, tokens, channels: an attention's batch, tokens and features; or
+          (..., T, C), the dims before the tokens' the rows) the positions of each row: row r attends
+          within the map's positions index[r, :, 0] mod H·W (MobileViT: a row per in-patch offset (i, j)
+          and sample, its tokens the sub-lattice (i + p_h a, j + p_w b) of the patches; MaxViT's
+          (B, G, P, C): a row per window, or per offset of its grid); each position's token, its index
+          along T
 back      an index that is the map's own (``arange(C·H·W)`` as (1, C, H, W), or its channels-last
           (1, H, W, C)) is that layout again
 """
@@ -77,15 +79,25 @@ class Regrouped(tuple):
         return Regrouped(c * (H * W) + pos, (C, H, W))
 
     def cells(self) -> torch.Tensor:
-        """(H·W,): the row of a (R, T, C) tensor that each position of the map is in."""
-        if self.where.ndim != 3 or self[-1] != "C":
+        """(H·W,): the row of a (..., T, C) tensor (its dims before the tokens' one flattened) that each
+        position of the map is in."""
+        return self._rows_tokens()[0]
+
+    def tokens(self) -> torch.Tensor:
+        """(H·W,): each position's index along the tokens' dim of a (..., T, C) tensor (its row's token)."""
+        return self._rows_tokens()[1]
+
+    def _rows_tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.where.ndim < 3 or self[-1] != "C":
             raise NotImplementedError(f"attention over a regrouped map of dims {tuple(self)}: (rows, "
                                       "tokens, channels) only")  # fmt: skip
         _, H, W = self.chw
-        pos = self.where[..., 0] % (H * W)  # (R, T)
-        cell = torch.empty(H * W, dtype=torch.long)
-        cell[pos.flatten()] = torch.arange(pos.shape[0]).repeat_interleave(pos.shape[1])
-        return cell
+        pos = self.where[..., 0].reshape(-1, self.where.shape[-2]) % (H * W)  # (R, T)
+        R, T = pos.shape
+        cell, token = torch.empty(H * W, dtype=torch.long), torch.empty(H * W, dtype=torch.long)
+        cell[pos.flatten()] = torch.arange(R).repeat_interleave(T)
+        token[pos.flatten()] = torch.arange(T).repeat(R)
+        return cell, token
 
 
 def regrouped(index: torch.Tensor, chw) -> tuple:

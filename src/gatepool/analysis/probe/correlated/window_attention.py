@@ -1,35 +1,43 @@
 """Softmax attention within windows of a map (Swin's ``shifted_window_attention``, torchvision's): the
 map padded at its bottom and right to whole windows, optionally rolled back by a cyclic shift, each window
-attending within itself, the shifted ones' tokens of different regions masked apart (−100).
+attending within itself, the shifted ones' tokens of different regions masked apart (−100); or within any
+cells that are a product of a partition of the rows and one of the columns (MaxViT's grid: the positions
+a window's offset apart, ``RelativePositionalMultiHeadAttention`` on its partition's tokens).
 
 cells     the windows partition the padded map's positions into cells, rectangles of the (unrolled)
           map: along a side of n = k w, rows [0, w), [w, 2w) … without a shift; with a shift s, [0, s),
           [s, s + w) … [n − w + s, n) (the rolled last window's two regions, masked apart); a cell of
-          T_c positions, the padding's among them (x = 0 there: q, k, v their biases)
+          T_c positions, the padding's among them (x = 0 there: q, k, v their biases). A grid of step g:
+          the rows ≡ r mod g, the columns likewise (a cell of every g-th position). Each position's
+          token, its index in its cell (the bias's coordinate)
 mixing    per cell, the token attention of :mod:`attention` (its near-uniform model): A_ij = (1 + ε_ij)/T_c,
-          E[ε_ij²] = κ_i = e^{s_i²} − 1 for query i, s_i² = (1/d) Σ_a E[q_ia²] Var_c(k_a) + Var_j B_ij (the
-          relative position bias B, a constant, spread over the query's keys); E[ε_ij ε_i'j] = κ_c from
-          the cell's mean query (B's shared part left out); Σ_j ε_ij = 0
+          E[ε_ij²] = κ_i = e^{s_i²} − 1 for query i, s_i² = c² Σ_a E[q_ia²] Var_c(k_a) + Var_j B_ij (the
+          scores' scale c, 1/√d unless given; the relative position bias B, a constant, spread over the
+          query's keys); E[ε_ij ε_i'j] = κ_c from the cell's mean query (B's shared part left out);
+          Σ_j ε_ij = 0
 forward   o = M v + noise, M the cell average: E[o] = M E[v]; per channel Cov_o = M Cov_v Mᵀ + N,
           N_ii' = [c(i) = c(i')] V_c (κ_i δ_ii' + κ_c (1 − δ_ii'))/(T_c − 1),
           V_c = mean_{j∈c} E[v_j²] − E[v̄_c²] (the cell's token variance); then the real positions (the
           padding cropped) through the projection
 backward  ∂L/∂v = Aᵀ G: Mᵀ Cov_G M + N', N'_jj' = [c(j) = c(j')] (δ_jj' − (1 − δ_jj')/(T_c − 1)) ·
           (Σ_i κ_i E[G_i²] + κ_c Σ_{i≠i'} E[G_i G_i'])/T_c²; ∂L/∂q and ∂L/∂k as :mod:`attention`'s,
-          within each cell: Cov(∂q_ia, ∂q_i'a) = Var_c(k_a)/(d T_c) Σ_b V_cb E[G_ib G_i'b], none between
-          cells; ∂k of each key independent, E = 1/(d T_c²) Σ_{i,i'∈c} E[q_ia q_i'a] Σ_b V_cb E[G_ib G_i'b];
+          within each cell: Cov(∂q_ia, ∂q_i'a) = c² Var_c(k_a)/T_c Σ_b V_cb E[G_ib G_i'b], none between
+          cells; ∂k of each key independent, E = c²/T_c² Σ_{i,i'∈c} E[q_ia q_i'a] Σ_b V_cb E[G_ib G_i'b];
           the three paths independent, the padding's gradient dropped
 
 Exact per position in the field's model (Cov(x_i, x_j) = √(v_i v_j) ρ(j − i)) without any (P, P) matrix:
-the cells are rectangles, so every sum over pairs is one over cells. Within a cell, by lag (|e| < w
-along each axis: (2w − 1)² maps of products); between cells, Σ_{i∈c, j∈c'} of the covariance (the cells'
-means' covariance, the gradient's cell sums) by FFTs of each cell's √v with ρ; an
-output's lag sums T(e) = Σ_{c,c'} K_cc' N_cc'(e) + (its own terms at e = 0), N_cc'(e) = n_rows(a, a', e_h)
-n_cols(b, b', e_w) the pairs at lag e between cell c = (a, b) and c' = (a', b'). Memory of (D, cells²)
-and (D, H, W): Swin-T's 56 × 56 stage (3136 positions, 81 cells) in megabytes.
+the cells are products, so every sum over pairs is one over cells. Within a cell, by lag (the lags at
+which a row or column class has a pair: |e| < w along each axis for windows, the multiples of g for a
+grid: (2w − 1)² maps of products); between cells, Σ_{i∈c, j∈c'} of the covariance (the cells' means'
+covariance, the gradient's cell sums) by FFTs of each cell's √v with ρ; an output's lag sums
+T(e) = Σ_{c,c'} K_cc' N_cc'(e) + (its own terms at e = 0), N_cc'(e) = n_rows(a, a', e_h) n_cols(b, b', e_w)
+the pairs at lag e between cell c = (a, b) and c' = (a', b'). Memory of (D, cells²) and (D, H, W): Swin-T's
+56 × 56 stage (3136 positions, 81 cells) in megabytes.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 
@@ -41,9 +49,9 @@ from gatepool.analysis.probe.correlated.tokens import OnMap
 
 
 def _bounds(n: int, w: int, s: int) -> torch.Tensor:
-    """(k, 2): the [start, end) of each interval along a side of n = k w, shift s."""
+    """(n,): each row's interval along a side of n = k w, shift s (intervals [0, s), [s, s + w) …)."""
     starts = [0] + list(range(s, n, w)) if s else list(range(0, n, w))
-    return torch.tensor(list(zip(starts, starts[1:] + [n])))
+    return torch.bucketize(torch.arange(n), torch.tensor(starts[1:], dtype=torch.long), right=True)
 
 
 def _local(n: int, w: int, s: int) -> torch.Tensor:
@@ -51,35 +59,71 @@ def _local(n: int, w: int, s: int) -> torch.Tensor:
     return ((torch.arange(n) - s) % n) % w
 
 
-def _lag_pairs(bounds: torch.Tensor, n: int) -> torch.Tensor:
-    """(k, k, 2n − 1): #{p ∈ I_a : p + e ∈ I_a'} of the intervals ``bounds`` cut to [0, n), the lags e from
-    −(n − 1)."""
-    b = bounds.clamp(max=n)
-    e = torch.arange(-(n - 1), n)
-    lo = torch.maximum(b[:, None, None, 0], b[None, :, None, 0] - e)
-    hi = torch.minimum(b[:, None, None, 1], b[None, :, None, 1] - e)
-    return (hi - lo).clamp_min(0).to(_DT)
+def _lag_pairs(label: torch.Tensor, k: int, n: int) -> torch.Tensor:
+    """(k, k, 2n − 1): #{p ∈ class a : p + e ∈ class a'} over the first ``n`` rows (the real map's) of the
+    rows' classes ``label``, the lags e from −(n − 1)."""
+    one = torch.nn.functional.one_hot(label[:n], k).T.to(_DT)  # (k, n)
+    out = torch.zeros((k, k, 2 * n - 1), dtype=_DT)
+    for e in range(-(n - 1), n):
+        out[:, :, n - 1 + e] = one[:, max(0, -e) : n - max(0, e)] @ one[:, max(0, e) : n + min(0, e)].T
+    return out
+
+
+def _own_lags(pairs: torch.Tensor) -> list[int]:
+    """The lags e of :func:`_lag_pairs`'s ``pairs`` (k, k, 2n − 1) at which some class has a pair."""
+    n = (pairs.shape[-1] + 1) // 2
+    return [e for e in range(1 - n, n) if bool(pairs[:, :, n - 1 + e].diagonal().any())]
+
+
+def _classes(rows: torch.Tensor) -> torch.Tensor | None:
+    """(n,) the class of each of n rows (each a vector of cell labels) where rows of one class are equal
+    and rows of two classes share no label; None where they do (the cells are not a product)."""
+    _, label = torch.unique(rows, dim=0, return_inverse=True)
+    pairs = torch.unique(torch.stack((rows.flatten(), label[:, None].expand_as(rows).flatten())), dim=1)
+    return label if len(torch.unique(pairs[0])) == pairs.shape[1] else None  # each label in one class
 
 
 class _Cells:
-    """The cells of a (H, W) map padded to (Hp, Wp) whole windows, shift s: rectangles of row intervals a
-    and column intervals b, cell a·n_b + b."""
+    """The cells of a (H, W) map padded to (Hp, Wp): a product of a partition of the rows (classes a) and
+    one of the columns (classes b), cell a·n_b + b; each position's index among its cell's tokens
+    (``local``: the position bias's coordinate). Windows, shifted or not (Swin's), are intervals of each
+    side; a grid (MaxViT's) the residues of each side modulo its step."""
 
     def __init__(self, H: int, W: int, window, shift) -> None:
+        """Windows of ``window`` of the map padded at its bottom and right to whole windows, rolled by
+        ``shift``."""
         (wh, ww), (sh, sw) = window, shift
-        self.H, self.W = H, W
-        self.Hp, self.Wp = Hp, Wp = H + (-H) % wh, W + (-W) % ww
+        Hp, Wp = H + (-H) % wh, W + (-W) % ww
         sh, sw = (sh if wh < Hp else 0), (sw if ww < Wp else 0)  # a window over the whole side: no shift
         self.shift, self.window = (sh, sw), (wh, ww)
-        self.rows, self.cols = _bounds(Hp, wh, sh), _bounds(Wp, ww, sw)
-        ra = torch.bucketize(torch.arange(Hp), self.rows[1:, 0].contiguous(), right=True)
-        cb = torch.bucketize(torch.arange(Wp), self.cols[1:, 0].contiguous(), right=True)
-        self.nb = len(self.cols)
-        self.n = len(self.rows) * self.nb
+        local = _local(Hp, wh, sh)[:, None] * ww + _local(Wp, ww, sw)[None, :]
+        self._set(H, W, _bounds(Hp, wh, sh), _bounds(Wp, ww, sw), local)
+
+    @classmethod
+    def of(cls, H: int, W: int, cell: torch.Tensor, token: torch.Tensor) -> _Cells:
+        """The cells given by a label per position, ``cell`` (H·W,), and each position's index among its
+        cell's tokens, ``token`` (H·W,); NotImplementedError where they are not a product of a partition
+        of the rows and one of the columns."""
+        cell = cell.reshape(H, W)
+        ra, cb = _classes(cell), _classes(cell.T)
+        if ra is None or cb is None or len(torch.unique(cell)) != (int(ra.max()) + 1) * (int(cb.max()) + 1):
+            raise NotImplementedError("attention within cells that are not a product of a partition of "
+                                      "the rows and one of the columns")  # fmt: skip
+        self = cls.__new__(cls)
+        self.shift, self.window = (0, 0), None
+        self._set(H, W, ra, cb, token.reshape(H, W))
+        return self
+
+    def _set(self, H: int, W: int, ra: torch.Tensor, cb: torch.Tensor, local: torch.Tensor) -> None:
+        """From the rows' classes ``ra`` (Hp,) and the columns' ``cb`` (Wp,) of the padded map."""
+        self.H, self.W, self.Hp, self.Wp = H, W, len(ra), len(cb)
+        self.na, self.nb = int(ra.max()) + 1, int(cb.max()) + 1
+        self.n = self.na * self.nb
+        self.ra, self.cb, self.local = ra, cb, local
         self.id = ra[:, None] * self.nb + cb[None, :]  # (Hp, Wp)
-        sides = (self.rows[:, 1] - self.rows[:, 0])[:, None] * (self.cols[:, 1] - self.cols[:, 0])[None, :]
+        sides = torch.bincount(ra, minlength=self.na)[:, None] * torch.bincount(cb, minlength=self.nb)
         self.T = sides.flatten().to(_DT)  # (n,): positions a cell, the padding's counted
-        self.nr, self.nc = _lag_pairs(self.rows, H), _lag_pairs(self.cols, W)
+        self.nr, self.nc = _lag_pairs(ra, self.na, H), _lag_pairs(cb, self.nb, W)
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:
         """(D, Hp, Wp) → (D, n): the sum over each cell."""
@@ -98,11 +142,12 @@ class _Cells:
         return out
 
     def lags(self):
-        """The lags e within a cell (|e| < w each axis) whose pairs are on the map: (e, the slices of i and
-        of i + e over the padded map, the cell of i where i + e is in the same cell, else −1)."""
-        (wh, ww), Hp, Wp = self.window, self.Hp, self.Wp
-        for eh in range(-min(wh, self.H) + 1, min(wh, self.H)):
-            for ew in range(-min(ww, self.W) + 1, min(ww, self.W)):
+        """The lags e whose pairs (i, i + e) on the map fall in one cell (|e| < w each axis for windows):
+        (e, the slices of i and of i + e over the padded map, the cell of i where i + e is in the same
+        cell, else −1)."""
+        Hp, Wp = self.Hp, self.Wp
+        for eh in _own_lags(self.nr):
+            for ew in _own_lags(self.nc):
                 i = (slice(max(0, -eh), Hp - max(0, eh)), slice(max(0, -ew), Wp - max(0, ew)))
                 j = (slice(max(0, eh), Hp + min(0, eh)), slice(max(0, ew), Wp + min(0, ew)))
                 same = torch.where(self.id[i] == self.id[j], self.id[i], -1)
@@ -145,7 +190,7 @@ class _Cells:
     def spread(self, K: torch.Tensor) -> torch.Tensor:
         """(D, n, n) → (D, 2H − 1, 2W − 1): Σ_{c,c'} K_cc' N_cc'(e) over the real positions, each pair
         (i ∈ c, j = i + e ∈ c') given its cells' K."""
-        na = len(self.rows)
+        na = self.na
         K5 = K.reshape(K.shape[0], na, self.nb, na, self.nb)
         t = torch.einsum("dabxy,axh->dbyh", K5, self.nr)
         return torch.einsum("dbyh,byw->dhw", t, self.nc)
@@ -161,31 +206,50 @@ def _lags_padded(corr: torch.Tensor, Hp: int, Wp: int) -> torch.Tensor:
 
 class WindowAttention:
     """Multi-head attention within the (shifted) windows of a (C, H, W) field: the fused (3C, C) qkv and
-    (C, C) projection weights, the relative position bias (1 or none, heads, w_h w_w, w_h w_w)."""
+    (C, C) projection weights, the relative position bias (1 or none, heads, T, T) over a window's (or a
+    cell's) T tokens, the scores scaled by ``scale`` (1/√d unless given). ``window=None``: cells the walk
+    gives it (:meth:`within`, a partition of the map's regrouped positions: MaxViT's windows and grid)."""
 
     def __init__(self, qkv_weight, qkv_bias, proj_weight, proj_bias, bias, window, heads: int,
-                 shift=(0, 0)) -> None:  # fmt: skip
+                 shift=(0, 0), scale: float | None = None) -> None:  # fmt: skip
         self.q, self.k, self.v, self.proj = projections(qkv_weight, qkv_bias, proj_weight, proj_bias, heads)
         self.h, self.d = heads, proj_weight.shape[0] // heads
-        self.window, self.shift = tuple(window), tuple(shift)
+        self.c2 = 1 / self.d if scale is None else scale**2  # the scores' scale, squared
+        self.window, self.shift = (None if window is None else tuple(window)), tuple(shift)
+        self.partition = None  # (cell, token) of each position, where the walk gives the cells
         self.returns_windows = False  # its module returns the padded map's windows (the walk's chain sets it)
-        n = self.window[0] * self.window[1]
-        self.bias = None if bias is None else bias.detach().to("cpu", _DT).reshape(heads, n, n)
+        if bias is not None:
+            n = bias.shape[-1]
+            self.bias = bias.detach().to("cpu", _DT).reshape(heads, n, n)
+        else:
+            self.bias = None
+
+    def within(self, cell: torch.Tensor, token: torch.Tensor) -> WindowAttention:
+        """This attention within the cells ``cell`` (H·W,) of the map, ``token`` (H·W,) each position's index
+        among its cell's tokens (the bias's): a copy."""
+        out = copy.copy(self)
+        out.partition = cell, token
+        return out
+
+    def _cells(self, H: int, W: int) -> _Cells:
+        if self.partition is not None:
+            return _Cells.of(H, W, *self.partition)
+        if self.window is None:
+            raise NotImplementedError("an attention within partitions of a map that the walk did not find")
+        return _Cells(H, W, self.window, self.shift)
 
     def _bias_spread(self, c: _Cells) -> torch.Tensor | float:
         """(D, Hp, Wp): Var_j B_ij over each query's keys (its cell), at its head's channels."""
         if self.bias is None:
             return 0.0
-        (wh, ww), (sh, sw) = c.window, c.shift
-        loc = _local(c.Hp, wh, sh)[:, None] * ww + _local(c.Wp, ww, sw)[None, :]  # (Hp, Wp)
-        out = torch.zeros((self.h, c.Hp, c.Wp), dtype=_DT)
-        for r0, r1 in c.rows.tolist():
-            for c0, c1 in c.cols.tolist():
-                ix = loc[r0:r1, c0:c1].flatten()
-                B = self.bias[:, ix][:, :, ix]  # (heads, T_c, T_c)
-                var = (B**2).mean(2) - B.mean(2) ** 2
-                out[:, r0:r1, c0:c1] = var.clamp_min(0).reshape(self.h, r1 - r0, c1 - c0)
-        return out.repeat_interleave(self.d, 0)
+        out = torch.zeros((self.h, c.Hp * c.Wp), dtype=_DT)
+        cell, local = c.id.flatten(), c.local.flatten()
+        for k in range(c.n):
+            at = (cell == k).nonzero()[:, 0]
+            ix = local[at]
+            B = self.bias[:, ix][:, :, ix]  # (heads, T_c, T_c)
+            out[:, at] = ((B**2).mean(2) - B.mean(2) ** 2).clamp_min(0)
+        return out.reshape(self.h, c.Hp, c.Wp).repeat_interleave(self.d, 0)
 
     def _padded(self, conv, x: Field, c: _Cells):
         """A projection of x on the padded map: its field, means (D, Hp, Wp) (its bias on the padding),
@@ -201,7 +265,7 @@ class WindowAttention:
 
     def forward(self, x: Field) -> Field:
         D, H, W = x.shape
-        self.c = c = _Cells(H, W, self.window, self.shift)
+        self.c = c = self._cells(H, W)
         Tc = c.T
         _, mq, sq, rq = self._padded(self.q, x, c)
         _, mk, sk, rk = self._padded(self.k, x, c)
@@ -211,10 +275,10 @@ class WindowAttention:
         self.vt = self._token_var(c, mv, sv, torch.diagonal(Sv, dim1=1, dim2=2))
         eq2 = sq**2 + mq**2  # (D, Hp, Wp)
         eqbar2 = (c.sum(mq) / Tc) ** 2 + c.within(sq, rq) / Tc**2  # (D, n)
-        s2 = per_head(eq2 * c.at(self.kt), self.h) / self.d + self._bias_spread(c)
+        s2 = per_head(eq2 * c.at(self.kt), self.h) * self.c2 + self._bias_spread(c)
         self.kappa = kappa(s2, c.at(Tc[None])[0])  # (D, Hp, Wp)
         mean_kappa = c.sum(self.kappa) / Tc
-        self.kappa_c = torch.minimum(kappa(per_head(eqbar2 * self.kt, self.h) / self.d, Tc), mean_kappa)
+        self.kappa_c = torch.minimum(kappa(per_head(eqbar2 * self.kt, self.h) * self.c2, Tc), mean_kappa)
         self.mq, self.sq, self.rq = mq, sq, rq
         C = Sv / (Tc[:, None] * Tc[None, :])  # Cov(v̄_c, v̄_c')
         noise = self.vt / (Tc - 1).clamp_min(1)  # (D, n)
@@ -264,7 +328,7 @@ class WindowAttention:
         gv = _field_from_sums(zero, var, T)
         # ∂q: within a cell, Cov(∂q_ia, ∂q_i'a) = Var_c(k_a)/(d T_c) Σ_b V_cb E[G_ib G_i'b] (b in a's head)
         # ∂k: E = 1/(d T_c²) Σ_{i,i'∈c} E[q_ia q_i'a] Σ_b V_cb E[G_ib G_i'b]
-        alpha = self.kt / (self.d * Tc)  # (D, n)
+        alpha = self.kt * self.c2 / Tc  # (D, n)
         sGp = c.pad(sG)
         Tq = torch.zeros((D, 2 * H - 1, 2 * W - 1), dtype=_DT)
         vk = torch.zeros((D, c.n), dtype=_DT)
@@ -280,7 +344,7 @@ class WindowAttention:
             vk += c.sum_pairs(Q2 * Z, same)
         vq = c.at(alpha)[cut] * per_head(c.at(self.vt)[cut] * G.var.clamp_min(0), self.h)
         gq = _field_from_sums(zero, vq, Tq)
-        vk = c.at(vk / (self.d * Tc**2))[cut]
+        vk = c.at(vk * self.c2 / Tc**2)[cut]
         Tk = torch.zeros((D, 2 * H - 1, 2 * W - 1), dtype=_DT)
         Tk[:, H - 1, W - 1] = vk.sum((1, 2))
         gk = _field_from_sums(zero, vk, Tk)
@@ -338,3 +402,15 @@ def davit_window_attention_rule(m) -> WindowAttention:
     if abs(m.scale - (dim // heads) ** -0.5) > 1e-12:
         raise NotImplementedError("DaViT WindowAttention with its own scale")
     return WindowAttention(m.qkv.weight, m.qkv.bias, m.proj.weight, m.proj.bias, None, m.window_size, heads)
+
+
+@register_named_rule("torchvision.models.maxvit.RelativePositionalMultiHeadAttention")
+def maxvit_attention_rule(m) -> WindowAttention:
+    """torchvision's MaxViT ``RelativePositionalMultiHeadAttention`` of (B, G, P, D) tokens: its fused
+    to_qkv and merge, the relative position bias of its table, the scores scaled by 1/√D (the width's, not
+    a head's); within the cells the walk reads off its input's layout (the block's windows, or its grid:
+    the tokens a window's offset across the windows)."""
+    with torch.no_grad():
+        bias = m.get_relative_positional_bias()
+    return WindowAttention(m.to_qkv.weight, m.to_qkv.bias, m.merge.weight, m.merge.bias, bias, None,
+                           m.n_heads, scale=m.scale_factor)  # fmt: skip
