@@ -558,7 +558,9 @@ def _window_chain(gm: fx.GraphModule, nodes: list, n: fx.Node, shape: tuple, con
             sub = gm.get_submodule(str(m.target))
             make = rule_for(sub)
             step = None if make is None else make(sub)
-            if not isinstance(step, cr.WindowAttention) or not isinstance(args[0], torch.Tensor):
+            if not isinstance(step, cr.WindowAttention) or step.window is None:  # MaxViT's: on a partition
+                return None
+            if not isinstance(args[0], torch.Tensor):
                 return None
             module, tokens, mask = m, args[0], kwargs.get("mask", args[1] if len(args) > 1 else None)
             value = args[0]

@@ -235,7 +235,8 @@ class WindowAttention:
         if self.partition is not None:
             return _Cells.of(H, W, *self.partition)
         if self.window is None:
-            raise NotImplementedError("an attention within partitions of a map that the walk did not find")
+            raise NotImplementedError("a window attention without windows of its own, not on a partition's "
+                                      "tokens: no cells")  # fmt: skip
         return _Cells(H, W, self.window, self.shift)
 
     def _bias_spread(self, c: _Cells) -> torch.Tensor | float:
