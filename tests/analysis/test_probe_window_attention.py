@@ -272,7 +272,7 @@ def test_maxvit_partitioned_attention_matches_monte_carlo(grid):
     y = y.permute(0, 5, 1, 3, 2, 4).reshape(-1, D, H, W)  # torchvision's ``WindowDepartition``
     layout = cr.regrouped(_partition(map_index((D, H, W)), p, grid), (D, H, W))
     rule = cr.WindowAttention(qkv_w, qkv_b, merge_w, None, bias, None, heads, scale=D**-0.5)
-    rule = rule.within(layout.cells(), layout.tokens())
+    rule = rule.within(*layout.cells_and_tokens())
     g, gf = gaussian_field(C=D, H=H, W=W, seed=2, ell=1.0, var=_ramp(D, H, W, 0.3, 3.0))
     (y * g).sum().backward()
     _holds(rule.forward(f), y.detach(), 0.02)

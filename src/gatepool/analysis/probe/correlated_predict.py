@@ -731,7 +731,7 @@ def _on_regrouped(m: nn.Module, step, layout: cr.Regrouped):
     if isinstance(step, cr.Attention):
         return cr.CellAttention(step, layout.cells())
     if isinstance(step, cr.WindowAttention) and step.window is None:  # MaxViT's, within its partition
-        return step.within(layout.cells(), layout.tokens())
+        return step.within(*layout.cells_and_tokens())
     if isinstance(step, cr.StochasticDepth) and step.active and layout.where.shape[0] != 1:
         raise NotImplementedError("stochastic depth of a batch merged with the map's positions")
     if isinstance(step, _ANY_LAYOUT):

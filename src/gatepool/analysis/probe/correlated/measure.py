@@ -35,11 +35,11 @@ def measure_field(x: torch.Tensor, block: int = 1 << 22) -> Field:
     cs = max(1, min(C, block // (H * W)))  # channels at a time
     bs = max(1, min(B, block // (cs * H * W)))  # samples at a time
     for c in range(0, C, cs):
-        parts = [(i, slice(c, c + cs)) for i in range(0, B, bs)]
-        for i, ch in parts:
+        ch = slice(c, c + cs)
+        for i in range(0, B, bs):  # the block's mean first: each part centred by the batch's
             mean[ch] += x[i : i + bs, ch].to("cpu", _DT).sum(0)
         mean[ch] /= B
-        for i, ch in parts:
+        for i in range(0, B, bs):
             part = x[i : i + bs, ch].to("cpu", _DT) - mean[ch]
             var[ch] += part.pow(2).sum(0)
             T[ch] += xcorr(part, part).sum(0)

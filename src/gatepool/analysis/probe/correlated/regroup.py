@@ -81,13 +81,11 @@ class Regrouped(tuple):
     def cells(self) -> torch.Tensor:
         """(H·W,): the row of a (..., T, C) tensor (its dims before the tokens' one flattened) that each
         position of the map is in."""
-        return self._rows_tokens()[0]
+        return self.cells_and_tokens()[0]
 
-    def tokens(self) -> torch.Tensor:
-        """(H·W,): each position's index along the tokens' dim of a (..., T, C) tensor (its row's token)."""
-        return self._rows_tokens()[1]
-
-    def _rows_tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def cells_and_tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(H·W,) each: the row of a (..., T, C) tensor each position is in (:meth:`cells`), and its index
+        along the tokens' dim (its row's token)."""
         if self.where.ndim < 3 or self[-1] != "C":
             raise NotImplementedError(f"attention over a regrouped map of dims {tuple(self)}: (rows, "
                                       "tokens, channels) only")  # fmt: skip

@@ -95,7 +95,7 @@ class _Cells:
         (wh, ww), (sh, sw) = window, shift
         Hp, Wp = H + (-H) % wh, W + (-W) % ww
         sh, sw = (sh if wh < Hp else 0), (sw if ww < Wp else 0)  # a window over the whole side: no shift
-        self.shift, self.window = (sh, sw), (wh, ww)
+        self.shift = (sh, sw)  # as applied (the timm chain reads it)
         local = _local(Hp, wh, sh)[:, None] * ww + _local(Wp, ww, sw)[None, :]
         self._set(H, W, _bounds(Hp, wh, sh), _bounds(Wp, ww, sw), local)
 
@@ -110,7 +110,6 @@ class _Cells:
             raise NotImplementedError("attention within cells that are not a product of a partition of "
                                       "the rows and one of the columns")  # fmt: skip
         self = cls.__new__(cls)
-        self.shift, self.window = (0, 0), None
         self._set(H, W, ra, cb, token.reshape(H, W))
         return self
 
@@ -218,11 +217,8 @@ class WindowAttention:
         self.window, self.shift = (None if window is None else tuple(window)), tuple(shift)
         self.partition = None  # (cell, token) of each position, where the walk gives the cells
         self.returns_windows = False  # its module returns the padded map's windows (the walk's chain sets it)
-        if bias is not None:
-            n = bias.shape[-1]
-            self.bias = bias.detach().to("cpu", _DT).reshape(heads, n, n)
-        else:
-            self.bias = None
+        T = None if bias is None else bias.shape[-1]  # a window's (or a cell's) tokens
+        self.bias = None if bias is None else bias.detach().to("cpu", _DT).reshape(heads, T, T)
 
     def within(self, cell: torch.Tensor, token: torch.Tensor) -> WindowAttention:
         """This attention within the cells ``cell`` (H·W,) of the map, ``token`` (H·W,) each position's index
@@ -327,8 +323,8 @@ class WindowAttention:
         var = c.at(torch.diagonal(GG, dim1=1, dim2=2) / Tc**2 + noise)[cut]
         zero = torch.zeros((D, H, W), dtype=_DT)
         gv = _field_from_sums(zero, var, T)
-        # ∂q: within a cell, Cov(∂q_ia, ∂q_i'a) = Var_c(k_a)/(d T_c) Σ_b V_cb E[G_ib G_i'b] (b in a's head)
-        # ∂k: E = 1/(d T_c²) Σ_{i,i'∈c} E[q_ia q_i'a] Σ_b V_cb E[G_ib G_i'b]
+        # ∂q: within a cell, Cov(∂q_ia, ∂q_i'a) = c² Var_c(k_a)/T_c Σ_b V_cb E[G_ib G_i'b] (b in a's head)
+        # ∂k: E = c²/T_c² Σ_{i,i'∈c} E[q_ia q_i'a] Σ_b V_cb E[G_ib G_i'b]
         alpha = self.kt * self.c2 / Tc  # (D, n)
         sGp = c.pad(sG)
         Tq = torch.zeros((D, 2 * H - 1, 2 * W - 1), dtype=_DT)
