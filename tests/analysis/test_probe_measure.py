@@ -14,6 +14,7 @@ Tolerances are sized for the samples drawn here, with fixed seeds:
 from __future__ import annotations
 
 import copy
+import importlib
 import math
 
 import pytest
@@ -365,6 +366,32 @@ def test_measure_gives_the_correlated_prediction():
     assert _no_hooks(model)
     plain = measure(model, x)  # the default: no correlated prediction
     assert plain["0"].predicted is None and plain["0"].measured_field is None
+
+
+class Triple(nn.Module):
+    """Writes its input in place."""
+
+    def forward(self, x):
+        return x.mul_(3)
+
+
+def test_measure_predicts_after_the_run_from_the_input_before_it(monkeypatch):
+    measure_module = importlib.import_module("gatepool.analysis.probe.measure")  # not the package's function
+    model = nn.Sequential(Triple(), nn.Conv2d(2, 4, 3, padding=1))
+    x = normal(8, 2, 6, 6)
+    ran = []
+    model[1].register_forward_hook(lambda *_: ran.append("run"))
+    predict = measure_module.predict_correlated
+
+    def predict_after(*args, **kwargs):
+        ran.append("predict")
+        return predict(*args, **kwargs)
+
+    monkeypatch.setattr(measure_module, "predict_correlated", predict_after)
+    report = measure(model, x, backward=None, prediction=False, correlated=True)
+    assert ran[:2] == ["run", "predict"]  # the run's activations let go before the walk holds its fields
+    assert not torch.equal(x, normal(8, 2, 6, 6))  # the model wrote its input ...
+    assert report["(input)"].predicted.var == pytest.approx(1.0, rel=0.1)  # ... read before it did (not 9)
 
 
 def test_measure_correlated_names_what_has_no_rule():

@@ -267,7 +267,7 @@ def measure(
         prediction=prediction,
         loss_reduction=loss_reduction if backward == "loss" else None,
     )
-    correlated_rows = _correlated_for(model, args[0], backward, report.warnings) if correlated else None
+    x_stats = measure_input(args[0]) if correlated else None  # before the run: a model may write its input
     recorder = _Recorder(per_channel=per_channel, maps=maps, fields=correlated, samples=samples, seed=seed)
     with _left_as_found(model), recorder.hooked(model, selected, module_inputs), _forked_rng(args):
         call_args, leaves = recorder.inputs(args, backward)
@@ -275,24 +275,23 @@ def measure(
         recorder.input_gradients(leaves)
         report.params = _param_rows(model, [n for n, _ in selected] if modules is not None else None)
     report.rows = recorder.rows(prediction)
-    for r in report.rows.values():
-        if correlated_rows is not None and r.name in correlated_rows:
-            r.predicted = correlated_rows[r.name]
+    if correlated:  # predicted after the run, whose activations and gradients are let go: peaks do not add
+        predicted = _correlated_for(model, x_stats, len(args[0]), backward, report.warnings)
+        for r in report.rows.values():
+            if predicted is not None and r.name in predicted:
+                r.predicted = predicted[r.name]
     _warn(report, args[0])
     return report
 
 
 def _correlated_for(
-    model: nn.Module, x: torch.Tensor, backward: str | None, warnings: list[str]
+    model: nn.Module, x_stats, batch: int, backward: str | None, warnings: list[str]
 ) -> CorrelatedPrediction | None:
-    """The correlated prediction from ``x``'s statistics (taken before the model runs); None, with a
-    warning, where the walk cannot trace the model."""
+    """The correlated prediction from the input's statistics ``x_stats`` (:func:`measure_input`, taken
+    before the model ran) and the batch size; None, with a warning, where the walk cannot trace the model."""
     try:
         pred = predict_correlated(
-            model,
-            measure_input(x),
-            backward="unit-noise" if backward == "unit-noise" else None,
-            batch=len(x),
+            model, x_stats, backward="unit-noise" if backward == "unit-noise" else None, batch=batch
         )
     except (Untraceable, NotImplementedError, RuntimeError, ValueError) as e:
         warnings.append(f"no correlated prediction: {type(e).__name__}: {e}")
