@@ -506,6 +506,7 @@ def _merging(n: fx.Node, shape: tuple[int, int, int], const: dict) -> list[fx.No
 
 
 _CHW = ("C", "H", "W")
+_HWC = ("H", "W", "C")
 
 _WINDOW_OPS = ("view", "reshape", "permute", "transpose", "contiguous", "size", torch.roll, torch.reshape,
                torch.permute, torch.transpose, _F.pad, getattr, operator.getitem, operator.floordiv,
@@ -705,6 +706,10 @@ def _in_layout(m: nn.Module, step, f: cr.Field, layout: tuple):
     a map's regrouped positions (:class:`correlated.Regrouped`) an attention within each row's."""
     if isinstance(layout, cr.Regrouped):
         return _on_regrouped(m, step, layout)
+    windowless = isinstance(step, cr.WindowAttention) and step.window is None
+    if layout == _HWC and windowless and step.token_dims == 2:
+        _, H, W = f.shape  # timm's MaxViT on a map of one window: its positions one cell, row by row
+        return step.within(torch.zeros(H * W, dtype=torch.long), torch.arange(H * W))
     attention = (cr.Attention, cr.CrossCovarianceAttention)  # on (N, T, C) tokens
     if f.shape[1:] == (1, 1) or isinstance(step, (*_ANY_LAYOUT, *attention)):
         return step
@@ -731,7 +736,7 @@ def _on_regrouped(m: nn.Module, step, layout: cr.Regrouped):
     if isinstance(step, cr.Attention):
         return cr.CellAttention(step, layout.cells())
     if isinstance(step, cr.WindowAttention) and step.window is None:  # MaxViT's, within its partition
-        return step.within(*layout.cells_and_tokens())
+        return step.within(*layout.cells_and_tokens(step.token_dims))
     if isinstance(step, cr.StochasticDepth) and step.active and layout.where.shape[0] != 1:
         raise NotImplementedError("stochastic depth of a batch merged with the map's positions")
     if isinstance(step, _ANY_LAYOUT):
@@ -743,6 +748,18 @@ def _on_regrouped(m: nn.Module, step, layout: cr.Regrouped):
     raise NotImplementedError(f"{type(m).__name__} of a map's regrouped positions (dims {tuple(layout)})")
 
 
+# functions a trace keeps whole (fx leaves) that only move a tensor's elements: the walk applies them to
+# the index of a regrouped map (timm's MaxViT: its windows' and grid's tokens back into the map)
+_REGROUPING_FUNCTIONS = frozenset({"timm.models.maxxvit.window_reverse", "timm.models.maxxvit.grid_reverse"})
+
+
+def _regroups(n: fx.Node) -> bool:
+    """Is ``n`` a call of one of :data:`_REGROUPING_FUNCTIONS`?"""
+    f = n.target
+    name = f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', '')}"
+    return n.op == "call_function" and name in _REGROUPING_FUNCTIONS
+
+
 def _regroup(n: fx.Node, index: torch.Tensor, chw: tuple, const: dict) -> tuple:
     """The layout after a reshape, view, transpose or permute ``n`` of a tensor whose elements are
     ``index`` (at batch 1, as the trace's sizes take it) on the field of shape ``chw``
@@ -752,6 +769,8 @@ def _regroup(n: fx.Node, index: torch.Tensor, chw: tuple, const: dict) -> tuple:
     fx.node.map_arg((args, kwargs), traced.append)
     if traced:
         raise NotImplementedError(f"{_name(n)} by traced sizes")
+    if n.target == "view":  # where the model's view held, a reshape moves its elements as it did
+        index = index.contiguous()
     op = getattr(index, n.target) if isinstance(n.target, str) else functools.partial(n.target, index)
     try:
         return cr.regrouped(op(*args, **kwargs), chw)
@@ -1216,10 +1235,12 @@ class _Walk(Walk):
         elif layout == ("C", "W") and (hw := _unflattens_tokens(n, value[args[0]], const)) is not None:
             step = cr.UnflattenPositions(*hw)  # tokens back into a map
             out, steps[n], dims[n] = step.forward(value[args[0]]), step, _CHW
-        elif (layout == _CHW and n.target in _RESHAPES and value[args[0]].shape[1:] != (1, 1)
-              and not _flattens_map(n, value[args[0]], const)):  # fmt: skip
-            dims[n] = _regroup(n, cr.map_index(value[args[0]].shape), value[args[0]].shape, const)
-            out, steps[n] = value[args[0]], Identity()  # the map's positions regrouped (MobileViT's patches)
+        elif (layout in (_CHW, _HWC) and n.target in _RESHAPES and value[args[0]].shape[1:] != (1, 1)
+              and not (layout == _CHW and _flattens_map(n, value[args[0]], const))):  # fmt: skip
+            index = cr.map_index(value[args[0]].shape)  # (1, C, H, W)
+            index = index if layout == _CHW else index.permute(0, 2, 3, 1)
+            dims[n] = _regroup(n, index, value[args[0]].shape, const)
+            out, steps[n] = value[args[0]], Identity()  # the positions regrouped (MobileViT's, MaxViT's)
         elif n.target in _FLAT or (n.op == "call_method" and n.target in ("flatten", "view")):
             f = value[args[0]]
             if f.shape[1:] == (1, 1):
@@ -1330,8 +1351,8 @@ class _Walk(Walk):
         element, of each position's channels, an attention within rows, a sum or a product with another
         tensor of this layout: None (the walk's rule, the layout kept); anything else has no rule."""
         steps, dims = self.steps, self.dims
-        if n.target in _RESHAPES or n.target in _PERMUTES or n.target in _TRANSPOSES:
-            if n.target not in _RESHAPES:
+        if n.target in _RESHAPES or n.target in _PERMUTES or n.target in _TRANSPOSES or _regroups(n):
+            if n.target in _PERMUTES or n.target in _TRANSPOSES:
                 _permuted(n, layout)  # a transpose of the batch's dim: no rule
             dims[n] = _regroup(n, layout.where, layout.chw, self.const)
             steps[n] = Identity()

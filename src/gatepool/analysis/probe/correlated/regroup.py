@@ -83,14 +83,16 @@ class Regrouped(tuple):
         position of the map is in."""
         return self.cells_and_tokens()[0]
 
-    def cells_and_tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def cells_and_tokens(self, token_dims: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """(H·W,) each: the row of a (..., T, C) tensor each position is in (:meth:`cells`), and its index
-        along the tokens' dim (its row's token)."""
-        if self.where.ndim < 3 or self[-1] != "C":
+        along the tokens' dim (its row's token); ``token_dims`` dims before the channels' the tokens'
+        (timm's MaxViT: (N, h, w, C), a window's h·w tokens, flattened row by row)."""
+        if self.where.ndim < 2 + token_dims or self[-1] != "C":
             raise NotImplementedError(f"attention over a regrouped map of dims {tuple(self)}: (rows, "
                                       "tokens, channels) only")  # fmt: skip
         _, H, W = self.chw
-        pos = self.where[..., 0].reshape(-1, self.where.shape[-2]) % (H * W)  # (R, T)
+        T = self.where.shape[-1 - token_dims : -1].numel()
+        pos = self.where[..., 0].reshape(-1, T) % (H * W)  # (R, T)
         R, T = pos.shape
         cell, token = torch.empty(H * W, dtype=torch.long), torch.empty(H * W, dtype=torch.long)
         cell[pos.flatten()] = torch.arange(R).repeat_interleave(T)

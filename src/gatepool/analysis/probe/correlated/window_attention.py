@@ -207,15 +207,17 @@ class WindowAttention:
     """Multi-head attention within the (shifted) windows of a (C, H, W) field: the fused (3C, C) qkv and
     (C, C) projection weights, the relative position bias (1 or none, heads, T, T) over a window's (or a
     cell's) T tokens, the scores scaled by ``scale`` (1/√d unless given). ``window=None``: cells the walk
-    gives it (:meth:`within`, a partition of the map's regrouped positions: MaxViT's windows and grid)."""
+    gives it (:meth:`within`, a partition of the map's regrouped positions: MaxViT's windows and grid),
+    its input's ``token_dims`` dims before the channels' its tokens."""
 
     def __init__(self, qkv_weight, qkv_bias, proj_weight, proj_bias, bias, window, heads: int,
-                 shift=(0, 0), scale: float | None = None) -> None:  # fmt: skip
+                 shift=(0, 0), scale: float | None = None, token_dims: int = 1) -> None:  # fmt: skip
         self.q, self.k, self.v, self.proj = projections(qkv_weight, qkv_bias, proj_weight, proj_bias, heads)
         self.h, self.d = heads, proj_weight.shape[0] // heads
         self.c2 = 1 / self.d if scale is None else scale**2  # the scores' scale, squared
         self.window, self.shift = (None if window is None else tuple(window)), tuple(shift)
         self.partition = None  # (cell, token) of each position, where the walk gives the cells
+        self.token_dims = token_dims
         self.returns_windows = False  # its module returns the padded map's windows (the walk's chain sets it)
         T = None if bias is None else bias.shape[-1]  # a window's (or a cell's) tokens
         self.bias = None if bias is None else bias.detach().to("cpu", _DT).reshape(heads, T, T)
@@ -411,3 +413,22 @@ def maxvit_attention_rule(m) -> WindowAttention:
         bias = m.get_relative_positional_bias()
     return WindowAttention(m.to_qkv.weight, m.to_qkv.bias, m.merge.weight, m.merge.bias, bias, None,
                            m.n_heads, scale=m.scale_factor)  # fmt: skip
+
+
+@register_named_rule("timm.models.maxxvit.AttentionCl")
+def maxxvit_attention_rule(m) -> WindowAttention:
+    """timm's MaxViT ``AttentionCl`` of (N, h, w, C) tokens (a window, or a cell of the grid, of h × w):
+    its fused qkv (ordered head by head, q, k and v within each, where ``head_first``) and proj, the
+    relative position bias of its ``rel_pos`` (``get_bias``, over the h·w tokens row by row); within the
+    cells the walk reads off its input's layout."""
+    dim, heads, d = m.qkv.in_features, m.num_heads, m.dim_head
+    if m.qkv.out_features != 3 * dim or m.proj.in_features != dim or heads * d != dim:
+        raise NotImplementedError("MaxViT AttentionCl whose heads are not the embedding's width")
+    check_plain(m, dim)
+    w, b = m.qkv.weight, m.qkv.bias
+    if m.head_first:  # (head, q/k/v, d) → (q/k/v, head, d), the order of torch's fused qkv
+        order = torch.arange(3 * dim).reshape(heads, 3, d).transpose(0, 1).flatten()
+        w, b = w[order], (None if b is None else b[order])
+    with torch.no_grad():
+        bias = None if m.rel_pos is None else m.rel_pos.get_bias()
+    return WindowAttention(w, b, m.proj.weight, m.proj.bias, bias, None, heads, token_dims=2)
