@@ -366,6 +366,8 @@ def test_measure_gives_the_correlated_prediction():
     assert _no_hooks(model)
     plain = measure(model, x)  # the default: no correlated prediction
     assert plain["0"].predicted is None and plain["0"].measured_field is None
+    lean = measure(model, x, correlated=True, measured_fields=False)  # the predicted column alone
+    assert lean["0"].measured_field is None and lean["7"].predicted.var == report["7"].predicted.var
 
 
 class Triple(nn.Module):
@@ -408,5 +410,7 @@ def test_measure_correlated_bad_arguments():
     model = nn.Sequential(nn.Linear(4, 3))
     with pytest.raises(TypeError, match="correlated"):
         measure(model, normal(5, 4), correlated="yes")
+    with pytest.raises(TypeError, match="measured_fields"):
+        measure(model, normal(5, 4), correlated=True, measured_fields=None)
     with pytest.raises(ValueError, match="correlated=True needs one input"):
         measure(model, normal(5, 2, 4), correlated=True)

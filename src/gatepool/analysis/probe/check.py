@@ -155,9 +155,10 @@ def _size_for(model: nn.Module, size: int, sizes: tuple[int, ...]) -> int | None
 
 def check_model(model: nn.Module, x: torch.Tensor, name: str = "", forward_within: float = FORWARD_WITHIN
                 ) -> Check:  # fmt: skip
-    """``measure(model, x, correlated=True)`` (unit-noise backward, no ideal column), counted and timed."""
+    """``measure(model, x, correlated=True)`` (unit-noise backward, no ideal column, no measured fields),
+    counted and timed."""
     start = time.perf_counter()
-    report = measure(model, x, correlated=True, prediction=False, samples=0)
+    report = measure(model, x, correlated=True, measured_fields=False, prediction=False, samples=0)
     c = summarize(report, name, forward_within)
     c.seconds = time.perf_counter() - start
     c.size = x.shape[-1]

@@ -218,6 +218,7 @@ def measure(
     prediction: Prediction | bool = True,
     border: str = "middle",
     correlated: bool = False,
+    measured_fields: bool = True,
 ) -> ProbeReport:
     """Run ``model(inputs)`` once forward and once backward and measure every module on the way.
 
@@ -247,11 +248,15 @@ def measure(
             (``measured_field``, the first call's). Its backward follows the unit-noise seed (with
             ``backward="loss"`` it is forward only, and a warning says so); a model the walk cannot
             trace gets a warning, a module without a rule a ``note`` on its row (``predicted.note``).
+        measured_fields: with ``correlated``, keep each output's measured field (the stencil figures read
+            it); False: the ``predicted`` column alone (a zoo's check at 224 × 224: the fields, a
+            (C, 2H − 1, 2W − 1) stencil a row, hold gigabytes).
     """
     args, backward = _checked_arguments(model, inputs, target, backward, loss_reduction)
     check_int(samples, "samples", 0)
-    if not isinstance(correlated, bool):
-        raise TypeError(f"correlated must be True or False, got {correlated!r}")
+    for name, flag in (("correlated", correlated), ("measured_fields", measured_fields)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
     if correlated and (len(args) != 1 or args[0].dim() not in (2, 4)):
         shapes = [tuple(a.shape) for a in args]
         raise ValueError(f"correlated=True needs one input of shape (B, C, H, W) or (B, F), got {shapes}")
@@ -268,7 +273,8 @@ def measure(
         loss_reduction=loss_reduction if backward == "loss" else None,
     )
     x_stats = measure_input(args[0]) if correlated else None  # before the run: a model may write its input
-    recorder = _Recorder(per_channel=per_channel, maps=maps, fields=correlated, samples=samples, seed=seed)
+    fields = correlated and measured_fields
+    recorder = _Recorder(per_channel=per_channel, maps=maps, fields=fields, samples=samples, seed=seed)
     with _left_as_found(model), recorder.hooked(model, selected, module_inputs), _forked_rng(args):
         call_args, leaves = recorder.inputs(args, backward)
         _run(model, call_args, target, backward, loss_reduction, seed, report)
