@@ -172,7 +172,7 @@ class _Difference:
 
 _ATTENTIONS = (cr.Attention, cr.CellAttention)  # their module's output a tuple (nn.MultiheadAttention's)
 # steps whose backward gives each input its own
-_PER_INPUT = (cr.Cat, cr.Gate, cr.Product, cr.TokenCat, _Difference)
+_PER_INPUT = (cr.Cat, cr.Gate, cr.Product, cr.TokenCat, _Difference, cr.GlobalQueryWindowAttention)
 
 
 def _relu_input(node: fx.Node, steps: dict, inputs: dict) -> cr.Field | None:
@@ -750,7 +750,8 @@ def _on_regrouped(m: nn.Module, step, layout: cr.Regrouped):
 
 # functions a trace keeps whole (fx leaves) that only move a tensor's elements: the walk applies them to
 # the index of a regrouped map (timm's MaxViT: its windows' and grid's tokens back into the map)
-_REGROUPING_FUNCTIONS = frozenset({"timm.models.maxxvit.window_reverse", "timm.models.maxxvit.grid_reverse"})
+_REGROUPING_FUNCTIONS = frozenset({"timm.models.maxxvit.window_reverse", "timm.models.maxxvit.grid_reverse",
+                                   "timm.models.gcvit.window_reverse"})  # fmt: skip
 
 
 def _regroups(n: fx.Node) -> bool:
@@ -1097,6 +1098,8 @@ class _Walk(Walk):
             if make is None:
                 raise NotImplementedError(f"no correlated rule for {type(m).__name__}")
             step = _in_layout(m, make(m), value[args[0]], layout)
+            if (arity := getattr(step, "arity", None)) is not None:  # the call's tensors it reads, in order
+                args = inputs[n] = args[:arity]  # (GCViT's local blocks are passed the queries, unread)
             if isinstance(m, nn.Flatten) and value[args[0]].shape[1:] != (1, 1):
                 if layout != _CHW or (m.start_dim, m.end_dim) not in ((1, -1), (1, 3), (-3, -1)):
                     raise NotImplementedError("flatten of a map with positions but into (N, C·H·W)")
@@ -1121,6 +1124,8 @@ class _Walk(Walk):
             pre = _relu_input(args[0], steps, inputs) if isinstance(step, cr.MaxPool) else None
             if pre is not None:  # max ReLU = ReLU max
                 out = step.forward(value[args[0]], pre=pre)
+            elif len(args) > 1 and getattr(step, "arity", 1) == len(args):
+                out = step.forward([value[a] for a in args])
             else:
                 out = step.forward(value[args[0]])
             if isinstance(step, cr.Conv) and value[args[0]].law is not None:  # a sparse input's law

@@ -71,7 +71,8 @@ The rules, each from the module's actual weights, one file each (its equations i
                 pool(x) − x) at any map size
     reparam.py  a re-parameterisable block's branches of one input folded into one conv (FastViT's RepMixer)
     squeeze_excite.py  squeeze-and-excitation as one step (inside a block whose rule is the whole block)
-    window_attention.py  softmax attention within (shifted) windows of a map (Swin's)
+    window_attention.py  softmax attention within (shifted) windows of a map (Swin's), within the cells of
+                a partition (MaxViT's block and grid), queried by a second input (GCViT's global query)
     spatial_reduction.py  attention whose keys and values come from the tokens' map reduced by a strided
                 conv (PVT v2's)
     talking_heads.py  attention whose heads' scores and weights are mixed by Linears (CaiT's)
@@ -170,7 +171,7 @@ from gatepool.analysis.probe.correlated.tokens import (
     TokenSlice,
     UnflattenPositions,
 )
-from gatepool.analysis.probe.correlated.window_attention import WindowAttention
+from gatepool.analysis.probe.correlated.window_attention import GlobalQueryWindowAttention, WindowAttention
 
 __all__ = [
     "AdaptiveAvgPool",
@@ -192,6 +193,7 @@ __all__ = [
     "FlattenPositions",
     "Gate",
     "GatedPositional",
+    "GlobalQueryWindowAttention",
     "Identity",
     "GroupNorm",
     "Interpolate",

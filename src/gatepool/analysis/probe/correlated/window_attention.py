@@ -2,7 +2,9 @@
 map padded at its bottom and right to whole windows, optionally rolled back by a cyclic shift, each window
 attending within itself, the shifted ones' tokens of different regions masked apart (−100); or within any
 cells that are a product of a partition of the rows and one of the columns (MaxViT's grid: the positions
-a window's offset apart, ``RelativePositionalMultiHeadAttention`` on its partition's tokens).
+a window's offset apart, ``RelativePositionalMultiHeadAttention`` on its partition's tokens, timm's
+``AttentionCl``); or queried by a second input, one window's map of queries for every window (GCViT's
+global query: :class:`GlobalQueryWindowAttention`).
 
 cells     the windows partition the padded map's positions into cells, rectangles of the (unrolled)
           map: along a side of n = k w, rows [0, w), [w, 2w) … without a shift; with a shift s, [0, s),
@@ -43,7 +45,7 @@ import torch
 
 from gatepool.analysis.probe.correlated.add import add_grads
 from gatepool.analysis.probe.correlated.attention import check_plain, kappa, per_head, projections
-from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums
+from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
 from gatepool.analysis.probe.correlated.registry import register_named_rule
 from gatepool.analysis.probe.correlated.tokens import OnMap
 
@@ -217,6 +219,7 @@ class WindowAttention:
         self.c2 = 1 / self.d if scale is None else scale**2  # the scores' scale, squared
         self.window, self.shift = (None if window is None else tuple(window)), tuple(shift)
         self.partition = None  # (cell, token) of each position, where the walk gives the cells
+        self.token_mix = None  # (D, D): the queries' gradient's Σ_b over a head weighted (the subclass's)
         self.token_dims = token_dims
         self.returns_windows = False  # its module returns the padded map's windows (the walk's chain sets it)
         T = None if bias is None else bias.shape[-1]  # a window's (or a cell's) tokens
@@ -265,8 +268,13 @@ class WindowAttention:
     def forward(self, x: Field) -> Field:
         D, H, W = x.shape
         self.c = c = self._cells(H, W)
+        return self._attend(x, *self._padded(self.q, x, c)[1:])
+
+    def _attend(self, x: Field, mq: torch.Tensor, sq: torch.Tensor, rq: torch.Tensor) -> Field:
+        """The output from x's keys and values and the queries' means and √v (D, Hp, Wp) on the padded map
+        and their correlation ρ (D, 2H − 1, 2W − 1)."""
+        c, (H, W) = self.c, x.shape[1:]
         Tc = c.T
-        _, mq, sq, rq = self._padded(self.q, x, c)
         _, mk, sk, rk = self._padded(self.k, x, c)
         fv, mv, sv, rv = self._padded(self.v, x, c)
         self.kt = self._token_var(c, mk, sk, c.within(sk, rk))
@@ -289,7 +297,13 @@ class WindowAttention:
         cells = torch.diagonal(C, dim1=1, dim2=2) + noise * self.kappa_c
         self.padded = c.at(c.sum(mv) / Tc), c.at(cells) + own
         o = _field_from_sums(self.padded[0][cut], self.padded[1][cut], T)
-        return self.proj.forward(o)
+        return self.proj.forward(self._linear_in_queries(o))
+
+    def _linear_in_queries(self, o: Field) -> Field:
+        """The heads' output before the projection plus its part linear in the queries: none here (the
+        keys' and values' shared covariance, of order T/D of the mixing's noise, left out where the
+        queries are x's own; :class:`GlobalQueryWindowAttention` adds it)."""
+        return o
 
     def as_module(self, y: Field | None, g: Field | None) -> tuple[Field | None, Field | None]:
         """The module's own output for its row where it is the padded map's windows (timm's DaViT and
@@ -309,6 +323,14 @@ class WindowAttention:
         return out, grad
 
     def backward(self, g: Field) -> Field:
+        (vq, Tq), gk, gv = self._grads(g)
+        gq = _field_from_sums(torch.zeros_like(vq), vq, Tq)
+        q, k, v = (conv.backward(f) for conv, f in ((self.q, gq), (self.k, gk), (self.v, gv)))
+        return add_grads(add_grads(q, k), v)
+
+    def _grads(self, g: Field):
+        """The gradients at the queries (their variance (D, H, W) and lag sums, the pairs within a cell),
+        the keys and the values (fields) from the output's ``g``."""
         c, Tc = self.c, self.c.T
         H, W = c.H, c.W
         G = self.proj.backward(g)
@@ -336,19 +358,169 @@ class WindowAttention:
             KG = sGp[(every, *i)] * sGp[(every, *j)] * G.corr[:, H - 1 + eh, W - 1 + ew, None, None]
             where = same.clamp_min(0)
             Z = per_head(self.vt[:, where] * KG, self.h)  # Σ_b V_cb E[G_ib G_(i+e)b], (D, h, w)
-            Tq[:, H - 1 + eh, W - 1 + ew] = c.sum_pairs(Z * alpha[:, where], same).sum(1)
+            Zq = Z if self.token_mix is None else self._mixed(self.vt[:, where] * KG)
+            Tq[:, H - 1 + eh, W - 1 + ew] = c.sum_pairs(Zq * alpha[:, where], same).sum(1)
             rq = self.rq[:, H - 1 + eh, W - 1 + ew, None, None]
             Q2 = self.sq[(every, *i)] * self.sq[(every, *j)] * rq
             Q2 += self.mq[(every, *i)] * self.mq[(every, *j)]
             vk += c.sum_pairs(Q2 * Z, same)
-        vq = c.at(alpha)[cut] * per_head(c.at(self.vt)[cut] * G.var.clamp_min(0), self.h)
-        gq = _field_from_sums(zero, vq, Tq)
+        VG = c.at(self.vt)[cut] * G.var.clamp_min(0)
+        vq = c.at(alpha)[cut] * (per_head(VG, self.h) if self.token_mix is None else self._mixed(VG))
         vk = c.at(vk * self.c2 / Tc**2)[cut]
         Tk = torch.zeros((D, 2 * H - 1, 2 * W - 1), dtype=_DT)
         Tk[:, H - 1, W - 1] = vk.sum((1, 2))
-        gk = _field_from_sums(zero, vk, Tk)
-        q, k, v = (conv.backward(f) for conv, f in ((self.q, gq), (self.k, gk), (self.v, gv)))
-        return add_grads(add_grads(q, k), v)
+        return (vq, Tq), _field_from_sums(zero, vk, Tk), gv
+
+
+def _token_pairs(n: int, w: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per lag e from −(n − 1) along a side of n = k w in windows of w, each (w,) over the tokens a: how
+    many positions i ≡ a (mod w) have i + e on the side, the token of i + e, and its offset from a."""
+    a = torch.arange(w)
+    out = []
+    for e in range(1 - n, n):
+        count = torch.tensor([sum(0 <= r + e < n for r in range(t, n, w)) for t in range(w)])
+        partner = (a + e) % w
+        out.append((count, partner, partner - a))
+    return out
+
+
+class GlobalQueryWindowAttention(WindowAttention):
+    """A window attention whose queries are a second input (GCViT's global query): a (D, h, w) map of one
+    window's h·w tokens (row by row), every window of the sample's its queries, unprojected; the keys and
+    values x's own, by a fused (2D, D) projection.
+
+    shared    near uniform, o_ib − (M v)_ib ≈ (c/T) Σ_j (q_i · (k_j − k̄)) (v_jb − v̄_b) = c Σ_a q_ia Ŝ_ab,
+              Ŝ the window's sample covariance of keys and values; its mean μ_ab = (W_k Σ W_vᵀ)_ab (Σ the
+              expected sample covariance of x's channels within a window: the variance less the window
+              mean's, and the means' spread about the window's; a and b of one head) is the same in every
+              window (μ the windows' average), so o has a part linear in the queries, c Σ_a μ_ab q_ia,
+              correlated across the windows as their tokens' queries are one; the rest, Ŝ − μ, is the
+              mixing's noise. Of order T/D of that noise in one window; with queries shared by many
+              windows it is most of the queries' gradient where G is one over the map (a global pool's)
+    forward   as :class:`WindowAttention`'s, the queries' means, variances and correlations at each
+              position those of its token on the query map (the correlations within a window: the lags
+              of its pairs are the query map's), plus the linear part (its pairs across windows: at
+              tokens t(i), t(i + e), lag t(i + e) − t(i) on the query map)
+    backward  the keys' and values' to x (as :class:`WindowAttention`'s: the two paths independent,
+              their cross term through Cov(k_j, v_j), coherent over the queries' mean, left out); the
+              queries' summed over the windows. The noise's per token the variances of its positions (no
+              covariance between cells), the lag sums those within the windows, which are the query map's
+              own, Var(Ŝ_ab) with the window's tokens correlated: tr(K_a V_b)/T² of the keys' and values'
+              centred covariance matrices over the T tokens, where the base rule's Var_c(k_a) V_cb/T is
+              tr K_a tr V_b/T³ (:meth:`_token_factors`), and its Cov(k_a, v_b)² part, μ_ab²/T, within
+              each window; the linear part's, c Σ_b μ_ab G_ib, whose sum over the windows is
+              c² Σ_b μ_ab² Σ_{p∈t, p'∈t'} E[G_pb G_p'b] between tokens t, t' (G's channels independent,
+              as the state has them)
+    """
+
+    arity = 2  # the walk's inputs: the map's tokens, then the queries
+
+    def __init__(self, kv_weight, kv_bias, proj_weight, proj_bias, bias, heads: int, token_dims: int = 1
+                 ) -> None:  # fmt: skip
+        D = proj_weight.shape[0]
+        kv_weight = kv_weight.detach()
+        qkv_weight = torch.cat((torch.zeros_like(kv_weight[:D]), kv_weight))  # no queries of x: unused
+        qkv_bias = None if kv_bias is None else torch.cat((torch.zeros_like(kv_bias[:D]), kv_bias.detach()))
+        super().__init__(qkv_weight, qkv_bias, proj_weight, proj_bias, bias, None, heads,
+                         token_dims=token_dims)  # fmt: skip
+        self.q = None
+
+    def forward(self, xs: list[Field]) -> Field:
+        x, queries = xs
+        D, H, W = x.shape
+        self.c = c = self._cells(H, W)
+        self.query_shape = h, w = queries.shape[1:]
+        if queries.shape[0] != D or not bool((c.T == h * w).all()):
+            raise NotImplementedError(f"queries of {tuple(queries.shape)} for windows of {int(c.T.max())} "
+                                      f"tokens of {D} channels")  # fmt: skip
+        self.mu, self.queries = self._shared_covariance(x), queries
+        self.token_mix = self._token_factors(x)
+        mean, sd = (t.reshape(D, h * w)[:, c.local] for t in (queries.mean, queries.var.clamp_min(0).sqrt()))
+        return self._attend(x, mean, sd, _lags_padded(queries.corr, H, W))  # each position its token's
+
+    def _linear_in_queries(self, o: Field) -> Field:
+        """o + c μᵀ q, each position's queries its token's (q independent of x: no cross term)."""
+        q, (D, H, W), (h, w) = self.queries, o.shape, self.query_shape
+        L2 = self.c2 * self.mu.T**2  # (D_b, D_a): the linear part's weights, squared
+        tokens = self.c.local[:H, :W]
+        at = lambda t: t.reshape(D, -1)[:, tokens]  # noqa: E731 - (D, h, w) → (D, H, W): each position its token's
+        mean = o.mean + torch.einsum("ba,ahw->bhw", self.c2**0.5 * self.mu.T, at(q.mean))
+        var = o.var + torch.einsum("ba,ahw->bhw", L2, at(q.var))
+        sq = q.var.clamp_min(0).sqrt()
+        T = o.corr * xcorr(o.var.clamp_min(0).sqrt(), o.var.clamp_min(0).sqrt())  # o's lag sums
+        rows, cols = _token_pairs(H, h), _token_pairs(W, w)
+        for eh, (nr, ar, dh) in enumerate(rows, 1 - H):  # pairs (i, i + e) at tokens t and t', so many
+            for ew, (nc, br, dw) in enumerate(cols, 1 - W):
+                rho = q.corr[:, h - 1 + dh[:, None], w - 1 + dw[None, :]]
+                pairs = sq * sq[:, ar][:, :, br] * rho * (nr[:, None] * nc[None, :])  # (D, h, w)
+                T[:, H - 1 + eh, W - 1 + ew] += L2 @ pairs.sum((1, 2))
+        return _field_from_sums(mean, var, T)
+
+    def _shared_covariance(self, x: Field) -> torch.Tensor:
+        """(D, D): μ_ab = E[Ŝ_ab], the keys' and values' sample covariance in a window (a and b of one head;
+        0 across heads), averaged over the windows."""
+        c, D = self.c, x.shape[0]
+        s = c.pad(x.var.clamp_min(0).sqrt())
+        var = (c.sum(s**2) / c.T - c.within(s, x.corr) / c.T**2).mean(1)  # (D,)
+        m = c.pad(x.mean)
+        dm = (m - c.at(c.sum(m) / c.T)).reshape(D, -1)  # each position's mean less its window's
+        sigma = torch.diag(var) + dm @ dm.T / dm.shape[1]
+        Wk, Wv = self.k.weight[:, :, 0, 0], self.v.weight[:, :, 0, 0]
+        head = torch.arange(D) // self.d
+        return (Wk @ sigma @ Wv.T) * (head[:, None] == head[None, :])
+
+    def _mixed(self, t: torch.Tensor) -> torch.Tensor:
+        """(D, ...) → (D, ...): Σ_b f_ab t_b over the head of a (:meth:`_token_factors`)."""
+        return torch.einsum("ab,b...->a...", self.token_mix, t)
+
+    def _token_factors(self, x: Field) -> torch.Tensor:
+        """(D, D): f_ab = T tr(K_a V_b) / (tr K_a tr V_b), K_a and V_b the keys' and values' correlation
+        matrices over a window's T tokens (the fields' ρ at the tokens' lags: the variance taken the
+        same over a window), centred (P ρ P, P = I − 1/T): the base rule's Var(Ŝ_ab) times f_ab is
+        tr(K_a V_b)/T² (independent tokens: f = T/(T − 1)); a and b of one head, else 0."""
+        (D, H, W), (h, w) = x.shape, self.query_shape
+        at = torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")).reshape(2, -1)
+        dh, dw = at[0][None, :] - at[0][:, None], at[1][None, :] - at[1][:, None]
+        K, V = (conv.forward(x).corr[:, H - 1 + dh, W - 1 + dw] for conv in (self.k, self.v))  # (D, T, T)
+        K, V = (R - R.mean(1, True) - R.mean(2, True) + R.mean((1, 2), True) for R in (K, V))
+        trace = lambda R: torch.diagonal(R, dim1=1, dim2=2).sum(1)  # noqa: E731
+        f = h * w * torch.einsum("aij,bij->ab", K, V) / (trace(K)[:, None] * trace(V)[None, :])
+        head = torch.arange(D) // self.d
+        return f * (head[:, None] == head[None, :])
+
+    def _within_windows(self, s: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+        """(D, hw·hw): Σ over the windows of Σ_{p at token t, p' at t'} √(v_p v_p') ρ(p' − p), p and p' in one
+        window (:meth:`_Cells.between` by token takes the pairs across the windows too)."""
+        c, D, T = self.c, s.shape[0], self.query_shape[0] * self.query_shape[1]
+        sp, token = c.pad(s), c.local
+        out = torch.zeros((D, T * T), dtype=_DT)
+        for (eh, ew), i, j, same in c.lags():
+            r = rho[:, c.H - 1 + eh, c.W - 1 + ew, None, None]
+            pairs = (token[i] * T + token[j])[same >= 0]
+            out.index_add_(1, pairs, (sp[(slice(None), *i)] * sp[(slice(None), *j)] * r)[:, same >= 0])
+        return out
+
+    def backward(self, g: Field) -> list[Field]:
+        (vq, Tq), gk, gv = self._grads(g)
+        D, H, W = vq.shape
+        h, w = self.query_shape
+        var = torch.zeros((D, h * w), dtype=_DT)
+        var.index_add_(1, self.c.local[:H, :W].flatten(), vq.reshape(D, -1))  # over the windows
+        T = Tq[:, H - h : H + h - 1, W - w : W + w - 1].clone()  # the lags within a window
+        # the part the windows share: Σ_b μ_ab² K_b(t, t'), K_b of G's positions grouped by token
+        G = self.proj.backward(g)
+        tokens = _Cells.of(H, W, self.c.local[:H, :W].flatten(), torch.zeros(H * W, dtype=torch.long))
+        sG = G.var.clamp_min(0).sqrt()
+        K = tokens.between(sG, G.corr).reshape(D, -1) + self._within_windows(sG, G.corr) / (h * w)
+        shared = (self.c2 * self.mu**2 @ K).reshape(D, h, w, h, w)  # by a
+        var += torch.diagonal(shared.reshape(D, h * w, h * w), dim1=1, dim2=2)
+        for eh in range(1 - h, h):
+            for ew in range(1 - w, w):
+                i, j = slice(max(0, -eh), h - max(0, eh)), slice(max(0, -ew), w - max(0, ew))
+                k, l = slice(max(0, eh), h + min(0, eh)), slice(max(0, ew), w + min(0, ew))
+                T[:, h - 1 + eh, w - 1 + ew] += torch.einsum("dabab->d", shared[:, i, j, k, l])
+        q = _field_from_sums(torch.zeros((D, h, w), dtype=_DT), var.reshape(D, h, w), T)
+        return [add_grads(self.k.backward(gk), self.v.backward(gv)), q]
 
 
 @register_named_rule("torchvision.models.swin_transformer.shifted_window_attention")
@@ -432,3 +604,22 @@ def maxxvit_attention_rule(m) -> WindowAttention:
     with torch.no_grad():
         bias = None if m.rel_pos is None else m.rel_pos.get_bias()
     return WindowAttention(w, b, m.proj.weight, m.proj.bias, bias, None, heads, token_dims=2)
+
+
+@register_named_rule("timm.models.gcvit.WindowAttentionGlobal")
+def gcvit_window_attention_rule(m) -> WindowAttention:
+    """timm's GCViT ``WindowAttentionGlobal`` of (N, T, C) window tokens, called with the stage's global
+    query map too: its local blocks' fused qkv (that map not read), its global blocks' fused kv and the
+    queries that map's (:class:`GlobalQueryWindowAttention`); the relative position bias of its
+    ``rel_pos``, the proj; within the cells the walk reads off its input's layout."""
+    dim, heads = m.proj.in_features, m.num_heads
+    check_plain(m, dim)
+    with torch.no_grad():
+        bias = m.rel_pos.get_bias()
+    if m.qkv.out_features != (2 if m.use_global else 3) * dim:
+        raise NotImplementedError("GCViT WindowAttentionGlobal whose heads are not the embedding's width")
+    if m.use_global:
+        return GlobalQueryWindowAttention(m.qkv.weight, m.qkv.bias, m.proj.weight, m.proj.bias, bias, heads)
+    step = WindowAttention(m.qkv.weight, m.qkv.bias, m.proj.weight, m.proj.bias, bias, None, heads)
+    step.arity = 1  # the global queries passed beside its input: not read
+    return step
