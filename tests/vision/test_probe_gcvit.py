@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_probe_timm_blocks import measured
 
 from gatepool.analysis.probe import correlated as cr
 from gatepool.analysis.probe.correlated_predict import predict_correlated
@@ -32,18 +33,8 @@ def test_a_small_gcvit_is_predicted_whole():
     assert all(pred[n].var is not None for n in pred.rows), [n for n in pred.rows if pred[n].var is None]
     names = ["stem", "stages.0.global_block", "stages.0.blocks.0.attn", "stages.0.blocks.0",
              "stages.0.blocks.1.attn", "stages.0.blocks.1", "head"]  # fmt: skip
-    out, grads = {}, {}
-
-    def hook(m, a, y, n):
-        out[n] = y.detach()
-        y.register_hook(lambda g: grads.__setitem__(n, g.detach()))
-
-    hooks = [net.get_submodule(n).register_forward_hook(lambda m, a, y, n=n: hook(m, a, y, n)) for n in names]
-    logits = net(x.requires_grad_())
-    (logits * torch.randn(logits.shape, generator=torch.Generator().manual_seed(2))).sum().backward()
-    for h in hooks:
-        h.remove()
+    got = measured(net, x, names)
     for n in names:
-        assert abs(pred[n].var / float(out[n].var(unbiased=False)) - 1) < 0.10, (n, pred[n].var)
+        assert abs(pred[n].var / got[n][0] - 1) < 0.10, (n, pred[n].var)
     for n in ("stages.0.global_block", "stages.0.blocks.1", "head"):
-        assert abs(pred[n].grad_e2 / float(grads[n].pow(2).mean()) - 1) < 0.15, (n, pred[n].grad_e2)
+        assert abs(pred[n].grad_e2 / got[n][1] - 1) < 0.15, (n, pred[n].grad_e2)

@@ -14,11 +14,9 @@ from gatepool.analysis.probe.correlated_predict import predict_correlated
 pytest.importorskip("timm")
 
 
-def _walk_holds(net: torch.nn.Module, x: torch.Tensor, names: list[str]) -> None:
-    """Each named module's predicted Var within 10% and gradient E[g²] within 15% of the measured (the
-    backward seeded with unit-variance noise at the logits, as predicted)."""
-    pred = predict_correlated(net, cr.measure_input(x), batch=len(x))
-    assert not pred.notes, pred.notes
+def measured(net: torch.nn.Module, x: torch.Tensor, names: list[str]) -> dict[str, tuple[float, float]]:
+    """Each named module's output Var and gradient E[g²] (the backward seeded with unit-variance noise at
+    the logits, as predicted)."""
     out, grads = {}, {}
 
     def hook(m, a, y, n):
@@ -31,11 +29,18 @@ def _walk_holds(net: torch.nn.Module, x: torch.Tensor, names: list[str]) -> None
     (logits * seed).sum().backward()
     for h in hooks:
         h.remove()
-    for n in names:
+    return {n: (float(out[n].var(unbiased=False)), float(grads[n].pow(2).mean())) for n in names}
+
+
+def _walk_holds(net: torch.nn.Module, x: torch.Tensor, names: list[str]) -> None:
+    """Each named module's predicted Var within 10% and gradient E[g²] within 15% of the measured."""
+    pred = predict_correlated(net, cr.measure_input(x), batch=len(x))
+    assert not pred.notes, pred.notes
+    for n, (var, e2) in measured(net, x, names).items():
         row = pred[n]
         assert row.var is not None and row.grad_e2 is not None, (n, row.note)
-        assert abs(row.var / float(out[n].var(unbiased=False)) - 1) < 0.10, (n, row.var)
-        assert abs(row.grad_e2 / float(grads[n].pow(2).mean()) - 1) < 0.15, (n, row.grad_e2)
+        assert abs(row.var / var - 1) < 0.10, (n, row.var)
+        assert abs(row.grad_e2 / e2 - 1) < 0.15, (n, row.grad_e2)
 
 
 class _VGGHead(torch.nn.Module):
