@@ -1124,7 +1124,7 @@ class _Walk(Walk):
             pre = _relu_input(args[0], steps, inputs) if isinstance(step, cr.MaxPool) else None
             if pre is not None:  # max ReLU = ReLU max
                 out = step.forward(value[args[0]], pre=pre)
-            elif len(args) > 1 and getattr(step, "arity", 1) == len(args):
+            elif getattr(step, "arity", 1) > 1:  # its inputs, as the call passes them (truncated above)
                 out = step.forward([value[a] for a in args])
             else:
                 out = step.forward(value[args[0]])

@@ -93,7 +93,7 @@ class Regrouped(tuple):
         _, H, W = self.chw
         T = self.where.shape[-1 - token_dims : -1].numel()
         pos = self.where[..., 0].reshape(-1, T) % (H * W)  # (R, T)
-        R, T = pos.shape
+        R = pos.shape[0]
         cell, token = torch.empty(H * W, dtype=torch.long), torch.empty(H * W, dtype=torch.long)
         cell[pos.flatten()] = torch.arange(R).repeat_interleave(T)
         token[pos.flatten()] = torch.arange(T).repeat(R)
