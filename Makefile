@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine: `make reproduce` and `make test`.
-# The dev set-up installs the ray extra too (about 80 MB): `make test` runs the Ray executor's tests.
+# The dev set-up installs the ray extra too (about 80 MB): `make test-slow` runs the Ray executor's tests.
 # Both create .venv if missing, install torch pinned (never a bare `torch`: on a machine without
 # one pip would resolve a multi-GB CUDA build), then the package; the second run is quick.
 PYTHON ?= python3
@@ -17,7 +17,7 @@ VISION_PY    := $(VISION_VENV)/bin/python
 VISION_STAMP := $(VISION_VENV)/.installed
 DOCS_STAMP   := $(VENV)/.docs-installed
 
-.PHONY: reproduce test test-fast test-kill test-vision gpu-check gpu-check-here lint bench docs clean-venv
+.PHONY: reproduce test test-slow test-kill test-vision gpu-check gpu-check-here lint bench docs clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,11 +30,16 @@ $(STAMP): pyproject.toml | $(PY)
 reproduce: $(STAMP)
 	$(VENV)/bin/gatepool reproduce --profile $(PROFILE) --out $(OUT)
 
-test: $(STAMP)
-	$(PY) -m pytest
+# The tests' pytest workers (pytest-xdist), each at one torch and OpenMP thread (tests/conftest.py): on 2
+# cores a run takes about half its one-process time; TEST_WORKERS=1 runs it in one process.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 
-test-fast: $(STAMP)  # everything not marked slow (no trainings, timed runs or subprocesses)
-	$(PY) -m pytest -m "not slow"
+test: $(STAMP)  # every test not marked slow (CI runs test-slow after it)
+	$(PY) -m pytest $(XDIST) -m "not slow and not kill"
+
+test-slow: $(STAMP)  # the slow ones: trainings, quick experiment runs, builds, subprocesses, DDP and Ray, the docs
+	$(PY) -m pytest $(XDIST) -m "slow and not kill"
 
 test-kill: $(STAMP)  # reproduce --profile quick killed ≥ 20 times, against an uninterrupted run (minutes)
 	$(PY) -m pytest -m kill --timeout=1800

@@ -7,6 +7,12 @@ from pathlib import Path
 
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # make test's workers: one thread each, so two share two cores
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 _HOLDER = """
 import sys, time

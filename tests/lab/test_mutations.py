@@ -274,20 +274,28 @@ NOT_MOVED: dict[tuple[str, str], str] = {
 }
 
 
-SLOW = {"network-forward", "network-backward", "attention-cost"}  # 15–30 s each: `make test-slow`
+SLOW = {"network-forward", "network-backward", "attention-cost"}  # 15–30 s each: make test-slow
+_CLEAN: dict[str, dict] = {}  # experiment -> its claims on the code as it is, run once a test process
+
+
+def _clean_claims(name, tmp_path_factory):
+    if name not in _CLEAN:
+        record = run_experiment(name, out=tmp_path_factory.mktemp(name), progress=False)
+        _CLEAN[name] = {c["id"]: c for c in record["claims"]}
+    return _CLEAN[name]
 
 
 @pytest.mark.parametrize(
     ("name", "mutate", "ids"),
     [pytest.param(*row, marks=[pytest.mark.slow] if row[0] in SLOW else [],
                   id=f"{row[0]}-{row[1].__qualname__.split('.')[0]}") for row in MUTATIONS])
-def test_a_wrong_code_path_moves_the_verdict(name, mutate, ids, monkeypatch, tmp_path):
-    clean = {c["id"]: c for c in run_experiment(name, out=tmp_path / "clean", progress=False)["claims"]}
+def test_a_wrong_code_path_moves_the_verdict(name, mutate, ids, monkeypatch, tmp_path, tmp_path_factory):
+    clean = _clean_claims(name, tmp_path_factory)  # before any mutation of this test
     for cid in ids:
         assert clean[cid]["source"] in ("lecture", "arithmetic"), (name, cid)
         assert clean[cid]["verdict"] == "ok", (name, cid, clean[cid])
     mutate(monkeypatch)
-    broken = {c["id"]: c for c in run_experiment(name, out=tmp_path / "broken", progress=False)["claims"]}
+    broken = {c["id"]: c for c in run_experiment(name, out=tmp_path, progress=False)["claims"]}
     moved = {cid: broken[cid]["verdict"] for cid in ids}
     assert all(v != "ok" for v in moved.values()), (name, moved)
 
