@@ -61,6 +61,7 @@ The rules, each from the module's actual weights, one file each (its equations i
     tokens.py   positions flattened into tokens and back into a map, a constant token set beside them, one
                 token taken out
     attention.py  softmax self-attention over tokens (a first model: mixing weights near uniform)
+    softmax_spread.py  the spread κ(s², T) of a softmax of T independent normal scores (exact, tabulated)
     product.py  a · b of two independent maps (StarNet's star, MambaOut's gated product)
     token_linear.py  a Linear over the tokens (MLP-Mixer's token MLP, ResMLP)
     mode_pad.py  a map padded by reflection, replication or wrapping (a blur pool's pad)

@@ -6,9 +6,11 @@ scores s_ij = q_i · k_j / √d, A = softmax_j s, o_i = Σ_j A_ij v_j, then the 
 
 spread    over the keys j of one query the scores vary by s² = (1/d) Σ_a E[q_a²] Var_tok(k_a)
           (Var_tok: the sample's own variance over its tokens, E over samples); the part every query
-          shares (the token mean of q) by s_c² = (1/d) Σ_a E[q̄_a²] Var_tok(k_a). Log-normal weights:
-          A_ij = (1 + ε_ij)/T, E[ε_ij²] = κ = e^{s²} − 1, E[ε_ij ε_i'j] = κ_c = e^{s_c²} − 1 (i ≠ i'),
-          Σ_j ε_ij = 0 (so −κ/(T − 1) between two keys of one query), ε independent of v
+          shares (the token mean of q) by s_c² = (1/d) Σ_a E[q̄_a²] Var_tok(k_a). The weights
+          A_ij = (1 + ε_ij)/T, E[ε_ij²] = κ(s², T) the spread of a softmax of T independent normal
+          scores (:mod:`softmax_spread`: e^{s²} − 1 as T → ∞, smaller at finite T, at most T − 1),
+          E[ε_ij ε_i'j] = κ_c = min(κ(s_c², T), κ) (i ≠ i'), Σ_j ε_ij = 0 (so −κ/(T − 1) between two
+          keys of one query), ε independent of v
 forward   per value channel, V = Σ_{j,j'} E[v_j v_j'] (all the tokens' second moments), V₀ = Σ_j E[v_j²]:
           E[o_i²] = ((1 − κ/(T−1)) V + κ T/(T−1) V₀)/T²,  E[o_i o_i'] the same with κ_c, E[o] = v̄'s mean:
           between the token covariance average (κ = 0: every output the tokens' mean) and v's variance;
@@ -50,6 +52,7 @@ from gatepool.analysis.probe.correlated.add import add, add_grads
 from gatepool.analysis.probe.correlated.conv import Conv
 from gatepool.analysis.probe.correlated.field import Field, _field_from_sums, xcorr
 from gatepool.analysis.probe.correlated.registry import register_correlated_rule, register_named_rule
+from gatepool.analysis.probe.correlated.softmax_spread import kappa
 
 
 def _token_var(f: Field) -> torch.Tensor:
@@ -87,12 +90,6 @@ def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
 def per_head(t: torch.Tensor, heads: int) -> torch.Tensor:
     """(D, ...) → (D, ...): at each channel, the sum over its head's D/heads channels."""
     return _heads(t, heads).repeat_interleave(t.shape[0] // heads, 0)
-
-
-def kappa(s2: torch.Tensor, T) -> torch.Tensor:
-    """κ = e^{s²} − 1 of the scores' spread s²; Σ_j A_ij² = (1 + κ)/T ≤ 1 (one key taking all the weight)
-    bounds it by T − 1."""
-    return torch.minimum(torch.expm1(s2.clamp(max=30)), torch.as_tensor(T, dtype=s2.dtype) - 1)
 
 
 def check_plain(m: nn.Module, dim: int) -> None:

@@ -22,8 +22,8 @@ from gatepool.analysis.probe.correlated.registry import register_named_rule
 
 
 def _kappas(cov: torch.Tensor, S: int) -> torch.Tensor:
-    """κ = e^{Σ'} − 1 of the mixed scores' covariance, each head's own bounded as ``kappa`` bounds it and
-    two heads' by √(κ_g κ_g')."""
+    """κ = e^{Σ'} − 1 of the mixed scores' covariance, each head's own its finite-S spread (``kappa``),
+    two heads' bounded by √(κ_g κ_g')."""
     own = kappa(cov.diagonal(), S)
     bound = (own[:, None] * own[None, :]).sqrt()
     k = torch.maximum(torch.minimum(torch.expm1(cov.clamp(max=30)), bound), -bound)
