@@ -3,15 +3,15 @@
     κ(s², T) = T² E[a_1²] − 1 = T E[Σ_j a_j²] − 1,   a = softmax(z),  z_j ~ N(μ, s²) i.i.d.
 
 0 when the scores are equal, T − 1 when one key takes all the weight. For T → ∞ the denominator
-concentrates and κ → e^{s²} − 1, the log-normal limit; at finite T the
-denominator grows with the largest term and κ is smaller: at s² = 3, 5.84 for T = 49 and 9.88 for T = 196,
-against e³ − 1 = 19.1. Exact through 1/X² = ∫_0^∞ t e^{−tX} dt and the keys' independence:
+concentrates and κ → e^{s²} − 1, the log-normal limit; at finite T the denominator grows with the largest
+term and κ is smaller: at s² = 3, 5.84 for T = 49 and 9.88 for T = 196, against e³ − 1 = 19.1. Exact
+through 1/X² = ∫_0^∞ t e^{−tX} dt and the keys' independence:
 
     E[a_1²] = ∫_0^∞ t E[e^{2z} e^{−t e^z}] E[e^{−t e^z}]^{T−1} dt,
 
 each expectation a trapezoid sum over a lattice of z (401 points over ±10 s), the t integral one over
 log t (step 1/4; the integrand is smooth in both, so both sums converge geometrically). Tabulated once
-per T on a lattice of log s² (step 1/20, from 10⁻³ to e⁴ ≈ 55), log κ interpolated linearly (log κ −
+per T on a lattice of log s² (step 1/20, from 10⁻³ to 54), log κ interpolated linearly (log κ −
 log s² goes from log(1 − 1/T) to −log s² + log(T − 1) and bends little on the way); past the lattice
 s² is taken as its end; below 10⁻³, κ = (e^{s²} − 1)(1 − 1/T), the first order of a_j ≈ (1 + z_j − z̄)/T.
 """
@@ -23,7 +23,8 @@ import math
 
 import torch
 
-_DT = torch.float64
+from gatepool.analysis.probe.correlated.field import _DT
+
 _LOW, _STEP, _N = math.log(1e-3), 0.05, 219  # the table's lattice of log s²: _LOW + _STEP · (0 … _N − 1)
 
 
