@@ -25,7 +25,9 @@ import torch
 
 from gatepool.analysis.probe.correlated.field import _DT
 
-_LOW, _STEP, _N = math.log(1e-3), 0.05, 219  # the table's lattice of log s²: _LOW + _STEP · (0 … _N − 1)
+_FIRST, _STEP, _N = 1e-3, 0.05, 219  # the table's lattice of log s²: log _FIRST + _STEP · (0 … _N − 1)
+_LOW = math.log(_FIRST)
+_TOP = math.exp(_LOW + _STEP * (_N - 1))  # its last s², about 54
 
 
 def _exact(s2: float, T: int) -> float:
@@ -53,8 +55,7 @@ def _log_kappas(T: int) -> torch.Tensor:
 def kappa(s2: torch.Tensor, T) -> torch.Tensor:
     """κ(s², T) elementwise: ``s2`` the scores' spread, ``T`` the number of keys (an int or a tensor that
     broadcasts with ``s2``); 0 where T < 2."""
-    top = math.exp(_LOW + _STEP * (_N - 1))
-    s2, T = torch.broadcast_tensors(s2.clamp(0, top), torch.as_tensor(T).round().long())
+    s2, T = torch.broadcast_tensors(s2.clamp(0, _TOP), torch.as_tensor(T).round().long())
     out = torch.zeros_like(s2)
     for t in T.unique().tolist():
         if t < 2:
@@ -62,7 +63,7 @@ def kappa(s2: torch.Tensor, T) -> torch.Tensor:
         at = T == t
         v, r = s2[at], _log_kappas(t).to(s2.dtype)
         k = torch.expm1(v) * (1 - 1 / t)  # below the lattice
-        big = v > 1e-3
+        big = v > _FIRST
         pos = ((v[big].log() - _LOW) / _STEP).clamp(0, _N - 1)
         lo = pos.floor().long().clamp(max=_N - 2)
         k[big] = torch.lerp(r[lo], r[lo + 1], pos - lo).exp()
