@@ -44,7 +44,7 @@ import copy
 import torch
 
 from gatepool.analysis.probe.correlated.add import add_grads
-from gatepool.analysis.probe.correlated.attention import check_plain, kappa, per_head, projections
+from gatepool.analysis.probe.correlated.attention import check_plain, kappa, lean, per_head, projections
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
 from gatepool.analysis.probe.correlated.registry import register_named_rule
 from gatepool.analysis.probe.correlated.tokens import OnMap
@@ -284,6 +284,7 @@ class WindowAttention:
         eqbar2 = (c.sum(mq) / Tc) ** 2 + c.within(sq, rq) / Tc**2  # (D, n)
         s2 = per_head(eq2 * c.at(self.kt), self.h) * self.c2 + self._bias_spread(c)
         self.kappa = kappa(s2, c.at(Tc[None])[0])  # (D, Hp, Wp)
+        self.lean = lean(s2, c.at(Tc[None])[0])
         mean_kappa = c.sum(self.kappa) / Tc
         self.kappa_c = torch.minimum(kappa(per_head(eqbar2 * self.kt, self.h) * self.c2, Tc), mean_kappa)
         self.mq, self.sq, self.rq = mq, sq, rq
@@ -394,7 +395,8 @@ class GlobalQueryWindowAttention(WindowAttention):
               expected sample covariance of x's channels within a window: the variance less the window
               mean's, and the means' spread about the window's; a and b of one head) is the same in every
               window (μ the windows' average), so o has a part linear in the queries, c Σ_a μ_ab q_ia,
-              correlated across the windows as their tokens' queries are one; the rest, Ŝ − μ, is the
+              correlated across the windows as their tokens' queries are one (μ times the weights' lean
+              ℓ(s², T) at the head's mean over its positions, as the plain rule's); the rest, Ŝ − μ, is the
               mixing's noise. Of order T/D of that noise in one window; with queries shared by many
               windows it is most of the queries' gradient where G is one over the map (a global pool's)
     forward   as :class:`WindowAttention`'s, the queries' means, variances and correlations at each
@@ -441,10 +443,11 @@ class GlobalQueryWindowAttention(WindowAttention):
     def _linear_in_queries(self, o: Field) -> Field:
         """o + c μᵀ q, each position's queries its token's (q independent of x: no cross term)."""
         q, (D, H, W), (h, w) = self.queries, o.shape, self.query_shape
-        L2 = self.c2 * self.mu.T**2  # (D_b, D_a): the linear part's weights, squared
+        mu = self._leaning()
+        L2 = self.c2 * mu.T**2  # (D_b, D_a): the linear part's weights, squared
         tokens = self.c.local[:H, :W]
         at = lambda t: t.reshape(D, -1)[:, tokens]  # noqa: E731 - (D, h, w) → (D, H, W): each position its token's
-        mean = o.mean + torch.einsum("ba,ahw->bhw", self.c2**0.5 * self.mu.T, at(q.mean))
+        mean = o.mean + torch.einsum("ba,ahw->bhw", self.c2**0.5 * mu.T, at(q.mean))
         var = o.var + torch.einsum("ba,ahw->bhw", L2, at(q.var))
         sq = q.var.clamp_min(0).sqrt()
         T = o.corr * xcorr(o.var.clamp_min(0).sqrt(), o.var.clamp_min(0).sqrt())  # o's lag sums
@@ -455,6 +458,11 @@ class GlobalQueryWindowAttention(WindowAttention):
                 pairs = sq * sq[:, ar][:, :, br] * rho * (nr[:, None] * nc[None, :])  # (D, h, w)
                 T[:, H - 1 + eh, W - 1 + ew] += L2 @ pairs.sum((1, 2))
         return _field_from_sums(mean, var, T)
+
+    def _leaning(self) -> torch.Tensor:
+        """μ's rows times the weights' lean ℓ(s², T) (:func:`softmax_spread.lean`), each head's over its
+        positions: the linear part saturates as the weights concentrate."""
+        return self.mu * self.lean.mean((1, 2))[:, None]
 
     def _shared_covariance(self, x: Field) -> torch.Tensor:
         """(D, D): μ_ab = E[Ŝ_ab], the keys' and values' sample covariance in a window (a and b of one head;
@@ -512,7 +520,7 @@ class GlobalQueryWindowAttention(WindowAttention):
         tokens = _Cells.of(H, W, self.c.local[:H, :W].flatten(), torch.zeros(H * W, dtype=torch.long))
         sG = G.var.clamp_min(0).sqrt()
         K = tokens.between(sG, G.corr).reshape(D, -1) + self._within_windows(sG, G.corr) / (h * w)
-        shared = (self.c2 * self.mu**2 @ K).reshape(D, h, w, h, w)  # by a
+        shared = (self.c2 * self._leaning() ** 2 @ K).reshape(D, h, w, h, w)  # by a
         var += torch.diagonal(shared.reshape(D, h * w, h * w), dim1=1, dim2=2)
         for eh in range(1 - h, h):
             for ew in range(1 - w, w):
