@@ -153,3 +153,22 @@ def test_cross_attention_matches_monte_carlo(ell):
     model = _CrossAttention().double()
     fwd, bwd, cls = _ratios(model, cross_attention_rule(model), ell, class_token=True)
     assert abs(fwd - 1) < 0.10 and abs(bwd - 1) < 0.15 and abs(cls - 1) < 0.15, (fwd, bwd, cls)
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["attention", "talking-heads"])
+def test_first_order_is_the_weights_spread_at_small_scores(mixed):
+    """``first_order(t)``, what the rule scales where neighbouring keys move together, is its own K to first
+    order in the heads' score spreads t (at many keys): the heads' mix (W L)² for talking heads."""
+    from gatepool.analysis.probe.correlated.talking_heads import TalkingHeads
+
+    torch.manual_seed(0)
+    h, D = 4, 16
+    w = torch.randn(3 * D, D, dtype=DT)
+    if mixed:
+        rule = TalkingHeads(w, None, torch.randn(D, D, dtype=DT), None, h, torch.randn(h, h, dtype=DT),
+                            torch.randn(h, h, dtype=DT))  # fmt: skip
+    else:
+        rule = cr.Attention(w, None, torch.randn(D, D, dtype=DT), None, h)
+    t = torch.rand(h, dtype=DT) * 1e-5
+    K = rule.weights(t, 0 * t, 10**6)[1]
+    torch.testing.assert_close(K, rule.first_order(t), rtol=1e-3, atol=0)

@@ -13,7 +13,8 @@ spread    over the keys j of one query the scores vary by s² = (1/d) Σ_a E[q_a
           keys of one query), ε independent of v
 forward   per value channel, V = Σ_{j,j'} E[v_j v_j'] (all the tokens' second moments), V₀ = Σ_j E[v_j²]:
           E[o_i²] = ((1 − κ/(T−1)) V + κ T/(T−1) V₀)/T²,  E[o_i o_i'] the same with κ_c, E[o] = v̄'s mean:
-          between the token covariance average (κ = 0: every output the tokens' mean) and v's variance;
+          between the token covariance average (κ = 0: every output the tokens' mean) and v's variance
+          (κ's first-order part s² times ν where neighbouring keys move together: :meth:`_keys_together`);
           plus the weights' lean towards the keys whose values move with the scores: to first order
           A_ij ≈ (1 + s_ij − s̄_i)/S, o_ib ⊃ c Σ_a C_ba q_ia (C below), a 1×1 conv of the queries,
           independent of the rest; at a finite S it saturates as the weights concentrate, times
@@ -39,6 +40,10 @@ keys      from x's own tokens, or from y = R(x), S tokens a fixed step makes of 
           queries from x's tokens or a step of them (CaiT's class attention: the class token alone)
 widths    queries and keys of d_k channels a head, values of d_v, the scores scaled by c (1/√d_k unless
           given, EfficientFormer's): each 1/d above is c²
+channels  where the keys' tokens carry their channels' correlations (``Field.chan``, ``chan_dc``), Σ_x
+          in C is the tokens' covariance within a sample, S₀/T − D/T² (S₀ the lag-0 covariance summed over
+          the tokens, D the sums'), not each channel's own spread; and the heads' outputs get theirs from
+          o_i ≈ W_v x̄ + W_t x_i + n_i (:meth:`Attention._channels`)
 per head  the weights' statistics (``Attention.weights``): the mean weight m = 1/S, the fluctuation
           δ = A − m's S² E[δ_ij²] = κ and S² E[δ_ij δ_i'j] = κ_c, and the heads' gradients reaching each
           head's scores P_q = I, P = diag(1 + κ); a rule that mixes the heads (talking heads) gives its own
@@ -50,9 +55,11 @@ import torch
 import torch.nn as nn
 
 from gatepool.analysis.probe.correlated.add import add, add_grads
+from gatepool.analysis.probe.correlated.channels import _cov, _normalized, _sums
 from gatepool.analysis.probe.correlated.conv import Conv
 from gatepool.analysis.probe.correlated.field import Field, _field_from_sums, xcorr
 from gatepool.analysis.probe.correlated.registry import register_correlated_rule, register_named_rule
+from gatepool.analysis.probe.correlated.resample import PositionMap
 from gatepool.analysis.probe.correlated.softmax_spread import kappa, lean
 
 
@@ -61,6 +68,23 @@ def _token_var(f: Field) -> torch.Tensor:
     T = f.shape[-1]
     mbar = f.mean.mean((1, 2))
     return ((f.var + f.mean**2).mean((1, 2)) - mbar**2 - f.lag_sums().sum((1, 2)) / T**2).clamp_min(0)
+
+
+def _channel_covariances(f: Field) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(S₀, D) (C, C): Σ_p Cov(x_a(p), x_b(p)) and Σ_{p,q} Cov(x_a(p), x_b(q)), from the field's channel
+    correlations (``chan``, ``chan_dc``: :mod:`channels`); None where either is unknown."""
+    if f.chan is None or f.chan_dc is None:
+        return None
+    return _cov(f.chan, f.var.flatten(1).sum(1)), _cov(f.chan_dc, _sums(f))
+
+
+def _within(corr: torch.Tensor, f: Field) -> torch.Tensor:
+    """(D, 2T − 1): the tokens' correlation at each lag within a sample, their share in the sample's
+    mean taken out: (ρ(e) − r̄)/(1 − r̄), r̄ = Var(x̄)/v̄ (the lag sums over T² v̄)."""
+    T = f.shape[-1]
+    v = f.var.mean((1, 2)).clamp_min(1e-300)
+    r = (f.lag_sums().sum((1, 2)) / (T * T * v)).clamp(0, 1 - 1e-6)[:, None]
+    return (corr - r) / (1 - r)
 
 
 def _stationary(mean: torch.Tensor, var: torch.Tensor, cov: torch.Tensor, T: int) -> Field:
@@ -153,12 +177,18 @@ class Attention:
         T = x.shape[-1]  # the keys'
         m = x.mean.flatten(1)
         mc = m - m.mean(1, keepdim=True)
-        own = _token_var(x) - (mc**2).mean(1)
-        sigma = torch.diag(own.clamp_min(0)) + mc @ mc.T / T
+        known = _channel_covariances(x)
+        if known is None:  # the channels uncorrelated: each one's own spread
+            sigma = torch.diag((_token_var(x) - (mc**2).mean(1)).clamp_min(0))
+        else:  # the tokens' covariance within a sample, S₀/T − D/T²
+            sigma = known[0] / T - known[1] / T**2
+        sigma = sigma + mc @ mc.T / T
         C = self.v.W[:, :, 0, 0] @ sigma @ self.k.W[:, :, 0, 0].T  # (b, a)
         self.C = C
         w = (T - torch.arange(-(T - 1), T).abs()).to(x.var.dtype) / T
         n = torch.einsum("ae,be->ab", fk.corr[:, 0] * w, fv.corr[:, 0])
+        rk, rv = (_within(f.corr[:, 0], f) for f in (fk, fv))  # the forward's noise reads it within a sample
+        self.n = torch.einsum("ae,be->ab", rk * w, rv)
         tilt = C.T * self.lean.repeat_interleave(self.dk)[:, None]
         M = self.s2 * (tilt**2 + self.kt[:, None] * self.vt[None, :] * n / T)
         a, b = torch.arange(M.shape[0]) // self.dk, torch.arange(M.shape[1]) // self.dv
@@ -166,6 +196,24 @@ class Attention:
 
     def forward(self, x: Field) -> Field:
         return self.out.forward(self.mixed(x))
+
+    def _keys_together(self, eq2: torch.Tensor) -> torch.Tensor:
+        """ν (heads,): the mixing noise's gain where the keys move together. To first order the noise is
+        c Σ_a q_ia (Ĉ_ab − C_ab), Ĉ the sample's token covariance of keys and values, whose variance over
+        tokens correlated along the sequence is Var_tok(k_a) Var_tok(v_b) n_ab/S (n_ab = Σ_e ρ̃_ka(e) ρ̃_vb(e)
+        (S − |e|)/S, ρ̃ the correlation within a sample (:func:`_within`), 1 for independent tokens); κ
+        takes n = 1, so its first-order part s² is scaled by n_ab averaged over the head's pairs, each a
+        query channel a by its share of the scores' spread, E[q_a²] Var_tok(k_a), and a value channel b by
+        its spread over the tokens, Var_tok(v_b)."""
+        w = (eq2 * self.kt)[:, None] * self.vt[None, :]  # (D_k, D_v)
+        a, b = torch.arange(len(w)) // self.dk, torch.arange(w.shape[1]) // self.dv
+        w = w * (a[:, None] == b[None, :])
+        return _heads((w * self.n).sum(0), self.h) / _heads(w.sum(0), self.h).clamp_min(1e-300)
+
+    def first_order(self, t: torch.Tensor) -> torch.Tensor:
+        """(heads,): K of each head's weights to first order in its scores' spreads ``t`` (heads,): t itself
+        (a rule whose heads mix mixes it)."""
+        return t
 
     def mixed(self, x: Field) -> Field:
         """The heads' outputs Σ_j A_ij v_j (D_v, 1, T), before the out-projection."""
@@ -188,12 +236,57 @@ class Attention:
         V0 = (fv.var + fv.mean**2).sum((1, 2))
         V = fv.lag_sums().sum((1, 2)) + fv.mean.sum((1, 2)) ** 2
         mean = self.m * fv.mean.sum((1, 2))
+        # the noise's gain: κ, its first-order part s² times ν where neighbouring keys move together
+        nu = self._keys_together(eq2)
+        self.gain, self.gain_c = (k + self.first_order(t * (nu - 1)).repeat_interleave(self.dv)
+                                  for k, t in ((self.K, s2), (self.Kc, s2c)))  # fmt: skip
 
-        def second(k):  # E[o_i o_i'] = m² V + K (S V₀ − V)/((S − 1) S²)
+        def second(k):  # E[o_i o_i'] = m² V + k (S V₀ − V)/((S − 1) S²)
             return self.m**2 * V + k * (S * V0 - V) / ((S - 1) * S**2)
 
-        o = _stationary(mean, second(self.K) - mean**2, second(self.Kc) - mean**2, T)
-        return add(o, self._tilt().forward(fq))
+        o = _stationary(mean, second(self.gain) - mean**2, second(self.gain_c) - mean**2, T)
+        out = add(o, self._tilt().forward(fq))
+        out.chan, out.chan_dc = self._channels(x, y, fv)
+        return out
+
+    def _channels(self, x: Field, y: Field, fv: Field) -> tuple:
+        """(R, Q) of the heads' outputs o_i ≈ W_v x̄ + W_t x_i + n_i (the keys' tokens' mean, the lean
+        W_t = (its 1×1 conv) W_q of the query's token, the mixing noise within each head), where the keys'
+        tokens' channel correlations are known and the queries are x's own tokens or a selection of them
+        (None otherwise: keys from a step of x, queries of other tokens):
+
+            Cov₀(o) = W_v X W_vᵀ + W_t Cov₀(x) W_tᵀ + W_v X W_tᵀ + W_t X W_vᵀ + N,   X = D_y/S²
+            D(o)    = T² W_v X W_vᵀ + W_t D_q W_tᵀ + T² (W_v X W_tᵀ + W_t X W_vᵀ) + T N + T(T − 1) N_c
+
+        (Cov(x̄, x_i) taken as X, exact for x's own tokens; D_q the queries' sums, T² X for a selection),
+        N_bb' = g (S V₀ − V)/((S − 1) S²) within a head (V₀ = Σ_j E[v_j v_jᵀ], V = E[(Σ_j v_j)(Σ_j v_j)ᵀ], g
+        the noise's gain of :meth:`mixed`), 0 across heads; N_c with its g_c."""
+        known = _channel_covariances(y)
+        by_position = self.queries is None or isinstance(self.queries, PositionMap)
+        if known is None or x.chan is None or self.kv is not None or not by_position:
+            return None, None
+        S0, D = known
+        S, T = self.S, self.T
+        Wv = self.v.W[:, :, 0, 0]
+        Wt = self._tilt().W[:, :, 0, 0] @ self.q.W[:, :, 0, 0]  # (Dv, D): the lean of x's token
+        X = D / S**2
+        xq = x if self.queries is None else self.queries.forward(x)
+        cov_q = _cov(x.chan, xq.var.flatten(1).mean(1))  # a token's, pooled: x's correlation at its tokens
+        Dq = D if self.queries is None else T**2 * X
+        mv = fv.mean.flatten(1)
+        V0 = Wv @ S0 @ Wv.T + mv @ mv.T
+        V = Wv @ D @ Wv.T + mv.sum(1, keepdim=True) @ mv.sum(1, keepdim=True).T
+        head = torch.arange(len(Wv)) // self.dv
+        within = head[:, None] == head[None, :]
+
+        def noise(k):  # per value channel, the same within a head
+            return k[:, None] * (S * V0 - V) / ((S - 1) * S**2) * within
+
+        cross = Wv @ X @ Wt.T
+        cov0 = Wv @ X @ Wv.T + Wt @ cov_q @ Wt.T + cross + cross.T + noise(self.gain)
+        sums = T**2 * (Wv @ X @ Wv.T + cross + cross.T) + Wt @ Dq @ Wt.T + T * noise(self.gain)
+        sums = sums + T * (T - 1) * noise(self.gain_c)
+        return _normalized(cov0), _normalized(sums)
 
     def tilt_heads(self) -> torch.Tensor:
         """(heads, heads): how much of head f's scores moves head h's weights to first order (I)."""

@@ -47,6 +47,11 @@ class TalkingHeads(Attention):
         """Head f's scores move head h's weights by (W L)_hf to first order."""
         return self.W @ self.L
 
+    def first_order(self, t: torch.Tensor) -> torch.Tensor:
+        """K to first order in the heads' score spreads t: (W L diag(t) Lᵀ Wᵀ)_hh."""
+        M = self.W @ self.L
+        return (M * M) @ t
+
     def weights(self, s2: torch.Tensor, s2c: torch.Tensor, S: int):
         L, W = self.L, self.W
         k = _kappas(L @ torch.diag(s2) @ L.T, S)

@@ -4,7 +4,8 @@ values (a class token) set beside it, one token taken out.
 flatten   (C, H, W) → (C, 1, H·W) in row-major order: the means and variances as they are; the pair
           (p, q) at map lag (d_h, d_w) is at sequence lag k = d_h W + d_w, so exactly
           T₁(k) = Σ_{d_h W + d_w = k} T(d_h, d_w)
-          back: ρ(d_h, d_w) = ρ₁(d_h W + d_w) (the gradient's stationary correlation along the sequence)
+          back: ρ(d_h, d_w) = ρ₁(d_h W + d_w) (the gradient's stationary correlation along the sequence);
+          the channels' correlations (``Field.chan``, ``chan_dc``: over all the positions) kept, both ways
 unflatten (C, 1, H·W) → (C, H, W) (``x.transpose(1, 2).reshape(N, C, H, W)``: PiT's patches back into a
           map): the means and variances as they are, ρ(d_h, d_w) = ρ₁(d_h W + d_w), the sequence's
           correlation at the lag that pair has in it (exact for a sequence stationary along it, where
@@ -45,7 +46,9 @@ def _to_sequence(x: Field) -> Field:
     C, H, W = x.shape
     T = torch.zeros((C, 2 * H * W - 1), dtype=_DT)
     T.index_add_(1, _seq_lag(H, W).flatten(), x.lag_sums().flatten(1))
-    return _field_from_sums(x.mean.reshape(C, 1, -1), x.var.reshape(C, 1, -1), T[:, None])
+    out = _field_from_sums(x.mean.reshape(C, 1, -1), x.var.reshape(C, 1, -1), T[:, None])
+    out.chan, out.chan_dc = x.chan, x.chan_dc  # over all the positions either way
+    return out
 
 
 def _to_map(x: Field, H: int, W: int, mean: torch.Tensor) -> Field:
@@ -54,7 +57,9 @@ def _to_map(x: Field, H: int, W: int, mean: torch.Tensor) -> Field:
     var = x.var.reshape(C, H, W)
     corr = x.corr[:, 0][:, _seq_lag(H, W)]
     s = var.clamp_min(0).sqrt()
-    return _field_from_sums(mean, var, corr * xcorr(s, s))
+    out = _field_from_sums(mean, var, corr * xcorr(s, s))
+    out.chan, out.chan_dc = x.chan, x.chan_dc
+    return out
 
 
 class FlattenPositions:
