@@ -31,8 +31,9 @@ def _pair():
 
 
 def _chain(ell: float, known: bool):
-    """(measured, predicted) of the first attention's output h (the tokens' states, and its R and Q), and
-    the E[g²] at h and at x for a gradient shared by the second's tokens (a mean pool's)."""
+    """The first attention's output h, measured (B, T, D) and predicted (its field, with its R and Q), and
+    the E[g²] at h and at x, predicted over measured, for a gradient shared by the second's tokens (a mean
+    pool's)."""
     a1, a2, r1, r2 = _pair()
     x, f = gaussian_field(C=D, H=H, W=H, ell=ell, mean=_ramp(D, H, H, -0.5, 0.5), batch=B)
     xr = x.clone().requires_grad_()
@@ -95,7 +96,7 @@ def test_an_attentions_channel_correlations_match_monte_carlo():
 def test_the_next_attentions_gradient_reads_them():
     """Over independent tokens the gradient at the first attention's output, through the second's
     queries, keys and values, within 15% of Monte Carlo with the channels' correlation known (0.918 at seed
-    0, torch 2.13.0), where without it the second takes its input's channels as uncorrelated (0.781)."""
+    0, torch 2.13.0), where without it the second takes its input's channels as uncorrelated (0.782)."""
     _, _, (with_r, _) = _chain(0.1, True)
     _, _, (without, _) = _chain(0.1, False)
     assert abs(with_r - 1) < 0.15 and abs(without - 1) > 0.15, (with_r, without)
