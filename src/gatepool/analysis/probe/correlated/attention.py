@@ -245,11 +245,12 @@ class Attention:
             return self.m**2 * V + k * (S * V0 - V) / ((S - 1) * S**2)
 
         o = _stationary(mean, second(self.gain) - mean**2, second(self.gain_c) - mean**2, T)
-        out = add(o, self._tilt().forward(fq))
-        out.chan, out.chan_dc = self._channels(x, y, fv)
+        tilt = self._tilt()
+        out = add(o, tilt.forward(fq))
+        out.chan, out.chan_dc = self._channels(x, xq, y, fv, tilt)
         return out
 
-    def _channels(self, x: Field, y: Field, fv: Field) -> tuple:
+    def _channels(self, x: Field, xq: Field, y: Field, fv: Field, tilt: Conv) -> tuple:
         """(R, Q) of the heads' outputs o_i ≈ W_v x̄ + W_t x_i + n_i (the keys' tokens' mean, the lean
         W_t = (its 1×1 conv) W_q of the query's token, the mixing noise within each head), where the keys'
         tokens' channel correlations are known and the queries are x's own tokens or a selection of them
@@ -260,7 +261,8 @@ class Attention:
 
         (Cov(x̄, x_i) taken as X, exact for x's own tokens; D_q the queries' sums, T² X for a selection),
         N_bb' = g (S V₀ − V)/((S − 1) S²) within a head (V₀ = Σ_j E[v_j v_jᵀ], V = E[(Σ_j v_j)(Σ_j v_j)ᵀ], g
-        the noise's gain of :meth:`mixed`), 0 across heads; N_c with its g_c."""
+        the noise's gain of :meth:`mixed`), 0 across heads; N_c with its g_c. ``xq``: the queries' tokens,
+        ``tilt``: the lean's 1×1 conv of the queries."""
         known = _channel_covariances(y)
         by_position = self.queries is None or isinstance(self.queries, PositionMap)
         if known is None or x.chan is None or self.kv is not None or not by_position:
@@ -268,9 +270,8 @@ class Attention:
         S0, D = known
         S, T = self.S, self.T
         Wv = self.v.W[:, :, 0, 0]
-        Wt = self._tilt().W[:, :, 0, 0] @ self.q.W[:, :, 0, 0]  # (Dv, D): the lean of x's token
+        Wt = tilt.W[:, :, 0, 0] @ self.q.W[:, :, 0, 0]  # (Dv, D): the lean of x's token
         X = D / S**2
-        xq = x if self.queries is None else self.queries.forward(x)
         cov_q = _cov(x.chan, xq.var.flatten(1).mean(1))  # a token's, pooled: x's correlation at its tokens
         Dq = D if self.queries is None else T**2 * X
         mv = fv.mean.flatten(1)
