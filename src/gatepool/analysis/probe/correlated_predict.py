@@ -99,7 +99,8 @@ def _weight_back(step, g: cr.Field | None, out: cr.Field | None):
 
 
 class _Add:
-    """x + y: the two independent; ``relu`` the index of the input that is a ReLU's output (or None);
+    """x + y: the two independent; ``relu`` the index of the input that is a ReLU's output or a sum with
+    one (b + ReLU(s), whose stream the gradient's ``stream_gate`` is for), or None;
     ``gain`` (i, G): the other input a function of input i channel by channel, of linear gain G
     (:mod:`correlated.branch_gain`), whose cross term input i's gradient carries."""
 
@@ -194,6 +195,20 @@ def _relu_of(step) -> cr.ReLU | None:
     if isinstance(step, Steps):
         return step.relu
     return step if isinstance(step, cr.ReLU) else None
+
+
+def _carries_stream(x: cr.Field, y: cr.Field) -> int | None:
+    """The index of the term that is b + ReLU(s) (``Field.parts``) where the other is a normal field of its
+    own (no parts, no law, no regime): their sum is (b + other) + ReLU(s), so the stream's law goes on to
+    the ReLU after a chain of adds (HRNet's fuse sums four branches, one of them the stream). None else."""
+    def plain(f: cr.Field) -> bool:
+        return f.parts is None and f.law is None and f.regime is None
+
+    if x.parts is not None and plain(y):
+        return 0
+    if y.parts is not None and plain(x):
+        return 1
+    return None
 
 
 def _relu_step(node: fx.Node, steps: dict, inputs: dict) -> cr.ReLU | None:
@@ -1183,6 +1198,9 @@ class _Walk(Walk):
             if r is not None:  # b + ReLU(out): a ReLU after it takes the skewed sum's moments
                 stream = relus[r].law
                 out = dataclasses.replace(out, parts=(value[args[1 - r]], stream))
+            elif (r := _carries_stream(*(value[a] for a in args))) is not None:  # (b + ReLU(y)) + c
+                b, stream = value[args[r]].parts
+                out = dataclasses.replace(out, parts=(cr.add(b, value[args[1 - r]]), stream))
             elif both is None:  # a field with a law (a pool's, a norm's) and a normal: the sum's law
                 out = dataclasses.replace(out, law=cr.sum_law(*(value[a] for a in args)))
             if both is not None:  # the two terms in the same regime: the mixture's law
