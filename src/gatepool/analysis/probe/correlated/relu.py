@@ -150,8 +150,9 @@ class ReLU:
 
     def forward(self, x: Field) -> Field:
         out = self._forward(x)
-        if x.law is None and x.parts is None:  # the normal's series per channel pair
-            out.chan, out.chan_dc = series_channels(x, self.c, out, factorial=True)
+        if x.law is None:  # the normal's series per channel pair (of b + ReLU(y): of the sum's normal)
+            normal = out if x.parts is None else self.__dict__.pop("normal")
+            out.chan, out.chan_dc = series_channels(x, self.c, normal, factorial=True)
         self.mixed = x.regime is not None and x.law is None
         if x.regime is None:
             return out
@@ -190,7 +191,9 @@ class ReLU:
             t = (e - u1 * u2).sum((1, 2))
             T[idx, H - 1 + dh, W - 1 + dw] = t
             T[idx, H - 1 - dh, W - 1 - dw] = t
+        out = _field_from_sums(mu, var, T)  # the ReLU of a normal of x's moments
         if x.parts is not None:  # b + ReLU(y): the skewed sum's own moments; the correlations as above
+            self.normal = out  # forward's channel correlations read it
             b, stream = x.parts
             mu, e2, pos, both = relu_of_sum_map(b.mean, b.var, stream)
             sd_gauss, var = var.sqrt(), (e2 - mu * mu).clamp_min(0)
@@ -201,7 +204,6 @@ class ReLU:
                 pos * p_y > 0, both / (pos * p_y).clamp_min(1e-300), torch.ones_like(pos)
             )
             return _field_from_sums(mu, var, T)
-        out = _field_from_sums(mu, var, T)
         mu_s, e2_s, _, skew, kurt = relu_shape(x.mean, x.var, x.skew, x.kurt)
         if x.skew is not None or x.kurt is not None:  # its own mean and variance (the correlation: normal's)
             out = replace(out, mean=mu_s, var=(e2_s - mu_s * mu_s).clamp_min(0))
