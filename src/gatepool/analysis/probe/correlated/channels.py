@@ -25,7 +25,8 @@ norm      an affine map per channel (BatchNorm, one channel a group): R, Q kept 
 pool      the mean over the whole map: its R is x's Q (exact), Q the same; an average over windows, the
           same for every channel: Q kept, R kept (the windows' cross-lags as lag 0)
 gate      x · s, s a (C, 1, 1) gate independent of x: Cov = E[s_a] E[s_b] Cov(x_a, x_b) + Cov(s_a, s_b)
-          (Cov(x_a, x_b) + m_a m_b) (the means pooled over the positions; for Q the sums and P m)
+          (Cov(x_a, x_b) + m_a m_b) (the means pooled over the positions; for Q the sums and P m);
+          stochastic depth the gate b·s of every channel, b ~ Bernoulli(q) a sample
 activation  Mehler's series per pair of channels, in each channel's normalized Hermite coefficients a_n
           pooled over the positions: Cov(f(x_a), f(x_b)) = Σ_n R_abⁿ ā_n^a ā_n^b (and the Parseval
           remainder at the power after the last), normalized by the outputs' pooled variances; the sums:
@@ -225,8 +226,21 @@ def gate_channels(x, s) -> tuple:
     if x.chan is None or x.chan_dc is None or s.chan is None:  # known in part: not at all (as an add)
         return None, None
     C = x.shape[0]
-    s1 = s.mean.reshape(C)
-    Cs = _cov(s.chan, s.var.reshape(C))
+    return _gated(x, s.mean.reshape(C), _cov(s.chan, s.var.reshape(C)))
+
+
+def drop_channels(x, q: float, scale: float) -> tuple:
+    """(R, Q) of stochastic depth's y = x · b · scale, b ~ Bernoulli(q) a sample: a gate the same in every
+    channel, E = q·scale, every pair's covariance its variance q·scale² − (q·scale)²."""
+    if x.chan is None or x.chan_dc is None:
+        return None, None
+    C = x.shape[0]
+    mean = torch.full((C,), q * scale, dtype=_DT)
+    return _gated(x, mean, torch.full((C, C), q * scale * scale * (1 - q), dtype=_DT))
+
+
+def _gated(x, s1: torch.Tensor, Cs: torch.Tensor) -> tuple:
+    """(R, Q) of x · s from the gate's means s1 (C,) and covariance Cs (C, C), s independent of x."""
     m = x.mean.flatten(1).mean(1)
     out = []
     for Cx, M in ((_cov(x.chan, _pooled_var(x.var)), m), (_cov(x.chan_dc, _sums(x)), m * x.mean[0].numel())):

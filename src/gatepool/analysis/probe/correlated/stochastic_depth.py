@@ -4,7 +4,8 @@ q = 1 − p, s = 1/q (or 1: timm's ``scale_by_keep=False``).
 
 forward   E[y_p] = q s m_p;  E[y_p y_q] = q s² E[x_p x_q] at every pair, the lags too (one b a sample):
           Var y_p = q s² (v_p + m_p²) − (q s m_p)²,  T_y(e) = q s² (T(e) + M(e)) − (q s)² M(e),
-          M(e) = Σ_p m_p m_{p+e}
+          M(e) = Σ_p m_p m_{p+e}; the channels' correlation (``Field.chan``) as a gate's, the same b in
+          every channel (:func:`channels.drop_channels`)
 backward  ∂L/∂x = g · b · s with the forward's b: E[(∂L/∂x)_p (∂L/∂x)_q] = q s² Cov(g_p, g_q);
           (∂L/∂x) x = g y, so a norm before it gets the same Σ E[g g y y] (``Field.yy``)
 eval      the identity (p = 0 too)
@@ -15,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from gatepool.analysis.probe.correlated.channels import drop_channels
 from gatepool.analysis.probe.correlated.coupling import scaled_coupling
 from gatepool.analysis.probe.correlated.field import Field, _field_from_sums, xcorr
 from gatepool.analysis.probe.correlated.registry import register_named_rule
@@ -35,7 +37,9 @@ class StochasticDepth:
         q, s = self.q, self.s
         M = xcorr(x.mean, x.mean)
         var = q * s * s * (x.var + x.mean**2) - (q * s * x.mean) ** 2
-        return _field_from_sums(q * s * x.mean, var, q * s * s * (x.lag_sums() + M) - (q * s) ** 2 * M)
+        out = _field_from_sums(q * s * x.mean, var, q * s * s * (x.lag_sums() + M) - (q * s) ** 2 * M)
+        out.chan, out.chan_dc = drop_channels(x, q, s)
+        return out
 
     def backward(self, g: Field) -> Field:
         if not self.active:
