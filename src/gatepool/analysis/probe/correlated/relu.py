@@ -151,8 +151,9 @@ class ReLU:
     def forward(self, x: Field) -> Field:
         out = self._forward(x)
         if x.law is None:  # the normal's series per channel pair (of b + ReLU(y): of the sum's normal)
-            normal = out if x.parts is None else self.__dict__.pop("normal")
+            normal = out if self.normal is None else self.normal
             out.chan, out.chan_dc = series_channels(x, self.c, normal, factorial=True)
+        self.normal = None  # read by the line above only
         self.mixed = x.regime is not None and x.law is None
         if x.regime is None:
             return out
@@ -164,7 +165,7 @@ class ReLU:
         return out
 
     def _forward(self, x: Field) -> Field:
-        self.x, self.stream_gate, self.rho, self.rest = x, None, x.corr, (None, None)
+        self.x, self.stream_gate, self.rho, self.rest, self.normal = x, None, x.corr, (None, None), None
         if x.law is not None and x.parts is None:
             return self._forward_law(x)
         C, H, W = x.shape
