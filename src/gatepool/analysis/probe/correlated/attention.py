@@ -283,10 +283,9 @@ class Attention:
         def noise(k):  # per value channel, the same within a head
             return k[:, None] * (S * V0 - V) / ((S - 1) * S**2) * within
 
-        cross = Wv @ X @ Wt.T
-        cov0 = Wv @ X @ Wv.T + Wt @ cov_q @ Wt.T + cross + cross.T + noise(self.gain)
-        sums = T**2 * (Wv @ X @ Wv.T + cross + cross.T) + Wt @ Dq @ Wt.T + T * noise(self.gain)
-        sums = sums + T * (T - 1) * noise(self.gain_c)
+        mean_part, cross, n = Wv @ X @ Wv.T, Wv @ X @ Wt.T, noise(self.gain)
+        cov0 = mean_part + Wt @ cov_q @ Wt.T + cross + cross.T + n
+        sums = T**2 * (mean_part + cross + cross.T) + Wt @ Dq @ Wt.T + T * (n + (T - 1) * noise(self.gain_c))
         return _normalized(cov0), _normalized(sums)
 
     def tilt_heads(self) -> torch.Tensor:
