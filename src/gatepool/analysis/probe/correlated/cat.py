@@ -12,8 +12,11 @@ backward  ∂L/∂x_i = g[channels of x_i]: the output gradient's channels split
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
+from gatepool.analysis.probe.correlated.channels import made_channels, stacked_made
 from gatepool.analysis.probe.correlated.copula import stacked
 from gatepool.analysis.probe.correlated.field import Field
 from gatepool.analysis.probe.correlated.law import ATOMS, levels, normal_law, rebin
@@ -46,6 +49,10 @@ class Cat:
             laws = [_on_bins(x) for x in xs]
             out.law = Law(torch.cat([a.x for a in laws]), torch.cat([a.w for a in laws]))
             out.copula = stacked([x.copula for x in xs], self.sizes)
+        made = stacked_made(xs)  # branches of one source: their channels' cross-blocks
+        if made is not None:
+            out.chan, out.chan_dc = made_channels(made, out)
+            out.made = replace(made, var=out.var)
         return out
 
     def backward(self, g: Field) -> list[Field]:

@@ -32,13 +32,17 @@ activation  Mehler's series per pair of channels, in each channel's normalized H
           remainder at the power after the last), normalized by the outputs' pooled variances; the sums:
           ā_1^a ā_1^b D_ab/(s̄_a s̄_b) + ā_2^a ā_2^b R_ab² Σ_e N(e) |ρ_a(e) ρ_b(e)| (the second order's
           cross-lags as R_ab² ρ_a ρ_b: the energy two channels share, positive; the rest left out)
+max pool  Stein's first order in the taps, the window's lags a conv's output's at those lags from its
+          source (``Field.made``), the rest at R² (:func:`max_channels`); Q the input's
+cat       of branches of one source (each a conv of it, and an activation after each or none: SqueezeNet's
+          Fire), the branches as one conv of their weights stacked: the cross-blocks too (``Field.made``)
 slice     a slice of the channels: their block
 add       the two independent: Σ = S_a R_a S_a + S_b R_b S_b (S the pooled standard deviations), D likewise
 
 Every other rule drops R and Q (None: unknown, the channels taken as uncorrelated, the state without
 them), and a rule that reads an unknown R gives none: R starts at the input's components and holds as far
 as every rule on the way carries it. Known in part is worse than not at all, so an add with a term that
-varies and has none gives none, and a cat none: its pieces' blocks alone, their cross-blocks unknown
+varies and has none gives none, and any other cat none: its pieces' blocks alone, their cross-blocks unknown
 (GhostNet's cheap operation is a depthwise map of its primary conv's channels), would give the next
 conv's variance per channel its within-block cross terms and not the others, an error whose spread a
 BatchNorm's 1/σ² turns into a bias, norm after norm (GhostNet-050's backward 1.15–1.3× of the measurement
@@ -47,12 +51,18 @@ with the blocks kept).
 
 from __future__ import annotations
 
-import torch
+import math
+from dataclasses import dataclass, replace
 
-from gatepool.analysis.probe.correlated.field import _DT, xcorr
+import torch
+import torch.nn.functional as F
+
+from gatepool.analysis.probe.correlated.field import _DT, Field, xcorr
 
 _WORK = 2**29  # multiply-adds of one conv's Σ_out beyond which R is dropped (a dense 3 × 3 conv of 256
 # channels at stride 1: 3.4e8; of 512: 2.7e9) and the conv's variance left uncorrected
+_LAG_WORK = 2**33  # multiply-adds of a conv's output channels' covariance at a max pool's lags beyond which
+# the lags' are taken as the lag 0's times the channels' mean correlation (512 channels of 64 × 9: 2.0e9)
 _POSITIONS = 256  # an activation's coefficients pooled over at most this many positions (a grid of them)
 _TERMS = 8  # Mehler's series per pair of channels to Rⁿ, n ≤ 8, then Parseval's remainder (|R| ≤ 0.5: < 0.4%)
 
@@ -204,6 +214,173 @@ def series_channels(x, coef: list[torch.Tensor], out, factorial: bool = False) -
         D_out += abar[1][:, None] * abar[1][None, :] * R**2 * (U @ U.T)
     D_out.diagonal().copy_(_sums(out))
     return _normalized(S), _normalized(D_out)
+
+
+def max_channels(x, src, U: torch.Tensor, kernel, out) -> tuple:
+    """(R, Q) of a max pool's output ``out`` of ``x``, from its taps' field ``src`` (x itself, or the ReLU's
+    input where x is its output: max ReLU = ReLU max), by Stein's lemma, the first order of the taps'
+    joint normal law (the diagonal and the second order as in :func:`series_channels`):
+    M_a(P) − E ≈ Σ_j w_aj(P) (src_a(P + u_j) − m), so
+
+        S_ab = Σ_{j,l} r_ab(u_l − u_j) mean_P U_aj(P) U_bl(P) + R_ab² mean_P e_a(P) e_b(P),  S_aa = v̄_a
+
+    ``U`` (n, C, Ho, Wo) the taps' U_j = w_j √v(tap j), w_j their wins (of a ReLU's output: where the max
+    is > 0), ``kernel`` (kh, kw) the taps row-major, e_a(P)² the variance left past the first order,
+    r_ab(d) the channels' correlation at lag d: a conv's output's from its source (:func:`made_lag_corr`:
+    a window's taps are neighbours, whose cross-lags a conv makes unlike its lag 0's: 0.13 off in R
+    where this is 0.04), else R_ab ρ̄(d). Q, the sums': x's, as an average over windows keeps it (the
+    sum of a pool's maxima moves with the sum of its input; the first order alone, normalized by the
+    sums' variances, is 0.3 further off)."""
+    if src.chan is None or x.chan_dc is None:
+        return None, None
+    n, C, Ho, Wo = U.shape
+    step = max(1, round((Ho * Wo / _POSITIONS) ** 0.5))
+    A = U[:, :, ::step, ::step].reshape(n, C, -1)  # (n, C, P)
+    P = A.shape[-1]
+    if n * n * C * C * P > _WORK:
+        return None, None
+    rho = _tap_lags(src.corr, *kernel)  # (n, n, C): ρ_c(u_l − u_j)
+    kh, kw = kernel
+    lag = [(l // kw - j // kw, l % kw - j % kw) for j in range(n) for l in range(n)]
+    lags = sorted(set(lag))
+    made = made_of(src)
+    r = None if made is None or made.coef is not None else made_lag_corr(made, lags)
+    if r is None:  # R_ab ρ̄(d): the channels' mean correlation at d
+        v = _pooled_var(src.var)
+        rbar = (rho * v).sum(-1) / v.sum().clamp_min(1e-300)  # (n, n)
+        r = {d: src.chan * rbar[i // n, i % n] for i, d in enumerate(lag)}
+    G = torch.zeros((C, C), dtype=_DT)
+    for i, d in enumerate(lag):
+        G += r[d] * (A[i // n] @ A[i % n].T)
+    G /= P
+    own = torch.einsum("jap,jla,lap->ap", A, rho, A)  # (C, P): each channel's first order, its own ρ
+    var = out.var[:, ::step, ::step].reshape(C, -1)
+    rest = (var - own).clamp_min(0).sqrt()
+    R = src.chan
+    S = G + R * R * (rest @ rest.T) / P
+    S.diagonal().copy_(var.mean(1))
+    return _normalized(S), x.chan_dc
+
+
+@dataclass(eq=False)
+class Made:
+    """A field that is conv(``source``) (``weight`` (Co, Ci, kh, kw) dense, ``stride``, ``padding``), and with
+    ``coef`` h of it, h pointwise: ``pre`` the conv's field, ``coef`` h's normalized Hermite coefficient
+    maps a_n (C, H, W), Cov(h(y_a), h(y_b)) = Σ_n ρⁿ a_n^a a_n^b. Linear in the source: the channels'
+    covariance at any lag, and across fields made from the same source, follow from the source's.
+    ``var`` the described field's variance map: a rule that makes a new one leaves this record behind."""
+
+    source: Field
+    weight: torch.Tensor
+    stride: tuple
+    padding: tuple
+    var: torch.Tensor
+    coef: list | None = None
+    pre: Field | None = None
+
+
+def made_of(f) -> Made | None:
+    """``f.made`` where it still describes ``f`` (its variance map the one it was made with), else None."""
+    m = getattr(f, "made", None)
+    return m if m is not None and m.var is f.var else None
+
+
+def activated(x, out, coef: list[torch.Tensor], factorial: bool = False) -> Made | None:
+    """``out`` = h(x) pointwise's :class:`Made`, from x's (a conv's output): h's Hermite coefficient maps
+    ``coef`` (n = 1, 2, …; ``factorial``: c_n with Cov = Σ ρⁿ/n! c_n c_n, the ReLU's)."""
+    m = made_of(x)
+    if m is None or m.coef is not None:
+        return None
+    a = [c / math.sqrt(math.factorial(n)) if factorial else c for n, c in enumerate(coef[:_TERMS], 1)]
+    return replace(m, coef=a, pre=x, var=out.var)
+
+
+def occupancy(hw, kernel, stride, padding) -> torch.Tensor:
+    """(k, k): the share of a conv's output positions where both taps j and l fall inside the map."""
+    (H, W), (kh, kw), (sh, sw), (ph, pw) = hw, kernel, stride, padding
+    Ho, Wo = (H + 2 * ph - kh) // sh + 1, (W + 2 * pw - kw) // sw + 1
+    pad = F.pad(torch.ones((1, H, W), dtype=_DT), (pw, pw, ph, ph))
+    masks = torch.stack([pad[0, a : a + sh * (Ho - 1) + 1 : sh, b : b + sw * (Wo - 1) + 1 : sw]
+                         for a in range(kh) for b in range(kw)]).flatten(1)  # fmt: skip
+    return masks @ masks.T / masks.shape[1]
+
+
+def made_lag_corr(made: Made, lags) -> dict | None:
+    """{d: (Co, Co)} the correlation of a conv's output channels at output lag d, Σ_p Cov(y_a(p), y_b(p + d))
+    over √(Σ_p v_a Σ_p v_b): K(d) = Σ_{j,l} W_j K_x(s·d + u_l − u_j) W_lᵀ, K_x the source's (its diagonal
+    v_c ρ_c exactly, the rest R ρ̄ as :func:`conv_channels`; the border left out). None past
+    :data:`_LAG_WORK`."""
+    x, W = made.source, made.weight
+    Co, Ci, kh, kw = W.shape
+    k = kh * kw
+    half = {max(d, (-d[0], -d[1])) for d in lags} | {(0, 0)}  # K(−d) = K(d)ᵀ: the lags ≥ 0 only
+    if len(half) * (k * k * Co * Ci + Co * Co * Ci * k + Co * Ci * Ci * k) > _LAG_WORK:
+        return None
+    H, Wd = x.shape[1:]
+    v = _pooled_var(x.var)
+    M = _cov(x.chan - torch.eye(Ci, dtype=_DT), v)
+    Wt = W.reshape(Co, Ci, k)
+    WM = torch.einsum("ocj,cd->odj", Wt, M)
+    a, b = torch.arange(kh).repeat_interleave(kw), torch.arange(kw).repeat(kh)
+    K = {}
+    for d in half:
+        eh = made.stride[0] * d[0] + a[None] - a[:, None]  # (k, k): s·d + u_l − u_j
+        ew = made.stride[1] * d[1] + b[None] - b[:, None]
+        inside = (eh.abs() < H) & (ew.abs() < Wd)
+        rho = x.corr[:, (H - 1 + eh).clamp(0, 2 * H - 2), (Wd - 1 + ew).clamp(0, 2 * Wd - 2)] * inside
+        rbar = (rho * v[:, None, None]).sum(0) / v.sum().clamp_min(1e-300)  # (k, k)
+        Wl = torch.einsum("cjl,ocl->ocj", rho * v[:, None, None], Wt)  # Σ_l v_c ρ_c(e_jl) W_l
+        Wb = torch.einsum("jl,ocl->ocj", rbar, Wt)
+        K[d] = torch.einsum("ocj,pcj->op", Wt, Wl) + torch.einsum("odj,pdj->op", WM, Wb)
+    s = K[(0, 0)].diagonal().clamp_min(1e-300).sqrt()
+    K = {d: K[d] / s[:, None] / s[None, :] for d in K}
+    return {d: K[d] if d in K else K[(-d[0], -d[1])].T for d in lags}
+
+
+def stacked_made(fields) -> Made | None:
+    """The :class:`Made` of the cat of ``fields`` where each is made from the same source by a conv of the
+    same stride (and each by its activation after, or none): one conv of their weights stacked, each
+    kernel placed where it reads (SqueezeNet's Fire: a 1 × 1 and a 3 × 3 conv of its squeeze). None else."""
+    ms = [made_of(f) for f in fields]
+    if len(ms) < 2 or any(m is None for m in ms):
+        return None
+    m0 = ms[0]
+    if any(m.source is not m0.source or m.stride != m0.stride or (m.coef is None) != (m0.coef is None)
+           for m in ms):  # fmt: skip
+        return None
+    pad = tuple(max(m.padding[i] for m in ms) for i in (0, 1))
+    at = [(pad[0] - m.padding[0], pad[1] - m.padding[1]) for m in ms]
+    K = tuple(max(o[i] + m.weight.shape[2 + i] for m, o in zip(ms, at)) for i in (0, 1))
+    H, W = m0.source.shape[1:]
+    size = ((H + 2 * pad[0] - K[0]) // m0.stride[0] + 1, (W + 2 * pad[1] - K[1]) // m0.stride[1] + 1)
+    if any(tuple(f.shape[1:]) != size for f in fields):
+        return None
+    weight = torch.zeros((sum(m.weight.shape[0] for m in ms), m0.weight.shape[1], *K), dtype=_DT)
+    row = 0
+    for m, (oh, ow) in zip(ms, at):
+        co, _, kh, kw = m.weight.shape
+        weight[row : row + co, :, oh : oh + kh, ow : ow + kw] = m.weight
+        row += co
+    if m0.coef is None:
+        return Made(m0.source, weight, m0.stride, pad, var=None)
+    terms = min(len(m.coef) for m in ms)
+    coef = [torch.cat([m.coef[n] for m in ms]) for n in range(terms)]
+    pre = Field(*(torch.cat([getattr(m.pre, key) for m in ms]) for key in ("mean", "var", "corr")))
+    return Made(m0.source, weight, m0.stride, pad, var=None, coef=coef, pre=pre)
+
+
+def made_channels(made: Made, out) -> tuple:
+    """(R, Q) of the field ``made`` describes (``out``: its variances): the conv's from its source's, then
+    the activation's series (:func:`series_channels`)."""
+    x = made.source
+    kernel = tuple(made.weight.shape[2:])
+    chan = conv_channels(made.weight, x, 1, occupancy(x.shape[1:], kernel, made.stride, made.padding),
+                         made.stride)  # fmt: skip
+    if chan is None:
+        return None, None
+    if made.coef is None:
+        return chan[1], chan[2]
+    return series_channels(replace(made.pre, chan=chan[1], chan_dc=chan[2]), made.coef, out)
 
 
 def signed_channels(f, scale: torch.Tensor) -> dict:

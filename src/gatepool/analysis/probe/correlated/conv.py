@@ -36,7 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gatepool.analysis.probe.correlated import positions
-from gatepool.analysis.probe.correlated.channels import conv_channels
+from gatepool.analysis.probe.correlated.channels import Made, conv_channels, occupancy
 from gatepool.analysis.probe.correlated.coupling import pointwise_conv_coupling
 from gatepool.analysis.probe.correlated.field import (
     _DT,
@@ -155,6 +155,8 @@ class Conv:
         self.out_var = var
         out = self._shape(x, _field_from_sums(mean, var, T))
         out.chan, out.chan_dc = (None, None) if chan is None else chan[1:]
+        if chan is not None and self.groups == 1:  # its channels at other lags, its siblings (a cat)
+            out.made = Made(x, self.weight, self.stride, self.padding, var=out.var)
         return out
 
     def _matrix(self, in_hw, out_hw) -> torch.Tensor:
@@ -202,13 +204,8 @@ class Conv:
         """(κ, R_out, Q_out) of :func:`channels.conv_channels` (None: x carries none, or past its cost)."""
         if x.chan is None or x.chan_dc is None:
             return None
-        H, W = x.shape[1:]
-        (kh, kw), (sh, sw), (ph, pw) = self.wshape[-2:], self.stride, self.padding
-        masks = torch.stack(self._taps(torch.ones((1, H, W), dtype=_DT), ((H + 2 * ph - kh) // sh + 1,
-                                                                          (W + 2 * pw - kw) // sw + 1)))
-        masks = masks.flatten(1)  # (k, Ho·Wo): where each tap falls inside the map
-        occupancy = masks @ masks.T / masks.shape[1]
-        return conv_channels(self.weight, x, self.groups, occupancy, self.stride)
+        inside = occupancy(x.shape[1:], self.wshape[-2:], self.stride, self.padding)
+        return conv_channels(self.weight, x, self.groups, inside, self.stride)
 
     def _shape(self, x: Field, out: Field) -> Field:
         """``out`` with its skewness and excess kurtosis, the taps taken independent:

@@ -85,6 +85,11 @@ class Field:
     the positions, and that of their sums over the map (:mod:`channels`; None: uncorrelated): a conv and
     a Linear set them and read them for their outputs' variances per channel, norms, activations, pools,
     gates, adds and scales carry them; every other rule drops them.
+    ``made`` (values only, optional): the conv of another field this one is, and the activation after it
+    (:class:`channels.Made`): its channels' covariance at the lags a max pool's window spans, and that of
+    fields made from the same source, stacked by a cat (SqueezeNet's Fire), follow from the source's. A
+    conv sets it, an activation adds its coefficients, a cat stacks it, a max pool reads it; a rule that
+    makes a new variance map leaves it behind (:func:`channels.made_of`).
     """
 
     mean: torch.Tensor
@@ -107,6 +112,7 @@ class Field:
     cross: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
     chan: torch.Tensor | None = field(default=None, repr=False)
     chan_dc: torch.Tensor | None = field(default=None, repr=False)
+    made: object | None = field(default=None, repr=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:

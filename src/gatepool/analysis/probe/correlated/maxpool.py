@@ -11,6 +11,7 @@ max pool  per window the max of its correlated Gaussian taps (padded taps never 
           neighbouring windows' joint law (their draws' ranks, ``Field.copula``, :mod:`copula`).
           Back: v_g,in(q) = Σ_P w_P(q) v_g(P) + 2 P(q wins P and P') Cov(g_P, g_P') for overlapping
           windows; winners of windows that are not neighbours independent of each other
+          The channels' correlation by the same first order (:func:`channels.max_channels`)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gatepool.analysis.probe.correlated.channels import max_channels
 from gatepool.analysis.probe.correlated.copula import Copula, Counter
 from gatepool.analysis.probe.correlated.field import (
     _DT,
@@ -431,12 +433,15 @@ class MaxPool:
                 T[:, Ho - 1 + dh, Wo - 1 + dw] = cov_ab
                 T[:, Ho - 1 - dh, Wo - 1 - dw] = cov_ab
         T[:, Ho - 1, Wo - 1] = var.sum((1, 2))
+        out = _field_from_sums(mu, var, T)
+        U = torch.stack([wt[j] * sd[j] for j in range(n)])  # (n, C, Ho, Wo): Stein's first order
+        out.chan, out.chan_dc = max_channels(x, src, U, self.k, out)
         if max_law is None:
-            return _field_from_sums(mu, var, T)
+            return out
         # the max's law (the bins' spread given back) and the pairs' joint law, each drawn where read
         out_law = Deferred(lambda: reshaped(max_law(), mu, var))
         copula = Deferred(lambda: self._copula(mp, sp, rz, Ho, Wo, law)) if self.joint else None
-        return replace(_field_from_sums(mu, var, T), law=out_law, copula=copula)
+        return replace(out, law=out_law, copula=copula)
 
     def backward(self, g: Field) -> Field:
         out = self._grad(g, self.w, self.joint)

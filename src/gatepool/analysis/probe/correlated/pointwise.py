@@ -52,7 +52,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gatepool.analysis.probe.correlated.channels import series_channels
+from gatepool.analysis.probe.correlated.channels import activated, series_channels
 from gatepool.analysis.probe.correlated.coupling import activation_coupling
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
 from gatepool.analysis.probe.correlated.joint import joint_lag_sums
@@ -373,7 +373,9 @@ class Pointwise:
             out = _field_from_sums(out.mean, out.var, out.lag_sums() + joint_lag_sums(x.joint, *h))
         self._keep_for_backward()
         chan, chan_dc = series_channels(x, coef, out)  # the normal's series per channel pair
-        return replace(out, skew=skew, kurt=kurt, chan=chan, chan_dc=chan_dc)
+        out = replace(out, skew=skew, kurt=kurt, chan=chan, chan_dc=chan_dc)
+        out.made = activated(x, out, coef)
+        return out
 
     def _keep_for_backward(self) -> None:
         """Of :func:`hermite_coefficients`' table only what the backward reads (f', u, the powers of f'²),

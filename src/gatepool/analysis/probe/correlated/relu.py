@@ -44,7 +44,7 @@ import torch.nn as nn
 
 from gatepool.analysis.probe.correlated import regime
 from gatepool.analysis.probe.correlated.add import add_grads
-from gatepool.analysis.probe.correlated.channels import series_channels
+from gatepool.analysis.probe.correlated.channels import activated, series_channels
 from gatepool.analysis.probe.correlated.copula import relu_pairs
 from gatepool.analysis.probe.correlated.coupling import activation_coupling
 from gatepool.analysis.probe.correlated.field import Field, _at_lag, _field_from_sums, _ratio, _valid, xcorr
@@ -153,6 +153,8 @@ class ReLU:
         if x.law is None:  # the normal's series per channel pair (of b + ReLU(y): of the sum's normal)
             normal = out if self.normal is None else self.normal
             out.chan, out.chan_dc = series_channels(x, self.c, normal, factorial=True)
+            if x.parts is None and x.regime is None:
+                out.made = activated(x, out, self.c, factorial=True)
         self.normal = None  # read by the line above only
         self.mixed = x.regime is not None and x.law is None
         if x.regime is None:
