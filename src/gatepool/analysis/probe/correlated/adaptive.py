@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from gatepool.analysis.probe.correlated.channels import window_channels
 from gatepool.analysis.probe.correlated.conv import box_conv
 from gatepool.analysis.probe.correlated.field import _DT, Field
 from gatepool.analysis.probe.correlated.global_pool import GlobalAvgPool
@@ -95,12 +96,17 @@ class AvgPoolWindows(AdaptiveAvgPool):
         return from_covariance(mean, self.A @ covariance(x) @ self.A.T)
 
 
-def _pooled_channels(x: Field, out: Field) -> Field:
+def _pooled_channels(x: Field, out: Field, kernel=None) -> Field:
     """``out``, an average over positions of ``x`` the same in every channel, with x's channel correlations
-    (:mod:`channels`): the mean over the whole map has the correlation of x's sums (exact), an average
-    over windows keeps both."""
+    (:mod:`channels`): the mean over the whole map has the correlation of x's sums (exact); an average
+    over ``kernel`` windows keeps Q, and its R sums x's channels' correlations over the window's lags where
+    x has them (:func:`window_channels`), else is x's R."""
     whole = out.shape[1:] == (1, 1)
-    out.chan, out.chan_dc = (x.chan_dc, x.chan_dc) if whole else (x.chan, x.chan_dc)
+    if whole:
+        out.chan, out.chan_dc = x.chan_dc, x.chan_dc
+        return out
+    R = None if kernel is None or x.chan is None else window_channels(x, kernel)
+    out.chan, out.chan_dc = (x.chan if R is None else R), x.chan_dc
     return out
 
 
@@ -123,6 +129,7 @@ class AdaptiveAvgPool2dStep:
         else:
             k = (H // out[0], W // out[1])
             self.conv = box_conv(C, k, k, (0, 0))
+            return _pooled_channels(x, self.conv.forward(x), k)
         return _pooled_channels(x, self.conv.forward(x))
 
     def backward(self, g):
@@ -149,7 +156,7 @@ class AvgPool2dStep:
             self.conv = self.stencil(x)
         else:
             self.conv = AvgPoolWindows(self.k, self.s, self.p, *self.modes)
-        return _pooled_channels(x, self.conv.forward(x))
+        return _pooled_channels(x, self.conv.forward(x), self.k)
 
     def stencil(self, x, minus_identity: bool = False) -> Stencil:
         """The stride-1 pool of ``x`` (or ``pool(x) − x``) as a :class:`stencil.Stencil`."""

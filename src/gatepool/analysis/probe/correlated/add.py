@@ -6,10 +6,12 @@ add       x + f(x): the two independent (the stream–branch cross term is zero 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from gatepool.analysis.probe.correlated import regime
-from gatepool.analysis.probe.correlated.channels import add_channels
+from gatepool.analysis.probe.correlated.channels import add_channels, made_of
 from gatepool.analysis.probe.correlated.coupling import added_coupling
 from gatepool.analysis.probe.correlated.field import Field, _field_from_sums
 
@@ -19,6 +21,9 @@ def add(a: Field, b: Field) -> Field:
     :func:`channels.add_channels`)."""
     out = _field_from_sums(a.mean + b.mean, a.var + b.var, a.lag_sums() + b.lag_sums())
     out.chan, out.chan_dc = add_channels(a, b)
+    for x, c in ((a, b), (b, a)):  # x plus a constant (a branch whose last weights are 0 at init)
+        if made_of(x) is not None and not bool((c.var > 0).any()):
+            out.made = replace(x.made, var=out.var)
     return out
 
 

@@ -13,8 +13,9 @@ channels (their sums over the map, correlated as the weights make them, not as t
                                                                            the field's lag sums)
 
 conv      Σ_out = Σ_{j,l} W_j K(u_l − u_j) W_lᵀ over the pairs of taps, K(d) = Cov(x(p), x(p + d)) (Ci, Ci):
-          its diagonal v̄_a ρ_a(d) exactly, the rest R_ab s̄_a s̄_b ρ̄(d) (ρ̄ the channels' mean
-          correlation at d: the cross-lags are not in the state), each pair of taps counted at the share
+          its diagonal v̄_a ρ_a(d) exactly, the rest x's own cross-lags where x is made from a source
+          (``Field.made``: a conv's output, or an activation or a scale of one, :func:`made_lags`), else
+          R_ab s̄_a s̄_b ρ̄(d) (ρ̄ the channels' mean correlation at d), each pair of taps counted at the share
           of the output positions where both fall inside the map (the zero padding's border). Each output
           channel's variance (its map and its lag sums) is scaled by κ_o = Σ_out,oo / Σ_out,oo|diag (the
           walk's own variance is the diagonal term), and R_out = Σ_out normalized: exact from the input's
@@ -23,7 +24,8 @@ conv      Σ_out = Σ_{j,l} W_j K(u_l − u_j) W_lᵀ over the pairs of taps, K(
           input's pairs whose lag is ≡ the phases' difference; the border left out)
 norm      an affine map per channel (BatchNorm, one channel a group): R, Q kept (a γ < 0 flips a sign)
 pool      the mean over the whole map: its R is x's Q (exact), Q the same; an average over windows, the
-          same for every channel: Q kept, R kept (the windows' cross-lags as lag 0)
+          same for every channel: Q kept, R from x's cross-lags over the window where x is made from a
+          source (:func:`window_channels`), else kept (the windows' cross-lags as lag 0)
 gate      x · s, s a (C, 1, 1) gate independent of x: Cov = E[s_a] E[s_b] Cov(x_a, x_b) + Cov(s_a, s_b)
           (Cov(x_a, x_b) + m_a m_b) (the means pooled over the positions; for Q the sums and P m);
           stochastic depth the gate b·s of every channel, b ~ Bernoulli(q) a sample
@@ -142,9 +144,11 @@ def conv_channels(weight: torch.Tensor, x, groups: int = 1, occupancy: torch.Ten
                   stride=(1, 1)):  # fmt: skip
     """(κ, R_out, Q_out) of a conv of ``weight`` (Co, Ci/groups, kh, kw) on the field ``x``, its groups
     block by block (depthwise: a group a channel); ``occupancy`` (k, k): the share of the output
-    positions where both taps j and l fall inside the map (None: all; the zero padding's border). None
-    where x carries no R and Q (unknown: a conv of it is not given one of its own, which would hold its
-    weights' cross terms and not its input's) or where it costs more than :data:`_WORK`."""
+    positions where both taps j and l fall inside the map (None: all; the zero padding's border). The
+    channels' cross-lags are x's own where it is made from a source (:func:`made_lags`: a conv's output,
+    or an activation of one) and the cost allows, else R times the channels' mean correlation at the lag.
+    None where x carries no R and Q (unknown: a conv of it is not given one of its own, which would hold
+    its weights' cross terms and not its input's) or where it costs more than :data:`_WORK`."""
     if x.chan is None or x.chan_dc is None:  # unknown in, unknown out
         return None
     Co, ig, kh, kw = weight.shape
@@ -162,17 +166,94 @@ def conv_channels(weight: torch.Tensor, x, groups: int = 1, occupancy: torch.Ten
     Wl = torch.einsum("jlgc,lgoc->jgoc", rho.reshape(k, k, G, ig), Wt)  # Σ_l ρ_c(u_l − u_j) W_l
     blocks = torch.einsum("jgoc,jgpc,gc->gop", Wt, Wl, v.reshape(G, ig))  # (G, og, og)
     diag = torch.block_diag(*blocks)  # no input channel is shared across the groups
-    M = _cov(x.chan - torch.eye(Ci, dtype=_DT), v).reshape(G, ig, G, ig)
-    Wb = torch.einsum("jl,lgoc->jgoc", rbar, Wt)  # Σ_l ρ̄(u_l − u_j) W_l
-    MW = torch.einsum("gcGd,jGpd->jgcGp", M, Wb)  # (k, G, ig, G, og): two steps, no (…, ig, ig) product
-    off = torch.einsum("jgoc,jgcGp->goGp", Wt, MW).reshape(Co, Co)
-    S = diag + off
+    off = _lagged_off(Wt, x, v, kw, occupancy) if k > 1 and made_of(x) is not None else None
+    if off is None:
+        M = _cov(x.chan - torch.eye(Ci, dtype=_DT), v).reshape(G, ig, G, ig)
+        Wb = torch.einsum("jl,lgoc->jgoc", rbar, Wt)  # Σ_l ρ̄(u_l − u_j) W_l
+        MW = torch.einsum("gcGd,jGpd->jgcGp", M, Wb)  # (k, G, ig, G, og): two steps, no (…, ig, ig) product
+        off = torch.einsum("jgoc,jgcGp->goGp", Wt, MW)
+    S = diag + off.reshape(Co, Co)
     S = (S + S.T) / 2
     d = diag.diagonal()
     ok = d > 1e-300
     kappa = torch.where(ok, S.diagonal() / torch.where(ok, d, torch.ones_like(d)), torch.ones_like(d))
     D_out = _sums_through(Wt, x, stride, kw).reshape(Co, Co)
     return kappa.clamp_min(0.0), _normalized(S), _normalized((D_out + D_out.T) / 2)
+
+
+def _lagged_off(Wt: torch.Tensor, x, v: torch.Tensor, kw: int, occupancy) -> torch.Tensor | None:
+    """(G, og, G, og): a conv's cross-channel terms Σ_{j,l} W_j K_x(u_l − u_j) W_lᵀ from x's channels' own
+    correlation at each lag between taps (:func:`made_lags`), K_x's diagonal left out; None where x has
+    none or past :data:`_LAG_WORK`. ``Wt`` (k, G, og, ig) the taps, row-major over a kernel ``kw`` wide."""
+    k, G, og, ig = Wt.shape
+    if k * k * G * G * og * ig * (og + ig) > _LAG_WORK:
+        return None
+    taps = [(j // kw, j % kw) for j in range(k)]
+    pairs: dict = {}
+    for j, (a1, b1) in enumerate(taps):
+        for l, (a2, b2) in enumerate(taps):
+            pairs.setdefault((a2 - a1, b2 - b1), []).append((j, l))
+    lagged = made_lags(x, list(pairs))
+    if lagged is None:
+        return None
+    off = torch.zeros((G, og, G, og), dtype=_DT)
+    for d, jl in pairs.items():
+        J, L = torch.tensor(jl).T
+        occ = torch.ones(len(jl), dtype=_DT) if occupancy is None else occupancy[J, L]
+        r = lagged[d] - torch.diag(lagged[d].diagonal())
+        M = _cov(r, v).reshape(G, ig, G, ig)
+        WM = torch.einsum("pgoc,gcGd->pgoGd", Wt[J] * occ[:, None, None, None], M)
+        off += torch.einsum("pgoGd,pGqd->goGq", WM, Wt[L])
+    return off
+
+
+def made_lags(f, lags) -> dict | None:
+    """{d: (C, C)} the correlation of ``f``'s channels at lag d, Σ_p Cov(f_a(p), f_b(p + d)) over
+    √(Σ_p v_a Σ_p v_b), where f is made from a source (``Field.made``): a conv's output's
+    (:func:`made_lag_corr`), an activation's of one by Mehler's series per lag, Σ_n r_ab(d)ⁿ ā_n^a ā_n^b
+    (the coefficients' products pooled over the positions, the rest at the power after the last, as
+    :func:`series_channels`). None where it is not, or past :data:`_LAG_WORK`."""
+    m = made_of(f)
+    if m is None:
+        return None
+    r = made_lag_corr(m, lags)
+    if r is None or m.coef is None:
+        return r
+    C, H, W = f.shape
+    step = max(1, round((H * W / _POSITIONS) ** 0.5))
+    A = [c[:, ::step, ::step].reshape(C, -1) for c in m.coef]
+    n_pos = A[0].shape[1]
+    var = f.var[:, ::step, ::step].reshape(C, -1)
+    rest = (var - sum(a * a for a in A)).clamp_min(0).sqrt()
+    terms = [a @ a.T / n_pos for a in A] + [rest @ rest.T / n_pos]
+    s = _pooled_var(f.var).clamp_min(1e-300).sqrt()
+    out = {}
+    for d in lags:
+        rn, S = torch.ones_like(r[d]), torch.zeros_like(r[d])
+        for t in terms:
+            rn = rn * r[d]
+            S += rn * t
+        out[d] = S / s[:, None] / s[None, :]
+    return out
+
+
+def window_channels(x, kernel) -> torch.Tensor | None:
+    """R of an average of ``x`` over kh × kw windows, the same in every channel: Σ_d c(d) r_ab(d) over the
+    window's lags, c(d) = (kh − |d_h|)(kw − |d_w|) its pairs at d, r_ab(d) x's channels' correlation at d
+    (:func:`made_lags`; each channel's own ρ_a(d) on the diagonal), normalized (the border's windows
+    counted as whole ones). None where x is not made from a source."""
+    kh, kw = kernel
+    lags = [(dh, dw) for dh in range(1 - kh, kh) for dw in range(1 - kw, kw)]
+    r = made_lags(x, lags)
+    if r is None:
+        return None
+    H, W = x.shape[1:]
+    S = torch.zeros_like(r[(0, 0)])
+    for dh, dw in lags:
+        own = x.corr[:, H - 1 + dh, W - 1 + dw] if abs(dh) < H and abs(dw) < W else torch.zeros(len(S))
+        r_d = r[(dh, dw)] - torch.diag(r[(dh, dw)].diagonal()) + torch.diag(own)
+        S += (kh - abs(dh)) * (kw - abs(dw)) * r_d
+    return _normalized(S)
 
 
 def series_channels(x, coef: list[torch.Tensor], out, factorial: bool = False) -> tuple:
@@ -226,7 +307,7 @@ def max_channels(x, src, U: torch.Tensor, kernel, out) -> tuple:
 
     ``U`` (n, C, Ho, Wo) the taps' U_j = w_j √v(tap j), w_j their wins (of a ReLU's output: where the max
     is > 0), ``kernel`` (kh, kw) the taps row-major, e_a(P)² the variance left past the first order,
-    r_ab(d) the channels' correlation at lag d: a conv's output's from its source (:func:`made_lag_corr`:
+    r_ab(d) the channels' correlation at lag d: a conv's output's from its source (:func:`made_lags`:
     a window's taps are neighbours, whose cross-lags a conv makes unlike its lag 0's: 0.13 off in R
     where this is 0.04), else R_ab ρ̄(d). Q, the sums': x's, as an average over windows keeps it (the
     sum of a pool's maxima moves with the sum of its input; the first order alone, normalized by the
@@ -243,8 +324,7 @@ def max_channels(x, src, U: torch.Tensor, kernel, out) -> tuple:
     kh, kw = kernel
     lag = [(l // kw - j // kw, l % kw - j % kw) for j in range(n) for l in range(n)]
     lags = sorted(set(lag))
-    made = made_of(src)
-    r = None if made is None or made.coef is not None else made_lag_corr(made, lags)
+    r = made_lags(src, lags)
     if r is None:  # R_ab ρ̄(d): the channels' mean correlation at d
         v = _pooled_var(src.var)
         rbar = (rho * v).sum(-1) / v.sum().clamp_min(1e-300)  # (n, n)
@@ -293,6 +373,18 @@ def activated(x, out, coef: list[torch.Tensor], factorial: bool = False) -> Made
         return None
     a = [c / math.sqrt(math.factorial(n)) if factorial else c for n, c in enumerate(coef[:_TERMS], 1)]
     return replace(m, coef=a, pre=x, var=out.var)
+
+
+def scaled_made(x, scale: torch.Tensor, out) -> Made | None:
+    """``out`` = s_c x_c's :class:`Made` from x's (a conv's output: its weights scaled; an activation's: its
+    coefficients); ``scale`` (C,) or a number."""
+    m = made_of(x)
+    if m is None:
+        return None
+    s = torch.as_tensor(scale, dtype=_DT).reshape(-1).expand(x.shape[0])
+    if m.coef is None:
+        return replace(m, weight=m.weight * s[:, None, None, None], var=out.var)
+    return replace(m, coef=[c * s[:, None, None] for c in m.coef], var=out.var)
 
 
 def occupancy(hw, kernel, stride, padding) -> torch.Tensor:

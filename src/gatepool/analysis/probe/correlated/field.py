@@ -86,10 +86,11 @@ class Field:
     a Linear set them and read them for their outputs' variances per channel, norms, activations, pools,
     gates, adds and scales carry them; every other rule drops them.
     ``made`` (values only, optional): the conv of another field this one is, and the activation after it
-    (:class:`channels.Made`): its channels' covariance at the lags a max pool's window spans, and that of
-    fields made from the same source, stacked by a cat (SqueezeNet's Fire), follow from the source's. A
-    conv sets it, an activation adds its coefficients, a cat stacks it, a max pool reads it; a rule that
-    makes a new variance map leaves it behind (:func:`channels.made_of`).
+    (:class:`channels.Made`): its channels' covariance at the lags a pool's window or a conv's taps span,
+    and that of fields made from the same source, stacked by a cat (SqueezeNet's Fire), follow from the
+    source's. A conv sets it, an activation adds its coefficients, a scale scales it, an add of a constant
+    keeps it, a cat stacks it, pools and convs read it; a rule that makes a new variance map leaves it
+    behind (:func:`channels.made_of`).
     """
 
     mean: torch.Tensor

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from gatepool.analysis.probe.correlated.channels import signed_channels
+from gatepool.analysis.probe.correlated.channels import scaled_made, signed_channels
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
 
 
@@ -47,6 +47,7 @@ class Scale:
         s = self.s
         if s.numel() == 1 or (s.dim() == 3 and s.shape[1:] == (1, 1)):  # one s a channel
             out.chan, out.chan_dc = signed_channels(x, s.reshape(-1)).values()
+            out.made = scaled_made(x, s.reshape(-1), out)
         return out
 
     def backward(self, g: Field) -> Field:
