@@ -29,6 +29,7 @@ tensor's gradient as its row's, every user's summed (MobileNetV4's ``dw_start`` 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import math
@@ -178,15 +179,31 @@ _PER_INPUT = (cr.Cat, cr.Gate, cr.Product, cr.TokenCat, _Difference, cr.GlobalQu
 
 def _relu_input(node: fx.Node, steps: dict, inputs: dict) -> cr.Field | None:
     """The Gaussian input of the ReLU whose output ``node`` is, for a max pool after it (max ReLU = ReLU
-    max); of a cat of ReLU outputs (SqueezeNet's Fire, Inception's branches), the cat of their inputs.
-    None for anything else."""
+    max); of a cat of ReLU outputs (SqueezeNet's Fire, Inception's branches), the cat of their inputs; of
+    f(ReLU(y)) with f commuting with the ReLU (:func:`_commutes_with_relu`), f(y). None for anything else."""
     before = _relu_of(steps.get(node))
     if before is not None:
         return before.x
+    step = steps.get(node)
+    if _commutes_with_relu(step) and len(inputs.get(node, [])) == 1:  # f(ReLU(y)) = ReLU(f(y))
+        inner = _relu_input(inputs[node][0], steps, inputs)
+        return None if inner is None else copy.copy(step).forward(inner)
     parts = [_relu_of(steps.get(a)) for a in inputs.get(node, [])]
     if isinstance(steps.get(node), cr.Cat) and parts and all(p is not None for p in parts):
         return cr.Cat().forward([p.x for p in parts])
     return None
+
+
+def _commutes_with_relu(step) -> bool:
+    """Is ``step`` an f with f(ReLU(y)) = ReLU(f(y)): a pad of zeros, a scale by a positive constant, a
+    shift by zero (timm's ``LearnableAffineBlock`` at init, HGNetV2's stem before its max pool)?"""
+    if isinstance(step, cr.Pad):
+        return step.value == 0.0
+    if isinstance(step, cr.Scale):
+        return bool((step.s > 0).all())
+    if isinstance(step, cr.Shift):
+        return not bool(torch.as_tensor(step.c).any())
+    return False
 
 
 def _relu_of(step) -> cr.ReLU | None:
