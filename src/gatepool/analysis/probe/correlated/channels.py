@@ -59,7 +59,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from gatepool.analysis.probe.correlated.field import _DT, Field, xcorr
+from gatepool.analysis.probe.correlated.field import _DT, Field, _at_lag, xcorr
 
 _WORK = 2**29  # multiply-adds of one conv's Σ_out beyond which R is dropped (a dense 3 × 3 conv of 256
 # channels at stride 1: 3.4e8; of 512: 2.7e9) and the conv's variance left uncorrected
@@ -79,11 +79,12 @@ def _pooled_var(var: torch.Tensor) -> torch.Tensor:
     return var.flatten(1).mean(1)  # (C,)
 
 
-def _tap_lags(corr: torch.Tensor, kh: int, kw: int) -> torch.Tensor:
-    """(k, k, C): ρ_c(u_l − u_j) for every pair of taps (j, l) of a kh × kw kernel, 0 beyond the map."""
+def _tap_lags(corr: torch.Tensor, kh: int, kw: int, shift=(0, 0)) -> torch.Tensor:
+    """(k, k, C): ρ_c(shift + u_l − u_j) for every pair of taps (j, l) of a kh × kw kernel, 0 beyond the
+    map."""
     H, W = (corr.shape[-2] + 1) // 2, (corr.shape[-1] + 1) // 2
     a, b = torch.arange(kh).repeat_interleave(kw), torch.arange(kw).repeat(kh)
-    dh, dw = a[None] - a[:, None], b[None] - b[:, None]  # (k, k): u_l − u_j
+    dh, dw = shift[0] + a[None] - a[:, None], shift[1] + b[None] - b[:, None]  # (k, k): shift + u_l − u_j
     inside = (dh.abs() < H) & (dw.abs() < W)
     out = corr[:, (H - 1 + dh).clamp(0, 2 * H - 2), (W - 1 + dw).clamp(0, 2 * W - 2)]  # (C, k, k)
     return (out * inside).permute(1, 2, 0)
@@ -181,6 +182,15 @@ def conv_channels(weight: torch.Tensor, x, groups: int = 1, occupancy: torch.Ten
     return kappa.clamp_min(0.0), _normalized(S), _normalized((D_out + D_out.T) / 2)
 
 
+def _pairs_by_lag(kh: int, kw: int) -> dict:
+    """{d: [(j, l)]}: the pairs of taps of a kh × kw kernel (row-major) by their lag d = u_l − u_j."""
+    pairs: dict = {}
+    for j in range(kh * kw):
+        for l in range(kh * kw):
+            pairs.setdefault((l // kw - j // kw, l % kw - j % kw), []).append((j, l))
+    return pairs
+
+
 def _lagged_off(Wt: torch.Tensor, x, v: torch.Tensor, kw: int, occupancy) -> torch.Tensor | None:
     """(G, og, G, og): a conv's cross-channel terms Σ_{j,l} W_j K_x(u_l − u_j) W_lᵀ from x's channels' own
     correlation at each lag between taps (:func:`made_lags`), K_x's diagonal left out; None where x has
@@ -188,11 +198,7 @@ def _lagged_off(Wt: torch.Tensor, x, v: torch.Tensor, kw: int, occupancy) -> tor
     k, G, og, ig = Wt.shape
     if k * k * G * G * og * ig * (og + ig) > _LAG_WORK:
         return None
-    taps = [(j // kw, j % kw) for j in range(k)]
-    pairs: dict = {}
-    for j, (a1, b1) in enumerate(taps):
-        for l, (a2, b2) in enumerate(taps):
-            pairs.setdefault((a2 - a1, b2 - b1), []).append((j, l))
+    pairs = _pairs_by_lag(k // kw, kw)
     lagged = made_lags(x, list(pairs))
     if lagged is None:
         return None
@@ -219,22 +225,9 @@ def made_lags(f, lags) -> dict | None:
     r = made_lag_corr(m, lags)
     if r is None or m.coef is None:
         return r
-    C, H, W = f.shape
-    step = max(1, round((H * W / _POSITIONS) ** 0.5))
-    A = [c[:, ::step, ::step].reshape(C, -1) for c in m.coef]
-    n_pos = A[0].shape[1]
-    var = f.var[:, ::step, ::step].reshape(C, -1)
-    rest = (var - sum(a * a for a in A)).clamp_min(0).sqrt()
-    terms = [a @ a.T / n_pos for a in A] + [rest @ rest.T / n_pos]
+    terms, _ = _series_terms(m.coef, f.var)
     s = _pooled_var(f.var).clamp_min(1e-300).sqrt()
-    out = {}
-    for d in lags:
-        rn, S = torch.ones_like(r[d]), torch.zeros_like(r[d])
-        for t in terms:
-            rn = rn * r[d]
-            S += rn * t
-        out[d] = S / s[:, None] / s[None, :]
-    return out
+    return {d: _series(r[d], terms) / s[:, None] / s[None, :] for d in lags}
 
 
 def window_channels(x, kernel) -> torch.Tensor | None:
@@ -247,13 +240,41 @@ def window_channels(x, kernel) -> torch.Tensor | None:
     r = made_lags(x, lags)
     if r is None:
         return None
-    H, W = x.shape[1:]
     S = torch.zeros_like(r[(0, 0)])
     for dh, dw in lags:
-        own = x.corr[:, H - 1 + dh, W - 1 + dw] if abs(dh) < H and abs(dw) < W else torch.zeros(len(S))
-        r_d = r[(dh, dw)] - torch.diag(r[(dh, dw)].diagonal()) + torch.diag(own)
+        r_d = r[(dh, dw)] - torch.diag(r[(dh, dw)].diagonal()) + torch.diag(_at_lag(x.corr, dh, dw))
         S += (kh - abs(dh)) * (kw - abs(dw)) * r_d
     return _normalized(S)
+
+
+def _series_terms(coef: list[torch.Tensor], var: torch.Tensor, factorial: bool = False) -> tuple:
+    """([t_1, …, t_N, t_rest], [ā_1, …]): Mehler's series' terms per pair of channels, t_n = mean_p a_n^a(p)
+    a_n^b(p) over at most :data:`_POSITIONS` positions (a grid of them), t_rest that of Parseval's
+    remainder √(var − Σ a_n²), and each coefficient's mean ā_n (C,); ``coef`` the maps (C, H, W) of a_n
+    (``factorial``: c_n, a_n = c_n/√n!), ``var`` the function's variance map."""
+    C, H, W = var.shape
+    step = max(1, round((H * W / _POSITIONS) ** 0.5))
+    pick = (slice(None), slice(None, None, step), slice(None, None, step))
+    n_pos = var[pick][0].numel()
+    kept = torch.zeros_like(var[pick])
+    terms, abar = [], []
+    for n, c in enumerate(coef[:_TERMS], start=1):
+        a = c[pick] / math.sqrt(math.factorial(n)) if factorial else c[pick]
+        A = a.reshape(C, -1)
+        terms.append(A @ A.T / n_pos)
+        kept += a * a
+        abar.append(A.mean(1))
+    rest = (var[pick] - kept).clamp_min(0).sqrt().reshape(C, -1)
+    return terms + [rest @ rest.T / n_pos], abar
+
+
+def _series(R: torch.Tensor, terms: list[torch.Tensor]) -> torch.Tensor:
+    """Σ_n Rⁿ t_n over :func:`_series_terms`' terms (the remainder's at the power after the last)."""
+    S, Rn = torch.zeros_like(R), torch.ones_like(R)
+    for t in terms:
+        Rn = Rn * R
+        S += Rn * t
+    return S
 
 
 def series_channels(x, coef: list[torch.Tensor], out, factorial: bool = False) -> tuple:
@@ -265,25 +286,9 @@ def series_channels(x, coef: list[torch.Tensor], out, factorial: bool = False) -
         return None, None
     C, H, W = out.shape
     R = x.chan
-    step = max(1, round((H * W / _POSITIONS) ** 0.5))
-    pick = (slice(None), slice(None, None, step), slice(None, None, step))
-    var = out.var[pick]
-    n_pos = var[0].numel()
-    S = torch.zeros((C, C), dtype=_DT)
-    Rn = torch.ones_like(R)
-    kept = torch.zeros_like(var)
-    fact, abar = 1.0, []
-    for n, c in enumerate(coef[:_TERMS], start=1):
-        fact *= n
-        a = c[pick] / fact**0.5 if factorial else c[pick]
-        Rn = Rn * R
-        A = a.reshape(C, -1)
-        S += Rn * (A @ A.T) / n_pos
-        kept += a * a
-        abar.append(A.mean(1))
-    rest = (var - kept).clamp_min(0).sqrt().reshape(C, -1)
-    S += Rn * R * (rest @ rest.T) / n_pos
-    S.diagonal().copy_(var.reshape(C, -1).mean(1))
+    terms, abar = _series_terms(coef, out.var, factorial)
+    S = _series(R, terms)
+    S.diagonal().copy_(_pooled_var(out.var))
     # the sums: the first order through D, the second through the energy two channels share
     sx = _pooled_var(x.var).clamp_min(1e-300).sqrt()
     D = _cov(x.chan_dc, _sums(x)) / sx[:, None] / sx[None, :]
@@ -321,17 +326,16 @@ def max_channels(x, src, U: torch.Tensor, kernel, out) -> tuple:
     if n * n * C * C * P > _WORK:
         return None, None
     rho = _tap_lags(src.corr, *kernel)  # (n, n, C): ρ_c(u_l − u_j)
-    kh, kw = kernel
-    lag = [(l // kw - j // kw, l % kw - j % kw) for j in range(n) for l in range(n)]
-    lags = sorted(set(lag))
-    r = made_lags(src, lags)
+    pairs = _pairs_by_lag(*kernel)
+    r = made_lags(src, list(pairs))
     if r is None:  # R_ab ρ̄(d): the channels' mean correlation at d
         v = _pooled_var(src.var)
         rbar = (rho * v).sum(-1) / v.sum().clamp_min(1e-300)  # (n, n)
-        r = {d: src.chan * rbar[i // n, i % n] for i, d in enumerate(lag)}
+        r = {d: src.chan * rbar[jl[0]] for d, jl in pairs.items()}
     G = torch.zeros((C, C), dtype=_DT)
-    for i, d in enumerate(lag):
-        G += r[d] * (A[i // n] @ A[i % n].T)
+    for d, jl in pairs.items():
+        for j, l in jl:
+            G += r[d] * (A[j] @ A[l].T)
     G /= P
     own = torch.einsum("jap,jla,lap->ap", A, rho, A)  # (C, P): each channel's first order, its own ρ
     var = out.var[:, ::step, ::step].reshape(C, -1)
@@ -408,20 +412,15 @@ def made_lag_corr(made: Made, lags) -> dict | None:
     half = {max(d, (-d[0], -d[1])) for d in lags} | {(0, 0)}  # K(−d) = K(d)ᵀ: the lags ≥ 0 only
     if len(half) * (k * k * Co * Ci + Co * Co * Ci * k + Co * Ci * Ci * k) > _LAG_WORK:
         return None
-    H, Wd = x.shape[1:]
     v = _pooled_var(x.var)
     M = _cov(x.chan - torch.eye(Ci, dtype=_DT), v)
     Wt = W.reshape(Co, Ci, k)
     WM = torch.einsum("ocj,cd->odj", Wt, M)
-    a, b = torch.arange(kh).repeat_interleave(kw), torch.arange(kw).repeat(kh)
     K = {}
     for d in half:
-        eh = made.stride[0] * d[0] + a[None] - a[:, None]  # (k, k): s·d + u_l − u_j
-        ew = made.stride[1] * d[1] + b[None] - b[:, None]
-        inside = (eh.abs() < H) & (ew.abs() < Wd)
-        rho = x.corr[:, (H - 1 + eh).clamp(0, 2 * H - 2), (Wd - 1 + ew).clamp(0, 2 * Wd - 2)] * inside
-        rbar = (rho * v[:, None, None]).sum(0) / v.sum().clamp_min(1e-300)  # (k, k)
-        Wl = torch.einsum("cjl,ocl->ocj", rho * v[:, None, None], Wt)  # Σ_l v_c ρ_c(e_jl) W_l
+        rho = _tap_lags(x.corr, kh, kw, (made.stride[0] * d[0], made.stride[1] * d[1]))  # (k, k, Ci)
+        rbar = (rho * v).sum(-1) / v.sum().clamp_min(1e-300)  # (k, k)
+        Wl = torch.einsum("jlc,ocl->ocj", rho * v, Wt)  # Σ_l v_c ρ_c(s·d + u_l − u_j) W_l
         Wb = torch.einsum("jl,ocl->ocj", rbar, Wt)
         K[d] = torch.einsum("ocj,pcj->op", Wt, Wl) + torch.einsum("odj,pdj->op", WM, Wb)
     s = K[(0, 0)].diagonal().clamp_min(1e-300).sqrt()

@@ -415,7 +415,8 @@ class MaxPool:
         self.w, self.wt, self.offs, self.out_hw = w, wt, offs, (Ho, Wo)
         # T_out(Δ) = Σ_{j,l} ρ(sΔ + l − j) Σ_P U_j(P) U_l(P + Δ),  U_j = w̃_j √v(tap j)
         # the pair (l, j) is (j, l) at −Δ: the pairs l ≥ j (j = l halved), then T = V(Δ) + V(−Δ)
-        X = _tap_xcorrs(torch.stack([wt[j] * sd[j] for j in range(n)]))  # (n, n, C, 2Ho−1, 2Wo−1)
+        U = torch.stack([wt[j] * sd[j] for j in range(n)])  # (n, C, Ho, Wo): Stein's first order
+        X = _tap_xcorrs(U)  # (n, n, C, 2Ho−1, 2Wo−1)
         rho = {}
         V = torch.zeros((C, 2 * Ho - 1, 2 * Wo - 1), dtype=_DT)
         for j in range(n):
@@ -434,7 +435,6 @@ class MaxPool:
                 T[:, Ho - 1 - dh, Wo - 1 - dw] = cov_ab
         T[:, Ho - 1, Wo - 1] = var.sum((1, 2))
         out = _field_from_sums(mu, var, T)
-        U = torch.stack([wt[j] * sd[j] for j in range(n)])  # (n, C, Ho, Wo): Stein's first order
         out.chan, out.chan_dc = max_channels(x, src, U, self.k, out)
         if max_law is None:
             return out
