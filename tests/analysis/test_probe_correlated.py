@@ -264,6 +264,18 @@ def test_predict_takes_only_the_model_and_the_statistics():
         predict_correlated(model, x)
 
 
+def test_a_model_that_ends_in_a_map_gets_its_seed_at_every_position():
+    """The unit-noise seed of a map output (a segmentation head, a block alone) is N(0, 1) at each of its
+    positions: the input's E[g²] of one 3 × 3 conv is Σ w² over the taps landing inside (the walk had
+    seeded a (C, 1, 1) field and its conv backward failed on the map's lags)."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 5, 3, padding=1, bias=False).double()
+    pred = predict_correlated(conv, cr.unit_noise(3, (6, 6)))
+    inside = F.conv_transpose2d(torch.ones(1, 5, 6, 6, dtype=DT), conv.weight.detach() ** 2, padding=1)
+    assert pred["(input)"].grad is not None and pred["(input)"].grad.shape == (3, 6, 6)
+    assert torch.allclose(pred["(input)"].grad.var, inside[0], rtol=1e-9)
+
+
 @pytest.mark.slow
 def test_predict_matches_the_measurement_on_noise():
     model = _small_cnn()

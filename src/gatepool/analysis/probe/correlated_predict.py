@@ -1496,7 +1496,7 @@ def predict_correlated(
     with torch.no_grad():
         out = walk.forward(input_stats)
         if backward is not None and out is not None:
-            walk.backward(cr.unit_noise(out.shape[0]))
+            walk.backward(cr.unit_noise(out.shape[0], tuple(out.shape[1:])))
     value, grad, why, out_node = walk.value, walk.grad, walk.reason, walk.out
 
     rows: dict[str, CorrelatedRow] = {}

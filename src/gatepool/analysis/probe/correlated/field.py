@@ -268,10 +268,10 @@ def _rho_strided(corr, in_hw, out_hw, stride, ch, cw):
     return out * (okh[:, None] & okw[None, :]).to(out.dtype)
 
 
-def unit_noise(channels: int) -> Field:
-    """The backward seed: ∂L/∂logits ~ N(0, 1), independent (a (F, 1, 1) field)."""
-    return Field(
-        torch.zeros((channels, 1, 1), dtype=_DT),
-        torch.ones((channels, 1, 1), dtype=_DT),
-        torch.ones((channels, 1, 1), dtype=_DT),
-    )
+def unit_noise(channels: int, size: tuple[int, int] = (1, 1)) -> Field:
+    """The backward seed: ∂L/∂out ~ N(0, 1), independent over channels and positions (a (F, H, W) field:
+    (F, 1, 1) for logits, the output's map where the model ends in one)."""
+    H, W = size
+    corr = torch.zeros((channels, 2 * H - 1, 2 * W - 1), dtype=_DT)
+    corr[:, H - 1, W - 1] = 1.0
+    return Field(torch.zeros((channels, H, W), dtype=_DT), torch.ones((channels, H, W), dtype=_DT), corr)
