@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from gatepool.analysis.probe.correlated import regime
+from gatepool.analysis.probe.correlated import centred, regime
 from gatepool.analysis.probe.correlated.channels import add_channels, made_of
 from gatepool.analysis.probe.correlated.coupling import added_coupling
 from gatepool.analysis.probe.correlated.field import Field, _field_from_sums
@@ -38,4 +38,5 @@ def add_grads(a: Field, b: Field) -> Field:
     out = _field_from_sums(torch.zeros_like(a.var), var, T, yy)
     out.coupling = added_coupling(a.coupling, b.coupling)
     out.weight = regime.join(a.weight, a.var, b.weight, b.var)
+    out.centred = centred.added(a, b)
     return out

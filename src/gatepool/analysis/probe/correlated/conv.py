@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gatepool.analysis.probe.correlated import positions
+from gatepool.analysis.probe.correlated import centred, positions
 from gatepool.analysis.probe.correlated.channels import Made, conv_channels, occupancy
 from gatepool.analysis.probe.correlated.coupling import pointwise_conv_coupling
 from gatepool.analysis.probe.correlated.field import (
@@ -247,6 +247,7 @@ class Conv:
         out = _field_from_sums(torch.zeros_like(var), var, T)
         if g.dependence is not None:
             out.dependence = self._dependence(g, var)
+        out.centred = centred.through_conv(g, self.weight, self.groups, H * W)
         if (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0) and x.components is None:
             out.coupling = pointwise_conv_coupling(g.coupling, self.W[:, :, 0, 0])
         return out

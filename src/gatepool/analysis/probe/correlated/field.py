@@ -91,6 +91,9 @@ class Field:
     source's. A conv sets it, an activation adds its coefficients, a scale scales it, an add of a constant
     keeps it, a cat stacks it, pools and convs read it; a rule that makes a new variance map leaves it
     behind (:func:`channels.made_of`).
+    ``centred`` (gradients only, optional): (C,) the part of the per-sample spatial mean's E[Ḡ²] whose
+    mean over the batch is zero (:mod:`centred`): a BatchNorm's backward sets it, convs, activations,
+    gates and the sum of two gradients carry it, the next BatchNorm reads it; every other rule drops it.
     """
 
     mean: torch.Tensor
@@ -114,6 +117,7 @@ class Field:
     chan: torch.Tensor | None = field(default=None, repr=False)
     chan_dc: torch.Tensor | None = field(default=None, repr=False)
     made: object | None = field(default=None, repr=False)
+    centred: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:

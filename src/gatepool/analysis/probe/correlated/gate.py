@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from gatepool.analysis.probe.correlated import centred
 from gatepool.analysis.probe.correlated.channels import gate_channels
 from gatepool.analysis.probe.correlated.coupling import gate_coupling_term
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
@@ -51,5 +52,6 @@ class Gate:
         E = g.corr * (x.corr * xcorr(sg * sx, sg * sx) + xcorr(sg * x.mean, sg * x.mean))
         s1 = s.mean
         v = (E.sum((1, 2)) + gate_coupling_term(g, x, s1, s2))[:, None, None].clamp_min(0)
+        gx.centred = centred.through_factor(g, s.mean)
         gs = Field(torch.zeros_like(v), v, torch.ones_like(v, dtype=_DT))
         return [gs, gx] if self.g_at == 0 else [gx, gs]

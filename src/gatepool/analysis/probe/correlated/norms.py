@@ -14,7 +14,9 @@ BatchNorm train: µ_c, σ_c² over the batch and the positions (the variance plu
           eval: the running ones; y = γ(x − µ_c)/σ_c + β per channel. Back: γ/σ_c g for an unknown
           batch; with the batch size B, GroupNorm's rule with one channel a group over S = B samples:
           the projections take E[g²]/B of a gradient that is constant over the positions (the
-          gradient from a global pool is), and E[1/σ_b²] grows as B·H·W shrinks
+          gradient from a global pool is) but not the part whose batch mean a BatchNorm's backward
+          nearer the output already took (``Field.centred``, :mod:`centred`), and E[1/σ_b²] grows
+          as B·H·W shrinks
 Both keep the input's skewness and excess kurtosis (``Field.skew``, ``kurt``): an affine map per channel
 (γ₁'s sign flips with γ's); back, the gradient's dependence on the value (``Field.dependence``: in
 standardized units, the same of x and of γ x̂ + β; β₁ and r₁'s sign γ's).
@@ -25,6 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from gatepool.analysis.probe.correlated.centred import cancelled, spatial_mean2, through_factor
 from gatepool.analysis.probe.correlated.channels import signed_channels
 from gatepool.analysis.probe.correlated.copula import moved
 from gatepool.analysis.probe.correlated.coupling import affine_coupling
@@ -145,7 +148,10 @@ class GroupNorm:
         gam = torch.ones(C, dtype=_DT) if self.gamma is None else self.gamma
         g2 = (gam**2)[:, None, None]
         Tg = g.lag_sums() * g2  # of g_x̂ = γ g_y
-        e_m2 = self._group(Tg).sum((1, 2, 3)) / Sn2  # E[mean(g_x̂)²]
+        kept = Tg.sum((1, 2))  # Σ_e T(e) of g_x̂; a BatchNorm's: less what the batch's mean cancels
+        if self.S > 1:
+            kept = kept - gam**2 * cancelled(g) * (H * W) ** 2
+        e_m2 = self._group(kept[:, None, None]).sum((1, 2, 3)) / Sn2  # E[mean(g_x̂)²]
         beta0 = self.beta is None or bool((self.beta == 0).all())
         if g.yy is not None and beta0:  # g_x̂ x̂ = g_y · y (β = 0): from the ReLU after the norm
             e_t2 = self._group(g.yy).sum(1) / Sn2
@@ -172,6 +178,8 @@ class GroupNorm:
         out = _dependence(g, _field_from_sums(torch.zeros_like(var), var, T), self.gamma)
         if self.G == C:  # one channel a group (BatchNorm): the affine map γ/σ per channel
             out.coupling = affine_coupling(g.coupling, gam / self.sigma2.sqrt())
+            if self.S > 1:  # the batch's mean is out of it
+                out.centred = spatial_mean2(out)
         return out
 
 
@@ -223,6 +231,7 @@ class BatchNorm:
             return self.norm.backward(g)
         out = _dependence(g, Field(torch.zeros_like(g.var), self.a**2 * g.var, g.corr), self.a[:, 0, 0])
         out.coupling = affine_coupling(g.coupling, self.a[:, 0, 0])
+        out.centred = through_factor(g, self.a)
         return out
 
 

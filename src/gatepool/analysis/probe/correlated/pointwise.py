@@ -52,6 +52,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gatepool.analysis.probe.correlated import centred
 from gatepool.analysis.probe.correlated.channels import activated, series_channels
 from gatepool.analysis.probe.correlated.coupling import activation_coupling
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
@@ -407,6 +408,7 @@ class Pointwise:
         out = _field_from_sums(torch.zeros_like(var), var, T, yy=YY.sum((1, 2)))
         out.dependence = self._dependence(a)
         out.coupling = activation_coupling(g, self.h["df"][0], self.h["df"][2][0], self.x.var)
+        out.centred = centred.through_factor(g, self.h["df"][0])
         return out
 
     def _weights(self, dependence: tuple | None) -> tuple:

@@ -42,7 +42,7 @@ from dataclasses import replace
 import torch
 import torch.nn as nn
 
-from gatepool.analysis.probe.correlated import regime
+from gatepool.analysis.probe.correlated import centred, regime
 from gatepool.analysis.probe.correlated.add import add_grads
 from gatepool.analysis.probe.correlated.channels import activated, series_channels
 from gatepool.analysis.probe.correlated.copula import relu_pairs
@@ -309,6 +309,7 @@ class ReLU:
                     YY[idx, H - 1 + sgn * dh, W - 1 + sgn * dw] = (cg * e).sum((1, 2))
         out = _field_from_sums(torch.zeros_like(var), var, T, yy=YY.sum((1, 2)))
         out.dependence, out.coupling = dependence, coupling
+        out.centred = centred.through_factor(g, self.pos)
         return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from gatepool.analysis.probe.correlated import centred
 from gatepool.analysis.probe.correlated.channels import scaled_made, signed_channels
 from gatepool.analysis.probe.correlated.field import _DT, Field, _field_from_sums, xcorr
 
@@ -51,4 +52,6 @@ class Scale:
         return out
 
     def backward(self, g: Field) -> Field:
-        return self._scaled(g, torch.zeros_like(g.var), g.yy)
+        out = self._scaled(g, torch.zeros_like(g.var), g.yy)
+        out.centred = centred.through_factor(g, self._map(g.shape))
+        return out
