@@ -31,7 +31,7 @@ from gatepool.analysis.probe.correlated.field import Field
 
 def spatial_mean2(f: Field) -> torch.Tensor:
     """E[Ḡ_c²] = Σ_e T_c(e) / n² (C,): the per-sample spatial mean's second moment."""
-    C, H, W = f.shape
+    H, W = f.shape[1:]
     return f.lag_sums().sum((1, 2)) / (H * W) ** 2
 
 
