@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from gatepool.analysis.probe.correlated.centred import cancelled, spatial_mean2, through_factor
+from gatepool.analysis.probe.correlated.centred import spatial_mean2, through_factor
 from gatepool.analysis.probe.correlated.channels import signed_channels
 from gatepool.analysis.probe.correlated.copula import moved
 from gatepool.analysis.probe.correlated.coupling import affine_coupling
@@ -149,9 +149,9 @@ class GroupNorm:
         g2 = (gam**2)[:, None, None]
         Tg = g.lag_sums() * g2  # of g_x̂ = γ g_y
         kept = Tg.sum((1, 2))  # Σ_e T(e) of g_x̂; a BatchNorm's: less what the batch's mean cancels
-        if self.S > 1:
-            kept = kept - gam**2 * cancelled(g) * (H * W) ** 2
-        e_m2 = self._group(kept[:, None, None]).sum((1, 2, 3)) / Sn2  # E[mean(g_x̂)²]
+        if self.S > 1 and g.centred is not None:  # (Tg at hand: the clamp of centred.cancelled, here)
+            kept = (kept - gam**2 * g.centred * (H * W) ** 2).clamp_min(0)
+        e_m2 = self._group(kept).sum(1) / Sn2  # E[mean(g_x̂)²]
         beta0 = self.beta is None or bool((self.beta == 0).all())
         if g.yy is not None and beta0:  # g_x̂ x̂ = g_y · y (β = 0): from the ReLU after the norm
             e_t2 = self._group(g.yy).sum(1) / Sn2
